@@ -1,0 +1,711 @@
+/* dump.c — kvq-dump/1 reader and writer (SPEC §1).  The only file of libkvq
+ * that includes hdf5.h.
+ *
+ * kvq_dump_open validates every attribute and the type and shape of every
+ * dataset up front (metadata only, cheap), so a malformed file fails before
+ * any work starts; kvq_dump_read_layer then reads one layer's tensors,
+ * converts them to float32 and checks that every value is finite.
+ * float16 datasets are read in their file type and converted here (F16C),
+ * because HDF5's own half->float path is a slow soft conversion. */
+#include "internal.h"
+
+#include <hdf5.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FORMAT_TAG "kvq-dump/1"
+
+struct kvq_dump {
+    char *path;
+    hid_t file;
+    kvq_dump_info info;
+};
+
+struct kvq_dump_writer {
+    char *path, *tmp;
+    hid_t file;
+    kvq_dump_info info;
+    kvq_dtype dtype;
+};
+
+/* ------------------------------------------------------------ HDF5 errors */
+
+static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+typedef struct {
+    char desc[256];
+    int found;
+} h5_walk_data;
+
+static herr_t h5_walk_cb(unsigned n, const H5E_error2_t *e, void *p)
+{
+    h5_walk_data *w = p;
+    /* upward walk: the first entry is the innermost (most specific) error */
+    if (!w->found && e->desc && e->desc[0]) {
+        snprintf(w->desc, sizeof w->desc, "%s", e->desc);
+        w->found = 1;
+    }
+    (void)n;
+    return 0;
+}
+
+/* The innermost message on HDF5's error stack, or a generic phrase. */
+static const char *h5_detail(char *buf, size_t len)
+{
+    h5_walk_data w = {.found = 0};
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_walk_cb, &w);
+    H5Eclear2(H5E_DEFAULT);
+    snprintf(buf, len, "%s", w.found ? w.desc : "HDF5 call failed");
+    return buf;
+}
+
+static void h5_close_id(hid_t id)
+{
+    if (id < 0) return;
+    switch (H5Iget_type(id)) {
+    case H5I_FILE: H5Fclose(id); break;
+    case H5I_GROUP: H5Gclose(id); break;
+    case H5I_DATASET: H5Dclose(id); break;
+    case H5I_ATTR: H5Aclose(id); break;
+    case H5I_DATATYPE: H5Tclose(id); break;
+    case H5I_DATASPACE: H5Sclose(id); break;
+    default: break;
+    }
+}
+
+/* ------------------------------------------------------------- attributes */
+
+/* Reads a string attribute (fixed or variable length) of the root. */
+static kvq_status attr_string(const char *path, hid_t obj, const char *name, int required,
+                              char *buf, size_t len, int *present, kvq_error *err)
+{
+    char det[256];
+    kvq_status st = KVQ_OK;
+    hid_t a = -1, t = -1, mt = -1, sp = -1;
+    *present = 0;
+    htri_t ex = H5Aexists(obj, name);
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, h5_detail(det, sizeof det));
+    if (ex == 0) {
+        if (required)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected a string)", path, name);
+        return KVQ_OK;
+    }
+    if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
+        (sp = H5Aget_space(a)) < 0) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, h5_detail(det, sizeof det));
+        goto out;
+    }
+    if (H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(sp) != 1) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a string attribute", path, name);
+        goto out;
+    }
+    if (H5Tis_variable_str(t) > 0) {
+        char *s = NULL;
+        mt = H5Tcopy(H5T_C_S1);
+        if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 || H5Tset_cset(mt, H5Tget_cset(t)) < 0 ||
+            H5Aread(a, mt, &s) < 0) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, h5_detail(det, sizeof det));
+            goto out;
+        }
+        snprintf(buf, len, "%s", s ? s : "");
+        if (s) H5free_memory(s);
+    } else {
+        size_t sz = H5Tget_size(t);
+        char *tmp = malloc(sz + 1);
+        if (!tmp) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: /%s: out of memory", path, name); goto out; }
+        mt = H5Tcopy(H5T_C_S1);
+        if (mt < 0 || H5Tset_size(mt, sz) < 0 || H5Tset_cset(mt, H5Tget_cset(t)) < 0 ||
+            H5Aread(a, mt, tmp) < 0) {
+            free(tmp);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, h5_detail(det, sizeof det));
+            goto out;
+        }
+        tmp[sz] = '\0';
+        size_t n = strlen(tmp);
+        while (n > 0 && tmp[n - 1] == ' ') tmp[--n] = '\0'; /* space padding */
+        snprintf(buf, len, "%s", tmp);
+        free(tmp);
+    }
+    *present = 1;
+out:
+    h5_close_id(mt);
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(a);
+    return st;
+}
+
+/* Reads a numeric attribute as double; integer-only when `integer`. */
+static kvq_status attr_number(const char *path, hid_t obj, const char *name, int required,
+                              int integer, double *val, long long *ival, int *present,
+                              kvq_error *err)
+{
+    char det[256];
+    kvq_status st = KVQ_OK;
+    hid_t a = -1, t = -1, sp = -1;
+    const char *what = integer ? "an integer" : "a number";
+    *present = 0;
+    htri_t ex = H5Aexists(obj, name);
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, h5_detail(det, sizeof det));
+    if (ex == 0) {
+        if (required)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected %s)", path, name, what);
+        return KVQ_OK;
+    }
+    if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
+        (sp = H5Aget_space(a)) < 0) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, h5_detail(det, sizeof det));
+        goto out;
+    }
+    H5T_class_t cls = H5Tget_class(t);
+    if (H5Sget_simple_extent_npoints(sp) != 1 ||
+        !(cls == H5T_INTEGER || (!integer && cls == H5T_FLOAT))) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected %s attribute", path, name, what);
+        goto out;
+    }
+    if (cls == H5T_INTEGER) {
+        long long v;
+        if (H5Aread(a, H5T_NATIVE_LLONG, &v) < 0) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, h5_detail(det, sizeof det));
+            goto out;
+        }
+        if (ival) *ival = v;
+        if (val) *val = (double)v;
+    } else {
+        double v;
+        if (H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, h5_detail(det, sizeof det));
+            goto out;
+        }
+        if (val) *val = v;
+    }
+    *present = 1;
+out:
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(a);
+    return st;
+}
+
+static kvq_status attr_dim(const char *path, hid_t root, const char *name, int *out,
+                           kvq_error *err)
+{
+    long long v = 0;
+    int present;
+    kvq_status st = attr_number(path, root, name, 1, 1, NULL, &v, &present, err);
+    if (st) return st;
+    if (v <= 0 || v > INT_MAX)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a positive integer, got %lld", path, name, v);
+    *out = (int)v;
+    return KVQ_OK;
+}
+
+/* --------------------------------------------------------------- datasets */
+
+/* Classifies a dataset's float type; KVQ_ERR_FORMAT for anything else. */
+static kvq_status float_kind(const char *path, const char *obj, hid_t t, kvq_dtype *dt,
+                             kvq_error *err)
+{
+    if (H5Tget_class(t) != H5T_FLOAT)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a non-float type", path, obj);
+    size_t sz = H5Tget_size(t);
+    if (sz == 4) { *dt = KVQ_F32; return KVQ_OK; }
+    if (sz == 8) { *dt = KVQ_F64; return KVQ_OK; }
+    if (sz == 2) {
+        size_t spos, epos, esize, mpos, msize;
+        if (H5Tget_fields(t, &spos, &epos, &esize, &mpos, &msize) >= 0 && spos == 15 &&
+            epos == 10 && esize == 5 && mpos == 0 && msize == 10 && H5Tget_ebias(t) == 15) {
+            *dt = KVQ_F16;
+            return KVQ_OK;
+        }
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected IEEE float16, got another 16-bit float layout", path, obj);
+    }
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a %zu-byte float", path, obj, sz);
+}
+
+/* Checks that `name` in group `g` is a float dataset of shape [d0][d1][d2]
+ * (d2 == 0: two-dimensional [d0][d1]).  *present = 0 if it does not exist. */
+static kvq_status check_dataset(const char *path, hid_t g, const char *gname, const char *name,
+                                hsize_t d0, hsize_t d1, hsize_t d2, int *present, kvq_dtype *dt,
+                                kvq_error *err)
+{
+    char obj[128], det[256];
+    kvq_status st = KVQ_OK;
+    hid_t ds = -1, t = -1, sp = -1;
+    snprintf(obj, sizeof obj, "%s/%s", gname, name);
+    *present = 0;
+    htri_t ex = H5Lexists(g, name, H5P_DEFAULT);
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot query: %s", path, obj, h5_detail(det, sizeof det));
+    if (ex == 0) return KVQ_OK;
+    if ((ds = H5Dopen2(g, name, H5P_DEFAULT)) < 0) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a dataset: %s", path, obj, h5_detail(det, sizeof det));
+        goto out;
+    }
+    if ((t = H5Dget_type(ds)) < 0 || (sp = H5Dget_space(ds)) < 0) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot read type/shape: %s", path, obj, h5_detail(det, sizeof det));
+        goto out;
+    }
+    if ((st = float_kind(path, obj, t, dt, err))) goto out;
+    int rank = H5Sget_simple_extent_ndims(sp);
+    hsize_t dims[H5S_MAX_RANK];
+    int want = d2 ? 3 : 2;
+    hsize_t exp[3] = {d0, d1, d2};
+    int ok = rank == want;
+    if (rank >= 0 && rank <= H5S_MAX_RANK) H5Sget_simple_extent_dims(sp, dims, NULL);
+    for (int i = 0; ok && i < want; i++) ok = dims[i] == exp[i];
+    if (!ok) {
+        char got[128] = "a scalar";
+        if (rank > 0 && rank <= H5S_MAX_RANK) {
+            size_t o = 0;
+            o += snprintf(got + o, sizeof got - o, "[");
+            for (int i = 0; i < rank && o < sizeof got; i++)
+                o += snprintf(got + o, sizeof got - o, "%s%llu", i ? "," : "", (unsigned long long)dims[i]);
+            if (o < sizeof got) snprintf(got + o, sizeof got - o, "]");
+        } else if (rank < 0) {
+            snprintf(got, sizeof got, "an unreadable shape");
+        }
+        if (want == 3)
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu,%llu], got %s", path, obj, (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2, got);
+        else
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu], got %s", path, obj, (unsigned long long)d0, (unsigned long long)d1, got);
+        goto out;
+    }
+    *present = 1;
+out:
+    h5_close_id(sp);
+    h5_close_id(t);
+    h5_close_id(ds);
+    return st;
+}
+
+/* Reads dataset `obj` (absolute path) of n elements into dst as float32 and
+ * checks every value is finite.  shape[] only serves the error message. */
+static kvq_status read_floats(const char *path, hid_t file, const char *obj, float *dst,
+                              size_t n, const int shape[3], kvq_error *err)
+{
+    char det[256];
+    kvq_status st = KVQ_OK;
+    hid_t ds = -1, t = -1;
+    uint16_t *half = NULL;
+    if ((ds = H5Dopen2(file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, h5_detail(det, sizeof det));
+        goto out;
+    }
+    kvq_dtype dt;
+    if ((st = float_kind(path, obj, t, &dt, err))) goto out;
+    if (dt == KVQ_F16) {
+        half = kvq_alloc_array(n, sizeof *half);
+        if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, n); goto out; }
+        /* memory type = file type: HDF5 copies the bytes, no conversion */
+        if (H5Dread(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, half) < 0) {
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+            goto out;
+        }
+        if (H5Tget_order(t) == H5T_ORDER_BE)
+            for (size_t i = 0; i < n; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
+        kvq_f16_to_f32_array(half, dst, n);
+    } else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0) {
+        st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+        goto out;
+    }
+    /* finite check; a float64 value beyond float32 range also lands here as inf */
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(dst[i])) {
+            size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
+            size_t b = r % (size_t)shape[1], a = r / (size_t)shape[1];
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]", path, obj, isnan(dst[i]) ? "nan" : "inf", a, b, c);
+            goto out;
+        }
+    }
+out:
+    free(half);
+    h5_close_id(t);
+    h5_close_id(ds);
+    return st;
+}
+
+/* ------------------------------------------------------------------- open */
+
+static kvq_status validate_root(kvq_dump *d, kvq_error *err)
+{
+    const char *p = d->path;
+    kvq_dump_info *in = &d->info;
+    hid_t root = d->file;
+    char tag[64];
+    int present;
+    kvq_status st;
+
+    if ((st = attr_string(p, root, "kvq_format", 1, tag, sizeof tag, &present, err))) return st;
+    if (strcmp(tag, FORMAT_TAG) != 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, FORMAT_TAG, tag);
+    if ((st = attr_string(p, root, "model", 1, in->model, sizeof in->model, &present, err))) return st;
+    if ((st = attr_dim(p, root, "num_layers", &in->num_layers, err)) ||
+        (st = attr_dim(p, root, "num_heads", &in->num_heads, err)) ||
+        (st = attr_dim(p, root, "num_kv_heads", &in->num_kv_heads, err)) ||
+        (st = attr_dim(p, root, "head_dim", &in->head_dim, err)) ||
+        (st = attr_dim(p, root, "seq_len", &in->seq_len, err)))
+        return st;
+    if (in->num_layers > 1000)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_layers: expected at most 1000 (layer_NNN names), got %d", p, in->num_layers);
+    if (in->num_heads % in->num_kv_heads != 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_heads: expected a multiple of num_kv_heads (%d), got %d", p, in->num_kv_heads, in->num_heads);
+    size_t bytes;
+    if (!kvq_tensor_bytes((size_t)in->num_heads, (size_t)in->seq_len, (size_t)in->head_dim, &bytes))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: /: tensor size %d x %d x %d overflows size_t", p, in->num_heads, in->seq_len, in->head_dim);
+
+    double theta = 0;
+    if ((st = attr_number(p, root, "rope_theta", 0, 0, &theta, NULL, &in->has_rope_theta, err))) return st;
+    if (in->has_rope_theta && !(isfinite(theta) && theta > 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_theta: expected a positive finite number, got %g", p, theta);
+    in->rope_theta = theta;
+
+    char style[64];
+    if ((st = attr_string(p, root, "rope_style", 0, style, sizeof style, &present, err))) return st;
+    in->rope_style = KVQ_ROPE_UNSET;
+    if (present) {
+        if (!strcmp(style, "interleaved")) in->rope_style = KVQ_ROPE_INTERLEAVED;
+        else if (!strcmp(style, "half")) in->rope_style = KVQ_ROPE_HALF;
+        else return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\", got \"%s\"", p, style);
+    }
+    long long qp = 0;
+    if ((st = attr_number(p, root, "query_prescaled", 0, 1, NULL, &qp, &present, err))) return st;
+    if (qp != 0 && qp != 1)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /query_prescaled: expected 0 or 1, got %lld", p, qp);
+    in->query_prescaled = (int)qp;
+
+    /* optional explicit RoPE tables [T][D/2] */
+    int has_cos = 0, has_sin = 0;
+    kvq_dtype dt;
+    if (in->head_dim % 2 == 0) {
+        if ((st = check_dataset(p, root, "", "rope_cos", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_cos, &dt, err)) ||
+            (st = check_dataset(p, root, "", "rope_sin", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_sin, &dt, err)))
+            return st;
+        if (has_cos != has_sin)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a dataset (/%s is present)", p, has_cos ? "rope_sin" : "rope_cos", has_cos ? "rope_cos" : "rope_sin");
+    }
+    in->has_rope_table = has_cos && has_sin;
+    return KVQ_OK;
+}
+
+static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
+{
+    const char *p = d->path;
+    kvq_dump_info *in = &d->info;
+    hsize_t H = (hsize_t)in->num_kv_heads, Hq = (hsize_t)in->num_heads;
+    hsize_t T = (hsize_t)in->seq_len, D = (hsize_t)in->head_dim;
+    char det[256];
+    for (int l = 0; l < in->num_layers; l++) {
+        char gname[32];
+        snprintf(gname, sizeof gname, "/layer_%03d", l);
+        htri_t ex = H5Lexists(d->file, gname + 1, H5P_DEFAULT);
+        if (ex <= 0)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: missing group (num_layers is %d)", p, gname, in->num_layers);
+        hid_t g = H5Gopen2(d->file, gname, H5P_DEFAULT);
+        if (g < 0)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a group: %s", p, gname, h5_detail(det, sizeof det));
+        int pk, pv, pq, pr;
+        kvq_dtype dk = KVQ_F32, dv = KVQ_F32, dq = KVQ_F32, dr;
+        kvq_status st;
+        if ((st = check_dataset(p, g, gname, "key", H, T, D, &pk, &dk, err)) ||
+            (st = check_dataset(p, g, gname, "value", H, T, D, &pv, &dv, err)) ||
+            (st = check_dataset(p, g, gname, "query", Hq, T, D, &pq, &dq, err)) ||
+            (st = check_dataset(p, g, gname, "key_pre_rope", H, T, D, &pr, &dr, err))) {
+            H5Gclose(g);
+            return st;
+        }
+        H5Gclose(g);
+        if (!pk) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/key: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
+        if (!pv) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/value: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
+        if (l == 0) {
+            in->has_query = pq;
+            in->has_key_pre_rope = pr;
+            in->key_dtype = dk;
+            in->value_dtype = dv;
+            in->query_dtype = dq;
+        } else if (pq != in->has_query || pr != in->has_key_pre_rope) {
+            const char *what = pq != in->has_query ? "query" : "key_pre_rope";
+            int has0 = pq != in->has_query ? in->has_query : in->has_key_pre_rope;
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/%s: expected %s, as in /layer_000", p, gname, what, has0 ? "a dataset" : "no dataset");
+        }
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err)
+{
+    char det[256];
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvq_fail(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    fclose(f);
+    h5_quiet();
+    htri_t is = H5Fis_hdf5(path);
+    if (is <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: not an HDF5 file (expected a kvq-dump/1 HDF5 dump)", path);
+    }
+    kvq_dump *d = calloc(1, sizeof *d);
+    if (!d || !(d->path = strdup(path))) {
+        free(d);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    d->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (d->file < 0) {
+        kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: cannot open as HDF5 (truncated or corrupt file?): %s", path, h5_detail(det, sizeof det));
+        free(d->path);
+        free(d);
+        return st;
+    }
+    kvq_status st = validate_root(d, err);
+    if (!st) st = validate_layers(d, err);
+    if (st) {
+        kvq_dump_close(d);
+        return st;
+    }
+    *out = d;
+    return KVQ_OK;
+}
+
+const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d) { return &d->info; }
+const char *kvq_dump_path(const kvq_dump *d) { return d->path; }
+
+void kvq_dump_close(kvq_dump *d)
+{
+    if (!d) return;
+    if (d->file >= 0) H5Fclose(d->file);
+    H5Eclear2(H5E_DEFAULT);
+    free(d->path);
+    free(d);
+}
+
+void kvq_layer_free(kvq_layer *l)
+{
+    if (!l) return;
+    free(l->key);
+    free(l->value);
+    free(l->query);
+    free(l->key_pre_rope);
+    memset(l, 0, sizeof *l);
+}
+
+kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned flags,
+                           kvq_error *err)
+{
+    size_t kb, qb;
+    memset(l, 0, sizeof *l);
+    if (H <= 0 || Hq <= 0 || T <= 0 || D <= 0 || !kvq_tensor_bytes((size_t)H, (size_t)T, (size_t)D, &kb) ||
+        !kvq_tensor_bytes((size_t)Hq, (size_t)T, (size_t)D, &qb))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "layer of %d x %d x %d (query heads %d): invalid or overflowing size", H, T, D, Hq);
+    l->H = H, l->Hq = Hq, l->T = T, l->D = D;
+    l->key = calloc(1, kb);
+    l->value = calloc(1, kb);
+    if (flags & KVQ_READ_QUERY) l->query = calloc(1, qb);
+    if (flags & KVQ_READ_KEY_PRE_ROPE) l->key_pre_rope = calloc(1, kb);
+    if (!l->key || !l->value || ((flags & KVQ_READ_QUERY) && !l->query) ||
+        ((flags & KVQ_READ_KEY_PRE_ROPE) && !l->key_pre_rope)) {
+        kvq_layer_free(l);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a layer of %d x %d x %d", H, T, D);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
+                               kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    memset(out, 0, sizeof *out);
+    if (layer < 0 || layer >= in->num_layers)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", d->path, layer, in->num_layers - 1);
+    if (!in->has_query) flags &= ~KVQ_READ_QUERY;
+    if (!in->has_key_pre_rope) flags &= ~KVQ_READ_KEY_PRE_ROPE;
+    h5_quiet();
+    int H = in->num_kv_heads, Hq = in->num_heads, T = in->seq_len, D = in->head_dim;
+    kvq_status st = kvq_layer_alloc(out, H, Hq, T, D, flags, err);
+    if (st) return st;
+    size_t nkv = (size_t)H * T * D, nq = (size_t)Hq * T * D;
+    int skv[3] = {H, T, D}, sq[3] = {Hq, T, D};
+    char obj[64];
+    struct { const char *name; float *dst; size_t n; const int *shape; } items[] = {
+        {"key", out->key, nkv, skv},
+        {"value", out->value, nkv, skv},
+        {"query", out->query, nq, sq},
+        {"key_pre_rope", out->key_pre_rope, nkv, skv},
+    };
+    for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
+        if (!items[i].dst) continue;
+        snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
+        if ((st = read_floats(d->path, d->file, obj, items[i].dst, items[i].n, items[i].shape, err))) {
+            kvq_layer_free(out);
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* ----------------------------------------------------------------- writer */
+
+static hid_t f16_type(void)
+{
+    hid_t t = H5Tcopy(H5T_IEEE_F32LE);
+    if (t < 0) return t;
+    if (H5Tset_fields(t, 15, 10, 5, 0, 10) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 15) < 0) {
+        H5Tclose(t);
+        return -1;
+    }
+    return t;
+}
+
+static herr_t write_attr_string(hid_t obj, const char *name, const char *val)
+{
+    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = -1;
+    herr_t r = -1;
+    if (t >= 0 && sp >= 0 && H5Tset_size(t, strlen(val) + 1) >= 0 &&
+        (a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
+        r = H5Awrite(a, t, val);
+    h5_close_id(a);
+    h5_close_id(sp);
+    h5_close_id(t);
+    return r;
+}
+
+static herr_t write_attr_num(hid_t obj, const char *name, hid_t ftype, hid_t mtype, const void *v)
+{
+    hid_t sp = H5Screate(H5S_SCALAR), a = -1;
+    herr_t r = -1;
+    if (sp >= 0 && (a = H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
+        r = H5Awrite(a, mtype, v);
+    h5_close_id(a);
+    h5_close_id(sp);
+    return r;
+}
+
+kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, kvq_dtype dtype,
+                                  kvq_dump_writer **out, kvq_error *err)
+{
+    char det[256];
+    *out = NULL;
+    h5_quiet();
+    kvq_dump_writer *w = calloc(1, sizeof *w);
+    size_t plen = strlen(path);
+    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(plen + 16))) {
+        if (w) free(w->path);
+        free(w);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+    }
+    snprintf(w->tmp, plen + 16, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(w->tmp);
+    if (fd < 0) {
+        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        free(w->tmp), free(w->path), free(w);
+        return st;
+    }
+    close(fd);
+    w->info = *info;
+    w->dtype = dtype;
+    w->file = H5Fcreate(w->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (w->file < 0) {
+        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create HDF5 file: %s", path, h5_detail(det, sizeof det));
+        unlink(w->tmp);
+        free(w->tmp), free(w->path), free(w);
+        return st;
+    }
+    long long dims[5] = {info->num_layers, info->num_heads, info->num_kv_heads, info->head_dim, info->seq_len};
+    const char *names[5] = {"num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len"};
+    herr_t r = write_attr_string(w->file, "kvq_format", FORMAT_TAG);
+    if (r >= 0) r = write_attr_string(w->file, "model", info->model);
+    for (int i = 0; i < 5 && r >= 0; i++)
+        r = write_attr_num(w->file, names[i], H5T_STD_I64LE, H5T_NATIVE_LLONG, &dims[i]);
+    if (r >= 0 && info->has_rope_theta)
+        r = write_attr_num(w->file, "rope_theta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &info->rope_theta);
+    if (r >= 0 && info->rope_style != KVQ_ROPE_UNSET)
+        r = write_attr_string(w->file, "rope_style", info->rope_style == KVQ_ROPE_HALF ? "half" : "interleaved");
+    long long qp = info->query_prescaled;
+    if (r >= 0) r = write_attr_num(w->file, "query_prescaled", H5T_STD_I64LE, H5T_NATIVE_LLONG, &qp);
+    if (r < 0) {
+        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot write root attributes: %s", path, h5_detail(det, sizeof det));
+        kvq_dump_writer_abort(w);
+        return st;
+    }
+    *out = w;
+    return KVQ_OK;
+}
+
+static herr_t write_tensor(hid_t g, const char *name, const float *x, int a, int b, int c,
+                           kvq_dtype dt)
+{
+    hsize_t dims[3] = {(hsize_t)a, (hsize_t)b, (hsize_t)c};
+    size_t n = (size_t)a * b * c;
+    hid_t sp = H5Screate_simple(3, dims, NULL), ft = -1, ds = -1;
+    herr_t r = -1;
+    uint16_t *half = NULL;
+    if (sp < 0) return -1;
+    if (dt == KVQ_F16) ft = f16_type();
+    else ft = H5Tcopy(dt == KVQ_F64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE);
+    if (ft < 0) goto out;
+    if ((ds = H5Dcreate2(g, name, ft, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto out;
+    if (dt == KVQ_F16) {
+        if (!(half = kvq_alloc_array(n, sizeof *half))) goto out;
+        kvq_f32_to_f16_array(x, half, n);
+        r = H5Dwrite(ds, ft, H5S_ALL, H5S_ALL, H5P_DEFAULT, half);
+    } else {
+        r = H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
+    }
+out:
+    free(half);
+    h5_close_id(ds);
+    h5_close_id(ft);
+    h5_close_id(sp);
+    return r;
+}
+
+kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer *l,
+                                 kvq_error *err)
+{
+    char gname[32], det[256];
+    const kvq_dump_info *in = &w->info;
+    if (layer < 0 || layer >= in->num_layers || l->H != in->num_kv_heads || l->T != in->seq_len ||
+        l->D != in->head_dim || (l->query && l->Hq != in->num_heads))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: shape disagrees with the dump's attributes", w->path, layer);
+    h5_quiet();
+    snprintf(gname, sizeof gname, "/layer_%03d", layer);
+    hid_t g = H5Gcreate2(w->file, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot create group: %s", w->path, gname, h5_detail(det, sizeof det));
+    herr_t r = write_tensor(g, "key", l->key, l->H, l->T, l->D, w->dtype);
+    if (r >= 0) r = write_tensor(g, "value", l->value, l->H, l->T, l->D, w->dtype);
+    if (r >= 0 && l->query) r = write_tensor(g, "query", l->query, l->Hq, l->T, l->D, w->dtype);
+    if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
+    H5Gclose(g);
+    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
+{
+    char det[256];
+    kvq_status st = KVQ_OK;
+    h5_quiet();
+    if (H5Fclose(w->file) < 0) {
+        w->file = -1;
+        st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot close: %s", w->path, h5_detail(det, sizeof det));
+    } else if (rename(w->tmp, w->path) != 0) {
+        st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot rename %s into place: %s", w->path, w->tmp, strerror(errno));
+    }
+    w->file = -1;
+    if (st) unlink(w->tmp);
+    free(w->tmp), free(w->path), free(w);
+    return st;
+}
+
+void kvq_dump_writer_abort(kvq_dump_writer *w)
+{
+    if (!w) return;
+    if (w->file >= 0) H5Fclose(w->file);
+    H5Eclear2(H5E_DEFAULT);
+    unlink(w->tmp);
+    free(w->tmp), free(w->path), free(w);
+}

@@ -1,0 +1,39 @@
+/* internal.h — helpers shared by libkvq's sources, not part of the API. */
+#ifndef KVQ_INTERNAL_H
+#define KVQ_INTERNAL_H
+
+#include "kvq.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+
+#if defined(__GNUC__)
+#define KVQ_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define KVQ_PRINTF(a, b)
+#endif
+
+/* Records status + formatted detail in err (may be NULL); returns status. */
+kvq_status kvq_fail(kvq_error *err, kvq_status st, const char *fmt, ...) KVQ_PRINTF(3, 4);
+
+/* a*b*c... as size_t; false on overflow. */
+static inline bool kvq_mul_size(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Number of elements of one [A][B][C] tensor in bytes of float; false on overflow. */
+static inline bool kvq_tensor_bytes(size_t a, size_t b, size_t c, size_t *bytes)
+{
+    size_t n;
+    return kvq_mul_size(a, b, &n) && kvq_mul_size(n, c, &n) && kvq_mul_size(n, sizeof(float), bytes);
+}
+
+/* malloc of n*size bytes with overflow check; NULL on failure. */
+void *kvq_alloc_array(size_t n, size_t size);
+
+/* Effective thread count (<= 0: all cores). */
+int kvq_threads(int requested);
+
+#endif

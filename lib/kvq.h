@@ -1,0 +1,365 @@
+/* kvq.h — public API of libkvq, the KV-cache quantization analysis library.
+ *
+ * The library reads kvq-dump/1 HDF5 files (SPEC.md §1), runs quantizers from
+ * one registry (§3) over one layer at a time, and accumulates reconstruction
+ * and attention metrics (§4).  It never prints and never exits: every function
+ * that can fail returns a kvq_status and fills a kvq_error with one line that
+ * names the file, the object and what was expected.
+ *
+ * Tensor layout everywhere: one layer's keys/values are float32 [H][T][D]
+ * (KV head, token, channel), queries [Hq][T][D], row-major.
+ */
+#ifndef KVQ_H
+#define KVQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ errors */
+
+typedef enum kvq_status {
+    KVQ_OK = 0,
+    KVQ_ERR_USAGE,       /* bad spec string or option value (tools exit 2) */
+    KVQ_ERR_IO,          /* cannot open, read or write a file */
+    KVQ_ERR_FORMAT,      /* input is not a valid kvq-dump/1 file */
+    KVQ_ERR_NOMEM,       /* allocation failed or size overflows */
+    KVQ_ERR_NUMERIC,     /* a value cannot be represented (e.g. fp16 scale) */
+    KVQ_ERR_UNSUPPORTED, /* a feature this build or input does not offer */
+    KVQ_ERR_INTERNAL     /* a LAPACK or other library call failed */
+} kvq_status;
+
+/* Detail for the last failure: one line, no trailing newline. */
+typedef struct kvq_error {
+    kvq_status status;
+    char msg[1024];
+} kvq_error;
+
+const char *kvq_strerror(kvq_status st);
+const char *kvq_version(void);
+
+/* ------------------------------------------------------- numeric helpers */
+
+/* float32 -> IEEE binary16 with round-half-to-even (overflow -> inf). */
+uint16_t kvq_f32_to_f16(float x);
+float kvq_f16_to_f32(uint16_t h);
+/* x rounded to the nearest fp16 value, returned as float32. */
+float kvq_round_f16(float x);
+/* Bulk conversions; use F16C when the CPU has it (checked at run time). */
+void kvq_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
+void kvq_f16_to_f32_array_ref(const uint16_t *src, float *dst, size_t n);
+void kvq_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
+
+/* Seeded generator (SPEC §2.5): xoshiro256** whose state is filled by
+ * splitmix64 from (seed, a, b, c), so every (layer, head, tensor) stream is
+ * reproducible and independent of the thread that draws it. */
+typedef struct kvq_rng {
+    uint64_t s[4];
+} kvq_rng;
+
+void kvq_rng_init(kvq_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
+uint64_t kvq_rng_u64(kvq_rng *r);
+double kvq_rng_uniform(kvq_rng *r);          /* [0, 1), 53 bits */
+float kvq_rng_uniform_f(kvq_rng *r);         /* [0, 1), 24 bits */
+double kvq_rng_normal(kvq_rng *r);           /* N(0, 1), Box–Muller */
+uint64_t kvq_rng_below(kvq_rng *r, uint64_t n); /* uniform in [0, n), unbiased */
+
+/* Stream tags for kvq_rng_init's third index. */
+enum { KVQ_STREAM_KEY = 0, KVQ_STREAM_VALUE = 1, KVQ_STREAM_QUERIES = 2, KVQ_STREAM_GEN = 3 };
+
+/* ------------------------------------------------------------- dumps (§1) */
+
+typedef enum kvq_dtype { KVQ_F16 = 0, KVQ_F32 = 1, KVQ_F64 = 2 } kvq_dtype;
+typedef enum kvq_rope_style { KVQ_ROPE_UNSET = 0, KVQ_ROPE_INTERLEAVED, KVQ_ROPE_HALF } kvq_rope_style;
+
+typedef struct kvq_dump_info {
+    char model[256];
+    int num_layers;    /* L */
+    int num_heads;     /* Hq, query heads */
+    int num_kv_heads;  /* H */
+    int head_dim;      /* D */
+    int seq_len;       /* T */
+    int has_rope_theta;
+    double rope_theta;
+    kvq_rope_style rope_style;
+    int query_prescaled;
+    int has_query;        /* every layer has `query` */
+    int has_key_pre_rope; /* every layer has `key_pre_rope` */
+    int has_rope_table;   /* root `rope_cos`/`rope_sin` present */
+    kvq_dtype key_dtype, value_dtype, query_dtype;
+} kvq_dump_info;
+
+/* One layer in memory.  Arrays are owned by the struct (kvq_layer_free). */
+typedef struct kvq_layer {
+    int H, Hq, T, D;
+    float *key;          /* [H][T][D] */
+    float *value;        /* [H][T][D] */
+    float *query;        /* [Hq][T][D] or NULL */
+    float *key_pre_rope; /* [H][T][D] or NULL */
+} kvq_layer;
+
+enum { KVQ_READ_QUERY = 1u, KVQ_READ_KEY_PRE_ROPE = 2u };
+
+typedef struct kvq_dump kvq_dump; /* an open dump file (opaque) */
+
+/* Opens and validates every attribute and the shape/type of every dataset;
+ * tensor values are read (and checked finite) by kvq_dump_read_layer. */
+kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err);
+const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d);
+const char *kvq_dump_path(const kvq_dump *d);
+/* Reads one layer (memory stays bounded by one layer).  `flags` selects the
+ * optional tensors; those the dump lacks are left NULL. */
+kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
+                               kvq_error *err);
+void kvq_dump_close(kvq_dump *d);
+void kvq_layer_free(kvq_layer *l);
+/* Allocates a zeroed layer of the given shape (query/key_pre_rope optional). */
+kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned flags,
+                           kvq_error *err);
+
+/* Writer: the file is built under a temporary name and renamed into place by
+ * kvq_dump_writer_finish, so a crash never leaves a half-written dump. */
+typedef struct kvq_dump_writer kvq_dump_writer;
+kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, kvq_dtype dtype,
+                                  kvq_dump_writer **out, kvq_error *err);
+/* Writes /layer_NNN from `l` (query and key_pre_rope when non-NULL). */
+kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer *l,
+                                 kvq_error *err);
+kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
+void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
+
+/* ---------------------------------------------- group quantization (§2.1) */
+
+typedef enum kvq_scale_prec { KVQ_SCALE_FP16 = 0, KVQ_SCALE_FP32 = 1 } kvq_scale_prec;
+
+/* U(g; b) on one group of n values x[i*stride], written to y[i*stride]
+ * (y may equal x).  Reference definition: plain C, in SPEC order.
+ * Returns KVQ_ERR_NUMERIC if the rounded scale is not finite. */
+kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                  kvq_scale_prec prec);
+/* A(g; b), symmetric absmax (§2.2), same conventions. */
+kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                   kvq_scale_prec prec);
+/* Optimised per-channel U: rows x[t*D + c] for t < n, every channel c < D is
+ * one group of n tokens.  Equal to the reference applied per channel. */
+kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
+                                       kvq_scale_prec prec);
+
+/* ------------------------------------------------- quantizer registry (§3) */
+
+typedef enum kvq_param_type { KVQ_PARAM_INT, KVQ_PARAM_REAL, KVQ_PARAM_CHOICE } kvq_param_type;
+
+typedef struct kvq_param {
+    const char *key;
+    kvq_param_type type;
+    const char *def;     /* default as text; NULL: unset unless given (e.g. kivi kbits) */
+    double min, max;     /* inclusive range of INT/REAL values */
+    const char *choices; /* CHOICE: "head|layer" */
+    const char *help;
+} kvq_param;
+
+#define KVQ_MAX_PARAMS 16
+#define KVQ_SPEC_MAX 256
+
+struct kvq_quantizer;
+
+/* A parsed spec string `name:key=value,...`. */
+typedef struct kvq_spec {
+    const struct kvq_quantizer *q;
+    double val[KVQ_MAX_PARAMS];         /* number, or index into `choices`; NaN if unset */
+    unsigned char given[KVQ_MAX_PARAMS]; /* set explicitly in the string */
+    char text[KVQ_SPEC_MAX];            /* the string as given */
+} kvq_spec;
+
+/* What a quantizer sees besides the layer. */
+typedef struct kvq_quant_ctx {
+    const kvq_dump_info *info;
+    int layer;
+    uint64_t seed;
+    int nthreads;
+} kvq_quant_ctx;
+
+/* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
+typedef struct kvq_quant_out {
+    float *key, *value;
+    double *k_bits, *v_bits; /* [H], filled by the quantizer */
+} kvq_quant_out;
+
+typedef struct kvq_quantizer {
+    const char *name;
+    const char *description;
+    const kvq_param *params;
+    int nparams;
+    int needs_calib;    /* needs --calib */
+    int in_default_set; /* part of kvq-analyze's default set */
+    const char *default_spec; /* the spec the default set uses ("" = defaults) */
+    /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
+    kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
+    kvq_status (*quantize)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                           kvq_quant_out *out, kvq_error *err);
+} kvq_quantizer;
+
+size_t kvq_quantizer_count(void);
+const kvq_quantizer *kvq_quantizer_at(size_t i);
+const kvq_quantizer *kvq_quantizer_find(const char *name);
+
+kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err);
+/* Index of `key` in the quantizer's parameter table, or -1. */
+int kvq_spec_param_index(const kvq_quantizer *q, const char *key);
+/* Writes "name:key=value,..." with every parameter (defaults filled in). */
+void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len);
+/* Writes the quantizer table for --list-quantizers. */
+void kvq_registry_describe(FILE *f);
+
+/* ---------------------------------------------------------- metrics (§4) */
+
+/* Sums for one tensor's reconstruction error; merged by adding. */
+typedef struct kvq_recon_acc {
+    double n;         /* elements */
+    double sum_x2;    /* Σ x² */
+    double sum_e2;    /* Σ e², e = x − x' */
+    double sum_abs_e; /* Σ |e| */
+    double max_abs;   /* max |e| */
+    double bits;      /* stored bits */
+} kvq_recon_acc;
+
+typedef struct kvq_attn_acc {
+    double rows;          /* query rows (query heads × positions) */
+    double s_ref2, s_diff2;
+    double a_ref2, a_diff2;
+    double kl_sum;
+    double top1_same;
+    double o_ref2, o_diff2, o_joint_diff2;
+} kvq_attn_acc;
+
+typedef struct kvq_acc {
+    kvq_recon_acc k, v;
+    int has_attn;
+    kvq_attn_acc attn;
+} kvq_acc;
+
+typedef struct kvq_metrics {
+    double k_bits, v_bits;
+    double k_rel_fro, k_rmse, k_mae, k_max_abs, k_sqnr_db;
+    double v_rel_fro, v_rmse, v_mae, v_max_abs, v_sqnr_db;
+    int has_attn; /* the attention columns below are meaningful */
+    double score_rel, attn_rel, attn_kl, attn_top1, out_rel, out_rel_joint;
+} kvq_metrics;
+
+/* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
+void kvq_recon_accumulate(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);
+void kvq_recon_accumulate_ref(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);
+void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src);
+void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m);
+
+/* Query positions (§4). */
+typedef enum kvq_query_kind { KVQ_Q_LAST, KVQ_Q_ALL, KVQ_Q_EVERY, KVQ_Q_RANDOM } kvq_query_kind;
+typedef struct kvq_query_sel {
+    kvq_query_kind kind;
+    long n;
+} kvq_query_sel;
+
+kvq_status kvq_query_sel_parse(const char *text, kvq_query_sel *out, kvq_error *err);
+/* Sorted positions for a sequence of T tokens; *pos is malloc'ed. */
+kvq_status kvq_query_positions(const kvq_query_sel *sel, int T, uint64_t seed, int **pos,
+                               size_t *npos, kvq_error *err);
+
+/* Attention metrics of one KV head for several quantizers at once (§4).
+ * Q: the G query heads reading this KV head, [G][T][D].  K, V: [T][D].
+ * Kq[i], Vq[i]: quantizer i's reconstruction, [T][D].  acc[i] receives the
+ * sums.  Score matrices go through cblas_sgemm in row chunks of bounded size. */
+kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float *V, int T, int D,
+                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
+                              kvq_error *err);
+/* Plain reference of the same (no BLAS, no chunking), for tests. */
+kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const float *V, int T,
+                                  int D, int query_prescaled, const int *pos, size_t npos,
+                                  int nquant, const float *const *Kq, const float *const *Vq,
+                                  kvq_attn_acc *acc, kvq_error *err);
+
+/* --------------------------------------------------------- analysis driver */
+
+typedef enum kvq_per { KVQ_PER_HEAD, KVQ_PER_LAYER, KVQ_PER_MODEL } kvq_per;
+
+typedef struct kvq_analysis_opts {
+    const kvq_spec *specs;
+    int nspecs;
+    const int *layers; /* NULL: all */
+    int nlayers;
+    const int *heads;  /* KV heads; NULL: all */
+    int nheads;
+    kvq_query_sel queries;
+    uint64_t seed;
+    int nthreads;      /* <= 0: all cores */
+} kvq_analysis_opts;
+
+/* Result accumulators of one dump: acc[(li * nheads + hi) * nspecs + s] for
+ * the li-th selected layer and hi-th selected head. */
+typedef struct kvq_analysis {
+    int nlayers, nheads, nspecs;
+    int *layers, *heads;
+    int has_attn;
+    kvq_acc *acc;
+} kvq_analysis;
+
+kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *opts, kvq_analysis *out,
+                            kvq_error *err);
+void kvq_analysis_free(kvq_analysis *a);
+
+/* ------------------------------------------------------------- reports */
+
+typedef enum kvq_format { KVQ_FMT_TABLE, KVQ_FMT_CSV, KVQ_FMT_JSONL } kvq_format;
+
+typedef struct kvq_report kvq_report;
+/* Rows go to `f`; the table format buffers rows to align columns. */
+kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_cols, int nextra);
+/* layer/head < 0 print as `all`; extra: nextra cells (may be NULL). */
+kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
+                          const kvq_spec *spec, const kvq_metrics *m, const char *const *extra);
+/* Emits the analysis of one dump, pooled per head, layer or model. */
+kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
+                               const kvq_spec *specs, kvq_per per);
+kvq_status kvq_report_finish(kvq_report *r); /* flushes (table: prints) and frees */
+void kvq_report_discard(kvq_report *r);      /* frees without printing buffered rows */
+
+/* ---------------------------------------------------- synthetic dumps */
+
+typedef struct kvq_gen_opts {
+    int num_layers, num_heads, num_kv_heads, head_dim, seq_len;
+    kvq_rope_style rope_style;
+    double rope_theta;
+    int outlier_channels; /* per KV head, in pre-RoPE keys */
+    double outlier_scale; /* magnitude factor of those channels */
+    double peak;          /* query/key alignment: larger = more peaked attention */
+    int with_query, with_key_pre_rope;
+    kvq_dtype dtype;
+    uint64_t seed;
+} kvq_gen_opts;
+
+void kvq_gen_defaults(kvq_gen_opts *o);
+kvq_status kvq_gen_write(const char *path, const kvq_gen_opts *o, kvq_error *err);
+/* Applies RoPE to x [T][D] in place for positions 0..T-1. */
+void kvq_rope_apply(float *x, int T, int D, double theta, kvq_rope_style style);
+
+/* ------------------------------------------------------- dump statistics */
+
+typedef struct kvq_channel_stats {
+    double abs_max, abs_mean, rms;
+} kvq_channel_stats;
+
+/* Per-(head, channel) statistics of x [H][T][D] into st[H*D]. */
+void kvq_channel_stats_compute(const float *x, int H, int T, int D, kvq_channel_stats *st);
+/* max/median of per-channel abs-max over H*D channels. */
+double kvq_channel_absmax_ratio(const kvq_channel_stats *st, size_t n);
+/* Pearson kurtosis (normal = 3) of n values. */
+double kvq_kurtosis(const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_H */

@@ -1,0 +1,61 @@
+/* quant.h — what the quantizer families share inside libkvq: the registry's
+ * entries and the helpers that apply U/A along the axes of SPEC §2.1. */
+#ifndef KVQ_QUANT_H
+#define KVQ_QUANT_H
+
+#include "../kvq.h"
+
+/* s rounded to the scale precision. */
+float kvq_round_scale(float s, kvq_scale_prec prec);
+
+/* Head h of K (tensor 0) or V (tensor 1) in a layer and in a quantizer's output. */
+static inline const float *kvq_head_in(const kvq_layer *in, int tensor, int h)
+{
+    return (tensor ? in->value : in->key) + (size_t)h * in->T * in->D;
+}
+static inline float *kvq_head_out(kvq_quant_out *out, const kvq_layer *in, int tensor, int h)
+{
+    return (tensor ? out->value : out->key) + (size_t)h * in->T * in->D;
+}
+static inline double *kvq_head_bits(kvq_quant_out *out, int tensor, int h)
+{
+    return (tensor ? out->v_bits : out->k_bits) + h;
+}
+
+/* Bits of one scale (or zero) at this precision. */
+static inline double kvq_scale_bits(kvq_scale_prec prec) { return prec == KVQ_SCALE_FP16 ? 16.0 : 32.0; }
+
+/* --- U along one head's axes; x, y: [T][D] of one head; returns the stored
+ *     bits (codes + scales/zeros).  Tokens [t0, t1) only; y elsewhere untouched. */
+kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int t0, int t1,
+                                    int bits, int group, kvq_scale_prec prec, double *stored_bits);
+kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, int t0, int t1,
+                                      int bits, int group, kvq_scale_prec prec,
+                                      double *stored_bits);
+/* Per-token U with span=layer: groups along the head-major concatenation of
+ * the H heads of each token.  x, y: [H][T][D]; bits[h] receives each head's
+ * share (codes + its proportion of every group's scale/zero). */
+kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T, int D, int t0,
+                                          int t1, int bits, int group, kvq_scale_prec prec,
+                                          double *bits_per_head);
+
+/* Copies tokens [t0, t1) of a head exactly and returns their 16-bit cost. */
+double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1);
+
+/* Helper to name the head in error messages. */
+kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
+                                   const char *tensor, int head);
+
+/* Runs fn(spec, in, out, tensor, h) for tensor 0 (K) and 1 (V) of every
+ * head, spread over ctx->nthreads threads; the first failure (in task
+ * order, so independent of scheduling) is turned into err. */
+typedef kvq_status (*kvq_head_fn)(const kvq_spec *spec, const kvq_layer *in, kvq_quant_out *out,
+                                  int tensor, int h);
+kvq_status kvq_quant_per_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_head_fn fn, kvq_error *err);
+
+/* Registry entries (one per family file). */
+extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt,
+    kvq_q_absmax;
+
+#endif

@@ -1,0 +1,223 @@
+/* uniform.c — the building blocks U (asymmetric min–max, SPEC §2.1) and A
+ * (symmetric absmax, §2.2).
+ *
+ * kvq_group_quantize_ref / kvq_absmax_quantize_ref are the definitions: plain
+ * C in the order SPEC.md writes the arithmetic.  kvq_group_quantize_channels
+ * is the optimised per-channel path (all D channels of a block of tokens at
+ * once, walking rows so the loops are contiguous and vectorise); the tests
+ * check it is bit-identical to the reference. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Round half to even for |v| < 2^22 (v is clamped to [-2^16, 2^16] before).
+ * Adding and subtracting 1.5·2^23 rounds in the FPU's default mode (nearest,
+ * ties to even) — the same result as rintf/torch.round, but vectorisable on
+ * every x86-64 without SSE4.1.  Needs -ffp-contract=off and no -ffast-math. */
+#define rne_vec(v) (((v) + 12582912.0f) - 12582912.0f) /* 12582912 = 1.5·2^23 */
+static inline float rne(float v) { return rne_vec(v); }
+
+float kvq_round_scale(float s, kvq_scale_prec prec)
+{
+    return prec == KVQ_SCALE_FP16 ? kvq_round_f16(s) : s;
+}
+
+kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                  kvq_scale_prec prec)
+{
+    if (n == 0) return KVQ_OK;
+    const float L = (float)((1u << bits) - 1u);
+    /* mn = min(g), mx = max(g) */
+    float mn = x[0], mx = x[0];
+    for (size_t i = 1; i < n; i++) {
+        float v = x[i * stride];
+        if (v < mn) mn = v;
+        if (v > mx) mx = v;
+    }
+    /* s = (mx − mn) / L and z = mn, each rounded to the scale precision */
+    float s = kvq_round_scale((mx - mn) / L, prec);
+    float z = kvq_round_scale(mn, prec);
+    if (!isfinite(s) || !isfinite(z))
+        return KVQ_ERR_NUMERIC;
+    if (s == 0.0f) { /* constant group (or range below fp16 resolution): x' = z */
+        for (size_t i = 0; i < n; i++) y[i * stride] = z;
+        return KVQ_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        /* q = clamp(rne((x − z) / s), 0, L); clamping before rounding gives the
+         * same integer because 0 and L are integers and rne is monotone */
+        float v = (x[i * stride] - z) / s;
+        v = v < 0.0f ? 0.0f : (v > L ? L : v);
+        float q = rne(v);
+        y[i * stride] = q * s + z; /* x' = q·s + z */
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                   kvq_scale_prec prec)
+{
+    if (n == 0) return KVQ_OK;
+    const float qmax = (float)((1u << (bits - 1)) - 1u); /* 2^(b−1) − 1 */
+    const float qmin = -(float)(1u << (bits - 1));       /* −2^(b−1) */
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i * stride]);
+        if (a > amax) amax = a;
+    }
+    float s = kvq_round_scale(amax / qmax, prec);
+    if (!isfinite(s)) return KVQ_ERR_NUMERIC;
+    if (s == 0.0f) {
+        for (size_t i = 0; i < n; i++) y[i * stride] = 0.0f;
+        return KVQ_OK;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = x[i * stride] / s;
+        v = v < qmin ? qmin : (v > qmax ? qmax : v);
+        y[i * stride] = rne(v) * s; /* x' = q·s */
+    }
+    return KVQ_OK;
+}
+
+/* Optimised per-channel U over a block of n token rows of D channels.
+ * Pass 1 keeps running min/max per channel row by row (contiguous, vector
+ * min/max); pass 2 quantizes row by row with per-channel s, z. */
+kvq_status kvq_group_quantize_channels(const float *restrict x, float *restrict y, size_t n,
+                                       size_t D, int bits, kvq_scale_prec prec)
+{
+    if (n == 0) return KVQ_OK;
+    enum { CHUNK = 256 };
+    const float L = (float)((1u << bits) - 1u);
+    float mn[CHUNK], mx[CHUNK], s[CHUNK], z[CHUNK], lo[CHUNK], hi[CHUNK];
+    for (size_t c0 = 0; c0 < D; c0 += CHUNK) {
+        size_t w = D - c0 < CHUNK ? D - c0 : CHUNK;
+        const float *xb = x + c0;
+        float *yb = y + c0;
+        memcpy(mn, xb, w * sizeof(float));
+        memcpy(mx, xb, w * sizeof(float));
+        for (size_t t = 1; t < n; t++) {
+            const float *row = xb + t * D;
+            for (size_t c = 0; c < w; c++) {
+                mn[c] = row[c] < mn[c] ? row[c] : mn[c];
+                mx[c] = row[c] > mx[c] ? row[c] : mx[c];
+            }
+        }
+        int constant = 0;
+        for (size_t c = 0; c < w; c++) {
+            s[c] = kvq_round_scale((mx[c] - mn[c]) / L, prec);
+            z[c] = kvq_round_scale(mn[c], prec);
+            if (!isfinite(s[c]) || !isfinite(z[c])) return KVQ_ERR_NUMERIC;
+            if (s[c] == 0.0f) constant = 1;
+            lo[c] = 0.0f;
+            hi[c] = L;
+        }
+        if (constant) {
+            /* x' = z on constant channels: s = 1 and the clamp to [0,0] give
+             * q = 0, so q·s + z = z without a branch in the loop */
+            for (size_t c = 0; c < w; c++)
+                if (s[c] == 0.0f) s[c] = 1.0f, hi[c] = 0.0f;
+        }
+        for (size_t t = 0; t < n; t++) {
+            const float *row = xb + t * D;
+            float *out = yb + t * D;
+            for (size_t c = 0; c < w; c++) {
+                float v = (row[c] - z[c]) / s[c];
+                v = v < lo[c] ? lo[c] : v;
+                v = v > hi[c] ? hi[c] : v;
+                out[c] = rne_vec(v) * s[c] + z[c];
+            }
+        }
+    }
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------ U and A along the axes */
+
+/* U on one contiguous group: the reference body with stride 1, inlined so
+ * the compiler sees unit stride and vectorises. */
+static inline kvq_status group_contig(const float *x, float *y, size_t n, int bits,
+                                      kvq_scale_prec prec)
+{
+    return kvq_group_quantize_ref(x, y, n, 1, bits, prec);
+}
+
+kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int t0, int t1,
+                                    int bits, int group, kvq_scale_prec prec, double *stored_bits)
+{
+    int G = group > D ? D : group; /* clamped to the axis */
+    int ngroups = (D + G - 1) / G;
+    for (int t = t0; t < t1; t++) {
+        const float *xr = x + (size_t)t * D;
+        float *yr = y + (size_t)t * D;
+        for (int c0 = 0; c0 < D; c0 += G) {
+            int n = D - c0 < G ? D - c0 : G;
+            kvq_status st = group_contig(xr + c0, yr + c0, (size_t)n, bits, prec);
+            if (st) return st;
+        }
+    }
+    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
+    *stored_bits = tokens * ((double)D * bits + ngroups * 2.0 * kvq_scale_bits(prec));
+    return KVQ_OK;
+}
+
+kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, int t0, int t1,
+                                      int bits, int group, kvq_scale_prec prec,
+                                      double *stored_bits)
+{
+    (void)T;
+    int ngroups = 0;
+    for (int g0 = t0; g0 < t1; g0 += group, ngroups++) {
+        int n = t1 - g0 < group ? t1 - g0 : group;
+        kvq_status st = kvq_group_quantize_channels(x + (size_t)g0 * D, y + (size_t)g0 * D,
+                                                    (size_t)n, (size_t)D, bits, prec);
+        if (st) return st;
+    }
+    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
+    *stored_bits = tokens * D * bits + (double)ngroups * D * 2.0 * kvq_scale_bits(prec);
+    return KVQ_OK;
+}
+
+kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T, int D, int t0,
+                                          int t1, int bits, int group, kvq_scale_prec prec,
+                                          double *bits_per_head)
+{
+    size_t W = (size_t)H * D; /* the concatenated axis */
+    size_t G = (size_t)group > W ? W : (size_t)group;
+    float *buf = kvq_alloc_array(W, sizeof(float));
+    if (!buf) return KVQ_ERR_NOMEM;
+    kvq_status st = KVQ_OK;
+    for (int t = t0; t < t1 && !st; t++) {
+        for (int h = 0; h < H; h++) /* gather token t of every head, head-major */
+            memcpy(buf + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
+        for (size_t c0 = 0; c0 < W && !st; c0 += G)
+            st = group_contig(buf + c0, buf + c0, W - c0 < G ? W - c0 : G, bits, prec);
+        for (int h = 0; h < H; h++)
+            memcpy(y + ((size_t)h * T + t) * D, buf + (size_t)h * D, (size_t)D * sizeof(float));
+    }
+    free(buf);
+    if (st) return st;
+    /* each group's scale+zero bits go to the heads in proportion to the
+     * elements they hold in it; the same for every token */
+    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
+    for (int h = 0; h < H; h++) bits_per_head[h] = tokens * D * bits;
+    for (size_t c0 = 0; c0 < W; c0 += G) {
+        size_t c1 = W - c0 < G ? W : c0 + G, n = c1 - c0;
+        for (int h = 0; h < H; h++) {
+            size_t a = (size_t)h * D, b = a + (size_t)D;
+            size_t lo = a > c0 ? a : c0, hi = b < c1 ? b : c1;
+            if (hi > lo)
+                bits_per_head[h] += tokens * 2.0 * kvq_scale_bits(prec) * (double)(hi - lo) / (double)n;
+        }
+    }
+    return KVQ_OK;
+}
+
+double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1)
+{
+    (void)T;
+    if (t1 <= t0) return 0.0;
+    memcpy(y + (size_t)t0 * D, x + (size_t)t0 * D, (size_t)(t1 - t0) * D * sizeof(float));
+    return 16.0 * (double)(t1 - t0) * D;
+}

@@ -1,0 +1,249 @@
+/* report.c — result rows as CSV, JSON lines or an aligned table (SPEC §5
+ * columns), and the per head / layer / model pooling of an analysis.
+ * Writes only to the FILE the caller gives. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The metric columns after dump, layer, head, quantizer, spec. */
+static const char *const metric_cols[] = {
+    "k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs", "k_sqnr_db",
+    "v_rel_fro", "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db",
+    "score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel", "out_rel_joint"};
+enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0], NATTN = 6 };
+
+/* Columns the table shows (indices into metric_cols); CSV/JSONL show all. */
+static const int table_cols[] = {0, 1, 2, 6, 7, 11, 12, 13, 14, 15, 16, 17};
+enum { NTABLE = sizeof table_cols / sizeof table_cols[0] };
+
+struct kvq_report {
+    FILE *f;
+    kvq_format fmt;
+    const char *const *extra;
+    int nextra;
+    int header_done;
+    /* table: buffered cells, row-major, ncols per row */
+    char **cells;
+    size_t ncells, cap;
+    int ncols;
+};
+
+static void metrics_values(const kvq_metrics *m, double v[NMETRIC])
+{
+    const double all[NMETRIC] = {
+        m->k_bits, m->v_bits, m->k_rel_fro, m->k_rmse, m->k_mae, m->k_max_abs, m->k_sqnr_db,
+        m->v_rel_fro, m->v_rmse, m->v_mae, m->v_max_abs, m->v_sqnr_db,
+        m->score_rel, m->attn_rel, m->attn_kl, m->attn_top1, m->out_rel, m->out_rel_joint};
+    memcpy(v, all, sizeof all);
+}
+
+/* Shortest "%.Ng" that reads back to the same double (like Python's repr). */
+static void fmt_exact(char *buf, size_t len, double x)
+{
+    if (isnan(x)) { snprintf(buf, len, "nan"); return; }
+    if (isinf(x)) { snprintf(buf, len, x > 0 ? "inf" : "-inf"); return; }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, len, "%.*g", p, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
+kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_cols, int nextra)
+{
+    kvq_report *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->f = f, r->fmt = fmt, r->extra = extra_cols, r->nextra = nextra;
+    r->ncols = 5 + NTABLE + nextra;
+    return r;
+}
+
+static void csv_cell(FILE *f, const char *s)
+{
+    if (strpbrk(s, ",\"\n")) {
+        fputc('"', f);
+        for (; *s; s++) {
+            if (*s == '"') fputc('"', f);
+            fputc(*s, f);
+        }
+        fputc('"', f);
+    } else {
+        fputs(s, f);
+    }
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int table_push(kvq_report *r, const char *s)
+{
+    if (r->ncells == r->cap) {
+        size_t nc = r->cap ? 2 * r->cap : 256;
+        char **p = realloc(r->cells, nc * sizeof *p);
+        if (!p) return -1;
+        r->cells = p, r->cap = nc;
+    }
+    return (r->cells[r->ncells++] = strdup(s)) ? 0 : -1;
+}
+
+kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
+                          const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
+{
+    char ls[16], hs[16], num[40];
+    double v[NMETRIC];
+    metrics_values(m, v);
+    if (layer < 0) snprintf(ls, sizeof ls, "all"); else snprintf(ls, sizeof ls, "%d", layer);
+    if (head < 0) snprintf(hs, sizeof hs, "all"); else snprintf(hs, sizeof hs, "%d", head);
+    FILE *f = r->f;
+
+    if (r->fmt == KVQ_FMT_TABLE) {
+        if (!r->header_done) {
+            const char *h[] = {"dump", "layer", "head", "quantizer", "spec"};
+            for (int i = 0; i < 5; i++) if (table_push(r, h[i])) return KVQ_ERR_NOMEM;
+            for (int i = 0; i < NTABLE; i++) if (table_push(r, metric_cols[table_cols[i]])) return KVQ_ERR_NOMEM;
+            for (int i = 0; i < r->nextra; i++) if (table_push(r, r->extra[i])) return KVQ_ERR_NOMEM;
+            r->header_done = 1;
+        }
+        const char *c[] = {dump, ls, hs, spec->q->name, spec->text};
+        for (int i = 0; i < 5; i++) if (table_push(r, c[i])) return KVQ_ERR_NOMEM;
+        for (int i = 0; i < NTABLE; i++) {
+            int k = table_cols[i];
+            if (k >= NMETRIC - NATTN && !m->has_attn) snprintf(num, sizeof num, "-");
+            else snprintf(num, sizeof num, "%.4g", v[k]);
+            if (table_push(r, num)) return KVQ_ERR_NOMEM;
+        }
+        for (int i = 0; i < r->nextra; i++) if (table_push(r, extra && extra[i] ? extra[i] : "")) return KVQ_ERR_NOMEM;
+        return KVQ_OK;
+    }
+
+    if (r->fmt == KVQ_FMT_CSV) {
+        if (!r->header_done) {
+            fputs("dump,layer,head,quantizer,spec", f);
+            for (int i = 0; i < NMETRIC; i++) fprintf(f, ",%s", metric_cols[i]);
+            for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, r->extra[i]);
+            fputc('\n', f);
+            r->header_done = 1;
+        }
+        csv_cell(f, dump);
+        fprintf(f, ",%s,%s,", ls, hs);
+        csv_cell(f, spec->q->name);
+        fputc(',', f);
+        csv_cell(f, spec->text);
+        for (int i = 0; i < NMETRIC; i++) {
+            fputc(',', f);
+            if (i >= NMETRIC - NATTN && !m->has_attn) continue; /* empty, not zero */
+            fmt_exact(num, sizeof num, v[i]);
+            fputs(num, f);
+        }
+        for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, extra && extra[i] ? extra[i] : "");
+        fputc('\n', f);
+    } else {
+        fputs("{\"dump\":", f);
+        json_string(f, dump);
+        if (layer < 0) fputs(",\"layer\":\"all\"", f); else fprintf(f, ",\"layer\":%d", layer);
+        if (head < 0) fputs(",\"head\":\"all\"", f); else fprintf(f, ",\"head\":%d", head);
+        fputs(",\"quantizer\":", f);
+        json_string(f, spec->q->name);
+        fputs(",\"spec\":", f);
+        json_string(f, spec->text);
+        for (int i = 0; i < NMETRIC; i++) {
+            fprintf(f, ",\"%s\":", metric_cols[i]);
+            /* JSON has no inf/nan: those and absent metrics are null */
+            if ((i >= NMETRIC - NATTN && !m->has_attn) || !isfinite(v[i])) {
+                fputs("null", f);
+            } else {
+                fmt_exact(num, sizeof num, v[i]);
+                fputs(num, f);
+            }
+        }
+        for (int i = 0; i < r->nextra; i++) {
+            fputc(',', f);
+            json_string(f, r->extra[i]);
+            fputc(':', f);
+            json_string(f, extra && extra[i] ? extra[i] : "");
+        }
+        fputs("}\n", f);
+    }
+    return ferror(f) ? KVQ_ERR_IO : KVQ_OK;
+}
+
+kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
+                               const kvq_spec *specs, kvq_per per)
+{
+    int nl = a->nlayers, nh = a->nheads, ns = a->nspecs;
+    kvq_metrics m;
+    kvq_status st = KVQ_OK;
+    if (per == KVQ_PER_HEAD) {
+        for (int li = 0; li < nl && !st; li++)
+            for (int hi = 0; hi < nh && !st; hi++)
+                for (int s = 0; s < ns && !st; s++) {
+                    kvq_metrics_finalize(&a->acc[((size_t)li * nh + hi) * ns + s], &m);
+                    st = kvq_report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, NULL);
+                }
+        return st;
+    }
+    /* pooled: sums merged in (layer, head) order */
+    int groups = per == KVQ_PER_LAYER ? nl : 1;
+    for (int g = 0; g < groups && !st; g++)
+        for (int s = 0; s < ns && !st; s++) {
+            kvq_acc pooled = {0};
+            for (int li = 0; li < nl; li++) {
+                if (per == KVQ_PER_LAYER && li != g) continue;
+                for (int hi = 0; hi < nh; hi++) kvq_acc_merge(&pooled, &a->acc[((size_t)li * nh + hi) * ns + s]);
+            }
+            kvq_metrics_finalize(&pooled, &m);
+            st = kvq_report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, NULL);
+        }
+    return st;
+}
+
+static void report_free(kvq_report *r)
+{
+    for (size_t i = 0; i < r->ncells; i++) free(r->cells[i]);
+    free(r->cells);
+    free(r);
+}
+
+void kvq_report_discard(kvq_report *r)
+{
+    if (r) report_free(r);
+}
+
+kvq_status kvq_report_finish(kvq_report *r)
+{
+    if (!r) return KVQ_OK;
+    kvq_status st = KVQ_OK;
+    if (r->fmt == KVQ_FMT_TABLE && r->ncells) {
+        int nc = r->ncols;
+        size_t *w = calloc((size_t)nc, sizeof *w);
+        if (!w) {
+            st = KVQ_ERR_NOMEM;
+        } else {
+            for (size_t i = 0; i < r->ncells; i++) {
+                size_t l = strlen(r->cells[i]);
+                if (l > w[i % nc]) w[i % nc] = l;
+            }
+            for (size_t i = 0; i < r->ncells; i++) {
+                int c = (int)(i % nc);
+                /* text columns left-aligned, numbers right-aligned */
+                if (c < 5) fprintf(r->f, "%-*s", (int)w[c], r->cells[i]);
+                else fprintf(r->f, "%*s", (int)w[c], r->cells[i]);
+                fputs(c == nc - 1 ? "\n" : "  ", r->f);
+            }
+            free(w);
+        }
+    }
+    if (fflush(r->f) != 0 || ferror(r->f)) st = KVQ_ERR_IO;
+    report_free(r);
+    return st;
+}

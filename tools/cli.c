@@ -1,0 +1,150 @@
+/* cli.c — shared helpers of the kvq tools (see cli.h). */
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void cli_error(const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: error: ", prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+int cli_fail(const char *prog, const kvq_error *err)
+{
+    cli_error(prog, "%s", err->msg[0] ? err->msg : kvq_strerror(err->status));
+    return err->status == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
+}
+
+int cli_parse_long(const char *s, long min, long max, long *out)
+{
+    char *end;
+    if (!s || !*s) return -1;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    if (!s || !*s || *s == '-' || *s == '+') return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int cli_parse_list(const char *s, int max, int **out, int *n)
+{
+    int *v = NULL, cnt = 0, cap = 0;
+    char *copy = strdup(s ? s : ""), *save = NULL;
+    if (!copy || !*copy) goto bad;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *dash = strchr(item, '-');
+        long a, b;
+        if (dash) {
+            *dash = '\0';
+            if (cli_parse_long(item, 0, max, &a) || cli_parse_long(dash + 1, 0, max, &b) || b < a) goto bad;
+        } else {
+            if (cli_parse_long(item, 0, max, &a)) goto bad;
+            b = a;
+        }
+        for (long i = a; i <= b; i++) {
+            for (int k = 0; k < cnt; k++)
+                if (v[k] == i) goto bad; /* duplicates would double-count */
+            if (cnt == cap) {
+                cap = cap ? 2 * cap : 16;
+                int *nv = realloc(v, (size_t)cap * sizeof *nv);
+                if (!nv) goto bad;
+                v = nv;
+            }
+            v[cnt++] = (int)i;
+        }
+    }
+    if (cnt == 0) goto bad;
+    free(copy);
+    *out = v;
+    *n = cnt;
+    return 0;
+bad:
+    free(copy);
+    free(v);
+    return -1;
+}
+
+int cli_out_open(cli_out *o, const char *path, const char *prog)
+{
+    memset(o, 0, sizeof *o);
+    if (!path || !strcmp(path, "-")) {
+        o->f = stdout;
+        return 0;
+    }
+    size_t len = strlen(path) + 16;
+    o->path = strdup(path);
+    o->tmp = malloc(len);
+    if (!o->path || !o->tmp) {
+        cli_error(prog, "%s: out of memory", path);
+        cli_out_abort(o);
+        return -1;
+    }
+    snprintf(o->tmp, len, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(o->tmp);
+    if (fd < 0 || !(o->f = fdopen(fd, "w"))) {
+        cli_error(prog, "%s: cannot create output: %s", path, strerror(errno));
+        if (fd >= 0) close(fd), unlink(o->tmp);
+        free(o->tmp), o->tmp = NULL;
+        cli_out_abort(o);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_out_commit(cli_out *o, const char *prog)
+{
+    int rc = 0;
+    if (!o->tmp) { /* stdout */
+        if (fflush(stdout) != 0 || ferror(stdout)) {
+            cli_error(prog, "<stdout>: write failed: %s", strerror(errno));
+            rc = -1;
+        }
+        memset(o, 0, sizeof *o);
+        return rc;
+    }
+    if (fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0) {
+        cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
+        rc = -1;
+    }
+    if (fclose(o->f) != 0 && rc == 0) {
+        cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
+        rc = -1;
+    }
+    o->f = NULL;
+    if (rc == 0 && rename(o->tmp, o->path) != 0) {
+        cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
+        rc = -1;
+    }
+    if (rc) unlink(o->tmp);
+    free(o->tmp), free(o->path);
+    memset(o, 0, sizeof *o);
+    return rc;
+}
+
+void cli_out_abort(cli_out *o)
+{
+    if (o->f && o->f != stdout) fclose(o->f);
+    if (o->tmp) unlink(o->tmp);
+    free(o->tmp), free(o->path);
+    memset(o, 0, sizeof *o);
+}

@@ -1,0 +1,219 @@
+/* kvq-analyze — run quantizers over kvq dumps and report reconstruction and
+ * attention errors (SPEC §5).  A thin layer over libkvq: parse options, open
+ * dumps, call kvq_analyze_dump, write the report atomically. */
+#include "cli.h"
+#include "kvq_config.h"
+
+#include <getopt.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *prog = "kvq-analyze";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-analyze [options] DUMP...\n"
+        "Measure how quantizers distort the keys, values, attention scores and outputs\n"
+        "stored in kvq-dump/1 HDF5 files.\n\n"
+        "  -q, --quant SPEC      quantizer spec NAME[:key=value,...]; repeatable\n"
+        "                        (default: one configuration of every family)\n"
+        "      --calib FILE      calibration dump of the same model\n"
+        "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
+        "      --heads LIST      KV heads to analyse (default: all)\n"
+        "      --queries SEL     query rows: last:N (default last:64), all, every:N, random:N\n"
+        "      --per WHAT        pool results per head, layer (default) or model\n"
+        "      --format FMT      table, csv or jsonl (default: table on a terminal,\n"
+        "                        else csv; with -o, jsonl for *.jsonl names)\n"
+        "  -o, --output FILE     write results to FILE (atomically) instead of stdout\n"
+        "      --threads N       worker threads (default: all cores)\n"
+        "      --seed N          seed of the random streams (default 0)\n"
+        "      --device DEV      cpu (default) or cuda\n"
+        "      --list-quantizers list quantizers, their keys and defaults\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n\n"
+        "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model data/stories260K.h5\n");
+}
+
+enum { OPT_CALIB = 256, OPT_LAYERS, OPT_HEADS, OPT_QUERIES, OPT_PER, OPT_FORMAT, OPT_THREADS,
+       OPT_SEED, OPT_DEVICE, OPT_LIST };
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
+        {"layers", required_argument, 0, OPT_LAYERS}, {"heads", required_argument, 0, OPT_HEADS},
+        {"queries", required_argument, 0, OPT_QUERIES}, {"per", required_argument, 0, OPT_PER},
+        {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
+        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
+        {"device", required_argument, 0, OPT_DEVICE}, {"list-quantizers", no_argument, 0, OPT_LIST},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+
+    int rc = CLI_OK;
+    kvq_error err = {0};
+    kvq_spec *specs = NULL;
+    int nspecs = 0;
+    int *layers = NULL, nlayers = 0, *heads = NULL, nheads = 0;
+    const char *calib = NULL, *output = NULL, *format = NULL;
+    kvq_per per = KVQ_PER_LAYER;
+    kvq_query_sel queries = {KVQ_Q_LAST, 64};
+    long threads = 0;
+    uint64_t seed = 0;
+    kvq_dump *dump = NULL, *calib_dump = NULL;
+    kvq_report *report = NULL;
+    cli_out out = {0};
+    int c;
+
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'q': {
+            kvq_spec *ns = realloc(specs, (size_t)(nspecs + 1) * sizeof *specs);
+            if (!ns) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+            specs = ns;
+            if (kvq_spec_parse(optarg, &specs[nspecs], &err)) { rc = cli_fail(prog, &err); goto done; }
+            nspecs++;
+            break;
+        }
+        case OPT_CALIB: calib = optarg; break;
+        case OPT_LAYERS:
+            free(layers);
+            if (cli_parse_list(optarg, 999, &layers, &nlayers)) {
+                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_HEADS:
+            free(heads);
+            if (cli_parse_list(optarg, 1 << 20, &heads, &nheads)) {
+                cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_QUERIES:
+            if (kvq_query_sel_parse(optarg, &queries, &err)) { rc = cli_fail(prog, &err); goto done; }
+            break;
+        case OPT_PER:
+            if (!strcmp(optarg, "head")) per = KVQ_PER_HEAD;
+            else if (!strcmp(optarg, "layer")) per = KVQ_PER_LAYER;
+            else if (!strcmp(optarg, "model")) per = KVQ_PER_MODEL;
+            else { cli_error(prog, "--per %s: expected head, layer or model", optarg); rc = CLI_USAGE; goto done; }
+            break;
+        case OPT_FORMAT:
+            if (strcmp(optarg, "table") && strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
+                cli_error(prog, "--format %s: expected table, csv or jsonl", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            format = optarg;
+            break;
+        case 'o': output = optarg; break;
+        case OPT_THREADS:
+            if (cli_parse_long(optarg, 1, 4096, &threads)) {
+                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_SEED:
+            if (cli_parse_u64(optarg, &seed)) {
+                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_DEVICE:
+            if (!strcmp(optarg, "cpu")) break;
+            if (!strcmp(optarg, "cuda")) {
+                cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
+                          KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
+                rc = CLI_RUNTIME; goto done;
+            }
+            cli_error(prog, "--device %s: expected cpu or cuda", optarg);
+            rc = CLI_USAGE; goto done;
+        case OPT_LIST: kvq_registry_describe(stdout); goto done;
+        case 'h': usage(stdout); goto done;
+        case 'V': printf("kvq-analyze %s\n", kvq_version()); goto done;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        }
+    }
+    if (optind >= argc) {
+        cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)");
+        rc = CLI_USAGE;
+        goto done;
+    }
+
+    if (calib) {
+        if (kvq_dump_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
+    }
+    if (nspecs == 0) { /* the default set: one configuration per family */
+        for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+            const kvq_quantizer *q = kvq_quantizer_at(i);
+            if (!q->in_default_set) continue;
+            if (q->needs_calib && !calib_dump) {
+                fprintf(stderr, "%s: note: skipping %s (needs --calib)\n", prog, q->name);
+                continue;
+            }
+            char text[KVQ_SPEC_MAX];
+            snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
+            kvq_spec *ns = realloc(specs, (size_t)(nspecs + 1) * sizeof *specs);
+            if (!ns) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+            specs = ns;
+            if (kvq_spec_parse(text, &specs[nspecs], &err)) { rc = cli_fail(prog, &err); goto done; }
+            nspecs++;
+        }
+    }
+    for (int s = 0; s < nspecs; s++)
+        if (specs[s].q->needs_calib && !calib_dump) {
+            cli_error(prog, "%s: needs --calib FILE (a calibration dump of the same model)", specs[s].text);
+            rc = CLI_USAGE;
+            goto done;
+        }
+
+    kvq_format fmt;
+    if (format) fmt = !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
+    else if (output) fmt = ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
+    else fmt = isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+
+    if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+
+    kvq_analysis_opts opts = {
+        .specs = specs, .nspecs = nspecs, .layers = layers, .nlayers = nlayers,
+        .heads = heads, .nheads = nheads, .queries = queries, .seed = seed, .nthreads = (int)threads};
+    for (int i = optind; i < argc; i++) {
+        kvq_analysis a;
+        if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
+        const kvq_dump_info *info = kvq_dump_get_info(dump);
+        if (fmt == KVQ_FMT_TABLE)
+            fprintf(stderr, "%s: %s: model %s, %d layers, %d KV heads (%d query heads), head_dim %d, %d tokens%s\n",
+                    prog, argv[i], info->model, info->num_layers, info->num_kv_heads, info->num_heads,
+                    info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
+        if (kvq_analyze_dump(dump, &opts, &a, &err)) { rc = cli_fail(prog, &err); goto done; }
+        char *pathcopy = strdup(argv[i]);
+        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, per) : KVQ_ERR_NOMEM;
+        free(pathcopy);
+        kvq_analysis_free(&a);
+        kvq_dump_close(dump);
+        dump = NULL;
+        if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+    }
+    kvq_status st = kvq_report_finish(report);
+    report = NULL;
+    if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+    if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+
+done:
+    kvq_report_discard(report); /* after an error: print no partial table */
+    if (out.f) cli_out_abort(&out);
+    kvq_dump_close(dump);
+    kvq_dump_close(calib_dump);
+    free(specs), free(layers), free(heads);
+    return rc;
+}

@@ -1,0 +1,138 @@
+/* kvq-gen — write seeded synthetic kvq dumps of any shape (SPEC §5): outlier
+ * key channels, RoPE, peaked attention; for tests, demos and benchmarks. */
+#include "cli.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *prog = "kvq-gen";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-gen [options] -o OUT.h5\n"
+        "Write a synthetic kvq-dump/1 file with the structure of real KV caches.\n\n"
+        "      --preset NAME     tiny (default) or llama3-8b (32 query heads, 8 KV heads,\n"
+        "                        head_dim 128, 4096 tokens, 4 layers); options below override\n"
+        "      --layers N        layers\n"
+        "      --heads N         query heads\n"
+        "      --kv-heads N      KV heads (divides --heads)\n"
+        "      --head-dim N      head dimension (even)\n"
+        "      --tokens N        sequence length\n"
+        "      --dtype T         float16 or float32 (default) or float64\n"
+        "      --rope-style S    interleaved (default) or half\n"
+        "      --rope-theta X    RoPE base (default 10000)\n"
+        "      --outliers N      outlier channels per KV head in pre-RoPE keys (default 4)\n"
+        "      --outlier-scale X their magnitude factor (default 8)\n"
+        "      --peak X          query-key alignment; larger = more peaked attention (default 8)\n"
+        "      --no-query        omit queries\n"
+        "      --no-key-pre-rope omit pre-RoPE keys\n"
+        "      --seed N          seed (default 0)\n"
+        "  -o, --output FILE     output dump (written atomically)\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n");
+}
+
+enum { OPT_PRESET = 256, OPT_LAYERS, OPT_HEADS, OPT_KV, OPT_DIM, OPT_TOKENS, OPT_DTYPE,
+       OPT_STYLE, OPT_THETA, OPT_OUTLIERS, OPT_OSCALE, OPT_PEAK, OPT_NOQ, OPT_NOPRE, OPT_SEED };
+
+static int parse_pos_double(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0) || v > 1e30) return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"preset", required_argument, 0, OPT_PRESET}, {"layers", required_argument, 0, OPT_LAYERS},
+        {"heads", required_argument, 0, OPT_HEADS}, {"kv-heads", required_argument, 0, OPT_KV},
+        {"head-dim", required_argument, 0, OPT_DIM}, {"tokens", required_argument, 0, OPT_TOKENS},
+        {"dtype", required_argument, 0, OPT_DTYPE}, {"rope-style", required_argument, 0, OPT_STYLE},
+        {"rope-theta", required_argument, 0, OPT_THETA}, {"outliers", required_argument, 0, OPT_OUTLIERS},
+        {"outlier-scale", required_argument, 0, OPT_OSCALE}, {"peak", required_argument, 0, OPT_PEAK},
+        {"no-query", no_argument, 0, OPT_NOQ}, {"no-key-pre-rope", no_argument, 0, OPT_NOPRE},
+        {"seed", required_argument, 0, OPT_SEED}, {"output", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    kvq_gen_opts o;
+    kvq_gen_defaults(&o);
+    const char *output = NULL;
+    int c;
+    long v;
+    /* presets first, so that explicit options override them in any order */
+    for (int i = 1; i < argc; i++) {
+        const char *p = NULL;
+        if (!strcmp(argv[i], "--preset") && i + 1 < argc) p = argv[i + 1];
+        else if (!strncmp(argv[i], "--preset=", 9)) p = argv[i] + 9;
+        if (p && !strcmp(p, "llama3-8b"))
+            o.num_layers = 4, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096,
+            o.rope_theta = 500000.0, o.rope_style = KVQ_ROPE_HALF;
+        else if (p && strcmp(p, "tiny")) {
+            cli_error(prog, "--preset %s: expected tiny or llama3-8b", p);
+            return CLI_USAGE;
+        }
+    }
+#define INTOPT(field, lo, hi, name)                                                              \
+    if (cli_parse_long(optarg, lo, hi, &v)) {                                                    \
+        cli_error(prog, "--%s %s: expected an integer %ld..%ld", name, optarg, (long)(lo), (long)(hi)); \
+        return CLI_USAGE;                                                                        \
+    }                                                                                            \
+    field = (int)v;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_PRESET: break;
+        case OPT_LAYERS: INTOPT(o.num_layers, 1, 1000, "layers") break;
+        case OPT_HEADS: INTOPT(o.num_heads, 1, 1 << 16, "heads") break;
+        case OPT_KV: INTOPT(o.num_kv_heads, 1, 1 << 16, "kv-heads") break;
+        case OPT_DIM: INTOPT(o.head_dim, 2, 4096, "head-dim") break;
+        case OPT_TOKENS: INTOPT(o.seq_len, 1, 1 << 24, "tokens") break;
+        case OPT_OUTLIERS: INTOPT(o.outlier_channels, 0, 2048, "outliers") break;
+        case OPT_DTYPE:
+            if (!strcmp(optarg, "float16")) o.dtype = KVQ_F16;
+            else if (!strcmp(optarg, "float32")) o.dtype = KVQ_F32;
+            else if (!strcmp(optarg, "float64")) o.dtype = KVQ_F64;
+            else { cli_error(prog, "--dtype %s: expected float16, float32 or float64", optarg); return CLI_USAGE; }
+            break;
+        case OPT_STYLE:
+            if (!strcmp(optarg, "interleaved")) o.rope_style = KVQ_ROPE_INTERLEAVED;
+            else if (!strcmp(optarg, "half")) o.rope_style = KVQ_ROPE_HALF;
+            else { cli_error(prog, "--rope-style %s: expected interleaved or half", optarg); return CLI_USAGE; }
+            break;
+        case OPT_THETA:
+            if (parse_pos_double(optarg, &o.rope_theta)) { cli_error(prog, "--rope-theta %s: expected a positive number", optarg); return CLI_USAGE; }
+            break;
+        case OPT_OSCALE:
+            if (parse_pos_double(optarg, &o.outlier_scale)) { cli_error(prog, "--outlier-scale %s: expected a positive number", optarg); return CLI_USAGE; }
+            break;
+        case OPT_PEAK:
+            if (parse_pos_double(optarg, &o.peak)) { cli_error(prog, "--peak %s: expected a positive number", optarg); return CLI_USAGE; }
+            break;
+        case OPT_NOQ: o.with_query = 0; break;
+        case OPT_NOPRE: o.with_key_pre_rope = 0; break;
+        case OPT_SEED:
+            if (cli_parse_u64(optarg, &o.seed)) { cli_error(prog, "--seed %s: expected a non-negative integer", optarg); return CLI_USAGE; }
+            break;
+        case 'o': output = optarg; break;
+        case 'h': usage(stdout); return CLI_OK;
+        case 'V': printf("kvq-gen %s\n", kvq_version()); return CLI_OK;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); return CLI_USAGE;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); return CLI_USAGE;
+        }
+    }
+    if (optind < argc) {
+        cli_error(prog, "unexpected argument %s (see --help)", argv[optind]);
+        return CLI_USAGE;
+    }
+    if (!output) {
+        cli_error(prog, "no output given (-o OUT.h5)");
+        return CLI_USAGE;
+    }
+    kvq_error err = {0};
+    if (kvq_gen_write(output, &o, &err)) return cli_fail(prog, &err);
+    return CLI_OK;
+}

@@ -1,0 +1,132 @@
+/* kvq-info — describe kvq dumps (SPEC §5): shapes, dtypes, RoPE settings and
+ * per-layer statistics (per-channel abs-max max/median ratio, kurtosis);
+ * --channels writes per-channel magnitudes as CSV. */
+#include "cli.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *prog = "kvq-info";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-info [options] DUMP...\n"
+        "Describe kvq-dump/1 files: shapes, dtypes and per-layer statistics.\n\n"
+        "      --channels        write per-channel magnitudes as CSV instead\n"
+        "                        (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)\n"
+        "  -o, --output FILE     write to FILE (atomically) instead of stdout\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n");
+}
+
+static const char *dtype_name(kvq_dtype t) { return t == KVQ_F16 ? "float16" : t == KVQ_F64 ? "float64" : "float32"; }
+
+/* One tensor's statistics row; st has H*D entries. */
+static void tensor_summary(FILE *f, const float *x, int H, int T, int D, kvq_channel_stats *st)
+{
+    kvq_channel_stats_compute(x, H, T, D, st);
+    size_t n = (size_t)H * D;
+    double ms = 0;
+    for (size_t i = 0; i < n; i++) ms += st[i].rms * st[i].rms;
+    fprintf(f, "  %13.3f %10.3f %10.4g", kvq_channel_absmax_ratio(st, n), kvq_kurtosis(x, (size_t)H * T * D), sqrt(ms / (double)n));
+}
+
+static void channels_csv(FILE *f, const char *dump, int layer, const char *tensor, const float *x,
+                         int H, int T, int D, kvq_channel_stats *st)
+{
+    kvq_channel_stats_compute(x, H, T, D, st);
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < D; c++) {
+            const kvq_channel_stats *s = &st[(size_t)h * D + c];
+            fprintf(f, "%s,%d,%d,%s,%d,%.9g,%.9g,%.9g\n", dump, layer, h, tensor, c, s->abs_max, s->abs_mean, s->rms);
+        }
+}
+
+static int describe(FILE *f, const char *path, int channels)
+{
+    kvq_error err = {0};
+    kvq_dump *d = NULL;
+    kvq_layer L = {0};
+    kvq_channel_stats *st = NULL;
+    int rc = CLI_OK;
+    if (kvq_dump_open(path, &d, &err)) return cli_fail(prog, &err);
+    const kvq_dump_info *in = kvq_dump_get_info(d);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    st = calloc((size_t)in->num_kv_heads * in->head_dim, sizeof *st);
+    if (!st) { cli_error(prog, "%s: out of memory", path); rc = CLI_RUNTIME; goto done; }
+    if (!channels) {
+        fprintf(f, "%s\n  model %s, format kvq-dump/1\n", path, in->model);
+        fprintf(f, "  %d layers, %d query heads, %d KV heads (%d query heads per KV head), head_dim %d, %d tokens\n",
+                in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim, in->seq_len);
+        fprintf(f, "  key %s, value %s, query %s, key_pre_rope %s, rope tables %s\n",
+                dtype_name(in->key_dtype), dtype_name(in->value_dtype),
+                in->has_query ? dtype_name(in->query_dtype) : "absent",
+                in->has_key_pre_rope ? "present" : "absent", in->has_rope_table ? "present" : "absent");
+        fprintf(f, "  rope_theta %s", in->has_rope_theta ? "" : "unset");
+        if (in->has_rope_theta) fprintf(f, "%g", in->rope_theta);
+        fprintf(f, ", rope_style %s, query_prescaled %d\n",
+                in->rope_style == KVQ_ROPE_HALF ? "half" : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved" : "unset",
+                in->query_prescaled);
+        fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
+                   "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
+        fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
+                "V absmax max/med", "V kurt", "V rms", in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "");
+    }
+    for (int l = 0; l < in->num_layers; l++) {
+        if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (channels) {
+            channels_csv(f, base, l, "key", L.key, L.H, L.T, L.D, st);
+            channels_csv(f, base, l, "value", L.value, L.H, L.T, L.D, st);
+            if (L.key_pre_rope) channels_csv(f, base, l, "key_pre_rope", L.key_pre_rope, L.H, L.T, L.D, st);
+        } else {
+            fprintf(f, "  %5d", l);
+            tensor_summary(f, L.key, L.H, L.T, L.D, st);
+            tensor_summary(f, L.value, L.H, L.T, L.D, st);
+            if (L.key_pre_rope) tensor_summary(f, L.key_pre_rope, L.H, L.T, L.D, st);
+            fputc('\n', f);
+        }
+        kvq_layer_free(&L);
+    }
+done:
+    kvq_layer_free(&L);
+    free(st);
+    kvq_dump_close(d);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"channels", no_argument, 0, 'c'}, {"output", required_argument, 0, 'o'},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    int channels = 0, c, rc = CLI_OK;
+    const char *output = NULL;
+    cli_out out = {0};
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'c': channels = 1; break;
+        case 'o': output = optarg; break;
+        case 'h': usage(stdout); return CLI_OK;
+        case 'V': printf("kvq-info %s\n", kvq_version()); return CLI_OK;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); return CLI_USAGE;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); return CLI_USAGE;
+        }
+    }
+    if (optind >= argc) {
+        cli_error(prog, "no dump given (usage: kvq-info [--channels] DUMP...; see --help)");
+        return CLI_USAGE;
+    }
+    if (cli_out_open(&out, output, prog)) return CLI_RUNTIME;
+    if (channels) fprintf(out.f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
+    for (int i = optind; i < argc && rc == CLI_OK; i++) rc = describe(out.f, argv[i], channels);
+    if (rc == CLI_OK) {
+        if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+    } else {
+        cli_out_abort(&out);
+    }
+    return rc;
+}
