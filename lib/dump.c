@@ -120,12 +120,13 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
         if (!tmp) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: /%s: out of memory", path, name); goto out; }
         mt = H5Tcopy(H5T_C_S1);
         if (mt < 0 || H5Tset_size(mt, sz) < 0 || H5Tset_cset(mt, H5Tget_cset(t)) < 0 ||
+            H5Tset_strpad(mt, H5Tget_strpad(t)) < 0 ||
             H5Aread(a, mt, tmp) < 0) {
             free(tmp);
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, h5_detail(det, sizeof det));
             goto out;
         }
-        tmp[sz] = '\0';
+        tmp[sz] = '\0'; /* null-padded strings need not hold a terminator */
         size_t n = strlen(tmp);
         while (n > 0 && tmp[n - 1] == ' ') tmp[--n] = '\0'; /* space padding */
         snprintf(buf, len, "%s", tmp);

@@ -52,7 +52,8 @@ float kvq_f16_to_f32(uint16_t h)
         float v = (float)man * 0x1p-24f;
         return sign ? -v : v;
     }
-    if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 31) /* inf, or NaN made quiet as IEEE conversions (and F16C) do */
+        return bits_f32(sign | 0x7f800000u | (man ? 0x400000u | (man << 13) : 0u));
     return bits_f32(sign | ((exp - 15 + 127) << 23) | (man << 13));
 }
 

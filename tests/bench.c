@@ -1,0 +1,166 @@
+/* bench.c — kvq-bench: throughput of kvq-analyze's parts on a dump shaped
+ * like Llama-3-8B (32 query heads, 8 KV heads, head_dim 128, 4096 tokens,
+ * 4 layers; written once by kvq-gen's library call, float16).
+ *   kvq-bench [BUILD_DIR]    (run by `meson test --benchmark`)
+ * Reports: read throughput; quantize + reconstruction-error elements/s on
+ * one core per quantizer; attention-metric GFLOP/s against plain
+ * cblas_sgemm on the same shapes; the whole default analysis wall time. */
+#include "kvq.h"
+#include "quant/quant.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void die(const kvq_error *e)
+{
+    fprintf(stderr, "kvq-bench: error: %s\n", e->msg);
+    exit(1);
+}
+
+/* Quantize + reconstruction error of one layer on one thread: best of 3. */
+static double bench_quant(const char *text, const kvq_layer *L, float *kq, float *vq)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    if (kvq_spec_parse(text, &sp, &err)) die(&err);
+    double kb[64], vb[64], best = 1e30;
+    size_t hs = (size_t)L->T * L->D;
+    for (int rep = 0; rep < 3; rep++) {
+        kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb};
+        kvq_quant_ctx ctx = {.nthreads = 1};
+        double t0 = now();
+        if (sp.q->quantize(&sp, &ctx, L, &out, &err)) die(&err);
+        kvq_acc acc = {0};
+        for (int h = 0; h < L->H; h++) {
+            kvq_recon_accumulate(&acc.k, L->key + h * hs, kq + h * hs, hs);
+            kvq_recon_accumulate(&acc.v, L->value + h * hs, vq + h * hs, hs);
+        }
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    return 2.0 * L->H * hs / best;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : ".";
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench-llama3-8b.h5", dir);
+    kvq_error err = {0};
+    if (access(path, R_OK) != 0) {
+        kvq_gen_opts o;
+        kvq_gen_defaults(&o);
+        o.num_layers = 4, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
+        o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16;
+        double t0 = now();
+        if (kvq_gen_write(path, &o, &err)) die(&err);
+        printf("generated %s in %.1f s\n", path, now() - t0);
+    }
+    kvq_dump *d;
+    if (kvq_dump_open(path, &d, &err)) die(&err);
+    const kvq_dump_info *in = kvq_dump_get_info(d);
+    printf("dump: %d layers, %d query heads, %d KV heads, head_dim %d, %d tokens, float16; %d cores\n",
+           in->num_layers, in->num_heads, in->num_kv_heads, in->head_dim, in->seq_len, omp_get_num_procs());
+    openblas_set_num_threads(1);
+
+    kvq_layer L;
+    double t0 = now();
+    if (kvq_dump_read_layer(d, 0, KVQ_READ_QUERY, &L, &err)) die(&err);
+    double tread = now() - t0;
+    size_t nel = (size_t)L.H * L.T * L.D * 2 + (size_t)L.Hq * L.T * L.D;
+    printf("read layer 0 (float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread, nel / tread / 1e6);
+
+    size_t n = (size_t)L.H * L.T * L.D;
+    float *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
+    const char *specs[] = {"per-token:bits=2,group=32", "per-channel:bits=2,group=32",
+                           "kivi:bits=2,group=32,residual=128", "kcvt:bits=4", "absmax:bits=8",
+                           "per-token:bits=2,group=32,span=layer"};
+    printf("\nquantize + reconstruction error, one core (target >= 1000 M elements/s for per-token, per-channel, kivi):\n");
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        printf("  %-40s %8.0f M elements/s\n", specs[i], bench_quant(specs[i], &L, kq, vq) / 1e6);
+
+    /* attention: all 8 KV heads, 5 quantizers, one core */
+    const int nq = 5;
+    float *kqs[5], *vqs[5];
+    for (int s = 0; s < nq; s++) {
+        kvq_spec sp;
+        double kb[64], vb[64];
+        kqs[s] = malloc(n * sizeof(float)), vqs[s] = malloc(n * sizeof(float));
+        if (kvq_spec_parse(specs[s], &sp, &err)) die(&err);
+        kvq_quant_out out = {.key = kqs[s], .value = vqs[s], .k_bits = kb, .v_bits = vb};
+        kvq_quant_ctx ctx = {.nthreads = 1};
+        if (sp.q->quantize(&sp, &ctx, &L, &out, &err)) die(&err);
+    }
+    int G = L.Hq / L.H, T = L.T, D = L.D;
+    const int rows_list[] = {64, 512};
+    printf("\nattention metrics, one core, %d quantizers (target >= 60%% of sgemm on the same shapes):\n", nq);
+    for (int ri = 0; ri < 2; ri++) {
+        int np = rows_list[ri];
+        int *pos = malloc((size_t)np * sizeof *pos);
+        for (int i = 0; i < np; i++) pos[i] = T - np + i;
+        double best = 1e30;
+        for (int rep = 0; rep < 2; rep++) {
+            double ta = now();
+            for (int h = 0; h < L.H; h++) {
+                size_t off = (size_t)h * T * D;
+                const float *kh[5], *vh[5];
+                kvq_attn_acc acc[5] = {0};
+                for (int s = 0; s < nq; s++) kh[s] = kqs[s] + off, vh[s] = vqs[s] + off;
+                if (kvq_attention_head(L.query + off * G, G, L.key + off, L.value + off, T, D, 0, pos,
+                                       (size_t)np, nq, kh, vh, acc, &err)) die(&err);
+            }
+            double dt = now() - ta;
+            if (dt < best) best = dt;
+        }
+        /* gemm flops: per query head, exact S and O, per quantizer S', A·V', A'·V'
+         * (columns up to each chunk's last position: all T here) */
+        double flops = (double)L.H * G * 2.0 * np * T * D * (2 + 3 * nq);
+        /* the same gemm shapes through plain sgemm */
+        float *A = malloc((size_t)np * T * sizeof *A), *S = malloc((size_t)np * T * sizeof *S);
+        float *Q = malloc((size_t)np * D * sizeof *Q), *O = malloc((size_t)np * D * sizeof *O);
+        memcpy(Q, L.query + (size_t)(T - np) * D, (size_t)np * D * sizeof *Q);
+        for (size_t i = 0; i < (size_t)np * T; i++) A[i] = 1.0f / T;
+        double tg = now();
+        long calls = 0;
+        for (int h = 0; h < L.H; h++)
+            for (int j = 0; j < G; j++)
+                for (int k = 0; k < 1 + nq; k++, calls++) {
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, np, T, D, 1.0f, Q, D, L.key + (size_t)h * T * D, D, 0.0f, S, T);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T, L.value + (size_t)h * T * D, D, 0.0f, O, D);
+                    if (k > 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T, L.value + (size_t)h * T * D, D, 0.0f, O, D);
+                }
+        double tgemm = now() - tg;
+        (void)calls;
+        double g_attn = flops / best / 1e9, g_gemm = flops / tgemm / 1e9;
+        printf("  last:%-4d  attention %6.1f GFLOP/s (%.3f s)   sgemm alone %6.1f GFLOP/s   ratio %3.0f%%\n",
+               np, g_attn, best, g_gemm, 100 * g_attn / g_gemm);
+        free(A), free(S), free(Q), free(O), free(pos);
+    }
+    for (int s = 0; s < nq; s++) free(kqs[s]), free(vqs[s]);
+    kvq_layer_free(&L);
+    free(kq), free(vq);
+
+    /* the whole default analysis, all cores */
+    kvq_spec sp[5];
+    for (int s = 0; s < 5; s++) if (kvq_spec_parse(specs[s], &sp[s], &err)) die(&err);
+    kvq_analysis_opts o = {.specs = sp, .nspecs = 5, .queries = {KVQ_Q_LAST, 64}};
+    kvq_analysis a;
+    t0 = now();
+    if (kvq_analyze_dump(d, &o, &a, &err)) die(&err);
+    printf("\nkvq_analyze_dump, 5 quantizers, 4 layers, last:64, all cores: %.2f s\n", now() - t0);
+    kvq_analysis_free(&a);
+    kvq_dump_close(d);
+    return 0;
+}

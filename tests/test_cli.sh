@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# test_cli.sh — the tools' behaviour on good and bad input: exit codes (0 ok,
+# 1 runtime, 2 usage), exactly one line on stderr naming the file, the object
+# and the expectation, and atomic output files.
+#   test_cli.sh BUILD_DIR SOURCE_DIR
+set -u
+build=$1
+src=$2
+analyze=$build/tools/kvq-analyze
+info=$build/tools/kvq-info
+gen=$build/tools/kvq-gen
+real=$src/data/stories260K.h5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+
+# expect CODE 'substring'... -- command...
+expect() {
+    local code=$1
+    shift
+    local needles=()
+    while [ "$1" != "--" ]; do needles+=("$1"); shift; done
+    shift
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$? ok=1 why=""
+    [ "$rc" = "$code" ] || { ok=0; why="exit $rc, expected $code"; }
+    if [ "$code" != 0 ]; then
+        local lines
+        lines=$(wc -l <"$tmp/err")
+        [ "$lines" = 1 ] || { ok=0; why="$why; $lines lines on stderr"; }
+    fi
+    for n in "${needles[@]}"; do
+        grep -qF -- "$n" "$tmp/err" "$tmp/out" || { ok=0; why="$why; missing '$n'"; }
+    done
+    if [ $ok = 1 ]; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1))
+        echo "FAIL: $* -> $why"
+        sed 's/^/  stderr: /' "$tmp/err" | head -5
+    fi
+}
+
+"$build/tests/make-dumps" "$tmp" || { echo "make-dumps failed"; exit 1; }
+echo "this is not HDF5" >"$tmp/not-hdf5.h5"
+: >"$tmp/empty.h5"
+head -c 300000 "$real" >"$tmp/truncated.h5"
+
+# --- malformed dumps: exit 1, one line naming file, object, expectation
+expect 1 "$tmp/missing.h5: cannot open: No such file" -- "$analyze" "$tmp/missing.h5"
+expect 1 "not-hdf5.h5: not an HDF5 file" -- "$analyze" "$tmp/not-hdf5.h5"
+expect 1 "empty.h5: not an HDF5 file" -- "$analyze" "$tmp/empty.h5"
+expect 1 "truncated.h5" "truncated" -- "$analyze" "$tmp/truncated.h5"
+expect 1 'bad-tag.h5: /kvq_format: expected "kvq-dump/1", got "kvq-dump/2"' -- "$analyze" "$tmp/bad-tag.h5"
+expect 1 "missing-attr.h5: /head_dim: missing required attribute" -- "$analyze" "$tmp/missing-attr.h5"
+expect 1 "attr-type.h5: /num_heads: expected an integer attribute" -- "$analyze" "$tmp/attr-type.h5"
+expect 1 "zero-dim.h5: /seq_len: expected a positive integer, got -5" -- "$analyze" "$tmp/zero-dim.h5"
+expect 1 "gqa.h5: /num_heads: expected a multiple of num_kv_heads (4), got 6" -- "$analyze" "$tmp/gqa.h5"
+expect 1 "missing-group.h5: /layer_002: missing group" -- "$analyze" "$tmp/missing-group.h5"
+expect 1 "missing-key.h5: /layer_001/key: missing required dataset (expected [4,16,8])" -- "$analyze" "$tmp/missing-key.h5"
+expect 1 "bad-shape.h5: /layer_003/key: expected [4,16,8], got [4,15,8]" -- "$analyze" "$tmp/bad-shape.h5"
+expect 1 "nan.h5: /layer_002/value: expected finite float32 values, got nan at [" -- "$analyze" "$tmp/nan.h5"
+expect 1 "f64-overflow.h5: /layer_000/key: expected finite float32 values, got inf" -- "$analyze" "$tmp/f64-overflow.h5"
+expect 1 "int-key.h5: /layer_000/key: expected a float16/32/64 dataset" -- "$analyze" "$tmp/int-key.h5"
+expect 1 "query-partial.h5: /layer_001/query: expected a dataset, as in /layer_000" -- "$analyze" "$tmp/query-partial.h5"
+expect 1 'bad-style.h5: /rope_style: expected "interleaved" or "half", got "sideways"' -- "$analyze" "$tmp/bad-style.h5"
+expect 1 "bad-prescaled.h5: /query_prescaled: expected 0 or 1, got 2" -- "$analyze" "$tmp/bad-prescaled.h5"
+for f in not-hdf5 truncated bad-shape nan; do
+    expect 1 "$f.h5" -- "$info" "$tmp/$f.h5"
+done
+expect 1 "nan.h5: /layer_002/value" -- "$info" --channels "$tmp/nan.h5"
+expect 1 "not-hdf5.h5: not an HDF5 file" -- "$analyze" --calib "$tmp/not-hdf5.h5" "$real"
+
+# --- valid variants: fixed/variable strings, any integer width, float16 LE/BE
+expect 0 "dump,layer" -- "$analyze" --format csv "$tmp/ok-fixed.h5"
+expect 0 "dump,layer" -- "$analyze" --format csv "$tmp/ok-vlen-f16.h5"
+expect 0 "dump,layer" -- "$analyze" --format csv "$tmp/ok-f16-be.h5"
+"$analyze" --format csv "$tmp/ok-vlen-f16.h5" | cut -d, -f2- >"$tmp/le.csv"
+"$analyze" --format csv "$tmp/ok-f16-be.h5" | cut -d, -f2- >"$tmp/be.csv"
+if cmp -s "$tmp/le.csv" "$tmp/be.csv" && [ -s "$tmp/le.csv" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: float16 big- and little-endian dumps disagree"; fi
+expect 0 "float16" -- "$info" "$tmp/ok-vlen-f16.h5"
+
+# --- usage errors: exit 2
+expect 2 "unknown quantizer 'nope'" -- "$analyze" -q nope "$real"
+expect 2 "kivi:foo=1: unknown key 'foo' for kivi (keys: bits, group, residual, kbits, vbits)" -- "$analyze" -q kivi:foo=1 "$real"
+expect 2 "kivi:bits=99: bits=99: out of range 1..16" -- "$analyze" -q kivi:bits=99 "$real"
+expect 2 "residual=100 must be a multiple of group=32" -- "$analyze" -q kivi:residual=100 "$real"
+expect 2 "span=x: expected one of head|layer" -- "$analyze" -q per-token:span=x "$real"
+expect 2 "unknown option --bogus" -- "$analyze" --bogus "$real"
+expect 2 "option -q needs a value" -- "$analyze" "$real" -q
+expect 2 "--threads 0: expected an integer" -- "$analyze" --threads 0 "$real"
+expect 2 "--threads abc" -- "$analyze" --threads abc "$real"
+expect 2 "--seed -1: expected a non-negative integer" -- "$analyze" --seed -1 "$real"
+expect 2 "--queries first:3: expected all, last:N, every:N or random:N" -- "$analyze" --queries first:3 "$real"
+expect 2 "--queries last:0" -- "$analyze" --queries last:0 "$real"
+expect 2 "--per x: expected head, layer or model" -- "$analyze" --per x "$real"
+expect 2 "--format xml" -- "$analyze" --format xml "$real"
+expect 2 "--layers 3-1" -- "$analyze" --layers 3-1 "$real"
+expect 2 "--layers 1,1" -- "$analyze" --layers 1,1 "$real"
+expect 2 "stories260K.h5: layer 7: expected 0..4 (the dump has 5)" -- "$analyze" --layers 7 "$real"
+expect 2 "stories260K.h5: KV head 4: expected 0..3" -- "$analyze" --heads 4 "$real"
+expect 2 "no dump given" -- "$analyze"
+expect 2 "--device gpu: expected cpu or cuda" -- "$analyze" --device gpu "$real"
+expect 1 "--device cuda" -- "$analyze" --device cuda "$real"
+expect 2 "unknown option --bogus" -- "$info" --bogus "$real"
+expect 2 "no dump given" -- "$info"
+expect 2 "heads (7) must be a multiple of kv-heads (2)" -- "$gen" --heads 7 --kv-heads 2 -o "$tmp/g.h5"
+expect 2 "no output given" -- "$gen"
+expect 2 "--dtype float8" -- "$gen" --dtype float8 -o "$tmp/g.h5"
+[ ! -e "$tmp/g.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-gen left $tmp/g.h5 after a usage error"; }
+
+# --- help, version, listing
+expect 0 "usage: kvq-analyze" -- "$analyze" --help
+expect 0 "kvq-analyze 0." -- "$analyze" --version
+expect 0 "per-token" "per-channel" "kivi" "kcvt" "absmax" "residual=128" -- "$analyze" --list-quantizers
+expect 0 "usage: kvq-info" -- "$info" --help
+expect 0 "usage: kvq-gen" -- "$gen" --help
+
+# --- output files: atomic, nothing half-written
+expect 0 -- "$analyze" -q kivi -o "$tmp/out.csv" "$real"
+head -1 "$tmp/out.csv" | grep -q '^dump,layer,head,quantizer,spec,k_bits,v_bits,k_rel_fro,k_rmse,k_mae,k_max_abs,k_sqnr_db,v_rel_fro,v_rmse,v_mae,v_max_abs,v_sqnr_db,score_rel,attn_rel,attn_kl,attn_top1,out_rel,out_rel_joint$' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: CSV header"; }
+[ "$(wc -l <"$tmp/out.csv")" = 6 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: expected 5 layer rows"; }
+expect 0 -- "$analyze" -q kivi --per model -o "$tmp/out.jsonl" "$real"
+grep -q '^{"dump":"stories260K.h5","layer":"all","head":"all","quantizer":"kivi","spec":"kivi","k_bits":3,' "$tmp/out.jsonl" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: JSONL row"; cat "$tmp/out.jsonl"; }
+# an error on the second dump: no output file, no temporary left behind
+rm -f "$tmp/out2.csv"
+expect 1 "nan.h5: /layer_002/value" -- "$analyze" -q kivi -o "$tmp/out2.csv" "$real" "$tmp/nan.h5"
+if [ ! -e "$tmp/out2.csv" ] && ! ls "$tmp" | grep -q 'out2.csv.tmp'; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: partial output left"; fi
+expect 1 "cannot create output" -- "$analyze" -q kivi -o "$tmp/no/such/dir/out.csv" "$real"
+
+# --- a dump without queries: attention columns are empty, not zero
+expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h5"
+"$analyze" -q per-token --format csv "$tmp/noq.h5" | tail -1 | grep -q ',,,,,,$' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: empty attention cells"; }
+# float16 generation and the kvq-info channel CSV
+expect 0 -- "$gen" --dtype float16 --layers 1 --tokens 33 --head-dim 16 -o "$tmp/f16.h5"
+expect 0 "dump,layer,head,tensor,channel,abs_max,abs_mean,rms" -- "$info" --channels "$tmp/f16.h5"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]

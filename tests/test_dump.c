@@ -1,0 +1,161 @@
+/* test_dump.c — the dump writer and reader: float16/32/64 round trips, the
+ * float16 path equal to rounding, attributes, kvq-gen reproducibility and
+ * the reader's refusal of impossible sizes and layers. */
+#include "testutil.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static char *tmp_path(void)
+{
+    char *p = strdup("/tmp/kvq-dump-XXXXXX.h5");
+    int fd = mkstemps(p, 3);
+    close(fd);
+    return p;
+}
+
+static void write_read(kvq_dtype dt)
+{
+    int H = 2, Hq = 4, T = 9, D = 6, L = 2;
+    kvq_dump_info info = {.num_layers = L, .num_heads = Hq, .num_kv_heads = H, .head_dim = D, .seq_len = T,
+                          .has_rope_theta = 1, .rope_theta = 5e5, .rope_style = KVQ_ROPE_HALF, .query_prescaled = 1};
+    snprintf(info.model, sizeof info.model, "unit test");
+    kvq_layer lay;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_layer_alloc(&lay, H, Hq, T, D, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &err), KVQ_OK);
+    size_t n = (size_t)H * T * D, nq = (size_t)Hq * T * D;
+    char *path = tmp_path();
+    kvq_dump_writer *w;
+    ck_assert_int_eq(kvq_dump_writer_create(path, &info, dt, &w, &err), KVQ_OK);
+    for (int l = 0; l < L; l++) {
+        fill_normal(lay.key, n, 10 + l, 3);
+        fill_normal(lay.value, n, 20 + l, 1);
+        fill_normal(lay.query, nq, 30 + l, 2);
+        fill_normal(lay.key_pre_rope, n, 40 + l, 3);
+        ck_assert_int_eq(kvq_dump_writer_layer(w, l, &lay, &err), KVQ_OK);
+    }
+    ck_assert_int_eq(kvq_dump_writer_finish(w, &err), KVQ_OK);
+
+    kvq_dump *d;
+    ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
+    const kvq_dump_info *in = kvq_dump_get_info(d);
+    ck_assert_str_eq(in->model, "unit test");
+    ck_assert(in->num_layers == L && in->num_heads == Hq && in->num_kv_heads == H && in->head_dim == D && in->seq_len == T);
+    ck_assert(in->has_rope_theta && in->rope_theta == 5e5 && in->rope_style == KVQ_ROPE_HALF && in->query_prescaled == 1);
+    ck_assert(in->has_query && in->has_key_pre_rope && !in->has_rope_table);
+    ck_assert_int_eq(in->key_dtype, dt);
+    kvq_layer r;
+    ck_assert_int_eq(kvq_dump_read_layer(d, 1, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &r, &err), KVQ_OK);
+    float *expect = malloc(nq * sizeof *expect);
+    struct { float *got; size_t n; uint64_t seed; double sigma; } t[] = {
+        {r.key, n, 11, 3}, {r.value, n, 21, 1}, {r.query, nq, 31, 2}, {r.key_pre_rope, n, 41, 3}};
+    for (int i = 0; i < 4; i++) {
+        fill_normal(expect, t[i].n, t[i].seed, t[i].sigma);
+        for (size_t k = 0; k < t[i].n; k++) {
+            float e = dt == KVQ_F16 ? kvq_round_f16(expect[k]) : expect[k];
+            ck_assert_msg(t[i].got[k] == e, "tensor %d [%zu]: %g vs %g", i, k, t[i].got[k], e);
+        }
+    }
+    kvq_layer_free(&r);
+    /* without the flags the optional tensors are not read */
+    ck_assert_int_eq(kvq_dump_read_layer(d, 0, 0, &r, &err), KVQ_OK);
+    ck_assert_ptr_null(r.query);
+    ck_assert_ptr_null(r.key_pre_rope);
+    kvq_layer_free(&r);
+    ck_assert_int_eq(kvq_dump_read_layer(d, 2, 0, &r, &err), KVQ_ERR_USAGE);
+    kvq_dump_close(d);
+    kvq_layer_free(&lay);
+    free(expect);
+    unlink(path);
+    free(path);
+}
+
+START_TEST(round_trip_f32) { write_read(KVQ_F32); }
+END_TEST
+START_TEST(round_trip_f16) { write_read(KVQ_F16); }
+END_TEST
+START_TEST(round_trip_f64) { write_read(KVQ_F64); }
+END_TEST
+
+START_TEST(writer_abort_leaves_nothing)
+{
+    kvq_dump_info info = {.num_layers = 1, .num_heads = 1, .num_kv_heads = 1, .head_dim = 2, .seq_len = 2};
+    char *path = tmp_path();
+    unlink(path);
+    kvq_dump_writer *w;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_dump_writer_create(path, &info, KVQ_F32, &w, &err), KVQ_OK);
+    kvq_dump_writer_abort(w);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    free(path);
+}
+END_TEST
+
+START_TEST(gen_is_reproducible)
+{
+    kvq_gen_opts o;
+    kvq_gen_defaults(&o);
+    o.num_layers = 1, o.seq_len = 40, o.head_dim = 16;
+    char *a = tmp_path(), *b = tmp_path();
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_gen_write(a, &o, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_gen_write(b, &o, &err), KVQ_OK);
+    kvq_dump *da, *db;
+    kvq_layer la, lb;
+    kvq_dump_open(a, &da, &err);
+    kvq_dump_open(b, &db, &err);
+    kvq_dump_read_layer(da, 0, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &la, &err);
+    kvq_dump_read_layer(db, 0, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &lb, &err);
+    size_t n = (size_t)la.H * la.T * la.D;
+    ck_assert(!memcmp(la.key, lb.key, n * 4) && !memcmp(la.query, lb.query, (size_t)la.Hq * la.T * la.D * 4));
+    /* RoPE preserves the norm of each pair: pre/post-RoPE keys have equal norms per token */
+    for (int t = 0; t < la.T; t++) {
+        double n1 = 0, n2 = 0;
+        for (int c = 0; c < la.D; c++) n1 += la.key[t * la.D + c] * la.key[t * la.D + c], n2 += la.key_pre_rope[t * la.D + c] * la.key_pre_rope[t * la.D + c];
+        ck_assert(close_rel(n1, n2, 1e-5, 1e-6));
+    }
+    /* outlier channels: the largest channel abs-max is well above the median */
+    kvq_channel_stats st[4 * 16];
+    kvq_channel_stats_compute(la.key_pre_rope, la.H, la.T, la.D, st);
+    ck_assert(kvq_channel_absmax_ratio(st, (size_t)la.H * la.D) > 2.5);
+    kvq_layer_free(&la), kvq_layer_free(&lb);
+    kvq_dump_close(da), kvq_dump_close(db);
+    unlink(a), unlink(b);
+    free(a), free(b);
+}
+END_TEST
+
+START_TEST(impossible_sizes_rejected)
+{
+    kvq_layer l;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_layer_alloc(&l, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 0, &err), KVQ_ERR_NOMEM);
+    ck_assert(strstr(err.msg, "overflowing") != NULL);
+    ck_assert_int_eq(kvq_layer_alloc(&l, 0, 1, 1, 1, 0, &err), KVQ_ERR_NOMEM);
+}
+END_TEST
+
+START_TEST(kurtosis_and_ratio)
+{
+    const float x[4] = {-1, -1, 1, 1};
+    ck_assert(fabs(kvq_kurtosis(x, 4) - 1.0) < 1e-12);
+    kvq_channel_stats s[3] = {{.abs_max = 1}, {.abs_max = 2}, {.abs_max = 6}};
+    ck_assert(kvq_channel_absmax_ratio(s, 3) == 3.0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("dump");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, round_trip_f32);
+    tcase_add_test(tc, round_trip_f16);
+    tcase_add_test(tc, round_trip_f64);
+    tcase_add_test(tc, writer_abort_leaves_nothing);
+    tcase_add_test(tc, gen_is_reproducible);
+    tcase_add_test(tc, impossible_sizes_rejected);
+    tcase_add_test(tc, kurtosis_and_ratio);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}

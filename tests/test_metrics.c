@@ -1,0 +1,311 @@
+/* test_metrics.c — every metric of SPEC §4 on hand-computed cases (one-hot
+ * attention included), the BLAS path against the plain reference, query
+ * positions, pooling, grouped-query mapping and thread-count invariance of
+ * the whole analysis. */
+#include "testutil.h"
+
+#include <string.h>
+#include <unistd.h>
+
+START_TEST(recon_hand_case)
+{
+    const float x[4] = {1, 2, 3, 4}, xq[4] = {1, 2, 3, 5};
+    kvq_acc acc = {0};
+    kvq_recon_accumulate(&acc.k, x, xq, 4);
+    kvq_recon_accumulate_ref(&acc.v, x, x, 4);
+    acc.k.bits = 8, acc.v.bits = 12;
+    kvq_metrics m;
+    kvq_metrics_finalize(&acc, &m);
+    ck_assert(fabs(m.k_rel_fro - sqrt(1.0 / 30)) < 1e-15);
+    ck_assert(fabs(m.k_rmse - 0.5) < 1e-15);
+    ck_assert(fabs(m.k_mae - 0.25) < 1e-15);
+    ck_assert(m.k_max_abs == 1.0);
+    ck_assert(fabs(m.k_sqnr_db - 10 * log10(30.0)) < 1e-12);
+    ck_assert(m.k_bits == 2.0 && m.v_bits == 3.0);
+    ck_assert(m.v_rel_fro == 0.0 && isinf(m.v_sqnr_db));
+    ck_assert(!m.has_attn);
+}
+END_TEST
+
+START_TEST(recon_fast_equals_reference)
+{
+    size_t n = 10007;
+    float *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    fill_normal(x, n, 1, 3.0);
+    fill_normal(y, n, 2, 0.1);
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+    kvq_recon_acc a = {0}, b = {0};
+    kvq_recon_accumulate(&a, x, y, n);
+    kvq_recon_accumulate_ref(&b, x, y, n);
+    ck_assert(a.n == b.n && a.max_abs == b.max_abs);
+    ck_assert(close_rel(a.sum_x2, b.sum_x2, 1e-12, 0));
+    ck_assert(close_rel(a.sum_e2, b.sum_e2, 1e-12, 0));
+    ck_assert(close_rel(a.sum_abs_e, b.sum_abs_e, 1e-12, 0));
+    free(x), free(y);
+}
+END_TEST
+
+START_TEST(pooling_sums_not_ratios)
+{
+    kvq_acc a = {0}, b = {0}, p = {0};
+    a.k = (kvq_recon_acc){.n = 10, .sum_x2 = 100, .sum_e2 = 1, .sum_abs_e = 2, .max_abs = 0.5, .bits = 40};
+    b.k = (kvq_recon_acc){.n = 30, .sum_x2 = 100, .sum_e2 = 9, .sum_abs_e = 6, .max_abs = 0.9, .bits = 60};
+    a.v = a.k, b.v = b.k;
+    a.has_attn = b.has_attn = 1;
+    a.attn = (kvq_attn_acc){.rows = 2, .s_ref2 = 4, .s_diff2 = 1, .a_ref2 = 1, .a_diff2 = 0.25, .kl_sum = 0.2, .top1_same = 2, .o_ref2 = 1, .o_diff2 = 0.01, .o_joint_diff2 = 0.04};
+    b.attn = (kvq_attn_acc){.rows = 6, .s_ref2 = 12, .s_diff2 = 0, .a_ref2 = 3, .a_diff2 = 0, .kl_sum = 0.6, .top1_same = 3, .o_ref2 = 3, .o_diff2 = 0, .o_joint_diff2 = 0};
+    kvq_acc_merge(&p, &a);
+    kvq_acc_merge(&p, &b);
+    kvq_metrics m;
+    kvq_metrics_finalize(&p, &m);
+    ck_assert(fabs(m.k_rel_fro - sqrt(10.0 / 200)) < 1e-15);
+    ck_assert(fabs(m.k_rmse - sqrt(10.0 / 40)) < 1e-15);
+    ck_assert(fabs(m.k_mae - 8.0 / 40) < 1e-15);
+    ck_assert(m.k_max_abs == 0.9 && m.k_bits == 100.0 / 40);
+    ck_assert(fabs(m.score_rel - sqrt(1.0 / 16)) < 1e-15);
+    ck_assert(fabs(m.attn_rel - sqrt(0.25 / 4)) < 1e-15);
+    ck_assert(fabs(m.attn_kl - 0.8 / 8) < 1e-15);
+    ck_assert(fabs(m.attn_top1 - 5.0 / 8) < 1e-15);
+    ck_assert(fabs(m.out_rel - sqrt(0.01 / 4)) < 1e-15);
+    ck_assert(fabs(m.out_rel_joint - sqrt(0.04 / 4)) < 1e-15);
+}
+END_TEST
+
+/* One query at t = 2 that sees three keys; K' moves the peak from key 0 to
+ * key 1.  Scores are 100 apart, so A and A' are one-hot to float precision. */
+START_TEST(attention_one_hot)
+{
+    const float Q[3 * 2] = {0, 0, 0, 0, 100, 0};
+    const float K[3 * 2] = {1, 0, 0, 0, 0, 1};
+    const float Kq[3 * 2] = {0, 0, 1, 0, 0, 1};
+    const float V[3 * 2] = {1, 2, 3, 4, 5, 6};
+    const int pos[1] = {2};
+    const float *kq[1] = {Kq}, *vq[1] = {V};
+    for (int ref = 0; ref < 2; ref++) {
+        kvq_attn_acc a = {0};
+        kvq_error err = {0};
+        /* query_prescaled = 1: no division by sqrt(D) */
+        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, 1, pos, 1, 1, kq, vq, &a, &err), KVQ_OK);
+        kvq_acc acc = {.has_attn = 1, .attn = a, .k = {.n = 1, .sum_x2 = 1}, .v = {.n = 1, .sum_x2 = 1}};
+        kvq_metrics m;
+        kvq_metrics_finalize(&acc, &m);
+        ck_assert(fabs(m.score_rel - sqrt(2.0)) < 1e-6);
+        ck_assert(fabs(m.attn_rel - sqrt(2.0)) < 1e-6);
+        ck_assert(fabs(m.attn_kl - 100.0) < 1e-4); /* KL = log A(0) − log A'(0) = 0 − (−100) */
+        ck_assert(m.attn_top1 == 0.0);
+        ck_assert(fabs(m.out_rel) < 1e-7);                          /* V' = V */
+        ck_assert(fabs(m.out_rel_joint - sqrt(8.0 / 5.0)) < 1e-6); /* [3,4] vs [1,2] */
+    }
+    /* with division by sqrt(D) = sqrt(2): scores 100/√2 — still one-hot */
+    kvq_attn_acc a = {0};
+    kvq_attention_head(Q, 1, K, V, 3, 2, 0, pos, 1, 1, kq, vq, &a, NULL);
+    ck_assert(fabs(a.kl_sum - 100.0 / sqrtf(2.0f)) < 1e-3);
+}
+END_TEST
+
+START_TEST(attention_identical_is_zero)
+{
+    int T = 40, D = 16, G = 2;
+    float *Q = malloc((size_t)G * T * D * sizeof *Q), *K = malloc((size_t)T * D * 4), *V = malloc((size_t)T * D * 4);
+    fill_normal(Q, (size_t)G * T * D, 1, 1);
+    fill_normal(K, (size_t)T * D, 2, 1);
+    fill_normal(V, (size_t)T * D, 3, 1);
+    int pos[5] = {0, 1, 17, 38, 39};
+    const float *kq[1] = {K}, *vq[1] = {V};
+    kvq_attn_acc a = {0};
+    kvq_attention_head(Q, G, K, V, T, D, 0, pos, 5, 1, kq, vq, &a, NULL);
+    ck_assert(a.rows == 10 && a.top1_same == 10);
+    ck_assert(a.s_diff2 == 0 && a.a_diff2 == 0 && a.kl_sum == 0 && a.o_diff2 == 0 && a.o_joint_diff2 == 0);
+    ck_assert(a.s_ref2 > 0 && a.a_ref2 > 0 && a.o_ref2 > 0);
+    free(Q), free(K), free(V);
+}
+END_TEST
+
+/* The chunked BLAS path equals the plain reference on random data, with
+ * row chunks (T large enough that one chunk cannot hold all rows). */
+START_TEST(attention_blas_equals_reference)
+{
+    const int cases[][3] = {{5, 3, 1}, {64, 8, 2}, {300, 24, 3}, {5000, 4, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int T = cases[c][0], D = cases[c][1], G = cases[c][2];
+        size_t n = (size_t)T * D;
+        float *Q = malloc(G * n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *K2 = malloc(n * 4), *V2 = malloc(n * 4);
+        fill_normal(Q, G * n, 10 + c, 1.5);
+        fill_normal(K, n, 20 + c, 1);
+        fill_normal(V, n, 30 + c, 1);
+        fill_normal(K2, n, 40 + c, 0.2);
+        fill_normal(V2, n, 50 + c, 0.2);
+        for (size_t i = 0; i < n; i++) K2[i] += K[i], V2[i] += V[i];
+        int *pos = malloc((size_t)T * sizeof *pos);
+        for (int i = 0; i < T; i++) pos[i] = i;
+        const float *kq[2] = {K2, K}, *vq[2] = {V2, V2};
+        kvq_attn_acc a[2] = {0}, b[2] = {0};
+        kvq_attention_head(Q, G, K, V, T, D, 0, pos, (size_t)T, 2, kq, vq, a, NULL);
+        kvq_attention_head_ref(Q, G, K, V, T, D, 0, pos, (size_t)T, 2, kq, vq, b, NULL);
+        for (int q = 0; q < 2; q++) {
+            ck_assert(a[q].rows == b[q].rows);
+            ck_assert(close_rel(a[q].s_ref2, b[q].s_ref2, 1e-5, 0));
+            ck_assert(close_rel(a[q].s_diff2, b[q].s_diff2, 1e-4, 1e-12));
+            ck_assert(close_rel(a[q].a_ref2, b[q].a_ref2, 1e-5, 0));
+            ck_assert(close_rel(a[q].a_diff2, b[q].a_diff2, 1e-4, 1e-12));
+            ck_assert(close_rel(a[q].kl_sum, b[q].kl_sum, 1e-3, 1e-9));
+            ck_assert(fabs(a[q].top1_same - b[q].top1_same) <= 0.001 * a[q].rows + 1);
+            ck_assert(close_rel(a[q].o_ref2, b[q].o_ref2, 1e-5, 0));
+            ck_assert(close_rel(a[q].o_diff2, b[q].o_diff2, 1e-4, 1e-12));
+            ck_assert(close_rel(a[q].o_joint_diff2, b[q].o_joint_diff2, 1e-4, 1e-12));
+        }
+        free(Q), free(K), free(V), free(K2), free(V2), free(pos);
+    }
+}
+END_TEST
+
+START_TEST(query_positions)
+{
+    kvq_query_sel s;
+    kvq_error err = {0};
+    int *p;
+    size_t n;
+    ck_assert_int_eq(kvq_query_sel_parse("last:3", &s, &err), KVQ_OK);
+    kvq_query_positions(&s, 10, 0, &p, &n, &err);
+    ck_assert(n == 3 && p[0] == 7 && p[2] == 9);
+    free(p);
+    kvq_query_sel_parse("last:64", &s, &err); /* clamped to T */
+    kvq_query_positions(&s, 10, 0, &p, &n, &err);
+    ck_assert(n == 10 && p[0] == 0);
+    free(p);
+    kvq_query_sel_parse("every:4", &s, &err);
+    kvq_query_positions(&s, 10, 0, &p, &n, &err);
+    ck_assert(n == 3 && p[0] == 0 && p[1] == 4 && p[2] == 8);
+    free(p);
+    kvq_query_sel_parse("all", &s, &err);
+    kvq_query_positions(&s, 5, 0, &p, &n, &err);
+    ck_assert(n == 5 && p[4] == 4);
+    free(p);
+    kvq_query_sel_parse("random:6", &s, &err);
+    int *p2;
+    size_t n2;
+    kvq_query_positions(&s, 20, 7, &p, &n, &err);
+    kvq_query_positions(&s, 20, 7, &p2, &n2, &err);
+    ck_assert(n == 6 && n2 == 6 && !memcmp(p, p2, 6 * sizeof *p));
+    for (size_t i = 1; i < n; i++) ck_assert(p[i] > p[i - 1] && p[i] < 20);
+    free(p), free(p2);
+    kvq_query_sel_parse("random:50", &s, &err);
+    kvq_query_positions(&s, 20, 7, &p, &n, &err);
+    ck_assert(n == 20 && p[19] == 19);
+    free(p);
+    const char *bad[] = {"last:0", "last:-1", "last:", "first:3", "every:x", "random:1.5", "last:+3"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_int_eq(kvq_query_sel_parse(bad[i], &s, &err), KVQ_ERR_USAGE);
+}
+END_TEST
+
+/* A small synthetic dump in a temporary file. */
+static char *gen_dump(int L, int Hq, int H, int D, int T, uint64_t seed)
+{
+    char *path = strdup("/tmp/kvq-test-XXXXXX.h5");
+    int fd = mkstemps(path, 3);
+    close(fd);
+    kvq_gen_opts o;
+    kvq_gen_defaults(&o);
+    o.num_layers = L, o.num_heads = Hq, o.num_kv_heads = H, o.head_dim = D, o.seq_len = T, o.seed = seed;
+    o.outlier_channels = 1;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_gen_write(path, &o, &err) == KVQ_OK, "%s", err.msg);
+    return path;
+}
+
+static void analyze(const char *path, const char *const *texts, int ns, int threads, const char *q,
+                    kvq_spec *specs, kvq_analysis *a)
+{
+    kvq_error err = {0};
+    for (int i = 0; i < ns; i++) ck_assert_int_eq(kvq_spec_parse(texts[i], &specs[i], &err), KVQ_OK);
+    kvq_dump *d;
+    ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
+    kvq_analysis_opts o = {.specs = specs, .nspecs = ns, .nthreads = threads};
+    kvq_query_sel_parse(q, &o.queries, &err);
+    ck_assert_msg(kvq_analyze_dump(d, &o, a, &err) == KVQ_OK, "%s", err.msg);
+    kvq_dump_close(d);
+}
+
+/* Query head j reads KV head j / (Hq/H): the driver's per-head attention
+ * sums equal the reference run query head by query head with that map. */
+START_TEST(gqa_mapping)
+{
+    int L = 1, Hq = 6, H = 2, D = 8, T = 50, G = Hq / H;
+    char *path = gen_dump(L, Hq, H, D, T, 3);
+    const char *texts[1] = {"per-token:bits=2,group=4"};
+    kvq_spec sp[1];
+    kvq_analysis a;
+    analyze(path, texts, 1, 2, "last:7", sp, &a);
+
+    kvq_error err = {0};
+    kvq_dump *d;
+    kvq_dump_open(path, &d, &err);
+    kvq_layer lay;
+    ck_assert_int_eq(kvq_dump_read_layer(d, 0, KVQ_READ_QUERY, &lay, &err), KVQ_OK);
+    size_t n = (size_t)H * T * D;
+    float *kq = malloc(n * 4), *vq = malloc(n * 4);
+    double kb[2], vb[2];
+    kvq_quant_out qo = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb};
+    kvq_quant_ctx ctx = {.nthreads = 1};
+    sp[0].q->quantize(&sp[0], &ctx, &lay, &qo, &err);
+    int pos[7];
+    for (int i = 0; i < 7; i++) pos[i] = T - 7 + i;
+    kvq_attn_acc ref[2] = {0};
+    for (int j = 0; j < Hq; j++) {
+        int h = j / G; /* SPEC: h = j / (Hq / H) */
+        size_t off = (size_t)h * T * D;
+        const float *kqh[1] = {kq + off}, *vqh[1] = {vq + off};
+        kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D, 0, pos, 7, 1, kqh, vqh, &ref[h], &err);
+    }
+    for (int h = 0; h < H; h++) {
+        const kvq_attn_acc *x = &a.acc[h].attn;
+        ck_assert(a.acc[h].has_attn && x->rows == G * 7);
+        ck_assert(close_rel(x->s_diff2, ref[h].s_diff2, 1e-4, 0));
+        ck_assert(close_rel(x->o_joint_diff2, ref[h].o_joint_diff2, 1e-4, 0));
+        ck_assert(close_rel(x->kl_sum, ref[h].kl_sum, 1e-3, 1e-9));
+    }
+    free(kq), free(vq);
+    kvq_layer_free(&lay);
+    kvq_dump_close(d);
+    kvq_analysis_free(&a);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
+/* Same results, to the bit, for any thread count. */
+START_TEST(threads_do_not_change_results)
+{
+    char *path = gen_dump(2, 8, 4, 16, 96, 9);
+    const char *texts[4] = {"per-token:bits=2,span=layer", "kivi:bits=2,group=16,residual=32", "kcvt:bits=2,span=layer", "absmax:bits=4,group=4"};
+    kvq_spec sp[4];
+    kvq_analysis a1, a3;
+    analyze(path, texts, 4, 1, "random:20", sp, &a1);
+    analyze(path, texts, 4, 3, "random:20", sp, &a3);
+    ck_assert_int_eq(a1.nlayers * a1.nheads * a1.nspecs, 2 * 4 * 4);
+    ck_assert_int_eq(memcmp(a1.acc, a3.acc, (size_t)32 * sizeof *a1.acc), 0);
+    kvq_analysis_free(&a1);
+    kvq_analysis_free(&a3);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("metrics");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, recon_hand_case);
+    tcase_add_test(tc, recon_fast_equals_reference);
+    tcase_add_test(tc, pooling_sums_not_ratios);
+    tcase_add_test(tc, attention_one_hot);
+    tcase_add_test(tc, attention_identical_is_zero);
+    tcase_add_test(tc, attention_blas_equals_reference);
+    tcase_add_test(tc, query_positions);
+    tcase_add_test(tc, gqa_mapping);
+    tcase_add_test(tc, threads_do_not_change_results);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}

@@ -1,0 +1,286 @@
+/* test_quant.c — U and A on hand-computed groups, the optimised per-channel
+ * path against the reference, spec parsing and its usage errors, the
+ * registry, and the bit accounting of every family. */
+#include "testutil.h"
+#include "quant/quant.h"
+
+#include <string.h>
+
+/* ---------------------------------------------------------------- U, A */
+
+START_TEST(uniform_hand_cases)
+{
+    float y[8];
+    /* s = (3 − 0)/3 = 1, z = 0: q = rne(x) with ties to even */
+    const float g1[5] = {0.0f, 0.5f, 1.5f, 2.5f, 3.0f};
+    ck_assert_int_eq(kvq_group_quantize_ref(g1, y, 5, 1, 2, KVQ_SCALE_FP16), KVQ_OK);
+    const float e1[5] = {0, 0, 2, 2, 3};
+    for (int i = 0; i < 5; i++) ck_assert_float_eq(y[i], e1[i]);
+
+    const float g2[4] = {0.0f, 0.4f, 1.1f, 3.0f};
+    kvq_group_quantize_ref(g2, y, 4, 1, 2, KVQ_SCALE_FP16);
+    const float e2[4] = {0, 0, 1, 3};
+    for (int i = 0; i < 4; i++) ck_assert_float_eq(y[i], e2[i]);
+
+    /* fp16 scale: s = fp16(0.1) = 0.0999755859375; fp32 keeps 0.1f */
+    const float g3[2] = {0.0f, 0.1f};
+    kvq_group_quantize_ref(g3, y, 2, 1, 1, KVQ_SCALE_FP16);
+    ck_assert_float_eq(y[0], 0.0f);
+    ck_assert_float_eq(y[1], 0.0999755859375f);
+    kvq_group_quantize_ref(g3, y, 2, 1, 1, KVQ_SCALE_FP32);
+    ck_assert_float_eq(y[1], 0.1f);
+
+    /* zero rounded too: z = fp16(0.1); x − z < 0 clamps to q = 0 */
+    const float g4[2] = {0.1f, 1.1f};
+    kvq_group_quantize_ref(g4, y, 2, 1, 1, KVQ_SCALE_FP16);
+    ck_assert_float_eq(y[0], 0.0999755859375f);
+    ck_assert_float_eq(y[1], 1.0f * 1.0f + 0.0999755859375f); /* s = fp16(1.0) = 1 */
+
+    /* constant group: x' = z (no NaN) */
+    const float g5[3] = {2.5f, 2.5f, 2.5f};
+    kvq_group_quantize_ref(g5, y, 3, 1, 2, KVQ_SCALE_FP16);
+    for (int i = 0; i < 3; i++) ck_assert_float_eq(y[i], 2.5f);
+
+    /* strided group: every second element */
+    float g6[6] = {0, 9, 1.5f, 9, 3, 9};
+    kvq_group_quantize_ref(g6, g6, 3, 2, 2, KVQ_SCALE_FP16);
+    ck_assert_float_eq(g6[0], 0);
+    ck_assert_float_eq(g6[2], 2); /* 1.5 ties to even */
+    ck_assert_float_eq(g6[4], 3);
+    ck_assert_float_eq(g6[1], 9);
+
+    /* a range beyond fp16 is reported, not turned into NaN */
+    const float g7[2] = {-70000.0f, 70000.0f};
+    ck_assert_int_eq(kvq_group_quantize_ref(g7, y, 2, 1, 1, KVQ_SCALE_FP16), KVQ_ERR_NUMERIC);
+    ck_assert_int_eq(kvq_group_quantize_ref(g7, y, 2, 1, 1, KVQ_SCALE_FP32), KVQ_OK);
+}
+END_TEST
+
+START_TEST(absmax_hand_cases)
+{
+    float y[3];
+    const float g[3] = {-1.0f, 0.5f, 0.25f};
+    /* b = 2: qmax 1, s = 1; rne(0.5) = 0 */
+    kvq_absmax_quantize_ref(g, y, 3, 1, 2, KVQ_SCALE_FP16);
+    ck_assert_float_eq(y[0], -1.0f);
+    ck_assert_float_eq(y[1], 0.0f);
+    ck_assert_float_eq(y[2], 0.0f);
+    /* b = 3: qmax 3, s = fp16(1/3) = 0.333251953125 */
+    kvq_absmax_quantize_ref(g, y, 3, 1, 3, KVQ_SCALE_FP16);
+    ck_assert_float_eq(y[0], -3 * 0.333251953125f);
+    ck_assert_float_eq(y[1], 2 * 0.333251953125f);
+    ck_assert_float_eq(y[2], 0.333251953125f);
+    const float z[3] = {0, 0, 0};
+    kvq_absmax_quantize_ref(z, y, 3, 1, 8, KVQ_SCALE_FP16);
+    ck_assert_float_eq(y[1], 0.0f);
+}
+END_TEST
+
+START_TEST(channels_path_equals_reference)
+{
+    const int shapes[][2] = {{1, 1}, {7, 3}, {32, 128}, {33, 300}, {5, 257}, {100, 8}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int n = shapes[s][0], D = shapes[s][1];
+        size_t N = (size_t)n * D;
+        float *x = malloc(N * sizeof *x), *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+        for (int bits = 1; bits <= 8; bits += 3)
+            for (int prec = 0; prec < 2; prec++)
+                for (uint64_t seed = 0; seed < 3; seed++) {
+                    fill_normal(x, N, seed * 100 + s, 2.0);
+                    if (seed == 2) /* a constant channel */
+                        for (int t = 0; t < n; t++) x[(size_t)t * D] = 1.25f;
+                    ck_assert_int_eq(kvq_group_quantize_channels(x, a, (size_t)n, (size_t)D, bits, prec), KVQ_OK);
+                    for (int c = 0; c < D; c++)
+                        kvq_group_quantize_ref(x + c, b + c, (size_t)n, (size_t)D, bits, prec);
+                    ck_assert_int_eq(memcmp(a, b, N * sizeof *a), 0);
+                }
+        free(x), free(a), free(b);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------- specs */
+
+static void expect_usage(const char *text, const char *needle)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_ERR_USAGE, "%s parsed", text);
+    ck_assert_msg(strstr(err.msg, needle) != NULL, "'%s': message '%s' lacks '%s'", text, err.msg, needle);
+}
+
+START_TEST(spec_parsing)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_spec_parse("kivi:bits=4,group=16,residual=64", &sp, &err), KVQ_OK);
+    ck_assert_str_eq(sp.q->name, "kivi");
+    ck_assert(sp.val[kvq_spec_param_index(sp.q, "bits")] == 4);
+    ck_assert(sp.val[kvq_spec_param_index(sp.q, "group")] == 16);
+    ck_assert(isnan(sp.val[kvq_spec_param_index(sp.q, "kbits")]));
+    ck_assert_str_eq(sp.text, "kivi:bits=4,group=16,residual=64");
+    char full[256];
+    kvq_spec_format_full(&sp, full, sizeof full);
+    ck_assert_str_eq(full, "kivi:bits=4,group=16,residual=64");
+    ck_assert_int_eq(kvq_spec_parse("per-token:span=layer,scale=fp32", &sp, &err), KVQ_OK);
+    kvq_spec_format_full(&sp, full, sizeof full);
+    ck_assert_str_eq(full, "per-token:bits=2,group=32,span=layer,scale=fp32");
+    ck_assert_int_eq(kvq_spec_parse("absmax", &sp, &err), KVQ_OK);
+
+    expect_usage("nope:bits=2", "unknown quantizer 'nope'");
+    expect_usage("kivi:foo=1", "unknown key 'foo'");
+    expect_usage("kivi:bits=0", "bits=0: out of range");
+    expect_usage("kivi:bits=2x", "bits=2x: expected an integer");
+    expect_usage("kivi:bits=", "expected key=value");
+    expect_usage("kivi:bits", "expected key=value");
+    expect_usage("kivi:bits=2,bits=3", "given twice");
+    expect_usage("kivi:residual=100,group=32", "residual=100 must be a multiple of group=32");
+    expect_usage("per-token:span=tensor", "span=tensor: expected one of head|layer");
+    expect_usage("kivi:", "expected key=value");
+    expect_usage("", "empty quantizer spec");
+    expect_usage("absmax:bits=1", "out of range");
+}
+END_TEST
+
+START_TEST(registry_defaults_parse)
+{
+    ck_assert_int_ge(kvq_quantizer_count(), 5);
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        kvq_spec sp;
+        kvq_error err = {0};
+        ck_assert_msg(kvq_spec_parse(q->name, &sp, &err) == KVQ_OK, "%s: %s", q->name, err.msg);
+        ck_assert_ptr_eq(kvq_quantizer_find(q->name), q);
+        ck_assert(q->nparams <= KVQ_MAX_PARAMS);
+        ck_assert(q->description && q->quantize);
+    }
+    ck_assert_ptr_null(kvq_quantizer_at(kvq_quantizer_count()));
+    FILE *f = tmpfile();
+    kvq_registry_describe(f);
+    ck_assert_int_gt(ftell(f), 200);
+    fclose(f);
+}
+END_TEST
+
+/* ------------------------------------------------------ bit accounting */
+
+/* Runs spec on a random layer; returns bits per element of K and V. */
+static void run_bits(const char *text, int H, int T, int D, double *kb, double *vb, kvq_layer *L,
+                     float **kq, float **vq)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_int_eq(kvq_layer_alloc(L, H, H, T, D, 0, &err), KVQ_OK);
+    fill_normal(L->key, (size_t)H * T * D, 5, 1.0);
+    fill_normal(L->value, (size_t)H * T * D, 6, 1.0);
+    size_t n = (size_t)H * T * D;
+    *kq = malloc(n * sizeof(float)), *vq = malloc(n * sizeof(float));
+    double kbits[16] = {0}, vbits[16] = {0};
+    kvq_quant_out out = {.key = *kq, .value = *vq, .k_bits = kbits, .v_bits = vbits};
+    kvq_quant_ctx ctx = {.nthreads = 2};
+    ck_assert_int_eq(sp.q->quantize(&sp, &ctx, L, &out, &err), KVQ_OK);
+    double ks = 0, vs = 0;
+    for (int h = 0; h < H; h++) ks += kbits[h], vs += vbits[h];
+    *kb = ks / (double)n, *vb = vs / (double)n;
+}
+
+static void check_bits(const char *text, int H, int T, int D, double ek, double ev)
+{
+    kvq_layer L;
+    float *kq, *vq;
+    double kb, vb;
+    run_bits(text, H, T, D, &kb, &vb, &L, &kq, &vq);
+    ck_assert_msg(fabs(kb - ek) < 1e-12 && fabs(vb - ev) < 1e-12, "%s: bits %g %g, expected %g %g", text, kb, vb, ek, ev);
+    kvq_layer_free(&L);
+    free(kq), free(vq);
+}
+
+START_TEST(bits_by_hand)
+{
+    /* per-token D=8 G=8, b=2: 2 + 32/8 */
+    check_bits("per-token:bits=2,group=8", 2, 10, 8, 6.0, 6.0);
+    /* group 32 clamps to D = 8 */
+    check_bits("per-token:bits=2", 2, 10, 8, 6.0, 6.0);
+    /* span=layer, H·D = 16, G = 32 clamps to 16: 2 + 32/16 */
+    check_bits("per-token:bits=2,span=layer", 2, 10, 8, 4.0, 4.0);
+    /* span=layer G = 12 over 3 heads of D=8 (24 per token): groups [0,12) [12,24) */
+    /* two groups of 12 per token, 32 scale+zero bits each, over 24 elements */
+    check_bits("per-token:bits=3,group=12,span=layer", 3, 4, 8, 3 + 64.0 / 24, 3 + 64.0 / 24);
+    /* per-channel T=10 G=4: groups 4,4,2 -> 3 groups per channel: 2 + 3·32/10 */
+    check_bits("per-channel:bits=2,group=4", 1, 10, 8, 2 + 96.0 / 10, 2 + 96.0 / 10);
+    check_bits("per-channel:bits=3,group=4,scale=fp32", 1, 10, 8, 3 + 192.0 / 10, 3 + 192.0 / 10);
+    /* kivi T=10, R=4, G=2: K quantizes 8 tokens (4 groups), 2 exact;
+     * V quantizes 6 tokens per-token (G=2 -> 4 groups of 2 channels), 4 exact */
+    check_bits("kivi:bits=2,group=2,residual=4", 1, 10, 8,
+               (8 * 8 * 2 + 4 * 8 * 32 + 2 * 8 * 16) / 80.0,
+               (6 * 8 * 2 + 6 * 4 * 32 + 4 * 8 * 16) / 80.0);
+    /* kivi residual 0: all quantized; kbits/vbits override */
+    check_bits("kivi:kbits=3,vbits=4,group=5,residual=0", 1, 10, 8, 3 + 2 * 32 / 10.0, 4 + 2 * 32 / 8.0);
+    /* kcvt: K one group per channel (G = T), V one per token (G = D) */
+    check_bits("kcvt:bits=4", 2, 16, 8, 4 + 32 / 16.0, 4 + 32 / 8.0);
+    check_bits("kcvt:bits=2,span=layer", 2, 16, 8, 2 + 32 / 16.0, 2 + 32 / 16.0);
+    /* absmax: one fp16 scale per group */
+    check_bits("absmax:bits=8", 1, 4, 8, 8 + 16 / 8.0, 8 + 16 / 8.0);
+    check_bits("absmax:bits=4,group=3", 1, 4, 8, 4 + 3 * 16 / 8.0, 4 + 3 * 16 / 8.0);
+}
+END_TEST
+
+START_TEST(kivi_structure)
+{
+    /* exact tokens stay at the dump's values; quantized ones are per-channel
+     * (K) / per-token (V) exactly as the building blocks give */
+    kvq_layer L;
+    float *kq, *vq;
+    double kb, vb;
+    int T = 10, D = 8;
+    run_bits("kivi:bits=2,group=2,residual=4", 1, T, D, &kb, &vb, &L, &kq, &vq);
+    float *ref = malloc((size_t)T * D * sizeof *ref);
+    double b;
+    kvq_quant_head_per_channel(L.key, ref, T, D, 0, 8, 2, 2, KVQ_SCALE_FP16, &b);
+    ck_assert_int_eq(memcmp(kq, ref, 8 * D * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(kq + 8 * D, L.key + 8 * D, 2 * D * sizeof(float)), 0);
+    kvq_quant_head_per_token(L.value, ref, T, D, 0, 6, 2, 2, KVQ_SCALE_FP16, &b);
+    ck_assert_int_eq(memcmp(vq, ref, 6 * D * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(vq + 6 * D, L.value + 6 * D, 4 * D * sizeof(float)), 0);
+    free(ref), free(kq), free(vq);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+START_TEST(span_layer_groups_cross_heads)
+{
+    /* span=layer with G = H·D equals U over each token's concatenated vector */
+    int H = 3, T = 5, D = 4;
+    kvq_layer L;
+    float *kq, *vq;
+    double kb, vb;
+    run_bits("per-token:bits=2,group=12,span=layer", H, T, D, &kb, &vb, &L, &kq, &vq);
+    for (int t = 0; t < T; t++) {
+        float cat[12], q[12];
+        for (int h = 0; h < H; h++) memcpy(cat + h * D, L.key + ((size_t)h * T + t) * D, D * sizeof(float));
+        kvq_group_quantize_ref(cat, q, 12, 1, 2, KVQ_SCALE_FP16);
+        for (int h = 0; h < H; h++)
+            ck_assert_int_eq(memcmp(q + h * D, kq + ((size_t)h * T + t) * D, D * sizeof(float)), 0);
+    }
+    free(kq), free(vq);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("quant");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, uniform_hand_cases);
+    tcase_add_test(tc, absmax_hand_cases);
+    tcase_add_test(tc, channels_path_equals_reference);
+    tcase_add_test(tc, spec_parsing);
+    tcase_add_test(tc, registry_defaults_parse);
+    tcase_add_test(tc, bits_by_hand);
+    tcase_add_test(tc, kivi_structure);
+    tcase_add_test(tc, span_layer_groups_cross_heads);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
