@@ -2,6 +2,7 @@
  * columns, and the query-position selection used by the attention metrics.
  * Sums of squares are accumulated in double. */
 #include "internal.h"
+#include "simd.h"
 
 #include <errno.h>
 #include <math.h>
@@ -25,6 +26,10 @@ void kvq_recon_accumulate_ref(kvq_recon_acc *acc, const float *x, const float *x
 void kvq_recon_accumulate(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq,
                           size_t n)
 {
+    if (kvq_simd_active()) {
+        kvq_recon_avx512(acc, x, xq, n);
+        return;
+    }
     double sx2 = 0, se2 = 0, sae = 0;
     float mx = 0.0f;
 #pragma omp simd reduction(+ : sx2, se2, sae) reduction(max : mx)

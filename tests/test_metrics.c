@@ -3,6 +3,7 @@
  * positions, pooling, grouped-query mapping and thread-count invariance of
  * the whole analysis. */
 #include "testutil.h"
+#include "simd.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -38,6 +39,11 @@ START_TEST(recon_fast_equals_reference)
     kvq_recon_accumulate(&a, x, y, n);
     kvq_recon_accumulate_ref(&b, x, y, n);
     ck_assert(a.n == b.n && a.max_abs == b.max_abs);
+    kvq_recon_acc c = {0}; /* the portable optimised path too */
+    kvq_simd_force(0);
+    kvq_recon_accumulate(&c, x, y, n);
+    kvq_simd_force(1);
+    ck_assert(close_rel(c.sum_e2, b.sum_e2, 1e-12, 0) && c.max_abs == b.max_abs);
     ck_assert(close_rel(a.sum_x2, b.sum_x2, 1e-12, 0));
     ck_assert(close_rel(a.sum_e2, b.sum_e2, 1e-12, 0));
     ck_assert(close_rel(a.sum_abs_e, b.sum_abs_e, 1e-12, 0));

@@ -3,6 +3,7 @@
  * registry, and the bit accounting of every family. */
 #include "testutil.h"
 #include "quant/quant.h"
+#include "simd.h"
 
 #include <string.h>
 
@@ -96,6 +97,44 @@ START_TEST(channels_path_equals_reference)
                 }
         free(x), free(a), free(b);
     }
+}
+END_TEST
+
+/* The per-token head path (AVX-512 where the CPU has it) equals U applied
+ * group by group; and the forced portable path gives the same values. */
+START_TEST(per_token_path_equals_reference)
+{
+    const int shapes[][3] = {{3, 8, 8}, {5, 128, 32}, {4, 40, 7}, {2, 100, 33}, {3, 17, 17}, {2, 300, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int T = shapes[s][0], D = shapes[s][1], G = shapes[s][2];
+        size_t N = (size_t)T * D;
+        float *x = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4), *c = malloc(N * 4);
+        for (int bits = 1; bits <= 8; bits += 3)
+            for (int prec = 0; prec < 2; prec++) {
+                fill_normal(x, N, 7 * s + bits, 3.0);
+                for (int i = 0; i < G && i < D; i++) x[i] = -0.5f; /* a constant group */
+                double bits_a, bits_c;
+                ck_assert_int_eq(kvq_quant_head_per_token(x, a, T, D, 0, T, bits, G, prec, &bits_a), KVQ_OK);
+                for (int t = 0; t < T; t++)
+                    for (int c0 = 0; c0 < D; c0 += G)
+                        kvq_group_quantize_ref(x + (size_t)t * D + c0, b + (size_t)t * D + c0,
+                                               (size_t)(D - c0 < G ? D - c0 : G), 1, bits, prec);
+                kvq_simd_force(0);
+                kvq_quant_head_per_token(x, c, T, D, 0, T, bits, G, prec, &bits_c);
+                kvq_group_quantize_channels(x, c, (size_t)T, (size_t)D, bits, prec); /* portable channels */
+                kvq_simd_force(1);
+                float *d = malloc(N * 4);
+                kvq_group_quantize_channels(x, d, (size_t)T, (size_t)D, bits, prec);
+                for (size_t i = 0; i < N; i++) {
+                    ck_assert_msg(a[i] == b[i], "shape %zu bits %d [%zu]: %g vs %g", s, bits, i, a[i], b[i]);
+                    ck_assert(c[i] == d[i]);
+                }
+                ck_assert(bits_a == bits_c);
+                free(d);
+            }
+        free(x), free(a), free(b), free(c);
+    }
+    printf("per-token/per-channel optimised paths checked (%s)\n", kvq_simd_active() ? "AVX-512 active" : "portable only: no AVX-512 here");
 }
 END_TEST
 
@@ -276,6 +315,7 @@ int main(void)
     tcase_add_test(tc, uniform_hand_cases);
     tcase_add_test(tc, absmax_hand_cases);
     tcase_add_test(tc, channels_path_equals_reference);
+    tcase_add_test(tc, per_token_path_equals_reference);
     tcase_add_test(tc, spec_parsing);
     tcase_add_test(tc, registry_defaults_parse);
     tcase_add_test(tc, bits_by_hand);

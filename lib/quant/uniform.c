@@ -8,6 +8,7 @@
  * check it is bit-identical to the reference. */
 #include "../internal.h"
 #include "quant.h"
+#include "../simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -88,6 +89,7 @@ kvq_status kvq_group_quantize_channels(const float *restrict x, float *restrict 
                                        size_t D, int bits, kvq_scale_prec prec)
 {
     if (n == 0) return KVQ_OK;
+    if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16);
     enum { CHUNK = 256 };
     const float L = (float)((1u << bits) - 1u);
     float mn[CHUNK], mx[CHUNK], s[CHUNK], z[CHUNK], lo[CHUNK], hi[CHUNK];
@@ -148,7 +150,12 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
 {
     int G = group > D ? D : group; /* clamped to the axis */
     int ngroups = (D + G - 1) / G;
-    for (int t = t0; t < t1; t++) {
+    if (kvq_simd_active() && t1 > t0) {
+        kvq_status st = kvq_u_rows_avx512(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0),
+                                          (size_t)D, (size_t)G, bits, prec == KVQ_SCALE_FP16);
+        if (st) return st;
+    }
+    for (int t = t0; t < t1 && !kvq_simd_active(); t++) {
         const float *xr = x + (size_t)t * D;
         float *yr = y + (size_t)t * D;
         for (int c0 = 0; c0 < D; c0 += G) {
@@ -191,7 +198,9 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
     for (int t = t0; t < t1 && !st; t++) {
         for (int h = 0; h < H; h++) /* gather token t of every head, head-major */
             memcpy(buf + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
-        for (size_t c0 = 0; c0 < W && !st; c0 += G)
+        if (kvq_simd_active())
+            st = kvq_u_rows_avx512(buf, buf, 1, W, G, bits, prec == KVQ_SCALE_FP16);
+        for (size_t c0 = 0; c0 < W && !st && !kvq_simd_active(); c0 += G)
             st = group_contig(buf + c0, buf + c0, W - c0 < G ? W - c0 : G, bits, prec);
         for (int h = 0; h < H; h++)
             memcpy(y + ((size_t)h * T + t) * D, buf + (size_t)h * D, (size_t)D * sizeof(float));
