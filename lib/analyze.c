@@ -138,7 +138,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
             kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s]};
             memset(kb[s], 0, (size_t)H * sizeof(double));
             memset(vb[s], 0, (size_t)H * sizeof(double));
-            if ((st = o->specs[s].q->quantize(&o->specs[s], &ctx, &L, &qo, err))) {
+            if ((st = kvq_quantize_layer(&o->specs[s], &ctx, &L, &qo, err))) {
                 char msg[sizeof err->msg];
                 snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
                 st = kvq_fail(err, st, "%s: %s", path, msg);

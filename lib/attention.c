@@ -152,13 +152,13 @@ kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float
 
 /* ----------------------------------------------------------- reference */
 
-/* Scores of one row: s[u] = (q·k_u) / √D for u ≤ p (no division if prescaled). */
-static void scores_ref(const float *q, const float *K, int D, int p, int prescaled, float *s)
+/* Dot products of one row: s[u] = q·k_u for u ≤ p (softmax_row divides by √D). */
+static void scores_ref(const float *q, const float *K, int D, int p, float *s)
 {
     for (int u = 0; u <= p; u++) {
         float dot = 0.0f;
         for (int c = 0; c < D; c++) dot += q[c] * K[(size_t)u * D + c];
-        s[u] = prescaled ? dot : dot / sqrtf((float)D);
+        s[u] = dot;
     }
 }
 
@@ -182,8 +182,8 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
             for (size_t i = 0; i < npos; i++) {
                 int p = pos[i];
                 const float *qv = Qj + (size_t)p * D;
-                scores_ref(qv, K, D, p, 1, s);
-                scores_ref(qv, Kq[q], D, p, 1, sq);
+                scores_ref(qv, K, D, p, s);
+                scores_ref(qv, Kq[q], D, p, sq);
                 row_stats rs = softmax_row(s, a, p, p + 1, sqrtf((float)D), query_prescaled);
                 row_stats rq = softmax_row(sq, aq, p, p + 1, sqrtf((float)D), query_prescaled);
                 for (int u = 0; u <= p; u++) {

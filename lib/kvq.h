@@ -199,8 +199,13 @@ typedef struct kvq_quantizer {
     const char *default_spec; /* the spec the default set uses ("" = defaults) */
     /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
     kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
+    /* Exactly one of the two: the whole layer (may use ctx->nthreads), or one
+     * tensor (0 = K, 1 = V) of one head, which kvq_quantize_layer runs over all
+     * heads in parallel and must write only that head's output and bits. */
     kvq_status (*quantize)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                            kvq_quant_out *out, kvq_error *err);
+    kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_layer *in, kvq_quant_out *out,
+                                int tensor, int head);
 } kvq_quantizer;
 
 size_t kvq_quantizer_count(void);
@@ -208,6 +213,9 @@ const kvq_quantizer *kvq_quantizer_at(size_t i);
 const kvq_quantizer *kvq_quantizer_find(const char *name);
 
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err);
+/* Runs spec's quantizer on one layer: out->key/value [H][T][D], out->k_bits/v_bits [H]. */
+kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_error *err);
 /* Index of `key` in the quantizer's parameter table, or -1. */
 int kvq_spec_param_index(const kvq_quantizer *q, const char *key);
 /* Writes "name:key=value,..." with every parameter (defaults filled in). */

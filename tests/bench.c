@@ -41,7 +41,7 @@ static double bench_quant(const char *text, const kvq_layer *L, float *kq, float
         kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb};
         kvq_quant_ctx ctx = {.nthreads = 1};
         double t0 = now();
-        if (sp.q->quantize(&sp, &ctx, L, &out, &err)) die(&err);
+        if (kvq_quantize_layer(&sp, &ctx, L, &out, &err)) die(&err);
         kvq_acc acc = {0};
         for (int h = 0; h < L->H; h++) {
             kvq_recon_accumulate(&acc.k, L->key + h * hs, kq + h * hs, hs);
@@ -101,7 +101,7 @@ int main(int argc, char **argv)
         if (kvq_spec_parse(specs[s], &sp, &err)) die(&err);
         kvq_quant_out out = {.key = kqs[s], .value = vqs[s], .k_bits = kb, .v_bits = vb};
         kvq_quant_ctx ctx = {.nthreads = 1};
-        if (sp.q->quantize(&sp, &ctx, &L, &out, &err)) die(&err);
+        if (kvq_quantize_layer(&sp, &ctx, &L, &out, &err)) die(&err);
     }
     int G = L.Hq / L.H, T = L.T, D = L.D;
     const int rows_list[] = {64, 512};

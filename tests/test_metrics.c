@@ -254,7 +254,7 @@ START_TEST(gqa_mapping)
     double kb[2], vb[2];
     kvq_quant_out qo = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb};
     kvq_quant_ctx ctx = {.nthreads = 1};
-    sp[0].q->quantize(&sp[0], &ctx, &lay, &qo, &err);
+    kvq_quantize_layer(&sp[0], &ctx, &lay, &qo, &err);
     int pos[7];
     for (int i = 0; i < 7; i++) pos[i] = T - 7 + i;
     kvq_attn_acc ref[2] = {0};

@@ -31,12 +31,6 @@ static kvq_status absmax_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant
     return KVQ_OK;
 }
 
-static kvq_status absmax_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                  kvq_quant_out *out, kvq_error *err)
-{
-    return kvq_quant_per_head(sp, ctx, in, out, absmax_head, err);
-}
-
 const kvq_quantizer kvq_q_absmax = {
     .name = "absmax",
     .description = "symmetric absmax per token (INT8-style), one scale per group",
@@ -44,5 +38,5 @@ const kvq_quantizer kvq_q_absmax = {
     .nparams = sizeof absmax_params / sizeof absmax_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize = absmax_quantize,
+    .quantize_head = absmax_head,
 };

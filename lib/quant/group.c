@@ -22,14 +22,6 @@ static const kvq_param per_token_params[] = {
     [PT_SCALE] = P_SCALE,
 };
 
-static kvq_status per_token_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                                 int tensor, int h)
-{
-    return kvq_quant_head_per_token(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T, in->D,
-                                    0, in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
-                                    (kvq_scale_prec)sp->val[PT_SCALE], kvq_head_bits(out, tensor, h));
-}
-
 /* span=layer couples the heads of a token: one task per tensor. */
 static kvq_status per_token_layer_task(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
                                        int tensor, int h)
@@ -42,11 +34,13 @@ static kvq_status per_token_layer_task(const kvq_spec *sp, const kvq_layer *in, 
                                           tensor ? out->v_bits : out->k_bits);
 }
 
-static kvq_status per_token_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                                     const kvq_layer *in, kvq_quant_out *out, kvq_error *err)
+static kvq_status per_token_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
+                                 int tensor, int h)
 {
-    int layer_span = (int)sp->val[PT_SPAN] == 1;
-    return kvq_quant_per_head(sp, ctx, in, out, layer_span ? per_token_layer_task : per_token_head, err);
+    if ((int)sp->val[PT_SPAN] == 1) return per_token_layer_task(sp, in, out, tensor, h);
+    return kvq_quant_head_per_token(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T, in->D,
+                                    0, in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
+                                    (kvq_scale_prec)sp->val[PT_SCALE], kvq_head_bits(out, tensor, h));
 }
 
 const kvq_quantizer kvq_q_per_token = {
@@ -56,7 +50,7 @@ const kvq_quantizer kvq_q_per_token = {
     .nparams = sizeof per_token_params / sizeof per_token_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize = per_token_quantize,
+    .quantize_head = per_token_head,
 };
 
 /* ----------------------------------------------------------- per-channel */
@@ -77,12 +71,6 @@ static kvq_status per_channel_head(const kvq_spec *sp, const kvq_layer *in, kvq_
                                       kvq_head_bits(out, tensor, h));
 }
 
-static kvq_status per_channel_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                                       const kvq_layer *in, kvq_quant_out *out, kvq_error *err)
-{
-    return kvq_quant_per_head(sp, ctx, in, out, per_channel_head, err);
-}
-
 const kvq_quantizer kvq_q_per_channel = {
     .name = "per-channel",
     .description = "U per channel for K and V: groups of `group` tokens (SPEC 2.1)",
@@ -90,7 +78,7 @@ const kvq_quantizer kvq_q_per_channel = {
     .nparams = sizeof per_channel_params / sizeof per_channel_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize = per_channel_quantize,
+    .quantize_head = per_channel_head,
 };
 
 /* ------------------------------------------------------------------ kivi */
@@ -142,12 +130,6 @@ static kvq_status kivi_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_o
     return KVQ_OK;
 }
 
-static kvq_status kivi_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                kvq_quant_out *out, kvq_error *err)
-{
-    return kvq_quant_per_head(sp, ctx, in, out, kivi_head, err);
-}
-
 const kvq_quantizer kvq_q_kivi = {
     .name = "kivi",
     .description = "KIVI: K per-channel, V per-token, last tokens kept exact (SPEC 3)",
@@ -156,7 +138,7 @@ const kvq_quantizer kvq_q_kivi = {
     .in_default_set = 1,
     .default_spec = "",
     .check = kivi_check,
-    .quantize = kivi_quantize,
+    .quantize_head = kivi_head,
 };
 
 /* ------------------------------------------------------------------ kcvt */
@@ -182,12 +164,6 @@ static kvq_status kcvt_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_o
                                           in->H * D, KVQ_SCALE_FP16, out->v_bits);
 }
 
-static kvq_status kcvt_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                kvq_quant_out *out, kvq_error *err)
-{
-    return kvq_quant_per_head(sp, ctx, in, out, kcvt_head, err);
-}
-
 const kvq_quantizer kvq_q_kcvt = {
     .name = "kcvt",
     .description = "GEAR's KCVT: K per-channel over all tokens, V per-token over all channels",
@@ -195,5 +171,5 @@ const kvq_quantizer kvq_q_kcvt = {
     .nparams = sizeof kcvt_params / sizeof kcvt_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize = kcvt_quantize,
+    .quantize_head = kcvt_head,
 };

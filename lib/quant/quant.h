@@ -46,14 +46,6 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1);
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);
 
-/* Runs fn(spec, in, out, tensor, h) for tensor 0 (K) and 1 (V) of every
- * head, spread over ctx->nthreads threads; the first failure (in task
- * order, so independent of scheduling) is turned into err. */
-typedef kvq_status (*kvq_head_fn)(const kvq_spec *spec, const kvq_layer *in, kvq_quant_out *out,
-                                  int tensor, int h);
-kvq_status kvq_quant_per_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                              kvq_quant_out *out, kvq_head_fn fn, kvq_error *err);
-
 /* Registry entries (one per family file). */
 extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt,
     kvq_q_absmax;

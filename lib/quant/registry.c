@@ -199,9 +199,14 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
                     has_scale ? "; use scale=fp32" : "");
 }
 
-kvq_status kvq_quant_per_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                              kvq_quant_out *out, kvq_head_fn fn, kvq_error *err)
+/* Per-head quantizers: tensor 0 (K) and 1 (V) of every head spread over
+ * ctx->nthreads threads; the first failure in task order (independent of
+ * scheduling) becomes the error. */
+kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_error *err)
 {
+    if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
+    kvq_status (*fn)(const kvq_spec *, const kvq_layer *, kvq_quant_out *, int, int) = spec->q->quantize_head;
     int ntask = 2 * in->H;
     kvq_status *sts = calloc((size_t)ntask, sizeof *sts);
     if (!sts) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
