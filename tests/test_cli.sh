@@ -135,6 +135,10 @@ expect 1 "cannot create output" -- "$analyze" -q kivi -o "$tmp/no/such/dir/out.c
 expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h5"
 "$analyze" -q per-token --format csv "$tmp/noq.h5" | tail -1 | grep -q ',,,,,,$' \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: empty attention cells"; }
+# values beyond the fp16 range: a clear error for fp16 scales, fine with fp32
+expect 0 -- "$gen" --outlier-scale 100000 --layers 1 --tokens 40 --head-dim 8 -o "$tmp/huge.h5"
+expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q per-token "$tmp/huge.h5"
+expect 0 -- "$analyze" -q per-token:scale=fp32 "$tmp/huge.h5"
 # float16 generation and the kvq-info channel CSV
 expect 0 -- "$gen" --dtype float16 --layers 1 --tokens 33 --head-dim 16 -o "$tmp/f16.h5"
 expect 0 "dump,layer,head,tensor,channel,abs_max,abs_mean,rms" -- "$info" --channels "$tmp/f16.h5"
