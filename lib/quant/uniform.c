@@ -150,18 +150,21 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
 {
     int G = group > D ? D : group; /* clamped to the axis */
     int ngroups = (D + G - 1) / G;
-    if (kvq_simd_active() && t1 > t0) {
-        kvq_status st = kvq_u_rows_avx512(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0),
-                                          (size_t)D, (size_t)G, bits, prec == KVQ_SCALE_FP16);
-        if (st) return st;
-    }
-    for (int t = t0; t < t1 && !kvq_simd_active(); t++) {
-        const float *xr = x + (size_t)t * D;
-        float *yr = y + (size_t)t * D;
-        for (int c0 = 0; c0 < D; c0 += G) {
-            int n = D - c0 < G ? D - c0 : G;
-            kvq_status st = group_contig(xr + c0, yr + c0, (size_t)n, bits, prec);
+    if (kvq_simd_active()) {
+        if (t1 > t0) {
+            kvq_status st = kvq_u_rows_avx512(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0),
+                                              (size_t)D, (size_t)G, bits, prec == KVQ_SCALE_FP16);
             if (st) return st;
+        }
+    } else {
+        for (int t = t0; t < t1; t++) {
+            const float *xr = x + (size_t)t * D;
+            float *yr = y + (size_t)t * D;
+            for (int c0 = 0; c0 < D; c0 += G) {
+                int n = D - c0 < G ? D - c0 : G;
+                kvq_status st = group_contig(xr + c0, yr + c0, (size_t)n, bits, prec);
+                if (st) return st;
+            }
         }
     }
     double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
@@ -200,8 +203,9 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
             memcpy(buf + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
         if (kvq_simd_active())
             st = kvq_u_rows_avx512(buf, buf, 1, W, G, bits, prec == KVQ_SCALE_FP16);
-        for (size_t c0 = 0; c0 < W && !st && !kvq_simd_active(); c0 += G)
-            st = group_contig(buf + c0, buf + c0, W - c0 < G ? W - c0 : G, bits, prec);
+        else
+            for (size_t c0 = 0; c0 < W && !st; c0 += G)
+                st = group_contig(buf + c0, buf + c0, W - c0 < G ? W - c0 : G, bits, prec);
         for (int h = 0; h < H; h++)
             memcpy(y + ((size_t)h * T + t) * D, buf + (size_t)h * D, (size_t)D * sizeof(float));
     }
