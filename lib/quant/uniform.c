@@ -145,27 +145,29 @@ static inline kvq_status group_contig(const float *x, float *y, size_t n, int bi
     return kvq_group_quantize_ref(x, y, n, 1, bits, prec);
 }
 
+/* U on nrows rows of W values, groups of G consecutive values per row: the
+ * AVX-512 kernel where active, else the reference group by group. */
+static kvq_status group_rows(const float *x, float *y, size_t nrows, size_t W, size_t G, int bits,
+                             kvq_scale_prec prec)
+{
+    if (kvq_simd_active()) return kvq_u_rows_avx512(x, y, nrows, W, G, bits, prec == KVQ_SCALE_FP16);
+    for (size_t r = 0; r < nrows; r++)
+        for (size_t c0 = 0; c0 < W; c0 += G) {
+            kvq_status st = group_contig(x + r * W + c0, y + r * W + c0, W - c0 < G ? W - c0 : G, bits, prec);
+            if (st) return st;
+        }
+    return KVQ_OK;
+}
+
 kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int t0, int t1,
                                     int bits, int group, kvq_scale_prec prec, double *stored_bits)
 {
     int G = group > D ? D : group; /* clamped to the axis */
     int ngroups = (D + G - 1) / G;
-    if (kvq_simd_active()) {
-        if (t1 > t0) {
-            kvq_status st = kvq_u_rows_avx512(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0),
-                                              (size_t)D, (size_t)G, bits, prec == KVQ_SCALE_FP16);
-            if (st) return st;
-        }
-    } else {
-        for (int t = t0; t < t1; t++) {
-            const float *xr = x + (size_t)t * D;
-            float *yr = y + (size_t)t * D;
-            for (int c0 = 0; c0 < D; c0 += G) {
-                int n = D - c0 < G ? D - c0 : G;
-                kvq_status st = group_contig(xr + c0, yr + c0, (size_t)n, bits, prec);
-                if (st) return st;
-            }
-        }
+    if (t1 > t0) {
+        kvq_status st = group_rows(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0), (size_t)D,
+                                   (size_t)G, bits, prec);
+        if (st) return st;
     }
     double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
     *stored_bits = tokens * ((double)D * bits + ngroups * 2.0 * kvq_scale_bits(prec));
@@ -201,11 +203,7 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
     for (int t = t0; t < t1 && !st; t++) {
         for (int h = 0; h < H; h++) /* gather token t of every head, head-major */
             memcpy(buf + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
-        if (kvq_simd_active())
-            st = kvq_u_rows_avx512(buf, buf, 1, W, G, bits, prec == KVQ_SCALE_FP16);
-        else
-            for (size_t c0 = 0; c0 < W && !st; c0 += G)
-                st = group_contig(buf + c0, buf + c0, W - c0 < G ? W - c0 : G, bits, prec);
+        st = group_rows(buf, buf, 1, W, G, bits, prec);
         for (int h = 0; h < H; h++)
             memcpy(y + ((size_t)h * T + t) * D, buf + (size_t)h * D, (size_t)D * sizeof(float));
     }
