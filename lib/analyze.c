@@ -50,8 +50,8 @@ void kvq_analysis_free(kvq_analysis *a)
 /* Reconstruction and attention sums of KV head h for every quantizer. */
 static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h, int nspecs,
                                float *const *kq, float *const *vq, double *const *kbits,
-                               double *const *vbits, const int *pos, size_t npos, kvq_acc *acc,
-                               kvq_error *err)
+                               double *const *vbits, double *const *sbytes, const int *pos,
+                               size_t npos, kvq_acc *acc, kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
@@ -60,6 +60,7 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         kvq_recon_accumulate(&acc[s].v, V, vq[s] + off, n);
         acc[s].k.bits += kbits[s][h];
         acc[s].v.bits += vbits[s][h];
+        acc[s].static_bytes += sbytes[s][h];
     }
     if (!L->query) return KVQ_OK;
     int G = L->Hq / L->H;
@@ -107,9 +108,13 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
     double **kb = calloc((size_t)ns + 1, sizeof *kb), **vb = calloc((size_t)ns + 1, sizeof *vb);
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
+    double **sb = calloc((size_t)ns + 1, sizeof *sb);
     kvq_layer L = {0};
+    kvq_rope rope = {0};
+    int have_rope = 0;
+    unsigned flags = KVQ_READ_QUERY;
     size_t bytes;
-    if (!out->acc || !kq || !vq || !kb || !vb || !hst || !herr) {
+    if (!out->acc || !kq || !vq || !kb || !vb || !sb || !hst || !herr) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -120,24 +125,42 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
     for (int s = 0; s < ns; s++) {
         kq[s] = malloc(bytes), vq[s] = malloc(bytes);
         kb[s] = calloc((size_t)H, sizeof(double)), vb[s] = calloc((size_t)H, sizeof(double));
-        if (!kq[s] || !vq[s] || !kb[s] || !vb[s]) {
+        sb[s] = calloc((size_t)H, sizeof(double));
+        if (!kq[s] || !vq[s] || !kb[s] || !vb[s] || !sb[s]) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns, 2 * bytes);
             goto done;
         }
     }
     if (info->has_query && (st = kvq_query_positions(&o->queries, info->seq_len, o->seed, &pos, &npos, err)))
         goto done;
+    for (int s = 0; s < ns; s++) {
+        flags |= o->specs[s].q->read_flags;
+        if (!kvq_spec_needs_calib(&o->specs[s])) continue;
+        if (!o->calib) {
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)", o->specs[s].text);
+            goto done;
+        }
+        if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;
+    }
+    /* quantizers that read pre-RoPE keys may re-apply RoPE: give them the
+     * dump's RoPE if it has one (they report its absence if they need it) */
+    if ((flags & KVQ_READ_KEY_PRE_ROPE) && !kvq_dump_read_rope(d, &rope, NULL)) have_rope = 1;
 
     int nt = kvq_threads(o->nthreads);
     openblas_set_num_threads(1); /* parallelism is ours, over heads */
     for (int li = 0; li < nl; li++) {
         int layer = out->layers[li];
-        if ((st = kvq_dump_read_layer(d, layer, KVQ_READ_QUERY, &L, err))) goto done;
+        if ((st = kvq_dump_read_layer(d, layer, flags, &L, err))) goto done;
         for (int s = 0; s < ns; s++) {
-            kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = o->seed, .nthreads = nt};
-            kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s]};
+            kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = o->seed, .nthreads = nt,
+                                 .rope = have_rope ? &rope : NULL};
+            kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
+                                .static_bytes = sb[s]};
             memset(kb[s], 0, (size_t)H * sizeof(double));
             memset(vb[s], 0, (size_t)H * sizeof(double));
+            memset(sb[s], 0, (size_t)H * sizeof(double));
+            if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, o->seed, nt, &ctx.calib, err)))
+                goto done;
             if ((st = kvq_quantize_layer(&o->specs[s], &ctx, &L, &qo, err))) {
                 char msg[sizeof err->msg];
                 snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
@@ -147,7 +170,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
         }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
-            hst[hi] = head_metrics(&L, info, out->heads[hi], ns, kq, vq, kb, vb, pos, npos,
+            hst[hi] = head_metrics(&L, info, out->heads[hi], ns, kq, vq, kb, vb, sb, pos, npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
@@ -158,8 +181,10 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
     }
 done:
     kvq_layer_free(&L);
-    for (int s = 0; s < ns && kq && vq && kb && vb; s++) free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]);
-    free(kq), free(vq), free(kb), free(vb), free(hst), free(herr), free(pos);
+    kvq_rope_free(&rope);
+    for (int s = 0; s < ns && kq && vq && kb && vb && sb; s++)
+        free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]);
+    free(kq), free(vq), free(kb), free(vb), free(sb), free(hst), free(herr), free(pos);
     if (st) kvq_analysis_free(out);
     return st;
 }

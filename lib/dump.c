@@ -548,6 +548,41 @@ kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer
     return KVQ_OK;
 }
 
+kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    int T = in->seq_len, D = in->head_dim, half = D / 2;
+    memset(out, 0, sizeof *out);
+    if (in->rope_style == KVQ_ROPE_UNSET)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\" (needed to re-apply RoPE)", d->path);
+    if (!in->has_rope_table) {
+        if (!in->has_rope_theta)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_theta: expected the RoPE base or /rope_cos, /rope_sin tables (needed to re-apply RoPE)", d->path);
+        return kvq_rope_from_theta(out, T, D, in->rope_theta, in->rope_style, err);
+    }
+    size_t n = (size_t)T * half;
+    float *c = kvq_alloc_array(n ? n : 1, sizeof *c), *s = kvq_alloc_array(n ? n : 1, sizeof *s);
+    out->cos = kvq_alloc_array(n ? n : 1, sizeof *out->cos);
+    out->sin = kvq_alloc_array(n ? n : 1, sizeof *out->sin);
+    kvq_status st = KVQ_OK;
+    if (!c || !s || !out->cos || !out->sin) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the RoPE tables", d->path);
+    } else {
+        int shape[3] = {1, T, half};
+        h5_quiet();
+        if (!(st = read_floats(d->path, d->file, "/rope_cos", c, n, shape, err)) &&
+            !(st = read_floats(d->path, d->file, "/rope_sin", s, n, shape, err)))
+            for (size_t i = 0; i < n; i++) out->cos[i] = c[i], out->sin[i] = s[i];
+    }
+    free(c), free(s);
+    if (st) {
+        kvq_rope_free(out);
+        return st;
+    }
+    out->T = T, out->D = D, out->style = in->rope_style;
+    return KVQ_OK;
+}
+
 /* ----------------------------------------------------------------- writer */
 
 static hid_t f16_type(void)
@@ -636,12 +671,13 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     return KVQ_OK;
 }
 
+/* Writes x as a dataset [a][b][c], or [b][c] when a == 0. */
 static herr_t write_tensor(hid_t g, const char *name, const float *x, int a, int b, int c,
                            kvq_dtype dt)
 {
     hsize_t dims[3] = {(hsize_t)a, (hsize_t)b, (hsize_t)c};
-    size_t n = (size_t)a * b * c;
-    hid_t sp = H5Screate_simple(3, dims, NULL), ft = -1, ds = -1;
+    size_t n = (size_t)(a ? a : 1) * b * c;
+    hid_t sp = a ? H5Screate_simple(3, dims, NULL) : H5Screate_simple(2, dims + 1, NULL), ft = -1, ds = -1;
     herr_t r = -1;
     uint16_t *half = NULL;
     if (sp < 0) return -1;
@@ -682,6 +718,18 @@ kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer 
     if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
     H5Gclose(g);
     if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, const float *sin,
+                                      kvq_error *err)
+{
+    char det[256];
+    h5_quiet();
+    int T = w->info.seq_len, half = w->info.head_dim / 2;
+    herr_t r = write_tensor(w->file, "rope_cos", cos, 0, T, half, KVQ_F32);
+    if (r >= 0) r = write_tensor(w->file, "rope_sin", sin, 0, T, half, KVQ_F32);
+    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: /rope_cos, /rope_sin: cannot write: %s", w->path, h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 

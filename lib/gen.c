@@ -27,23 +27,6 @@ void kvq_gen_defaults(kvq_gen_opts *o)
     o->seed = 0;
 }
 
-void kvq_rope_apply(float *x, int T, int D, double theta, kvq_rope_style style)
-{
-    int half = D / 2;
-    for (int t = 0; t < T; t++) {
-        float *r = x + (size_t)t * D;
-        for (int i = 0; i < half; i++) {
-            double ang = t * pow(theta, -2.0 * i / D);
-            double c = cos(ang), s = sin(ang);
-            int a = style == KVQ_ROPE_HALF ? i : 2 * i;
-            int b = style == KVQ_ROPE_HALF ? i + half : 2 * i + 1;
-            double xa = r[a], xb = r[b];
-            r[a] = (float)(xa * c - xb * s);
-            r[b] = (float)(xa * s + xb * c);
-        }
-    }
-}
-
 /* One KV head's keys (pre and post RoPE), values and its G queries. */
 static void gen_head(const kvq_gen_opts *o, int layer, int h, kvq_layer *L)
 {

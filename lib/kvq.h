@@ -68,8 +68,14 @@ float kvq_rng_uniform_f(kvq_rng *r);         /* [0, 1), 24 bits */
 double kvq_rng_normal(kvq_rng *r);           /* N(0, 1), Box–Muller */
 uint64_t kvq_rng_below(kvq_rng *r, uint64_t n); /* uniform in [0, n), unbiased */
 
-/* Stream tags for kvq_rng_init's third index. */
-enum { KVQ_STREAM_KEY = 0, KVQ_STREAM_VALUE = 1, KVQ_STREAM_QUERIES = 2, KVQ_STREAM_GEN = 3 };
+/* Stream tags for kvq_rng_init's third index.  Streams that exist for K and
+ * for V use tag + tensor (0 = K, 1 = V). */
+enum {
+    KVQ_STREAM_KEY = 0, KVQ_STREAM_VALUE = 1, KVQ_STREAM_QUERIES = 2, KVQ_STREAM_GEN = 3,
+    KVQ_STREAM_ROTATE = 4,  /* rotation of (layer, head, K/V): 4, 5 */
+    KVQ_STREAM_LOWRANK = 6, /* GEAR power-iteration start of (layer, head, K/V): 6, 7 */
+    KVQ_STREAM_KMEANS = 8   /* k-means++ seeding of (layer, head, K/V): 8, 9 */
+};
 
 /* ------------------------------------------------------------- dumps (§1) */
 
@@ -117,6 +123,23 @@ kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer
                                kvq_error *err);
 void kvq_dump_close(kvq_dump *d);
 void kvq_layer_free(kvq_layer *l);
+
+/* RoPE of one dump: the angle of every position t < T and pair i < D/2,
+ * from the root rope_cos/rope_sin tables when present, else from
+ * rope_theta (angle = t·theta^(−2i/D), in double), paired by `style`. */
+typedef struct kvq_rope {
+    int T, D;
+    kvq_rope_style style;
+    double *cos, *sin; /* [T][D/2] */
+} kvq_rope;
+/* Fails (KVQ_ERR_FORMAT, naming the missing attribute) if the dump has no
+ * rope_style or neither tables nor rope_theta. */
+kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err);
+kvq_status kvq_rope_from_theta(kvq_rope *r, int T, int D, double theta, kvq_rope_style style,
+                               kvq_error *err);
+void kvq_rope_free(kvq_rope *r);
+/* x [D] of position t: rotated forward (RoPE) or back (inverse = 1), in place. */
+void kvq_rope_rotate(const kvq_rope *r, float *x, int t, int inverse);
 /* Allocates a zeroed layer of the given shape (query/key_pre_rope optional). */
 kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned flags,
                            kvq_error *err);
@@ -129,6 +152,9 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
 /* Writes /layer_NNN from `l` (query and key_pre_rope when non-NULL). */
 kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer *l,
                                  kvq_error *err);
+/* Writes the root rope_cos/rope_sin tables ([T][D/2] each). */
+kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, const float *sin,
+                                      kvq_error *err);
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
 void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
 
@@ -148,6 +174,88 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
  * one group of n tokens.  Equal to the reference applied per channel. */
 kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
                                        kvq_scale_prec prec);
+
+/* ------------------------------------------------------ rotations (§2.3) */
+
+typedef enum kvq_rotate_kind { KVQ_ROT_NONE = 0, KVQ_ROT_QR, KVQ_ROT_HADAMARD } kvq_rotate_kind;
+
+/* A D×D orthogonal Π fixed by (seed, layer, head, tensor). */
+typedef struct kvq_rotation {
+    kvq_rotate_kind kind;
+    int D;
+    float *m;    /* qr: Π [D][D], row-major */
+    float *sign; /* hadamard: the ±1 diagonal [D]; Π = H·diag(sign), H normalised */
+} kvq_rotation;
+
+/* qr: Gaussian [D][D] drawn row by row from stream (seed, layer, head,
+ * KVQ_STREAM_ROTATE + tensor), QR in double (LAPACKE), columns times
+ * sign(diag R).  hadamard: D must be a power of two (else KVQ_ERR_USAGE). */
+kvq_status kvq_rotation_init(kvq_rotation *r, kvq_rotate_kind kind, int D, uint64_t seed,
+                             int layer, int head, int tensor, kvq_error *err);
+void kvq_rotation_free(kvq_rotation *r);
+/* Rows of x [n][D] to y [n][D] (y != x): y_t = Π·x_t, or Πᵀ·x_t (inverse). */
+kvq_status kvq_rotation_apply(const kvq_rotation *r, const float *x, float *y, size_t n,
+                              int inverse, kvq_error *err);
+/* Unnormalised fast Walsh–Hadamard transform of x [D] in place (Sylvester
+ * order, D a power of two): x ← H_D·x with entries ±1. */
+void kvq_fwht(float *x, int D);
+
+/* ------------------------------------------- Lloyd–Max codebooks (§2.4) */
+
+typedef enum kvq_codebook_kind { KVQ_CB_SPHERE = 0, KVQ_CB_GAUSS, KVQ_CB_DATA } kvq_codebook_kind;
+
+#define KVQ_CODEBOOK_MAX_BITS 8
+typedef struct kvq_codebook {
+    int bits, n;                             /* n = 2^bits levels */
+    double level[1 << KVQ_CODEBOOK_MAX_BITS]; /* ascending */
+    double mse;        /* sphere: E‖u − û‖² of a unit vector; gauss, data: E(x − Q(x))² */
+    int iterations;    /* Lloyd iterations run */
+    float levelf[1 << KVQ_CODEBOOK_MAX_BITS]; /* levels as float */
+    float bound[(1 << KVQ_CODEBOOK_MAX_BITS) - 1]; /* midpoints, float */
+} kvq_codebook;
+
+/* sphere (D >= 2) or gauss (D ignored) codebook, computed once per
+ * (kind, D, bits) and cached for the process (thread-safe); *out stays valid. */
+kvq_status kvq_codebook_get(kvq_codebook_kind kind, int D, int bits, const kvq_codebook **out,
+                            kvq_error *err);
+/* 1-D k-means (the same Lloyd iteration) over n samples. */
+kvq_status kvq_codebook_fit_data(const float *x, size_t n, int bits, kvq_codebook *out,
+                                 kvq_error *err);
+/* Index of the level nearest to v (a value exactly on a midpoint takes the lower level). */
+static inline int kvq_codebook_index(const kvq_codebook *cb, float v)
+{
+    int lo = 0, hi = cb->n - 1; /* answer in [lo, hi]: count of bounds < v */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (v > cb->bound[mid]) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* ---------------------------------------------------------- k-means (§3.2) */
+
+/* k-means of n points x [n][D]: k-means++ seeding from `rng`, then Lloyd
+ * iterations until no assignment changes or max_iter.  Ties go to the lower
+ * centre index; an empty cluster keeps its centre.  centres [k][D] out;
+ * assign [n] (may be NULL); objective [max_iter + 1] (may be NULL) receives
+ * Σ‖x − c‖² after seeding and after each iteration; *iters the count. */
+kvq_status kvq_kmeans(const float *x, size_t n, int D, int k, int max_iter, kvq_rng *rng,
+                      float *centres, int *assign, double *objective, int *iters,
+                      kvq_error *err);
+/* Nearest centre of each point (ties: lower index). */
+kvq_status kvq_kmeans_assign(const float *x, size_t n, int D, const float *centres, int k,
+                             int *assign, kvq_error *err);
+
+/* ------------------------------------------------------- low rank (§3.1) */
+
+/* L [T][D] = best rank-r approximation of E [T][D] (truncated SVD, LAPACKE, double). */
+kvq_status kvq_lowrank_svd(const float *E, int T, int D, int r, float *L, kvq_error *err);
+/* GEAR's power iteration: P [D][r] uniform [0,1) from rng (row-major order);
+ * `loop` passes of Qm = E·P, P = Eᵀ·Qm with P and Qm orthonormalised (QR) on
+ * the last pass; L = Qm·Pᵀ. */
+kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
+                             float *L, kvq_error *err);
 
 /* ------------------------------------------------- quantizer registry (§3) */
 
@@ -181,12 +289,16 @@ typedef struct kvq_quant_ctx {
     int layer;
     uint64_t seed;
     int nthreads;
+    const void *calib;    /* the spec's calibration state for this layer (or NULL) */
+    const kvq_rope *rope; /* the dump's RoPE when the quantizer asked for it (or NULL) */
 } kvq_quant_ctx;
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
 typedef struct kvq_quant_out {
     float *key, *value;
     double *k_bits, *v_bits; /* [H], filled by the quantizer */
+    double *static_bytes;    /* [H], zeroed by the caller: bytes held once per model
+                                whatever the sequence length (centres, codebooks, rotations) */
 } kvq_quant_out;
 
 typedef struct kvq_quantizer {
@@ -194,18 +306,30 @@ typedef struct kvq_quantizer {
     const char *description;
     const kvq_param *params;
     int nparams;
-    int needs_calib;    /* needs --calib */
+    int needs_calib;    /* always needs --calib (see calib_key for spec-dependent needs) */
     int in_default_set; /* part of kvq-analyze's default set */
     const char *default_spec; /* the spec the default set uses ("" = defaults) */
     /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
     kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
     /* Exactly one of the two: the whole layer (may use ctx->nthreads), or one
      * tensor (0 = K, 1 = V) of one head, which kvq_quantize_layer runs over all
-     * heads in parallel and must write only that head's output and bits. */
+     * heads in parallel and must write only that head's output and bits.
+     * quantize_head may leave err untouched for KVQ_ERR_NUMERIC (the runner
+     * then names the fp16 overflow) and KVQ_ERR_NOMEM. */
     kvq_status (*quantize)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                            kvq_quant_out *out, kvq_error *err);
-    kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_layer *in, kvq_quant_out *out,
-                                int tensor, int head);
+    kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, int tensor, int head, kvq_error *err);
+    /* Optional tensors the quantizer reads (KVQ_READ_KEY_PRE_ROPE); with that
+     * flag the driver also passes the dump's RoPE when it has one. */
+    unsigned read_flags;
+    /* Calibration (optional).  calib_key returns 0 if this spec needs none,
+     * else 1 with a key in buf: specs of one quantizer with equal keys share
+     * one state per layer, computed once per run from the --calib dump's layer. */
+    int (*calib_key)(const kvq_spec *spec, char *buf, size_t len);
+    kvq_status (*calibrate)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *calib,
+                            void **state, kvq_error *err);
+    void (*calib_free)(void *state);
 } kvq_quantizer;
 
 size_t kvq_quantizer_count(void);
@@ -222,6 +346,22 @@ int kvq_spec_param_index(const kvq_quantizer *q, const char *key);
 void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len);
 /* Writes the quantizer table for --list-quantizers. */
 void kvq_registry_describe(FILE *f);
+/* Does this spec need a --calib dump? */
+int kvq_spec_needs_calib(const kvq_spec *spec);
+
+/* A calibration dump and the states computed from it, kept for the whole
+ * run so that every dump, spec and sweep point sharing a state reuses it. */
+typedef struct kvq_calib kvq_calib;
+kvq_status kvq_calib_open(const char *path, kvq_calib **out, kvq_error *err);
+const kvq_dump_info *kvq_calib_info(const kvq_calib *c);
+/* Fails unless the calibration dump has the model shape of `info`
+ * (layers, KV heads, head_dim). */
+kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_dump_info *info,
+                           kvq_error *err);
+/* The state of `spec` for `layer` (computed on first use); *state may be NULL. */
+kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
+                           int nthreads, const void **state, kvq_error *err);
+void kvq_calib_close(kvq_calib *c);
 
 /* ---------------------------------------------------------- metrics (§4) */
 
@@ -246,6 +386,7 @@ typedef struct kvq_attn_acc {
 
 typedef struct kvq_acc {
     kvq_recon_acc k, v;
+    double static_bytes; /* summed over pooled (layer, head) cells */
     int has_attn;
     kvq_attn_acc attn;
 } kvq_acc;
@@ -256,6 +397,7 @@ typedef struct kvq_metrics {
     double v_rel_fro, v_rmse, v_mae, v_max_abs, v_sqnr_db;
     int has_attn; /* the attention columns below are meaningful */
     double score_rel, attn_rel, attn_kl, attn_top1, out_rel, out_rel_joint;
+    double static_bytes;
 } kvq_metrics;
 
 /* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
@@ -304,6 +446,7 @@ typedef struct kvq_analysis_opts {
     kvq_query_sel queries;
     uint64_t seed;
     int nthreads;      /* <= 0: all cores */
+    kvq_calib *calib;  /* needed by specs for which kvq_spec_needs_calib() */
 } kvq_analysis_opts;
 
 /* Result accumulators of one dump: acc[(li * nheads + hi) * nspecs + s] for

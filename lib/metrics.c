@@ -62,6 +62,7 @@ void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src)
 {
     recon_merge(&dst->k, &src->k);
     recon_merge(&dst->v, &src->v);
+    dst->static_bytes += src->static_bytes;
     if (src->has_attn) {
         kvq_attn_acc *d = &dst->attn;
         const kvq_attn_acc *s = &src->attn;
@@ -91,6 +92,7 @@ void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m)
     memset(m, 0, sizeof *m);
     recon_finalize(&acc->k, &m->k_bits, &m->k_rel_fro, &m->k_rmse, &m->k_mae, &m->k_max_abs, &m->k_sqnr_db);
     recon_finalize(&acc->v, &m->v_bits, &m->v_rel_fro, &m->v_rmse, &m->v_mae, &m->v_max_abs, &m->v_sqnr_db);
+    m->static_bytes = acc->static_bytes;
     m->has_attn = acc->has_attn && acc->attn.rows > 0;
     if (m->has_attn) {
         const kvq_attn_acc *a = &acc->attn;

@@ -11,11 +11,14 @@
 static const char *const metric_cols[] = {
     "k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs", "k_sqnr_db",
     "v_rel_fro", "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db",
-    "score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel", "out_rel_joint"};
-enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0], NATTN = 6 };
+    "score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel", "out_rel_joint", "static_bytes"};
+enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0], ATTN0 = 12, ATTN1 = 18 };
+
+/* Attention columns: empty (CSV), null (JSONL) or "-" (table) without queries. */
+static int attn_missing(int i, const kvq_metrics *m) { return i >= ATTN0 && i < ATTN1 && !m->has_attn; }
 
 /* Columns the table shows (indices into metric_cols); CSV/JSONL show all. */
-static const int table_cols[] = {0, 1, 2, 6, 7, 11, 12, 13, 14, 15, 16, 17};
+static const int table_cols[] = {0, 1, 2, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18};
 enum { NTABLE = sizeof table_cols / sizeof table_cols[0] };
 
 struct kvq_report {
@@ -35,7 +38,8 @@ static void metrics_values(const kvq_metrics *m, double v[NMETRIC])
     const double all[NMETRIC] = {
         m->k_bits, m->v_bits, m->k_rel_fro, m->k_rmse, m->k_mae, m->k_max_abs, m->k_sqnr_db,
         m->v_rel_fro, m->v_rmse, m->v_mae, m->v_max_abs, m->v_sqnr_db,
-        m->score_rel, m->attn_rel, m->attn_kl, m->attn_top1, m->out_rel, m->out_rel_joint};
+        m->score_rel, m->attn_rel, m->attn_kl, m->attn_top1, m->out_rel, m->out_rel_joint,
+        m->static_bytes};
     memcpy(v, all, sizeof all);
 }
 
@@ -118,7 +122,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
         for (int i = 0; i < 5; i++) if (table_push(r, c[i])) return KVQ_ERR_NOMEM;
         for (int i = 0; i < NTABLE; i++) {
             int k = table_cols[i];
-            if (k >= NMETRIC - NATTN && !m->has_attn) snprintf(num, sizeof num, "-");
+            if (attn_missing(k, m)) snprintf(num, sizeof num, "-");
             else snprintf(num, sizeof num, "%.4g", v[k]);
             if (table_push(r, num)) return KVQ_ERR_NOMEM;
         }
@@ -141,7 +145,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
         csv_cell(f, spec->text);
         for (int i = 0; i < NMETRIC; i++) {
             fputc(',', f);
-            if (i >= NMETRIC - NATTN && !m->has_attn) continue; /* empty, not zero */
+            if (attn_missing(i, m)) continue; /* empty, not zero */
             fmt_exact(num, sizeof num, v[i]);
             fputs(num, f);
         }
@@ -159,7 +163,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
         for (int i = 0; i < NMETRIC; i++) {
             fprintf(f, ",\"%s\":", metric_cols[i]);
             /* JSON has no inf/nan: those and absent metrics are null */
-            if ((i >= NMETRIC - NATTN && !m->has_attn) || !isfinite(v[i])) {
+            if (attn_missing(i, m) || !isfinite(v[i])) {
                 fputs("null", f);
             } else {
                 fmt_exact(num, sizeof num, v[i]);

@@ -11,9 +11,11 @@ static const kvq_param absmax_params[] = {
     [AM_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32", .help = "precision of scales"},
 };
 
-static kvq_status absmax_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                              int tensor, int h)
+static kvq_status absmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
+                              const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
+                                 kvq_error *err)
 {
+    (void)ctx, (void)err;
     int T = in->T, D = in->D, bits = (int)sp->val[AM_BITS];
     int G = (int)sp->val[AM_GROUP];
     kvq_scale_prec prec = (kvq_scale_prec)sp->val[AM_SCALE];

@@ -34,9 +34,11 @@ static kvq_status per_token_layer_task(const kvq_spec *sp, const kvq_layer *in, 
                                           tensor ? out->v_bits : out->k_bits);
 }
 
-static kvq_status per_token_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                                 int tensor, int h)
+static kvq_status per_token_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
+                                 const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
+                                 kvq_error *err)
 {
+    (void)ctx, (void)err;
     if ((int)sp->val[PT_SPAN] == 1) return per_token_layer_task(sp, in, out, tensor, h);
     return kvq_quant_head_per_token(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T, in->D,
                                     0, in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
@@ -62,9 +64,11 @@ static const kvq_param per_channel_params[] = {
     [PC_SCALE] = P_SCALE,
 };
 
-static kvq_status per_channel_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                                   int tensor, int h)
+static kvq_status per_channel_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
+                                   const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
+                                 kvq_error *err)
 {
+    (void)ctx, (void)err;
     return kvq_quant_head_per_channel(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T,
                                       in->D, 0, in->T, (int)sp->val[PC_BITS],
                                       (int)sp->val[PC_GROUP], (kvq_scale_prec)sp->val[PC_SCALE],
@@ -109,9 +113,11 @@ static int kivi_bits(const kvq_spec *sp, int tensor)
 
 /* KIVI at the moment the cache holds T tokens: keys per-channel on the
  * flushed T − (T mod R) tokens, values per-token on all but the last R. */
-static kvq_status kivi_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                            int tensor, int h)
+static kvq_status kivi_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
+                            const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
+                                 kvq_error *err)
 {
+    (void)ctx, (void)err;
     int T = in->T, D = in->D, R = (int)sp->val[KV_RESIDUAL], G = (int)sp->val[KV_GROUP];
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h);
@@ -149,9 +155,11 @@ static const kvq_param kcvt_params[] = {
     [KC_SPAN] = P_SPAN("V groups: one head's D channels, or all H*D of the token"),
 };
 
-static kvq_status kcvt_head(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                            int tensor, int h)
+static kvq_status kcvt_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
+                            const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
+                                 kvq_error *err)
 {
+    (void)ctx, (void)err;
     int T = in->T, D = in->D, bits = (int)sp->val[KC_BITS];
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h);

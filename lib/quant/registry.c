@@ -173,6 +173,13 @@ void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len)
     }
 }
 
+int kvq_spec_needs_calib(const kvq_spec *spec)
+{
+    char key[KVQ_SPEC_MAX];
+    if (spec->q->needs_calib) return 1;
+    return spec->q->calib_key ? spec->q->calib_key(spec, key, sizeof key) : 0;
+}
+
 void kvq_registry_describe(FILE *f)
 {
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
@@ -206,20 +213,30 @@ kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
                               kvq_quant_out *out, kvq_error *err)
 {
     if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
-    kvq_status (*fn)(const kvq_spec *, const kvq_layer *, kvq_quant_out *, int, int) = spec->q->quantize_head;
+    kvq_status (*fn)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *, kvq_quant_out *, int,
+                     int, kvq_error *) = spec->q->quantize_head;
     int ntask = 2 * in->H;
     kvq_status *sts = calloc((size_t)ntask, sizeof *sts);
-    if (!sts) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_error *errs = calloc((size_t)ntask, sizeof *errs);
+    if (!sts || !errs) {
+        free(sts), free(errs);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
     int nt = kvq_threads(ctx->nthreads);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int i = 0; i < ntask; i++) sts[i] = fn(spec, in, out, i / in->H, i % in->H);
+    for (int i = 0; i < ntask; i++) sts[i] = fn(spec, ctx, in, out, i / in->H, i % in->H, &errs[i]);
     kvq_status st = KVQ_OK;
     int bad = 0;
     for (int i = 0; i < ntask && !st; i++) st = sts[i], bad = i;
-    free(sts);
-    if (st == KVQ_ERR_NUMERIC)
-        return kvq_quant_numeric_error(err, spec, ctx, bad / in->H ? "value" : "key", bad % in->H);
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", errs[bad].msg);
+    free(sts), free(errs);
+    const char *tensor = bad / in->H ? "value" : "key";
+    if (!st) return KVQ_OK;
+    if (msg[0])
+        return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor, bad % in->H, msg);
+    if (st == KVQ_ERR_NUMERIC) return kvq_quant_numeric_error(err, spec, ctx, tensor, bad % in->H);
     if (st == KVQ_ERR_NOMEM) return kvq_fail(err, st, "%s: out of memory", spec->text);
-    if (st) return kvq_fail(err, st, "%s: %s", spec->text, kvq_strerror(st));
-    return KVQ_OK;
+    return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor,
+                    bad % in->H, kvq_strerror(st));
 }

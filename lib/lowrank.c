@@ -1,0 +1,85 @@
+/* lowrank.c — the low-rank part of GEAR (SPEC §3.1): the best rank-r
+ * approximation by truncated SVD (LAPACKE dgesdd, double), and GEAR's power
+ * iteration (float32, cblas_sgemm + QR through LAPACKE sgeqrf/sorgqr), as in
+ * GEAR's fake_poweriteration_group. */
+#include "internal.h"
+
+#include <cblas.h>
+#include <lapacke.h>
+#include <string.h>
+
+kvq_status kvq_lowrank_svd(const float *E, int T, int D, int r, float *L, kvq_error *err)
+{
+    int m = T < D ? T : D;
+    if (r > m) r = m;
+    if (r <= 0) {
+        memset(L, 0, (size_t)T * D * sizeof *L);
+        return KVQ_OK;
+    }
+    size_t n = (size_t)T * D;
+    double *a = kvq_alloc_array(n, sizeof *a), *s = kvq_alloc_array((size_t)m, sizeof *s);
+    double *u = kvq_alloc_array((size_t)T * m, sizeof *u), *vt = kvq_alloc_array((size_t)m * D, sizeof *vt);
+    kvq_status st = KVQ_OK;
+    if (!a || !s || !u || !vt) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the SVD of a %d x %d matrix", T, D);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) a[i] = E[i];
+    /* E = U Σ Vᵀ, economy size: U [T][m], Vᵀ [m][D] */
+    lapack_int info = LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', T, D, a, D, s, u, m, vt, D);
+    if (info != 0) {
+        st = kvq_fail(err, KVQ_ERR_INTERNAL, "LAPACKE_dgesdd on a %d x %d matrix returned %d", T, D, (int)info);
+        goto out;
+    }
+    /* L = (U_r·diag(s_r))·Vᵀ_r in double (dgemm), rounded once to float */
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < r; i++) u[(size_t)t * m + i] *= s[i];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, r, 1.0, u, m, vt, D, 0.0, a, D);
+    for (size_t i = 0; i < n; i++) L[i] = (float)a[i];
+out:
+    free(a), free(s), free(u), free(vt);
+    return st;
+}
+
+/* Orthonormal basis of the columns of a [rows][cols] (rows >= cols), in place. */
+static kvq_status orthonormalise(float *a, int rows, int cols, float *tau, kvq_error *err)
+{
+    lapack_int info = LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, rows, cols, a, cols, tau);
+    if (info == 0) info = LAPACKE_sorgqr(LAPACK_ROW_MAJOR, rows, cols, cols, a, cols, tau);
+    if (info != 0)
+        return kvq_fail(err, KVQ_ERR_INTERNAL, "LAPACKE QR of a %d x %d matrix returned %d", rows, cols, (int)info);
+    return KVQ_OK;
+}
+
+kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
+                             float *L, kvq_error *err)
+{
+    int m = T < D ? T : D;
+    if (r > m) r = m;
+    if (r <= 0 || loop <= 0) {
+        memset(L, 0, (size_t)T * D * sizeof *L);
+        return KVQ_OK;
+    }
+    float *P = kvq_alloc_array((size_t)D * r, sizeof *P), *Q = kvq_alloc_array((size_t)T * r, sizeof *Q);
+    float *tau = kvq_alloc_array((size_t)r, sizeof *tau);
+    kvq_status st = KVQ_OK;
+    if (!P || !Q || !tau) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a rank-%d power iteration", r);
+        goto out;
+    }
+    for (size_t i = 0; i < (size_t)D * r; i++) P[i] = kvq_rng_uniform_f(rng); /* P [D][r] */
+    for (int i = 0; i < loop; i++) {
+        int last = i == loop - 1;
+        if (last && (st = orthonormalise(P, D, r, tau, err))) goto out;
+        /* Qm = E·P  [T][r] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, D, 1.0f, E, D, P, r, 0.0f, Q, r);
+        if (last && (st = orthonormalise(Q, T, r, tau, err))) goto out;
+        /* P = Eᵀ·Qm  [D][r] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, r, T, 1.0f, E, D, Q, r, 0.0f, P, r);
+    }
+    /* L = Qm·Pᵀ  [T][D] */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0f, Q, r, P, r, 0.0f, L, D);
+out:
+    free(P), free(Q), free(tau);
+    return st;
+}
