@@ -193,6 +193,8 @@ typedef struct kvq_rotation {
 kvq_status kvq_rotation_init(kvq_rotation *r, kvq_rotate_kind kind, int D, uint64_t seed,
                              int layer, int head, int tensor, kvq_error *err);
 void kvq_rotation_free(kvq_rotation *r);
+/* Bytes to store Π: qr 4·D² (fp32), hadamard ceil(D/8) (sign bits), none 0. */
+double kvq_rotation_bytes(const kvq_rotation *r);
 /* Rows of x [n][D] to y [n][D] (y != x): y_t = Π·x_t, or Πᵀ·x_t (inverse). */
 kvq_status kvq_rotation_apply(const kvq_rotation *r, const float *x, float *y, size_t n,
                               int inverse, kvq_error *err);

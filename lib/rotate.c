@@ -28,6 +28,13 @@ void kvq_rotation_free(kvq_rotation *r)
     memset(r, 0, sizeof *r);
 }
 
+double kvq_rotation_bytes(const kvq_rotation *r)
+{
+    if (r->kind == KVQ_ROT_QR) return 4.0 * r->D * r->D;
+    if (r->kind == KVQ_ROT_HADAMARD) return (double)((r->D + 7) / 8);
+    return 0.0;
+}
+
 static kvq_status rotation_qr(kvq_rotation *r, int D, kvq_rng *rng, kvq_error *err)
 {
     size_t n = (size_t)D * D;

@@ -63,11 +63,13 @@ int main(int argc, char **argv)
     int nspecs = 0;
     int *layers = NULL, nlayers = 0, *heads = NULL, nheads = 0;
     const char *calib = NULL, *output = NULL, *format = NULL;
+    char skipped[256] = "";
     kvq_per per = KVQ_PER_LAYER;
     kvq_query_sel queries = {KVQ_Q_LAST, 64};
     long threads = 0;
     uint64_t seed = 0;
-    kvq_dump *dump = NULL, *calib_dump = NULL;
+    kvq_dump *dump = NULL;
+    kvq_calib *calib_dump = NULL;
     kvq_report *report = NULL;
     cli_out out = {0};
     int c;
@@ -150,14 +152,15 @@ int main(int argc, char **argv)
     }
 
     if (calib) {
-        if (kvq_dump_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (kvq_calib_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
     }
     if (nspecs == 0) { /* the default set: one configuration per family */
         for (size_t i = 0; i < kvq_quantizer_count(); i++) {
             const kvq_quantizer *q = kvq_quantizer_at(i);
             if (!q->in_default_set) continue;
-            if (q->needs_calib && !calib_dump) {
-                fprintf(stderr, "%s: note: skipping %s (needs --calib)\n", prog, q->name);
+            if (q->needs_calib && !calib_dump) { /* said at the end of a successful run */
+                size_t o = strlen(skipped);
+                snprintf(skipped + o, sizeof skipped - o, "%s%s", o ? ", " : "", q->name);
                 continue;
             }
             char text[KVQ_SPEC_MAX];
@@ -170,7 +173,7 @@ int main(int argc, char **argv)
         }
     }
     for (int s = 0; s < nspecs; s++)
-        if (specs[s].q->needs_calib && !calib_dump) {
+        if (kvq_spec_needs_calib(&specs[s]) && !calib_dump) {
             cli_error(prog, "%s: needs --calib FILE (a calibration dump of the same model)", specs[s].text);
             rc = CLI_USAGE;
             goto done;
@@ -186,7 +189,8 @@ int main(int argc, char **argv)
 
     kvq_analysis_opts opts = {
         .specs = specs, .nspecs = nspecs, .layers = layers, .nlayers = nlayers,
-        .heads = heads, .nheads = nheads, .queries = queries, .seed = seed, .nthreads = (int)threads};
+        .heads = heads, .nheads = nheads, .queries = queries, .seed = seed, .nthreads = (int)threads,
+        .calib = calib_dump};
     for (int i = optind; i < argc; i++) {
         kvq_analysis a;
         if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
@@ -208,12 +212,15 @@ int main(int argc, char **argv)
     report = NULL;
     if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
     if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+    if (!rc && skipped[0])
+        fprintf(stderr, "%s: note: default set without %s: needs --calib FILE (a calibration dump of the same model)\n",
+                prog, skipped);
 
 done:
     kvq_report_discard(report); /* after an error: print no partial table */
     if (out.f) cli_out_abort(&out);
     kvq_dump_close(dump);
-    kvq_dump_close(calib_dump);
+    kvq_calib_close(calib_dump);
     free(specs), free(layers), free(heads);
     return rc;
 }

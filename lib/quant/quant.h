@@ -42,12 +42,17 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
 /* Copies tokens [t0, t1) of a head exactly and returns their 16-bit cost. */
 double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1);
 
+/* Lloyd–Max coding of T rows x [T][D] into y (SPEC §3.3): fp16 norm,
+ * rotation, nearest level.  work [T][D], norm [T]: scratch. */
+kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
+                             const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
+
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);
 
 /* Registry entries (one per family file). */
 extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt,
-    kvq_q_absmax;
+    kvq_q_absmax, kvq_q_gear, kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax;
 
 #endif

@@ -15,6 +15,10 @@ static const kvq_quantizer *const registry[] = {
     &kvq_q_kivi,
     &kvq_q_kcvt,
     &kvq_q_absmax,
+    &kvq_q_gear,
+    &kvq_q_gear_l,
+    &kvq_q_cluster,
+    &kvq_q_lloydmax,
 };
 
 size_t kvq_quantizer_count(void) { return sizeof registry / sizeof registry[0]; }

@@ -1,0 +1,297 @@
+/* gear.c — GEAR (SPEC §3.1): a quantized backbone, exact sparse outliers and
+ * a low-rank correction of what is left.
+ *
+ * Per layer and tensor:
+ *   1. outliers: in each row (K: a channel over its T tokens; V: a token over
+ *      its head's D channels, or over all H·D with span=layer), the k =
+ *      floor(sparsity·n/2) largest and then the k smallest of the remaining
+ *      values (ties: lower index) are kept at fp16; in the copy that the
+ *      backbone sees they become the row mean (outliers included);
+ *   2. backbone D̂ on that copy: kivi (K per-channel / V per-token groups of
+ *      `group`, no residual window) or kcvt; outlier positions then take
+ *      their fp16 values (D̂ + S);
+ *   3. low rank per head on E = X − (D̂ + S): truncated SVD or GEAR's power
+ *      iteration; X' = D̂ + S + L.
+ * Bits: backbone codes + scales/zeros, 16 + 32 per outlier, r·(T + D)·16 per head. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { G_BITS, G_GROUP, G_BACKBONE, G_RANK, G_SPARSITY, G_LOWRANK, G_LOOP, G_SPAN };
+enum { BACKBONE_KIVI, BACKBONE_KCVT };
+enum { LOWRANK_POWER, LOWRANK_SVD };
+
+#define GEAR_PARAMS(sparsity_default)                                                              \
+    {                                                                                              \
+        [G_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = 16,         \
+                    .help = "backbone bits per code"},                                             \
+        [G_GROUP] = {.key = "group", .type = KVQ_PARAM_INT, .def = "32", .min = 1, .max = 1e9,     \
+                     .help = "kivi backbone group: tokens for K, channels for V"},                 \
+        [G_BACKBONE] = {.key = "backbone", .type = KVQ_PARAM_CHOICE, .def = "kivi",                \
+                        .choices = "kivi|kcvt", .help = "quantizer under the corrections"},        \
+        [G_RANK] = {.key = "rank", .type = KVQ_PARAM_INT, .def = "4", .min = 0, .max = 1e6,        \
+                    .help = "rank of the low-rank part per head (0 = none)"},                      \
+        [G_SPARSITY] = {.key = "sparsity", .type = KVQ_PARAM_REAL, .def = sparsity_default,        \
+                        .min = 0, .max = 1, .help = "fraction of each row kept as exact outliers"}, \
+        [G_LOWRANK] = {.key = "lowrank", .type = KVQ_PARAM_CHOICE, .def = "power",                 \
+                       .choices = "power|svd", .help = "GEAR's power iteration or truncated SVD"}, \
+        [G_LOOP] = {.key = "loop", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = 1000,       \
+                    .help = "power-iteration passes"},                                             \
+        [G_SPAN] = {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer", \
+                    .help = "V rows and groups: one head, or all heads of the token"},             \
+    }
+
+static const kvq_param gear_params[] = GEAR_PARAMS("0.02");
+static const kvq_param gear_l_params[] = GEAR_PARAMS("0");
+
+static kvq_status gear_l_check(const kvq_spec *sp, kvq_error *err)
+{
+    if (sp->val[G_SPARSITY] != 0.0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: sparsity: gear-l has no outliers (use gear)", sp->text);
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------------------ outliers */
+
+typedef struct {
+    float v;
+    int i;
+} ranked;
+
+static int cmp_ranked(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* Row row[0..n): marks the k largest values, then the k smallest of the
+ * rest (ties: lower index first) in sel, and replaces them by the row mean
+ * in work (a copy of row).  work_r: n scratch entries. */
+static void row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, ranked *r)
+{
+    memset(sel, 0, (size_t)n);
+    if (k <= 0) return;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) r[i].v = row[i], r[i].i = i, sum += row[i];
+    float mean = (float)(sum / n);
+    qsort(r, (size_t)n, sizeof *r, cmp_ranked); /* ascending value, then index */
+    /* largest k: everything above the k-th largest value, then the lowest
+     * indices of the run equal to it */
+    float vk = r[n - k].v;
+    int p = n - k, q = n - k;
+    while (p > 0 && r[p - 1].v == vk) p--;
+    while (q < n && r[q].v == vk) q++;
+    for (int j = q; j < n; j++) sel[r[j].i] = 1;
+    for (int j = p; j < p + (k - (n - q)); j++) sel[r[j].i] = 1;
+    /* smallest k of the rest: ascending order already breaks ties by index */
+    for (int j = 0, taken = 0; j < n && taken < k; j++)
+        if (!sel[r[j].i]) sel[r[j].i] = 1, taken++;
+    for (int i = 0; i < n; i++)
+        if (sel[i]) work[i] = mean;
+}
+
+/* ------------------------------------------------------------- a tensor */
+
+typedef struct {
+    const kvq_spec *sp;
+    const kvq_quant_ctx *ctx;
+    int tensor, H, T, D;
+    const float *x; /* [H][T][D] */
+    float *y;       /* [H][T][D]: output */
+    float *w;       /* [H][T][D]: the copy the backbone quantizes */
+    unsigned char *mask; /* [H][T][D]: outlier positions */
+    double *bits;   /* [H] */
+    int bad_head;   /* out: the first failing head */
+} gear_job;
+
+/* Step 1 for the rows of head h (K: channels; V span=head: tokens). */
+static kvq_status head_outliers(gear_job *j, int h)
+{
+    int T = j->T, D = j->D, n = j->tensor == 0 ? T : D;
+    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0);
+    size_t off = (size_t)h * T * D;
+    if (k <= 0) return KVQ_OK;
+    float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
+    unsigned char *sel = malloc((size_t)n);
+    ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    kvq_status st = KVQ_OK;
+    if (!row || !work || !sel || !r) st = KVQ_ERR_NOMEM;
+    int nrows = j->tensor == 0 ? D : T;
+    for (int rw = 0; rw < nrows && !st; rw++) {
+        /* element e of row rw: K (channel rw, token e), V (token rw, channel e) */
+        size_t base = j->tensor == 0 ? off + (size_t)rw : off + (size_t)rw * D;
+        size_t stride = j->tensor == 0 ? (size_t)D : 1;
+        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[base + e * stride];
+        row_outliers(row, work, sel, n, k, r);
+        for (int e = 0; e < n; e++) j->w[base + e * stride] = work[e], j->mask[base + e * stride] = sel[e];
+    }
+    free(row), free(work), free(sel), free(r);
+    return st;
+}
+
+/* Step 1 for V with span=layer: token rows across the heads. */
+static kvq_status layer_outliers(gear_job *j)
+{
+    int H = j->H, T = j->T, D = j->D, n = H * D;
+    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0);
+    if (k <= 0) return KVQ_OK;
+    float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
+    unsigned char *sel = malloc((size_t)n);
+    ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    kvq_status st = row && work && sel && r ? KVQ_OK : KVQ_ERR_NOMEM;
+    for (int t = 0; t < T && !st; t++) {
+        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[((size_t)(e / D) * T + t) * D + e % D];
+        row_outliers(row, work, sel, n, k, r);
+        for (int e = 0; e < n; e++) {
+            size_t at = ((size_t)(e / D) * T + t) * D + e % D;
+            j->w[at] = work[e], j->mask[at] = sel[e];
+        }
+    }
+    free(row), free(work), free(sel), free(r);
+    return st;
+}
+
+/* Step 2 for head h (span=head or K): backbone codes into y. */
+static kvq_status head_backbone(gear_job *j, int h)
+{
+    int T = j->T, D = j->D, bits = (int)j->sp->val[G_BITS], G = (int)j->sp->val[G_GROUP];
+    int kcvt = (int)j->sp->val[G_BACKBONE] == BACKBONE_KCVT;
+    size_t off = (size_t)h * T * D;
+    if (j->tensor == 0)
+        return kvq_quant_head_per_channel(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? T : G,
+                                          KVQ_SCALE_FP16, &j->bits[h]);
+    return kvq_quant_head_per_token(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? D : G,
+                                    KVQ_SCALE_FP16, &j->bits[h]);
+}
+
+/* Steps 2b and 3 for head h: outliers back at fp16, then the low rank. */
+static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
+{
+    int T = j->T, D = j->D;
+    size_t off = (size_t)h * T * D, n = (size_t)T * D;
+    const float *x = j->x + off;
+    float *y = j->y + off;
+    const unsigned char *mask = j->mask + off;
+    double outliers = 0;
+    for (size_t i = 0; i < n; i++)
+        if (mask[i]) {
+            y[i] = kvq_round_f16(x[i]);
+            if (!isfinite(y[i])) return KVQ_ERR_NUMERIC;
+            outliers++;
+        }
+    j->bits[h] += outliers * (16.0 + 32.0);
+    int r = (int)j->sp->val[G_RANK], m = T < D ? T : D;
+    if (r > m) r = m;
+    if (r <= 0) return KVQ_OK;
+    float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
+    kvq_status st = KVQ_OK;
+    if (!E || !L) {
+        st = KVQ_ERR_NOMEM;
+    } else {
+        for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i]; /* E = X − (D̂ + S) */
+        if ((int)j->sp->val[G_LOWRANK] == LOWRANK_SVD) {
+            st = kvq_lowrank_svd(E, T, D, r, L, err);
+        } else {
+            kvq_rng rng;
+            kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
+                         (uint64_t)(KVQ_STREAM_LOWRANK + j->tensor));
+            st = kvq_lowrank_power(E, T, D, r, (int)j->sp->val[G_LOOP], &rng, L, err);
+        }
+        if (!st) {
+            for (size_t i = 0; i < n; i++) y[i] += L[i]; /* X' = D̂ + S + L */
+            j->bits[h] += 16.0 * r * (double)(T + D);
+        }
+    }
+    free(E), free(L);
+    return st;
+}
+
+static kvq_status gear_tensor(gear_job *j, kvq_error *err)
+{
+    int H = j->H, nt = kvq_threads(j->ctx->nthreads);
+    int layer_span = j->tensor == 1 && (int)j->sp->val[G_SPAN] == 1;
+    kvq_status *sts = calloc((size_t)H, sizeof *sts);
+    kvq_error *errs = calloc((size_t)H, sizeof *errs);
+    if (!sts || !errs) {
+        free(sts), free(errs);
+        return KVQ_ERR_NOMEM;
+    }
+    kvq_status st = KVQ_OK;
+    if (layer_span) {
+        int kcvt = (int)j->sp->val[G_BACKBONE] == BACKBONE_KCVT;
+        st = layer_outliers(j);
+        if (!st)
+            st = kvq_quant_layer_per_token_span(j->w, j->y, H, j->T, j->D, 0, j->T, (int)j->sp->val[G_BITS],
+                                                kcvt ? H * j->D : (int)j->sp->val[G_GROUP], KVQ_SCALE_FP16, j->bits);
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int h = 0; h < H; h++) {
+        if (st) continue;
+        kvq_status s = KVQ_OK;
+        if (!layer_span && !(s = head_outliers(j, h))) s = head_backbone(j, h);
+        if (!s) s = head_finish(j, h, &errs[h]);
+        sts[h] = s;
+    }
+    for (int h = 0; h < H && !st; h++)
+        if (sts[h]) {
+            st = sts[h];
+            j->bad_head = h;
+            snprintf(err->msg, sizeof err->msg, "%s", errs[h].msg); /* may be empty */
+        }
+    free(sts), free(errs);
+    return st;
+}
+
+static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                             kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D;
+    size_t n = (size_t)H * T * D;
+    float *w = kvq_alloc_array(n, sizeof *w);
+    unsigned char *mask = calloc(n, 1);
+    kvq_status st = KVQ_OK;
+    if (!w || !mask) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+        goto out;
+    }
+    for (int tensor = 0; tensor < 2 && !st; tensor++) {
+        gear_job j = {.sp = sp, .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
+                      .x = tensor ? in->value : in->key, .y = tensor ? out->value : out->key,
+                      .w = w, .mask = mask, .bits = tensor ? out->v_bits : out->k_bits};
+        memcpy(w, j.x, n * sizeof *w);
+        memset(mask, 0, n);
+        kvq_error e = {0};
+        st = gear_tensor(&j, &e);
+        const char *tname = tensor ? "value" : "key";
+        if (st == KVQ_ERR_NUMERIC && !e.msg[0])
+            st = kvq_quant_numeric_error(err, sp, ctx, tname, j.bad_head);
+        else if (st)
+            st = kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", sp->text, ctx->layer, tname,
+                          j.bad_head, e.msg[0] ? e.msg : kvq_strerror(st));
+    }
+out:
+    free(w), free(mask);
+    return st;
+}
+
+const kvq_quantizer kvq_q_gear = {
+    .name = "gear",
+    .description = "GEAR: kivi/kcvt backbone + exact sparse outliers + low-rank residual (SPEC 3.1)",
+    .params = gear_params,
+    .nparams = sizeof gear_params / sizeof gear_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .quantize = gear_layer,
+};
+
+const kvq_quantizer kvq_q_gear_l = {
+    .name = "gear-l",
+    .description = "GEAR-L: gear without outliers (sparsity=0): backbone + low rank",
+    .params = gear_l_params,
+    .nparams = sizeof gear_l_params / sizeof gear_l_params[0],
+    .check = gear_l_check,
+    .quantize = gear_layer,
+};

@@ -1,0 +1,159 @@
+/* lloydmax.c — TurboQuant-style Lloyd–Max quantizer, MSE variant (SPEC §3.3):
+ * per token and head, the norm is stored at fp16 (n = fp16(‖x‖), used both
+ * to normalise and to reconstruct), u = Π·x/n, every coordinate snaps to
+ * the nearest level of a scalar codebook, x' = n·Πᵀ·û.  Bits: b·D + 16 per
+ * token and head.  The helper kvq_lloydmax_rows is shared with `cluster`,
+ * which codes its value residuals the same way. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { LM_BITS, LM_ROTATE, LM_CODEBOOK };
+static const kvq_param lloydmax_params[] = {
+    [LM_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+                 .help = "bits per coordinate"},
+    [LM_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
+                   .help = "seeded rotation before coding (SPEC 2.3)"},
+    [LM_CODEBOOK] = {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "sphere", .choices = "sphere|gauss|data",
+                     .help = "levels for a unit-sphere coordinate, N(0,1/D), or fitted on --calib"},
+};
+
+kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
+                             const kvq_codebook *cb, float *work, float *norm, kvq_error *err)
+{
+    /* work_t = Π·x_t for every token (a plain copy without rotation) */
+    kvq_status st = kvq_rotation_apply(rot, x, work, (size_t)T, 0, err);
+    if (st) return st;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * D;
+        float *ut = work + (size_t)t * D;
+        double ss = 0.0;
+        for (int c = 0; c < D; c++) ss += (double)xt[c] * xt[c];
+        float n = kvq_round_f16((float)sqrt(ss)); /* the stored norm */
+        if (!isfinite(n)) return KVQ_ERR_NUMERIC;
+        norm[t] = n;
+        if (n == 0.0f) { /* x' = 0 */
+            memset(ut, 0, (size_t)D * sizeof *ut);
+            continue;
+        }
+        for (int c = 0; c < D; c++) ut[c] = cb->levelf[kvq_codebook_index(cb, ut[c] / n)]; /* û */
+    }
+    /* x'_t = n·(Πᵀ·û_t) */
+    if ((st = kvq_rotation_apply(rot, work, y, (size_t)T, 1, err))) return st;
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) y[(size_t)t * D + c] = norm[t] * y[(size_t)t * D + c];
+    return KVQ_OK;
+}
+
+/* The codebook `gauss` scaled by 1/sqrt(D): levels and midpoints in double,
+ * then rounded once. */
+static void scale_codebook(const kvq_codebook *src, int D, kvq_codebook *dst)
+{
+    *dst = *src;
+    double f = 1.0 / sqrt((double)D);
+    for (int i = 0; i < src->n; i++) dst->level[i] = src->level[i] * f, dst->levelf[i] = (float)dst->level[i];
+    for (int i = 0; i + 1 < src->n; i++) dst->bound[i] = (float)(0.5 * (dst->level[i] + dst->level[i + 1]));
+}
+
+/* Codebook of (spec, head, tensor): cached analytic, or fitted (calibration state). */
+static kvq_status pick_codebook(const kvq_spec *sp, const kvq_quant_ctx *ctx, int D, int h, int tensor,
+                                kvq_codebook *scaled, const kvq_codebook **cb, kvq_error *err)
+{
+    int bits = (int)sp->val[LM_BITS], kind = (int)sp->val[LM_CODEBOOK];
+    if (kind == KVQ_CB_DATA) {
+        *cb = (const kvq_codebook *)ctx->calib + 2 * h + tensor;
+        return KVQ_OK;
+    }
+    kvq_status st = kvq_codebook_get((kvq_codebook_kind)kind, D, bits, cb, err);
+    if (st || kind == KVQ_CB_SPHERE) return st;
+    scale_codebook(*cb, D, scaled);
+    *cb = scaled;
+    return KVQ_OK;
+}
+
+static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    int T = in->T, D = in->D, bits = (int)sp->val[LM_BITS];
+    kvq_codebook scaled;
+    const kvq_codebook *cb;
+    kvq_rotation rot;
+    kvq_status st = pick_codebook(sp, ctx, D, h, tensor, &scaled, &cb, err);
+    if (st) return st;
+    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
+        return st;
+    float *work = kvq_alloc_array((size_t)T * D, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
+    if (!work || !norm) st = KVQ_ERR_NOMEM;
+    else st = kvq_lloydmax_rows(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), T, D, &rot, cb,
+                                work, norm, err);
+    if (!st) {
+        *kvq_head_bits(out, tensor, h) = (double)T * ((double)bits * D + 16.0);
+        if (tensor == 1) /* K's and V's rotation and codebook (same sizes), by one task */
+            out->static_bytes[h] = 2.0 * (kvq_rotation_bytes(&rot) + 4.0 * cb->n);
+    }
+    free(work), free(norm);
+    kvq_rotation_free(&rot);
+    return st;
+}
+
+/* ------------------------------------------------ codebook=data calibration */
+
+static int lloydmax_calib_key(const kvq_spec *sp, char *buf, size_t len)
+{
+    if ((int)sp->val[LM_CODEBOOK] != KVQ_CB_DATA) return 0;
+    snprintf(buf, len, "bits=%d,rotate=%d", (int)sp->val[LM_BITS], (int)sp->val[LM_ROTATE]);
+    return 1;
+}
+
+/* Per (head, K/V): the coordinates of u = Π·x/n over the calibration tokens
+ * (tokens with n = 0 skipped), 1-D k-means.  State: kvq_codebook [H][2]. */
+static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *cal,
+                                     void **state, kvq_error *err)
+{
+    int H = cal->H, T = cal->T, D = cal->D;
+    kvq_codebook *cbs = kvq_alloc_array((size_t)H * 2, sizeof *cbs);
+    float *u = kvq_alloc_array((size_t)T * D, sizeof *u);
+    kvq_status st = cbs && u ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int task = 0; task < 2 * H && !st; task++) {
+        int h = task / 2, tensor = task % 2;
+        const float *x = kvq_head_in(cal, tensor, h);
+        kvq_rotation rot;
+        if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
+            break;
+        st = kvq_rotation_apply(&rot, x, u, (size_t)T, 0, err);
+        kvq_rotation_free(&rot);
+        size_t m = 0;
+        for (int t = 0; t < T && !st; t++) {
+            double ss = 0.0;
+            for (int c = 0; c < D; c++) ss += (double)x[(size_t)t * D + c] * x[(size_t)t * D + c];
+            float n = kvq_round_f16((float)sqrt(ss));
+            if (n == 0.0f || !isfinite(n)) continue;
+            for (int c = 0; c < D; c++) u[m++] = u[(size_t)t * D + c] / n; /* m <= t·D + c: in place */
+        }
+        if (!st && m == 0)
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s head %d: every calibration token is zero", tensor ? "value" : "key", h);
+        if (!st) st = kvq_codebook_fit_data(u, m, (int)sp->val[LM_BITS], &cbs[task], err);
+    }
+    free(u);
+    if (st) {
+        free(cbs);
+        return st;
+    }
+    *state = cbs;
+    return KVQ_OK;
+}
+
+const kvq_quantizer kvq_q_lloydmax = {
+    .name = "lloydmax",
+    .description = "per-token fp16 norm + rotation + Lloyd-Max levels (SPEC 3.3); codebook=data needs --calib",
+    .params = lloydmax_params,
+    .nparams = sizeof lloydmax_params / sizeof lloydmax_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .quantize_head = lloydmax_head,
+    .calib_key = lloydmax_calib_key,
+    .calibrate = lloydmax_calibrate,
+    .calib_free = free,
+};
