@@ -95,6 +95,13 @@ kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64
     return KVQ_OK;
 }
 
+size_t kvq_calib_count(const kvq_calib *c)
+{
+    size_t n = 0;
+    for (const calib_entry *e = c->entries; e; e = e->next) n++;
+    return n;
+}
+
 void kvq_calib_close(kvq_calib *c)
 {
     if (!c) return;

@@ -253,7 +253,7 @@ kvq_status kvq_kmeans_assign(const float *x, size_t n, int D, const float *centr
 
 /* L [T][D] = best rank-r approximation of E [T][D] (truncated SVD, LAPACKE, double). */
 kvq_status kvq_lowrank_svd(const float *E, int T, int D, int r, float *L, kvq_error *err);
-/* GEAR's power iteration: P [D][r] uniform [0,1) from rng (row-major order);
+/* GEAR's power iteration (in double): P [D][r] uniform [0,1) from rng (row by row);
  * `loop` passes of Qm = E·P, P = Eᵀ·Qm with P and Qm orthonormalised (QR) on
  * the last pass; L = Qm·Pᵀ. */
 kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
@@ -363,6 +363,8 @@ kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_
 /* The state of `spec` for `layer` (computed on first use); *state may be NULL. */
 kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
                            int nthreads, const void **state, kvq_error *err);
+/* Number of calibration states computed so far (each (layer, quantizer, key) once). */
+size_t kvq_calib_count(const kvq_calib *c);
 void kvq_calib_close(kvq_calib *c);
 
 /* ---------------------------------------------------------- metrics (§4) */

@@ -1,6 +1,6 @@
 /* lowrank.c — the low-rank part of GEAR (SPEC §3.1): the best rank-r
  * approximation by truncated SVD (LAPACKE dgesdd, double), and GEAR's power
- * iteration (float32, cblas_sgemm + QR through LAPACKE sgeqrf/sorgqr), as in
+ * iteration (in double: cblas_dgemm + QR through LAPACKE dgeqrf/dorgqr), as in
  * GEAR's fake_poweriteration_group. */
 #include "internal.h"
 
@@ -42,15 +42,19 @@ out:
 }
 
 /* Orthonormal basis of the columns of a [rows][cols] (rows >= cols), in place. */
-static kvq_status orthonormalise(float *a, int rows, int cols, float *tau, kvq_error *err)
+static kvq_status orthonormalise(double *a, int rows, int cols, double *tau, kvq_error *err)
 {
-    lapack_int info = LAPACKE_sgeqrf(LAPACK_ROW_MAJOR, rows, cols, a, cols, tau);
-    if (info == 0) info = LAPACKE_sorgqr(LAPACK_ROW_MAJOR, rows, cols, cols, a, cols, tau);
+    lapack_int info = LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, rows, cols, a, cols, tau);
+    if (info == 0) info = LAPACKE_dorgqr(LAPACK_ROW_MAJOR, rows, cols, cols, a, cols, tau);
     if (info != 0)
         return kvq_fail(err, KVQ_ERR_INTERNAL, "LAPACKE QR of a %d x %d matrix returned %d", rows, cols, (int)info);
     return KVQ_OK;
 }
 
+/* In double: GEAR orthonormalises only on the last pass, so P's columns all
+ * turn towards the top singular vector as `loop` grows; float32 would lose
+ * the other directions after a few passes (measured: the error rose again
+ * from loop 8 on), double keeps them for any practical loop. */
 kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
                              float *L, kvq_error *err)
 {
@@ -60,26 +64,30 @@ kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_
         memset(L, 0, (size_t)T * D * sizeof *L);
         return KVQ_OK;
     }
-    float *P = kvq_alloc_array((size_t)D * r, sizeof *P), *Q = kvq_alloc_array((size_t)T * r, sizeof *Q);
-    float *tau = kvq_alloc_array((size_t)r, sizeof *tau);
+    size_t n = (size_t)T * D;
+    double *e = kvq_alloc_array(n, sizeof *e), *l = kvq_alloc_array(n, sizeof *l);
+    double *P = kvq_alloc_array((size_t)D * r, sizeof *P), *Q = kvq_alloc_array((size_t)T * r, sizeof *Q);
+    double *tau = kvq_alloc_array((size_t)r, sizeof *tau);
     kvq_status st = KVQ_OK;
-    if (!P || !Q || !tau) {
+    if (!e || !l || !P || !Q || !tau) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a rank-%d power iteration", r);
         goto out;
     }
-    for (size_t i = 0; i < (size_t)D * r; i++) P[i] = kvq_rng_uniform_f(rng); /* P [D][r] */
+    for (size_t i = 0; i < n; i++) e[i] = E[i];
+    for (size_t i = 0; i < (size_t)D * r; i++) P[i] = kvq_rng_uniform(rng); /* P [D][r], row by row */
     for (int i = 0; i < loop; i++) {
         int last = i == loop - 1;
         if (last && (st = orthonormalise(P, D, r, tau, err))) goto out;
         /* Qm = E·P  [T][r] */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, D, 1.0f, E, D, P, r, 0.0f, Q, r);
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, D, 1.0, e, D, P, r, 0.0, Q, r);
         if (last && (st = orthonormalise(Q, T, r, tau, err))) goto out;
         /* P = Eᵀ·Qm  [D][r] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, r, T, 1.0f, E, D, Q, r, 0.0f, P, r);
+        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, r, T, 1.0, e, D, Q, r, 0.0, P, r);
     }
     /* L = Qm·Pᵀ  [T][D] */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0f, Q, r, P, r, 0.0f, L, D);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0, Q, r, P, r, 0.0, l, D);
+    for (size_t i = 0; i < n; i++) L[i] = (float)l[i];
 out:
-    free(P), free(Q), free(tau);
+    free(e), free(l), free(P), free(Q), free(tau);
     return st;
 }

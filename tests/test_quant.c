@@ -215,8 +215,8 @@ static void run_bits(const char *text, int H, int T, int D, double *kb, double *
     fill_normal(L->value, (size_t)H * T * D, 6, 1.0);
     size_t n = (size_t)H * T * D;
     *kq = malloc(n * sizeof(float)), *vq = malloc(n * sizeof(float));
-    double kbits[16] = {0}, vbits[16] = {0};
-    kvq_quant_out out = {.key = *kq, .value = *vq, .k_bits = kbits, .v_bits = vbits};
+    double kbits[16] = {0}, vbits[16] = {0}, sbytes[16] = {0};
+    kvq_quant_out out = {.key = *kq, .value = *vq, .k_bits = kbits, .v_bits = vbits, .static_bytes = sbytes};
     kvq_quant_ctx ctx = {.nthreads = 2};
     ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, L, &out, &err), KVQ_OK);
     double ks = 0, vs = 0;
@@ -262,6 +262,175 @@ START_TEST(bits_by_hand)
     /* absmax: one fp16 scale per group */
     check_bits("absmax:bits=8", 1, 4, 8, 8 + 16 / 8.0, 8 + 16 / 8.0);
     check_bits("absmax:bits=4,group=3", 1, 4, 8, 4 + 3 * 16 / 8.0, 4 + 3 * 16 / 8.0);
+    /* gear, T=16 D=8 H=2, b=2, group 4, rank 1, sparsity 0.25:
+     * K rows (channels, n=16): k=2, 4 outliers per channel at 48 bits;
+     *   codes 2, scales 4 groups·32/16 tokens = 8, outliers 4·48/16 = 12,
+     *   factors 1·(16+8)·16 / 128 = 3  → 25
+     * V rows (tokens, n=8): k=1, 2 outliers per token: 2·48/8 = 12; scales
+     *   2 groups·32/8 = 8; codes 2; factors 3 → 25 */
+    check_bits("gear:bits=2,group=4,rank=1,sparsity=0.25,lowrank=svd", 2, 16, 8, 25.0, 25.0);
+    check_bits("gear:bits=2,group=4,rank=1,sparsity=0.25", 2, 16, 8, 25.0, 25.0);
+    /* span=layer: V rows of H·D = 16: k = 2, 4 outliers per token over the
+     * 2 heads (4·48/16 = 12 per element), groups of 4 along the 16 */
+    check_bits("gear:bits=2,group=4,rank=1,sparsity=0.25,span=layer", 2, 16, 8, 25.0, 25.0);
+    /* kcvt backbone, no outliers, no low rank: kcvt's bits */
+    check_bits("gear:bits=4,backbone=kcvt,rank=0,sparsity=0", 2, 16, 8, 4 + 32 / 16.0, 4 + 32 / 8.0);
+    /* gear-l: rank 2 (T+D = 24 per factor pair): 2·24·16/128 = 6 */
+    check_bits("gear-l:bits=2,group=8,rank=2", 1, 16, 8, 2 + 2 * 32 / 16.0 + 6, 2 + 32 / 8.0 + 6);
+    /* rank clamps to min(T, D) */
+    check_bits("gear-l:bits=2,group=8,rank=99", 1, 16, 8, 2 + 2 * 32 / 16.0 + 8 * 24 * 16 / 128.0,
+               2 + 32 / 8.0 + 8 * 24 * 16 / 128.0);
+    /* lloydmax: b·D + 16 per token */
+    check_bits("lloydmax:bits=3", 2, 10, 8, 3 + 16 / 8.0, 3 + 16 / 8.0);
+    check_bits("lloydmax:bits=1,rotate=hadamard,codebook=gauss", 1, 10, 16, 1 + 1.0, 1 + 1.0);
+}
+END_TEST
+
+/* Quantizes with two specs on the same random layer; returns both outputs. */
+static void run_pair(const char *a, const char *b, int H, int T, int D, float **ka, float **va, float **kb,
+                     float **vb, double bits[4])
+{
+    kvq_layer L, L2;
+    double k1, v1, k2, v2;
+    run_bits(a, H, T, D, &k1, &v1, &L, ka, va);
+    run_bits(b, H, T, D, &k2, &v2, &L2, kb, vb);
+    bits[0] = k1, bits[1] = v1, bits[2] = k2, bits[3] = v2;
+    kvq_layer_free(&L), kvq_layer_free(&L2);
+}
+
+static void expect_same(const char *a, const char *b, int H, int T, int D)
+{
+    float *ka, *va, *kb, *vb;
+    double bits[4];
+    size_t n = (size_t)H * T * D * sizeof(float);
+    run_pair(a, b, H, T, D, &ka, &va, &kb, &vb, bits);
+    ck_assert_msg(!memcmp(ka, kb, n) && !memcmp(va, vb, n), "%s and %s differ", a, b);
+    free(ka), free(va), free(kb), free(vb);
+}
+
+START_TEST(gear_reductions)
+{
+    /* rank 0 and no outliers: the backbone alone */
+    expect_same("gear:bits=2,group=4,rank=0,sparsity=0", "kivi:bits=2,group=4,residual=0", 2, 24, 8);
+    expect_same("gear:bits=3,backbone=kcvt,rank=0,sparsity=0", "kcvt:bits=3", 2, 24, 8);
+    expect_same("gear:bits=2,backbone=kcvt,rank=0,sparsity=0,span=layer", "kcvt:bits=2,span=layer", 2, 24, 8);
+    /* sparsity 0 is gear-l */
+    expect_same("gear:bits=2,group=4,rank=2,sparsity=0,lowrank=svd", "gear-l:bits=2,group=4,rank=2,lowrank=svd", 2, 24, 8);
+    expect_same("gear:bits=2,group=4,rank=2,sparsity=0", "gear-l:bits=2,group=4,rank=2", 2, 24, 8);
+}
+END_TEST
+
+START_TEST(gear_outliers_exact_and_lowrank_helps)
+{
+    int H = 1, T = 32, D = 8;
+    kvq_layer L;
+    float *kq, *vq;
+    double kb, vb;
+    /* rank 0: the k = 2 largest and 2 smallest of each K channel (T = 32,
+     * sparsity 0.125) come back at exactly fp16(x) */
+    run_bits("gear:bits=2,group=8,rank=0,sparsity=0.125", H, T, D, &kb, &vb, &L, &kq, &vq);
+    for (int c = 0; c < D; c++) {
+        int hi1 = 0, lo1 = 0;
+        for (int t = 1; t < T; t++) {
+            if (L.key[t * D + c] > L.key[hi1 * D + c]) hi1 = t;
+            if (L.key[t * D + c] < L.key[lo1 * D + c]) lo1 = t;
+        }
+        ck_assert(kq[hi1 * D + c] == kvq_round_f16(L.key[hi1 * D + c]));
+        ck_assert(kq[lo1 * D + c] == kvq_round_f16(L.key[lo1 * D + c]));
+    }
+    kvq_layer_free(&L), free(kq), free(vq);
+    /* the low-rank part lowers the error of the same backbone + outliers */
+    float *ka, *va, *kb2, *vb2;
+    double bits[4];
+    run_pair("gear:bits=2,group=8,rank=0", "gear:bits=2,group=8,rank=4,lowrank=svd", 2, 64, 16, &ka, &va, &kb2, &vb2, bits);
+    run_bits("per-token", 2, 64, 16, &kb, &vb, &L, &kq, &vq); /* the same random layer */
+    double e0 = 0, e1 = 0;
+    for (size_t i = 0; i < (size_t)2 * 64 * 16; i++)
+        e0 += pow(L.key[i] - ka[i], 2) + pow(L.value[i] - va[i], 2),
+        e1 += pow(L.key[i] - kb2[i], 2) + pow(L.value[i] - vb2[i], 2);
+    ck_assert_msg(e1 < e0, "rank 4: %g, rank 0: %g", e1, e0);
+    ck_assert(bits[2] > bits[0]);
+    kvq_layer_free(&L), free(kq), free(vq), free(ka), free(va), free(kb2), free(vb2);
+}
+END_TEST
+
+START_TEST(lloydmax_structure)
+{
+    /* rotate=none, 1 bit, sphere D=8: x'_c = ±n·level with the sign of x_c
+     * and n = fp16(‖x‖) */
+    int T = 6, D = 8;
+    kvq_layer L;
+    float *kq, *vq;
+    double kb, vb;
+    run_bits("lloydmax:bits=1,rotate=none", 1, T, D, &kb, &vb, &L, &kq, &vq);
+    const kvq_codebook *cb;
+    kvq_error err;
+    ck_assert_int_eq(kvq_codebook_get(KVQ_CB_SPHERE, D, 1, &cb, &err), KVQ_OK);
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int c = 0; c < D; c++) ss += (double)L.key[t * D + c] * L.key[t * D + c];
+        float n = kvq_round_f16((float)sqrt(ss));
+        for (int c = 0; c < D; c++) {
+            float want = n * (L.key[t * D + c] > 0 ? cb->levelf[1] : cb->levelf[0]);
+            ck_assert_msg(kq[t * D + c] == want, "t %d c %d: %g vs %g", t, c, kq[t * D + c], want);
+        }
+    }
+    kvq_layer_free(&L), free(kq), free(vq);
+    /* with a rotation the reconstruction keeps norm n·‖û‖ */
+    run_bits("lloydmax:bits=2,rotate=qr", 1, T, D, &kb, &vb, &L, &kq, &vq);
+    ck_assert_int_eq(kvq_codebook_get(KVQ_CB_SPHERE, D, 2, &cb, &err), KVQ_OK);
+    for (int t = 0; t < T; t++) {
+        double sx = 0, sy = 0;
+        for (int c = 0; c < D; c++) sx += pow(L.value[t * D + c], 2), sy += pow(vq[t * D + c], 2);
+        ck_assert(sy > 0 && sy <= sx * pow(cb->level[3], 2) * D * 1.01); /* |û_c| <= top level */
+    }
+    kvq_layer_free(&L), free(kq), free(vq);
+}
+END_TEST
+
+START_TEST(new_quantizers_thread_invariant)
+{
+    const char *specs[] = {"gear", "gear:lowrank=svd,span=layer", "lloydmax", "lloydmax:rotate=hadamard"};
+    int H = 3, T = 40, D = 16;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvq_spec sp;
+        kvq_error err;
+        kvq_layer L;
+        ck_assert_int_eq(kvq_spec_parse(specs[i], &sp, &err), KVQ_OK);
+        ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, 0, &err), KVQ_OK);
+        size_t n = (size_t)H * T * D;
+        fill_normal(L.key, n, 1, 2.0);
+        fill_normal(L.value, n, 2, 1.0);
+        float *k[2], *v[2];
+        double kb[2][3], vb[2][3], sb[2][3] = {{0}};
+        for (int r = 0; r < 2; r++) {
+            k[r] = malloc(n * sizeof(float)), v[r] = malloc(n * sizeof(float));
+            kvq_quant_out out = {.key = k[r], .value = v[r], .k_bits = kb[r], .v_bits = vb[r], .static_bytes = sb[r]};
+            kvq_quant_ctx ctx = {.nthreads = r + 1, .seed = 3, .layer = 1};
+            ck_assert_msg(kvq_quantize_layer(&sp, &ctx, &L, &out, &err) == KVQ_OK, "%s", err.msg);
+        }
+        ck_assert_msg(!memcmp(k[0], k[1], n * sizeof(float)) && !memcmp(v[0], v[1], n * sizeof(float)), "%s", specs[i]);
+        ck_assert(!memcmp(kb[0], kb[1], sizeof kb[0]) && !memcmp(sb[0], sb[1], sizeof sb[0]));
+        for (int r = 0; r < 2; r++) free(k[r]), free(v[r]);
+        kvq_layer_free(&L);
+    }
+}
+END_TEST
+
+START_TEST(hadamard_needs_power_of_two)
+{
+    kvq_spec sp;
+    kvq_error err;
+    kvq_layer L;
+    ck_assert_int_eq(kvq_spec_parse("lloydmax:rotate=hadamard", &sp, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_layer_alloc(&L, 1, 1, 4, 12, 0, &err), KVQ_OK);
+    float y[48], z[48];
+    double kb[1], vb[1], sb[1] = {0};
+    kvq_quant_out out = {.key = y, .value = z, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = 1};
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "power of two") && strstr(err.msg, "key head 0"), "%s", err.msg);
+    kvq_layer_free(&L);
 }
 END_TEST
 
@@ -320,6 +489,11 @@ int main(void)
     tcase_add_test(tc, registry_defaults_parse);
     tcase_add_test(tc, bits_by_hand);
     tcase_add_test(tc, kivi_structure);
+    tcase_add_test(tc, gear_reductions);
+    tcase_add_test(tc, gear_outliers_exact_and_lowrank_helps);
+    tcase_add_test(tc, lloydmax_structure);
+    tcase_add_test(tc, new_quantizers_thread_invariant);
+    tcase_add_test(tc, hadamard_needs_power_of_two);
     tcase_add_test(tc, span_layer_groups_cross_heads);
     suite_add_tcase(s, tc);
     return run_suite(s);
