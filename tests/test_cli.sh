@@ -139,6 +139,26 @@ expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h
 expect 0 -- "$gen" --outlier-scale 100000 --layers 1 --tokens 40 --head-dim 8 -o "$tmp/huge.h5"
 expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q per-token "$tmp/huge.h5"
 expect 0 -- "$analyze" -q per-token:scale=fp32 "$tmp/huge.h5"
+# --- calibrated quantizers (issue 3)
+calib=$src/data/stories260K-calib.h5
+expect 0 "gear" "gear-l" "cluster" "lloydmax" "[needs --calib]" "codebook=sphere" -- "$analyze" --list-quantizers
+expect 2 "cluster: needs --calib FILE" -- "$analyze" -q cluster "$real"
+expect 2 "lloydmax:codebook=data: needs --calib FILE" -- "$analyze" -q lloydmax:codebook=data "$real"
+expect 2 "gear-l:sparsity=0.1: sparsity: gear-l has no outliers" -- "$analyze" -q gear-l:sparsity=0.1 "$real"
+expect 2 "gear:lowrank=qr: lowrank=qr: expected one of power|svd" -- "$analyze" -q gear:lowrank=qr "$real"
+expect 0 -- "$gen" --layers 1 --tokens 40 --head-dim 12 -o "$tmp/d12.h5"
+expect 2 "d12.h5" "rotate=hadamard: head_dim 12 is not a power of two" -- "$analyze" -q lloydmax:rotate=hadamard "$tmp/d12.h5"
+expect 1 "d12.h5: /num_layers: expected 5 as in" -- "$analyze" -q cluster --calib "$tmp/d12.h5" "$real"
+# default set: without --calib cluster is skipped with a note after the results, with it included
+"$analyze" --per model --format csv "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
+grep -q 'without cluster: needs --calib' "$tmp/def.err" && ! grep -q ',cluster,' "$tmp/def.csv" && grep -q ',gear,' "$tmp/def.csv" \
+    && grep -q ',lloydmax,' "$tmp/def.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set without --calib"; }
+"$analyze" --per model --format csv --calib "$calib" "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
+grep -q ',cluster,' "$tmp/def.csv" && ! [ -s "$tmp/def.err" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set with --calib"; }
+# cluster rows carry static bytes, uniform quantizers none
+awk -F, '$4 == "cluster" && $NF > 0 {c++} $4 == "kivi" && $NF == 0 {k++} END {exit !(c == 1 && k == 1)}' "$tmp/def.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: static_bytes column"; }
+
 # float16 generation and the kvq-info channel CSV
 expect 0 -- "$gen" --dtype float16 --layers 1 --tokens 33 --head-dim 16 -o "$tmp/f16.h5"
 expect 0 "dump,layer,head,tensor,channel,abs_max,abs_mean,rms" -- "$info" --channels "$tmp/f16.h5"
