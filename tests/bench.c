@@ -29,17 +29,19 @@ static void die(const kvq_error *e)
     exit(1);
 }
 
-/* Quantize + reconstruction error of one layer on one thread: best of 3. */
-static double bench_quant(const char *text, const kvq_layer *L, float *kq, float *vq)
+/* Quantize + reconstruction error of one layer on `threads` threads: best
+ * of `reps`; calib: the spec's calibration state (or NULL). */
+static double bench_quant_with(const char *text, const kvq_layer *L, float *kq, float *vq, int threads,
+                               int reps, const void *calib, const kvq_rope *rope)
 {
     kvq_spec sp;
     kvq_error err = {0};
     if (kvq_spec_parse(text, &sp, &err)) die(&err);
-    double kb[64], vb[64], best = 1e30;
+    double kb[64], vb[64], sb[64], best = 1e30;
     size_t hs = (size_t)L->T * L->D;
-    for (int rep = 0; rep < 3; rep++) {
-        kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb};
-        kvq_quant_ctx ctx = {.nthreads = 1};
+    for (int rep = 0; rep < reps; rep++) {
+        kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+        kvq_quant_ctx ctx = {.nthreads = threads, .calib = calib, .rope = rope};
         double t0 = now();
         if (kvq_quantize_layer(&sp, &ctx, L, &out, &err)) die(&err);
         kvq_acc acc = {0};
@@ -51,6 +53,52 @@ static double bench_quant(const char *text, const kvq_layer *L, float *kq, float
         if (dt < best) best = dt;
     }
     return 2.0 * L->H * hs / best;
+}
+
+static double bench_quant(const char *text, const kvq_layer *L, float *kq, float *vq)
+{
+    return bench_quant_with(text, L, kq, vq, 1, 3, NULL, NULL);
+}
+
+/* The error-reduction quantizers: elements/s on all cores, and cluster's
+ * calibration on a second Llama-shaped dump (one layer). */
+static void bench_error_reduction(const char *dir, kvq_dump *d, const kvq_layer *L, float *kq, float *vq)
+{
+    char path[1024];
+    kvq_error err = {0};
+    snprintf(path, sizeof path, "%s/bench-llama3-8b-calib.h5", dir);
+    if (access(path, R_OK) != 0) {
+        kvq_gen_opts o;
+        kvq_gen_defaults(&o);
+        o.num_layers = 1, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
+        o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16, o.seed = 1;
+        if (kvq_gen_write(path, &o, &err)) die(&err);
+    }
+    int nt = omp_get_num_procs();
+    const char *specs[] = {"gear:bits=2,lowrank=power", "gear:bits=2,lowrank=svd", "gear-l:bits=2",
+                           "gear:bits=4,backbone=kcvt", "lloydmax:bits=2,rotate=qr", "lloydmax:bits=2,rotate=hadamard",
+                           "lloydmax:bits=4,rotate=qr"};
+    printf("\nerror-reduction quantizers, quantize + reconstruction error, %d cores (codebooks cached first):\n", nt);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        bench_quant_with(specs[i], L, kq, vq, nt, 1, NULL, NULL); /* warm: codebook */
+        printf("  %-40s %8.1f M elements/s\n", specs[i], bench_quant_with(specs[i], L, kq, vq, nt, 2, NULL, NULL) / 1e6);
+    }
+    kvq_calib *c;
+    kvq_rope rope;
+    if (kvq_calib_open(path, &c, &err) || kvq_dump_read_rope(d, &rope, &err)) die(&err);
+    const char *cl[] = {"cluster:centroids=16", "cluster:centroids=64"};
+    for (int i = 0; i < 2; i++) {
+        kvq_spec sp;
+        const void *state;
+        if (kvq_spec_parse(cl[i], &sp, &err)) die(&err);
+        double t0 = now();
+        if (kvq_calib_state(c, &sp, 0, 0, nt, &state, &err)) die(&err);
+        double tc = now() - t0;
+        printf("  %-40s calibration (k-means of 8 heads x K/V, 4096 tokens) %.2f s; application %8.1f M elements/s\n",
+               cl[i], tc, bench_quant_with(cl[i], L, kq, vq, nt, 2, state, &rope) / 1e6);
+    }
+    kvq_rope_free(&rope);
+    kvq_calib_close(c);
 }
 
 int main(int argc, char **argv)
@@ -77,10 +125,10 @@ int main(int argc, char **argv)
 
     kvq_layer L;
     double t0 = now();
-    if (kvq_dump_read_layer(d, 0, KVQ_READ_QUERY, &L, &err)) die(&err);
+    if (kvq_dump_read_layer(d, 0, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &L, &err)) die(&err);
     double tread = now() - t0;
-    size_t nel = (size_t)L.H * L.T * L.D * 2 + (size_t)L.Hq * L.T * L.D;
-    printf("read layer 0 (float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread, nel / tread / 1e6);
+    size_t nel = (size_t)L.H * L.T * L.D * 3 + (size_t)L.Hq * L.T * L.D;
+    printf("read layer 0 (K, V, Q, pre-RoPE K; float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread, nel / tread / 1e6);
 
     size_t n = (size_t)L.H * L.T * L.D;
     float *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
@@ -104,6 +152,7 @@ int main(int argc, char **argv)
         if (kvq_quantize_layer(&sp, &ctx, &L, &out, &err)) die(&err);
     }
     int G = L.Hq / L.H, T = L.T, D = L.D;
+    bench_error_reduction(dir, d, &L, kq, vq);
     const int rows_list[] = {64, 512};
     printf("\nattention metrics, one core, %d quantizers (target >= 60%% of sgemm on the same shapes):\n", nq);
     for (int ri = 0; ri < 2; ri++) {
