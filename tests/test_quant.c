@@ -308,6 +308,50 @@ static void expect_same(const char *a, const char *b, int H, int T, int D)
     free(ka), free(va), free(kb), free(vb);
 }
 
+/* The outlier rule by brute force: pick the best remaining k times. */
+static void outliers_ref(const float *row, int n, int k, unsigned char *sel)
+{
+    memset(sel, 0, (size_t)n);
+    for (int pass = 0; pass < 2; pass++)
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int i = 0; i < n; i++) {
+                if (sel[i]) continue;
+                if (best < 0 || (pass == 0 ? row[i] > row[best] : row[i] < row[best])) best = i;
+            }
+            sel[best] = 1;
+        }
+}
+
+START_TEST(gear_outlier_rule)
+{
+    enum { N = 300 };
+    float row[N], work[N];
+    unsigned char sel[N], ref[N];
+    kvq_ranked r[N];
+    kvq_rng g;
+    kvq_rng_init(&g, 1, 2, 3, 4);
+    const int ks[] = {1, 2, 5, 64, 65, 100, 150};
+    for (int trial = 0; trial < 4; trial++)
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            int n = trial == 3 ? 7 : N, k = ks[ki] > n / 2 ? n / 2 : ks[ki];
+            /* trial 0: distinct values; 1: many ties; 2: constant; 3: short row */
+            for (int i = 0; i < n; i++)
+                row[i] = trial == 0 ? (float)kvq_rng_normal(&g) : trial == 1 ? (float)kvq_rng_below(&g, 3) - 1.0f
+                         : trial == 2 ? 0.5f : (float)kvq_rng_below(&g, 2);
+            memcpy(work, row, sizeof row);
+            kvq_gear_row_outliers(row, work, sel, n, k, r);
+            outliers_ref(row, n, k, ref);
+            ck_assert_msg(!memcmp(sel, ref, (size_t)n), "trial %d k %d", trial, k);
+            int cnt = 0;
+            double mean = 0;
+            for (int i = 0; i < n; i++) cnt += sel[i], mean += row[i];
+            ck_assert_int_eq(cnt, 2 * k);
+            for (int i = 0; i < n; i++) ck_assert(work[i] == (sel[i] ? (float)(mean / n) : row[i]));
+        }
+}
+END_TEST
+
 START_TEST(gear_reductions)
 {
     /* rank 0 and no outliers: the backbone alone */
@@ -489,6 +533,7 @@ int main(void)
     tcase_add_test(tc, registry_defaults_parse);
     tcase_add_test(tc, bits_by_hand);
     tcase_add_test(tc, kivi_structure);
+    tcase_add_test(tc, gear_outlier_rule);
     tcase_add_test(tc, gear_reductions);
     tcase_add_test(tc, gear_outliers_exact_and_lowrank_helps);
     tcase_add_test(tc, lloydmax_structure);

@@ -55,40 +55,64 @@ static kvq_status gear_l_check(const kvq_spec *sp, kvq_error *err)
 
 /* ------------------------------------------------------------ outliers */
 
-typedef struct {
-    float v;
-    int i;
-} ranked;
 
 static int cmp_ranked(const void *a, const void *b)
 {
-    const ranked *x = a, *y = b;
+    const kvq_ranked *x = a, *y = b;
     if (x->v != y->v) return x->v < y->v ? -1 : 1;
     return (x->i > y->i) - (x->i < y->i);
 }
 
+/* The k best of row (largest or smallest) not in skip, best first, into
+ * idx: one pass keeping a sorted list of k, O(n) when few values beat the
+ * k-th (the usual case for small k).  Indices arrive in increasing order, so
+ * an equal value never displaces a kept one: ties go to the lower index. */
+static void top_k_scan(const float *row, int n, int k, int largest, const unsigned char *skip, float *val,
+                       int *idx)
+{
+    int cnt = 0;
+    for (int i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        float v = row[i];
+        if (cnt == k && !(largest ? v > val[k - 1] : v < val[k - 1])) continue;
+        int p = cnt < k ? cnt++ : k - 1;
+        while (p > 0 && (largest ? v > val[p - 1] : v < val[p - 1])) val[p] = val[p - 1], idx[p] = idx[p - 1], p--;
+        val[p] = v, idx[p] = i;
+    }
+}
+
 /* Row row[0..n): marks the k largest values, then the k smallest of the
  * rest (ties: lower index first) in sel, and replaces them by the row mean
- * in work (a copy of row).  work_r: n scratch entries. */
-static void row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, ranked *r)
+ * in work (a copy of row).  r: n scratch entries. */
+void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, kvq_ranked *r)
 {
     memset(sel, 0, (size_t)n);
     if (k <= 0) return;
     double sum = 0.0;
-    for (int i = 0; i < n; i++) r[i].v = row[i], r[i].i = i, sum += row[i];
+    for (int i = 0; i < n; i++) sum += row[i];
     float mean = (float)(sum / n);
-    qsort(r, (size_t)n, sizeof *r, cmp_ranked); /* ascending value, then index */
-    /* largest k: everything above the k-th largest value, then the lowest
-     * indices of the run equal to it */
-    float vk = r[n - k].v;
-    int p = n - k, q = n - k;
-    while (p > 0 && r[p - 1].v == vk) p--;
-    while (q < n && r[q].v == vk) q++;
-    for (int j = q; j < n; j++) sel[r[j].i] = 1;
-    for (int j = p; j < p + (k - (n - q)); j++) sel[r[j].i] = 1;
-    /* smallest k of the rest: ascending order already breaks ties by index */
-    for (int j = 0, taken = 0; j < n && taken < k; j++)
-        if (!sel[r[j].i]) sel[r[j].i] = 1, taken++;
+    if (k <= 64) { /* scans; r doubles as the value/index lists */
+        float *val = (float *)r;
+        int *idx = (int *)(r + k);
+        top_k_scan(row, n, k, 1, NULL, val, idx);
+        for (int j = 0; j < k; j++) sel[idx[j]] = 1;
+        top_k_scan(row, n, k, 0, sel, val, idx);
+        for (int j = 0; j < k; j++) sel[idx[j]] = 1;
+    } else {
+        for (int i = 0; i < n; i++) r[i].v = row[i], r[i].i = i;
+        qsort(r, (size_t)n, sizeof *r, cmp_ranked); /* ascending value, then index */
+        /* largest k: everything above the k-th largest value, then the lowest
+         * indices of the run equal to it */
+        float vk = r[n - k].v;
+        int p = n - k, q = n - k;
+        while (p > 0 && r[p - 1].v == vk) p--;
+        while (q < n && r[q].v == vk) q++;
+        for (int j = q; j < n; j++) sel[r[j].i] = 1;
+        for (int j = p; j < p + (k - (n - q)); j++) sel[r[j].i] = 1;
+        /* smallest k of the rest: ascending order already breaks ties by index */
+        for (int j = 0, taken = 0; j < n && taken < k; j++)
+            if (!sel[r[j].i]) sel[r[j].i] = 1, taken++;
+    }
     for (int i = 0; i < n; i++)
         if (sel[i]) work[i] = mean;
 }
@@ -116,7 +140,7 @@ static kvq_status head_outliers(gear_job *j, int h)
     if (k <= 0) return KVQ_OK;
     float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
     unsigned char *sel = malloc((size_t)n);
-    ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    kvq_ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
     kvq_status st = KVQ_OK;
     if (!row || !work || !sel || !r) st = KVQ_ERR_NOMEM;
     int nrows = j->tensor == 0 ? D : T;
@@ -125,7 +149,7 @@ static kvq_status head_outliers(gear_job *j, int h)
         size_t base = j->tensor == 0 ? off + (size_t)rw : off + (size_t)rw * D;
         size_t stride = j->tensor == 0 ? (size_t)D : 1;
         for (int e = 0; e < n; e++) row[e] = work[e] = j->x[base + e * stride];
-        row_outliers(row, work, sel, n, k, r);
+        kvq_gear_row_outliers(row, work, sel, n, k, r);
         for (int e = 0; e < n; e++) j->w[base + e * stride] = work[e], j->mask[base + e * stride] = sel[e];
     }
     free(row), free(work), free(sel), free(r);
@@ -140,11 +164,11 @@ static kvq_status layer_outliers(gear_job *j)
     if (k <= 0) return KVQ_OK;
     float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
     unsigned char *sel = malloc((size_t)n);
-    ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    kvq_ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
     kvq_status st = row && work && sel && r ? KVQ_OK : KVQ_ERR_NOMEM;
     for (int t = 0; t < T && !st; t++) {
         for (int e = 0; e < n; e++) row[e] = work[e] = j->x[((size_t)(e / D) * T + t) * D + e % D];
-        row_outliers(row, work, sel, n, k, r);
+        kvq_gear_row_outliers(row, work, sel, n, k, r);
         for (int e = 0; e < n; e++) {
             size_t at = ((size_t)(e / D) * T + t) * D + e % D;
             j->w[at] = work[e], j->mask[at] = sel[e];

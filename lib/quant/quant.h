@@ -47,6 +47,15 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1);
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
 
+/* GEAR's outliers of one row (SPEC §3.1): sel[i] = 1 for the k largest
+ * values, then the k smallest of the rest (ties: lower index first); those
+ * positions of work (a copy of row) become the row mean.  r: n scratch. */
+typedef struct kvq_ranked {
+    float v;
+    int i;
+} kvq_ranked;
+void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, kvq_ranked *r);
+
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);
