@@ -110,8 +110,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     double **sb = calloc((size_t)ns + 1, sizeof *sb);
     kvq_layer L = {0};
-    kvq_rope rope = {0};
-    int have_rope = 0;
+    kvq_rope rope = {0}; /* rope.cos != NULL: the dump's RoPE was read */
     unsigned flags = KVQ_READ_QUERY;
     size_t bytes;
     if (!out->acc || !kq || !vq || !kb || !vb || !sb || !hst || !herr) {
@@ -144,7 +143,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
     }
     /* quantizers that read pre-RoPE keys may re-apply RoPE: give them the
      * dump's RoPE if it has one (they report its absence if they need it) */
-    if ((flags & KVQ_READ_KEY_PRE_ROPE) && !kvq_dump_read_rope(d, &rope, NULL)) have_rope = 1;
+    if (flags & KVQ_READ_KEY_PRE_ROPE) kvq_dump_read_rope(d, &rope, NULL);
 
     int nt = kvq_threads(o->nthreads);
     openblas_set_num_threads(1); /* parallelism is ours, over heads */
@@ -153,7 +152,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
         if ((st = kvq_dump_read_layer(d, layer, flags, &L, err))) goto done;
         for (int s = 0; s < ns; s++) {
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = o->seed, .nthreads = nt,
-                                 .rope = have_rope ? &rope : NULL};
+                                 .rope = rope.cos ? &rope : NULL};
             kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
                                 .static_bytes = sb[s]};
             memset(kb[s], 0, (size_t)H * sizeof(double));

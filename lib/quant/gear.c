@@ -131,46 +131,33 @@ typedef struct {
     int bad_head;   /* out: the first failing head */
 } gear_job;
 
-/* Step 1 for the rows of head h (K: channels; V span=head: tokens). */
-static kvq_status head_outliers(gear_job *j, int h)
+/* Where element e of row rw lies in [H][T][D]: for head h, a K row is
+ * channel rw over the tokens e, a V row token rw over the channels e; with
+ * h < 0 (V, span=layer) a row is token rw over all heads, e = head·D + channel. */
+static size_t row_elem(const gear_job *j, int h, int rw, int e)
 {
-    int T = j->T, D = j->D, n = j->tensor == 0 ? T : D;
-    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0);
+    size_t T = (size_t)j->T, D = (size_t)j->D;
+    if (h < 0) return ((size_t)e / D * T + (size_t)rw) * D + (size_t)e % D;
     size_t off = (size_t)h * T * D;
-    if (k <= 0) return KVQ_OK;
-    float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
-    unsigned char *sel = malloc((size_t)n);
-    kvq_ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
-    kvq_status st = KVQ_OK;
-    if (!row || !work || !sel || !r) st = KVQ_ERR_NOMEM;
-    int nrows = j->tensor == 0 ? D : T;
-    for (int rw = 0; rw < nrows && !st; rw++) {
-        /* element e of row rw: K (channel rw, token e), V (token rw, channel e) */
-        size_t base = j->tensor == 0 ? off + (size_t)rw : off + (size_t)rw * D;
-        size_t stride = j->tensor == 0 ? (size_t)D : 1;
-        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[base + e * stride];
-        kvq_gear_row_outliers(row, work, sel, n, k, r);
-        for (int e = 0; e < n; e++) j->w[base + e * stride] = work[e], j->mask[base + e * stride] = sel[e];
-    }
-    free(row), free(work), free(sel), free(r);
-    return st;
+    return j->tensor == 0 ? off + (size_t)e * D + (size_t)rw : off + (size_t)rw * D + (size_t)e;
 }
 
-/* Step 1 for V with span=layer: token rows across the heads. */
-static kvq_status layer_outliers(gear_job *j)
+/* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer). */
+static kvq_status mark_outliers(gear_job *j, int h)
 {
-    int H = j->H, T = j->T, D = j->D, n = H * D;
+    int by_token = h < 0 || j->tensor == 1;
+    int n = h < 0 ? j->H * j->D : (by_token ? j->D : j->T), nrows = by_token ? j->T : j->D;
     int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0);
     if (k <= 0) return KVQ_OK;
     float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
     unsigned char *sel = malloc((size_t)n);
     kvq_ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
     kvq_status st = row && work && sel && r ? KVQ_OK : KVQ_ERR_NOMEM;
-    for (int t = 0; t < T && !st; t++) {
-        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[((size_t)(e / D) * T + t) * D + e % D];
+    for (int rw = 0; rw < nrows && !st; rw++) {
+        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[row_elem(j, h, rw, e)];
         kvq_gear_row_outliers(row, work, sel, n, k, r);
         for (int e = 0; e < n; e++) {
-            size_t at = ((size_t)(e / D) * T + t) * D + e % D;
+            size_t at = row_elem(j, h, rw, e);
             j->w[at] = work[e], j->mask[at] = sel[e];
         }
     }
@@ -246,7 +233,7 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
     kvq_status st = KVQ_OK;
     if (layer_span) {
         int kcvt = (int)j->sp->val[G_BACKBONE] == BACKBONE_KCVT;
-        st = layer_outliers(j);
+        st = mark_outliers(j, -1);
         if (!st)
             st = kvq_quant_layer_per_token_span(j->w, j->y, H, j->T, j->D, 0, j->T, (int)j->sp->val[G_BITS],
                                                 kcvt ? H * j->D : (int)j->sp->val[G_GROUP], KVQ_SCALE_FP16, j->bits);
@@ -255,7 +242,7 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
     for (int h = 0; h < H; h++) {
         if (st) continue;
         kvq_status s = KVQ_OK;
-        if (!layer_span && !(s = head_outliers(j, h))) s = head_backbone(j, h);
+        if (!layer_span && !(s = mark_outliers(j, h))) s = head_backbone(j, h);
         if (!s) s = head_finish(j, h, &errs[h]);
         sts[h] = s;
     }

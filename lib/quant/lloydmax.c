@@ -20,6 +20,14 @@ static const kvq_param lloydmax_params[] = {
                      .help = "levels for a unit-sphere coordinate, N(0,1/D), or fitted on --calib"},
 };
 
+/* The stored norm of one vector: fp16(‖x‖), sum of squares in double. */
+static float stored_norm(const float *x, int D)
+{
+    double ss = 0.0;
+    for (int c = 0; c < D; c++) ss += (double)x[c] * x[c];
+    return kvq_round_f16((float)sqrt(ss));
+}
+
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err)
 {
@@ -27,11 +35,8 @@ kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_r
     kvq_status st = kvq_rotation_apply(rot, x, work, (size_t)T, 0, err);
     if (st) return st;
     for (int t = 0; t < T; t++) {
-        const float *xt = x + (size_t)t * D;
         float *ut = work + (size_t)t * D;
-        double ss = 0.0;
-        for (int c = 0; c < D; c++) ss += (double)xt[c] * xt[c];
-        float n = kvq_round_f16((float)sqrt(ss)); /* the stored norm */
+        float n = stored_norm(x + (size_t)t * D, D);
         if (!isfinite(n)) return KVQ_ERR_NUMERIC;
         norm[t] = n;
         if (n == 0.0f) { /* x' = 0 */
@@ -126,9 +131,7 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
         kvq_rotation_free(&rot);
         size_t m = 0;
         for (int t = 0; t < T && !st; t++) {
-            double ss = 0.0;
-            for (int c = 0; c < D; c++) ss += (double)x[(size_t)t * D + c] * x[(size_t)t * D + c];
-            float n = kvq_round_f16((float)sqrt(ss));
+            float n = stored_norm(x + (size_t)t * D, D);
             if (n == 0.0f || !isfinite(n)) continue;
             for (int c = 0; c < D; c++) u[m++] = u[(size_t)t * D + c] / n; /* m <= t·D + c: in place */
         }
