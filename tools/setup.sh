@@ -2,7 +2,7 @@
 # setup.sh — kvq's one-command set-up on Debian/Ubuntu: installs the missing
 # build dependencies (apt-get, when root; sudo otherwise), configures and
 # builds with meson, then
-#   tools/setup.sh demo   runs kvq-analyze on the bundled real dump
+#   tools/setup.sh demo   runs kvq-analyze on the bundled real dump (every family, calibrated on the second dump)
 #   tools/setup.sh test   runs every test suite, in a normal build and in an
 #                         AddressSanitizer + UndefinedBehaviorSanitizer build
 #   tools/setup.sh build  only builds (into build/)
@@ -41,7 +41,7 @@ configure() { # dir, extra meson options...
 configure build -Dtests=enabled
 case "$what" in
 demo)
-    exec build/tools/kvq-analyze --per model --format table data/stories260K.h5
+    exec build/tools/kvq-analyze --per model --format table --calib data/stories260K-calib.h5 data/stories260K.h5
     ;;
 test)
     meson test -C build --print-errorlogs
