@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdint.h>
 #include <string.h>
 
 int kvq_threads(int requested)
@@ -47,11 +48,130 @@ void kvq_analysis_free(kvq_analysis *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Reconstruction and attention sums of KV head h for every quantizer. */
-static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h, int nspecs,
-                               float *const *kq, float *const *vq, double *const *kbits,
-                               double *const *vbits, double *const *sbytes, const int *pos,
-                               size_t npos, kvq_acc *acc, kvq_error *err)
+/* What does not depend on the quantizer: the selection, the query positions,
+ * the RoPE, and (cached mode) the selected layers and each head's exact
+ * attention.  Streamed mode (layers == NULL) reads each layer per analysis. */
+struct kvq_prepared {
+    kvq_dump *d;
+    const kvq_dump_info *info;
+    const char *path;
+    int nl, nh, *layers, *heads;
+    int *pos;
+    size_t npos;
+    uint64_t seed;
+    unsigned flags; /* tensors read besides K, V */
+    kvq_rope rope;  /* rope.cos != NULL: the dump's RoPE was read */
+    kvq_layer *L;   /* [nl] cached layers without `query`, or NULL */
+    kvq_attn_ref **ref; /* [nl][nh] when cached and the dump has queries */
+};
+
+void kvq_prepared_free(kvq_prepared *p)
+{
+    if (!p) return;
+    for (int li = 0; p->L && li < p->nl; li++) kvq_layer_free(&p->L[li]);
+    for (size_t i = 0; p->ref && i < (size_t)p->nl * p->nh; i++) kvq_attn_ref_free(p->ref[i]);
+    free(p->L), free(p->ref), free(p->layers), free(p->heads), free(p->pos);
+    kvq_rope_free(&p->rope);
+    free(p);
+}
+
+/* Selection, positions and RoPE (no tensors yet). */
+static kvq_status prepare_common(kvq_dump *d, const kvq_analysis_opts *o, unsigned flags,
+                                 kvq_prepared **out, kvq_error *err)
+{
+    kvq_prepared *p = calloc(1, sizeof *p);
+    *out = NULL;
+    if (!p) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    p->d = d, p->info = kvq_dump_get_info(d), p->path = kvq_dump_path(d);
+    p->seed = o->seed, p->flags = flags;
+    kvq_status st;
+    if ((st = pick(p->path, "layer", o->layers, o->nlayers, p->info->num_layers, &p->layers, &p->nl, err)) ||
+        (st = pick(p->path, "KV head", o->heads, o->nheads, p->info->num_kv_heads, &p->heads, &p->nh, err)) ||
+        (p->info->has_query &&
+         (st = kvq_query_positions(&o->queries, p->info->seq_len, o->seed, &p->pos, &p->npos, err)))) {
+        kvq_prepared_free(p);
+        return st;
+    }
+    /* quantizers that read pre-RoPE keys may re-apply RoPE: give them the
+     * dump's RoPE if it has one (they report its absence if they need it) */
+    if (flags & KVQ_READ_KEY_PRE_ROPE) kvq_dump_read_rope(d, &p->rope, NULL);
+    *out = p;
+    return KVQ_OK;
+}
+
+kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned flags, size_t *bytes,
+                             kvq_error *err)
+{
+    kvq_prepared *p;
+    kvq_status st = prepare_common(d, o, flags, &p, err);
+    if (st) return st;
+    const kvq_dump_info *info = p->info;
+    size_t layer = 0, tensors = 2 + ((flags & KVQ_READ_KEY_PRE_ROPE) && info->has_key_pre_rope);
+    double total = 0; /* in double: a huge dump must not wrap around */
+    if (!kvq_tensor_bytes((size_t)info->num_kv_heads, (size_t)info->seq_len, (size_t)info->head_dim, &layer))
+        total = 1e30;
+    total += (double)p->nl * tensors * layer;
+    if (info->has_query)
+        total += (double)p->nl * p->nh *
+                 kvq_attn_ref_bytes(info->num_heads / info->num_kv_heads, info->seq_len, info->head_dim, p->pos, p->npos);
+    *bytes = total >= (double)SIZE_MAX ? SIZE_MAX : (size_t)total;
+    kvq_prepared_free(p);
+    return KVQ_OK;
+}
+
+kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned flags,
+                            kvq_prepared **out, kvq_error *err)
+{
+    kvq_prepared *p;
+    kvq_status st = prepare_common(d, o, flags, &p, err);
+    if (st) return st;
+    const kvq_dump_info *info = p->info;
+    int nl = p->nl, nh = p->nh, nt = kvq_threads(o->nthreads);
+    kvq_status *hst = calloc((size_t)nh, sizeof *hst);
+    kvq_error *herr = calloc((size_t)nh, sizeof *herr);
+    p->L = calloc((size_t)nl, sizeof *p->L);
+    p->ref = calloc((size_t)nl * nh + 1, sizeof *p->ref);
+    if (!hst || !herr || !p->L || !p->ref) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p->path);
+        goto done;
+    }
+    openblas_set_num_threads(1); /* parallelism is ours, over heads */
+    for (int li = 0; li < nl && !st; li++) {
+        kvq_layer *L = &p->L[li];
+        if ((st = kvq_dump_read_layer(d, p->layers[li], flags | KVQ_READ_QUERY, L, err))) break;
+        if (L->query) {
+            int G = L->Hq / L->H;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+            for (int hi = 0; hi < nh; hi++) {
+                int h = p->heads[hi];
+                size_t off = (size_t)h * L->T * L->D;
+                hst[hi] = kvq_attn_ref_new(L->query + (size_t)h * G * L->T * L->D, G, L->key + off,
+                                           L->value + off, L->T, L->D, info->query_prescaled, p->pos,
+                                           p->npos, &p->ref[(size_t)li * nh + hi], &herr[hi]);
+            }
+            for (int hi = 0; hi < nh && !st; hi++)
+                if (hst[hi]) st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", p->path, p->layers[li], herr[hi].msg);
+            free(L->query); /* the references hold the query rows they need */
+            L->query = NULL;
+        }
+    }
+done:
+    free(hst), free(herr);
+    if (st) {
+        kvq_prepared_free(p);
+        return st;
+    }
+    *out = p;
+    return KVQ_OK;
+}
+
+/* Reconstruction and attention sums of the hi-th selected head for every
+ * quantizer; ref: its cached exact attention, else computed from L->query. */
+static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h,
+                               const kvq_attn_ref *ref, int nspecs, float *const *kq,
+                               float *const *vq, double *const *kbits, double *const *vbits,
+                               double *const *sbytes, const int *pos, size_t npos, kvq_acc *acc,
+                               kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
@@ -62,7 +182,7 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         acc[s].v.bits += vbits[s][h];
         acc[s].static_bytes += sbytes[s][h];
     }
-    if (!L->query) return KVQ_OK;
+    if (!L->query && !ref) return KVQ_OK;
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);
     const float **Vh = kvq_alloc_array((size_t)nspecs, sizeof *Vh);
@@ -73,8 +193,11 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
     } else {
         for (int s = 0; s < nspecs; s++) Kh[s] = kq[s] + off, Vh[s] = vq[s] + off;
         /* query heads h*G .. h*G+G-1 read KV head h */
-        st = kvq_attention_head(L->query + (size_t)h * G * L->T * L->D, G, K, V, L->T, L->D,
-                                info->query_prescaled, pos, npos, nspecs, Kh, Vh, aa, err);
+        if (ref)
+            st = kvq_attn_ref_compare(ref, nspecs, Kh, Vh, aa, err);
+        else
+            st = kvq_attention_head(L->query + (size_t)h * G * L->T * L->D, G, K, V, L->T, L->D,
+                                    info->query_prescaled, pos, npos, nspecs, Kh, Vh, aa, err);
         for (int s = 0; s < nspecs && !st; s++) {
             acc[s].has_attn = 1;
             kvq_acc tmp = {.has_attn = 1, .attn = aa[s]};
@@ -85,38 +208,34 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
     return st;
 }
 
-kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysis *out,
-                            kvq_error *err)
+/* The analysis proper, over a prepared dump (cached or streamed). */
+static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
+                               kvq_error *err)
 {
-    const kvq_dump_info *info = kvq_dump_get_info(d);
-    const char *path = kvq_dump_path(d);
-    kvq_status st;
+    const kvq_dump_info *info = p->info;
+    const char *path = p->path;
+    kvq_status st = KVQ_OK;
     memset(out, 0, sizeof *out);
-    if ((st = pick(path, "layer", o->layers, o->nlayers, info->num_layers, &out->layers, &out->nlayers, err)) ||
-        (st = pick(path, "KV head", o->heads, o->nheads, info->num_kv_heads, &out->heads, &out->nheads, err))) {
-        kvq_analysis_free(out);
-        return st;
-    }
-    int ns = out->nspecs = o->nspecs, nl = out->nlayers, nh = out->nheads, H = info->num_kv_heads;
+    int ns = out->nspecs = o->nspecs, nl = out->nlayers = p->nl, nh = out->nheads = p->nh;
+    int H = info->num_kv_heads;
     out->has_attn = info->has_query;
     size_t nacc = (size_t)nl * nh * ns;
     out->acc = calloc(nacc ? nacc : 1, sizeof *out->acc);
-
-    int *pos = NULL;
-    size_t npos = 0;
+    out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
+    out->heads = kvq_alloc_array((size_t)nh, sizeof *out->heads);
     float **kq = calloc((size_t)ns + 1, sizeof *kq), **vq = calloc((size_t)ns + 1, sizeof *vq);
     double **kb = calloc((size_t)ns + 1, sizeof *kb), **vb = calloc((size_t)ns + 1, sizeof *vb);
+    double **sb = calloc((size_t)ns + 1, sizeof *sb);
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
-    double **sb = calloc((size_t)ns + 1, sizeof *sb);
-    kvq_layer L = {0};
-    kvq_rope rope = {0}; /* rope.cos != NULL: the dump's RoPE was read */
-    unsigned flags = KVQ_READ_QUERY;
+    kvq_layer read = {0};
     size_t bytes;
-    if (!out->acc || !kq || !vq || !kb || !vb || !sb || !hst || !herr) {
+    if (!out->acc || !out->layers || !out->heads || !kq || !vq || !kb || !vb || !sb || !hst || !herr) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
+    memcpy(out->layers, p->layers, (size_t)nl * sizeof *out->layers);
+    memcpy(out->heads, p->heads, (size_t)nh * sizeof *out->heads);
     if (!kvq_tensor_bytes((size_t)H, (size_t)info->seq_len, (size_t)info->head_dim, &bytes)) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: layer size overflows", path);
         goto done;
@@ -130,10 +249,13 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
             goto done;
         }
     }
-    if (info->has_query && (st = kvq_query_positions(&o->queries, info->seq_len, o->seed, &pos, &npos, err)))
-        goto done;
     for (int s = 0; s < ns; s++) {
-        flags |= o->specs[s].q->read_flags;
+        unsigned missing = o->specs[s].q->read_flags & ~p->flags;
+        if (missing) {
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads pre-RoPE keys, but the dump was prepared without them",
+                          path, o->specs[s].text);
+            goto done;
+        }
         if (!kvq_spec_needs_calib(&o->specs[s])) continue;
         if (!o->calib) {
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)", o->specs[s].text);
@@ -141,26 +263,24 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
         }
         if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;
     }
-    /* quantizers that read pre-RoPE keys may re-apply RoPE: give them the
-     * dump's RoPE if it has one (they report its absence if they need it) */
-    if (flags & KVQ_READ_KEY_PRE_ROPE) kvq_dump_read_rope(d, &rope, NULL);
 
     int nt = kvq_threads(o->nthreads);
     openblas_set_num_threads(1); /* parallelism is ours, over heads */
     for (int li = 0; li < nl; li++) {
-        int layer = out->layers[li];
-        if ((st = kvq_dump_read_layer(d, layer, flags, &L, err))) goto done;
+        int layer = p->layers[li];
+        const kvq_layer *L = p->L ? &p->L[li] : &read;
+        if (!p->L && (st = kvq_dump_read_layer(p->d, layer, p->flags | KVQ_READ_QUERY, &read, err))) goto done;
         for (int s = 0; s < ns; s++) {
-            kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = o->seed, .nthreads = nt,
-                                 .rope = rope.cos ? &rope : NULL};
+            kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
+                                 .rope = p->rope.cos ? &p->rope : NULL};
             kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
                                 .static_bytes = sb[s]};
             memset(kb[s], 0, (size_t)H * sizeof(double));
             memset(vb[s], 0, (size_t)H * sizeof(double));
             memset(sb[s], 0, (size_t)H * sizeof(double));
-            if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, o->seed, nt, &ctx.calib, err)))
+            if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
-            if ((st = kvq_quantize_layer(&o->specs[s], &ctx, &L, &qo, err))) {
+            if ((st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err))) {
                 char msg[sizeof err->msg];
                 snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
                 st = kvq_fail(err, st, "%s: %s", path, msg);
@@ -169,21 +289,41 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
         }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
-            hst[hi] = head_metrics(&L, info, out->heads[hi], ns, kq, vq, kb, vb, sb, pos, npos,
+            hst[hi] = head_metrics(L, info, p->heads[hi], p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
+                                   ns, kq, vq, kb, vb, sb, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
                 st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", path, layer, herr[hi].msg);
                 goto done;
             }
-        kvq_layer_free(&L);
+        kvq_layer_free(&read);
     }
 done:
-    kvq_layer_free(&L);
-    kvq_rope_free(&rope);
+    kvq_layer_free(&read);
     for (int s = 0; s < ns && kq && vq && kb && vb && sb; s++)
         free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]);
-    free(kq), free(vq), free(kb), free(vb), free(sb), free(hst), free(herr), free(pos);
+    free(kq), free(vq), free(kb), free(vb), free(sb), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
+    return st;
+}
+
+kvq_status kvq_analyze_prepared(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
+                                kvq_error *err)
+{
+    return analyze_core(p, o, out, err);
+}
+
+kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysis *out,
+                            kvq_error *err)
+{
+    unsigned flags = 0;
+    for (int s = 0; s < o->nspecs; s++) flags |= o->specs[s].q->read_flags;
+    kvq_prepared *p;
+    memset(out, 0, sizeof *out);
+    kvq_status st = prepare_common(d, o, flags, &p, err);
+    if (st) return st;
+    st = analyze_core(p, o, out, err);
+    kvq_prepared_free(p);
     return st;
 }

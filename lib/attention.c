@@ -5,6 +5,8 @@
  * kvq_attention_head: the score and output products go through cblas_sgemm
  * in chunks of query rows (memory bounded by chunk × T), and the exact side
  * is computed once per chunk for all quantizers.
+ * kvq_attn_ref: the exact side of a head kept in memory (same chunks), so
+ * that sweeps compare any number of later quantizers against it.
  * kvq_attention_head_ref: the definition, with plain loops, used by tests. */
 #include "internal.h"
 
@@ -72,7 +74,100 @@ static double kl_row(const float *a, const float *s, row_stats rs, const float *
     return kl;
 }
 
-enum { W_QC, W_S, W_A, W_O, W_SQ, W_AQ, W_OV, W_OJ, W_COUNT };
+/* Rows per chunk: keep each score matrix near 1 M floats.  The cached and
+ * the streamed paths use the same chunks, so their sums are identical. */
+static size_t chunk_rows(int T, size_t npos)
+{
+    size_t chunk = ((size_t)1 << 20) / (size_t)T;
+    if (chunk < 1) chunk = 1;
+    return chunk > npos ? npos : chunk;
+}
+
+/* The exact side of one chunk of query rows of one query head. */
+typedef struct {
+    int nc, ncol;      /* rows, columns (keys 0..ncol-1 seen by the last row) */
+    const int *p;      /* positions of the rows */
+    float *Qc;         /* [nc][D] query rows */
+    float *S, *A;      /* [nc][ncol] scores (scaled), softmax */
+    float *O;          /* [nc][D] A·V */
+    row_stats *rs;     /* [nc] */
+    double s_ref2, a_ref2, o_ref2;
+} ref_chunk;
+
+/* Fills c->Qc, S, A, O, rs and the norms from query head Qj [T][D]. */
+static void ref_chunk_compute(ref_chunk *c, const float *Qj, const float *K, const float *V, int D,
+                              float scale, int prescaled)
+{
+    int nc = c->nc, ncol = c->ncol;
+    for (int i = 0; i < nc; i++) memcpy(c->Qc + (size_t)i * D, Qj + (size_t)c->p[i] * D, (size_t)D * sizeof(float));
+    /* S = Qc·Kᵀ, A = softmax, O = A·V */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, K, D, 0.0f, c->S, ncol);
+    double s2 = 0, a2 = 0, o2 = 0;
+    for (int i = 0; i < nc; i++) {
+        float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
+        c->rs[i] = softmax_row(srow, arow, c->p[i], ncol, scale, prescaled);
+        for (int u = 0; u <= c->p[i]; u++) {
+            s2 += (double)srow[u] * srow[u];
+            a2 += (double)arow[u] * arow[u];
+        }
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, V, D, 0.0f, c->O, D);
+    for (size_t i = 0; i < (size_t)nc * D; i++) o2 += (double)c->O[i] * c->O[i];
+    c->s_ref2 = s2, c->a_ref2 = a2, c->o_ref2 = o2;
+}
+
+/* Per-quantizer workspace: chunk rows × T scores and softmax, × D outputs. */
+typedef struct {
+    float *Sq, *Aq, *Ov, *Oj;
+    row_stats *rq;
+} quant_ws;
+
+static kvq_status quant_ws_alloc(quant_ws *w, size_t chunk, int T, int D, kvq_error *err)
+{
+    w->Sq = kvq_alloc_array(chunk * T, sizeof(float));
+    w->Aq = kvq_alloc_array(chunk * T, sizeof(float));
+    w->Ov = kvq_alloc_array(chunk * D, sizeof(float));
+    w->Oj = kvq_alloc_array(chunk * D, sizeof(float));
+    w->rq = kvq_alloc_array(chunk, sizeof *w->rq);
+    if (w->Sq && w->Aq && w->Ov && w->Oj && w->rq) return KVQ_OK;
+    return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
+}
+
+static void quant_ws_free(quant_ws *w)
+{
+    free(w->Sq), free(w->Aq), free(w->Ov), free(w->Oj), free(w->rq);
+}
+
+/* Compares one exact chunk with each quantizer's K'/V' [T][D]. */
+static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int prescaled, int nquant,
+                              const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
+                              quant_ws *w)
+{
+    int nc = c->nc, ncol = c->ncol;
+    for (int q = 0; q < nquant; q++) {
+        kvq_attn_acc *ac = &acc[q];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 0.0f, w->Sq, ncol);
+        for (int i = 0; i < nc; i++) {
+            const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
+            float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
+            int p = c->p[i];
+            w->rq[i] = softmax_row(sqrow, aqrow, p, ncol, scale, prescaled);
+            ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p + 1, NULL);
+            ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p + 1, NULL);
+            ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, w->rq[i], p);
+            ac->top1_same += c->rs[i].argmax == w->rq[i].argmax;
+        }
+        /* A·V' (exact attention, quantized values) and A'·V' (both) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f, w->Oj, D);
+        ac->o_diff2 += sq_diff(c->O, w->Ov, (size_t)nc * D, NULL);
+        ac->o_joint_diff2 += sq_diff(c->O, w->Oj, (size_t)nc * D, NULL);
+        ac->s_ref2 += c->s_ref2;
+        ac->a_ref2 += c->a_ref2;
+        ac->o_ref2 += c->o_ref2;
+        ac->rows += nc;
+    }
+}
 
 kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float *V, int T, int D,
                               int query_prescaled, const int *pos, size_t npos, int nquant,
@@ -81,73 +176,127 @@ kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float
 {
     if (npos == 0) return KVQ_OK;
     const float scale = sqrtf((float)D);
-    /* rows per chunk: keep each score matrix near 1 M floats */
-    size_t chunk = ((size_t)1 << 20) / (size_t)T;
-    if (chunk < 1) chunk = 1;
-    if (chunk > npos) chunk = npos;
-    size_t sizes[W_COUNT] = {chunk * D, chunk * T, chunk * T, chunk * D,
-                             chunk * T, chunk * T, chunk * D, chunk * D};
-    float *w[W_COUNT] = {0};
-    row_stats *rs = kvq_alloc_array(chunk, sizeof *rs), *rq = kvq_alloc_array(chunk, sizeof *rq);
-    int ok = rs && rq;
-    for (int i = 0; i < W_COUNT && ok; i++) ok = (w[i] = kvq_alloc_array(sizes[i], sizeof(float))) != NULL;
-    if (!ok) {
-        for (int i = 0; i < W_COUNT; i++) free(w[i]);
-        free(rs), free(rq);
-        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
-    }
-    float *Qc = w[W_QC], *S = w[W_S], *A = w[W_A], *O = w[W_O];
-    float *Sq = w[W_SQ], *Aq = w[W_AQ], *Ov = w[W_OV], *Oj = w[W_OJ];
-
-    for (int j = 0; j < G; j++) {
+    size_t chunk = chunk_rows(T, npos);
+    quant_ws w = {0};
+    ref_chunk c = {0};
+    c.Qc = kvq_alloc_array(chunk * D, sizeof(float));
+    c.S = kvq_alloc_array(chunk * T, sizeof(float));
+    c.A = kvq_alloc_array(chunk * T, sizeof(float));
+    c.O = kvq_alloc_array(chunk * D, sizeof(float));
+    c.rs = kvq_alloc_array(chunk, sizeof *c.rs);
+    kvq_status st = quant_ws_alloc(&w, chunk, T, D, err);
+    if (!st && !(c.Qc && c.S && c.A && c.O && c.rs))
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
+    for (int j = 0; j < G && !st; j++) {
         const float *Qj = Q + (size_t)j * T * D;
         for (size_t r0 = 0; r0 < npos; r0 += chunk) {
-            int nc = (int)(npos - r0 < chunk ? npos - r0 : chunk);
-            const int *p = pos + r0;
-            int ncol = p[nc - 1] + 1; /* positions ascend: the last row sees the most keys */
-            for (int i = 0; i < nc; i++) memcpy(Qc + (size_t)i * D, Qj + (size_t)p[i] * D, (size_t)D * sizeof(float));
-
-            /* exact side: S = Qc·Kᵀ, A = softmax, O = A·V */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, Qc, D, K, D, 0.0f, S, ncol);
-            double s_ref2 = 0, a_ref2 = 0, o_ref2 = 0;
-            for (int i = 0; i < nc; i++) {
-                float *srow = S + (size_t)i * ncol, *arow = A + (size_t)i * ncol;
-                rs[i] = softmax_row(srow, arow, p[i], ncol, scale, query_prescaled);
-                for (int u = 0; u <= p[i]; u++) {
-                    s_ref2 += (double)srow[u] * srow[u];
-                    a_ref2 += (double)arow[u] * arow[u];
-                }
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, A, ncol, V, D, 0.0f, O, D);
-            for (size_t i = 0; i < (size_t)nc * D; i++) o_ref2 += (double)O[i] * O[i];
-
-            for (int q = 0; q < nquant; q++) {
-                kvq_attn_acc *ac = &acc[q];
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, Qc, D, Kq[q], D, 0.0f, Sq, ncol);
-                for (int i = 0; i < nc; i++) {
-                    float *srow = S + (size_t)i * ncol, *sqrow = Sq + (size_t)i * ncol;
-                    float *arow = A + (size_t)i * ncol, *aqrow = Aq + (size_t)i * ncol;
-                    rq[i] = softmax_row(sqrow, aqrow, p[i], ncol, scale, query_prescaled);
-                    ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p[i] + 1, NULL);
-                    ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p[i] + 1, NULL);
-                    ac->kl_sum += kl_row(arow, srow, rs[i], sqrow, rq[i], p[i]);
-                    ac->top1_same += rs[i].argmax == rq[i].argmax;
-                }
-                /* A·V' (exact attention, quantized values) and A'·V' (both) */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, A, ncol, Vq[q], D, 0.0f, Ov, D);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, Aq, ncol, Vq[q], D, 0.0f, Oj, D);
-                ac->o_diff2 += sq_diff(O, Ov, (size_t)nc * D, NULL);
-                ac->o_joint_diff2 += sq_diff(O, Oj, (size_t)nc * D, NULL);
-                ac->s_ref2 += s_ref2;
-                ac->a_ref2 += a_ref2;
-                ac->o_ref2 += o_ref2;
-                ac->rows += nc;
-            }
+            c.nc = (int)(npos - r0 < chunk ? npos - r0 : chunk);
+            c.p = pos + r0;
+            c.ncol = c.p[c.nc - 1] + 1; /* positions ascend: the last row sees the most keys */
+            ref_chunk_compute(&c, Qj, K, V, D, scale, query_prescaled);
+            ref_chunk_compare(&c, D, scale, query_prescaled, nquant, Kq, Vq, acc, &w);
         }
     }
-    for (int i = 0; i < W_COUNT; i++) free(w[i]);
-    free(rs), free(rq);
+    free(c.Qc), free(c.S), free(c.A), free(c.O), free(c.rs);
+    quant_ws_free(&w);
+    return st;
+}
+
+/* ------------------------------------------------- cached exact attention */
+
+struct kvq_attn_ref {
+    int G, T, D, prescaled;
+    size_t npos, chunk, nchunk; /* chunks per query head */
+    int *pos;                   /* [npos] */
+    ref_chunk *c;               /* [G][nchunk] */
+    float *mem;                 /* one block holding every chunk's arrays */
+    row_stats *rs;              /* [G][npos] */
+};
+
+/* Floats of one head's cache: per query head, Qc and O (npos × D) and S, A
+ * (Σ rows × columns over chunks). */
+static size_t ref_floats(int G, int T, int D, const int *pos, size_t npos)
+{
+    size_t chunk = chunk_rows(T, npos), per = 2 * npos * (size_t)D;
+    for (size_t r0 = 0; r0 < npos; r0 += chunk) {
+        size_t nc = npos - r0 < chunk ? npos - r0 : chunk;
+        per += 2 * nc * (size_t)(pos[r0 + nc - 1] + 1);
+    }
+    return per * (size_t)G;
+}
+
+size_t kvq_attn_ref_bytes(int G, int T, int D, const int *pos, size_t npos)
+{
+    if (npos == 0) return sizeof(kvq_attn_ref);
+    return sizeof(kvq_attn_ref) + ref_floats(G, T, D, pos, npos) * sizeof(float) +
+           (size_t)G * npos * (sizeof(row_stats) + sizeof(int)) +
+           (size_t)G * (npos / chunk_rows(T, npos) + 1) * sizeof(ref_chunk);
+}
+
+void kvq_attn_ref_free(kvq_attn_ref *r)
+{
+    if (!r) return;
+    free(r->pos), free(r->c), free(r->mem), free(r->rs);
+    free(r);
+}
+
+kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *V, int T, int D,
+                            int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                            kvq_error *err)
+{
+    kvq_attn_ref *r = calloc(1, sizeof *r);
+    *out = NULL;
+    if (!r) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    r->G = G, r->T = T, r->D = D, r->prescaled = query_prescaled, r->npos = npos;
+    if (npos == 0) {
+        *out = r;
+        return KVQ_OK;
+    }
+    r->chunk = chunk_rows(T, npos);
+    r->nchunk = (npos + r->chunk - 1) / r->chunk;
+    r->pos = kvq_alloc_array(npos, sizeof *r->pos);
+    r->c = kvq_alloc_array((size_t)G * r->nchunk, sizeof *r->c);
+    r->mem = kvq_alloc_array(ref_floats(G, T, D, pos, npos), sizeof(float));
+    r->rs = kvq_alloc_array((size_t)G * npos, sizeof *r->rs);
+    if (!r->pos || !r->c || !r->mem || !r->rs) {
+        kvq_attn_ref_free(r);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the exact attention of %d query heads x %zu rows",
+                        G, npos);
+    }
+    memcpy(r->pos, pos, npos * sizeof *pos);
+    const float scale = sqrtf((float)D);
+    float *m = r->mem;
+    for (int j = 0; j < G; j++) {
+        const float *Qj = Q + (size_t)j * T * D;
+        for (size_t k = 0; k < r->nchunk; k++) {
+            ref_chunk *c = &r->c[(size_t)j * r->nchunk + k];
+            size_t r0 = k * r->chunk;
+            c->nc = (int)(npos - r0 < r->chunk ? npos - r0 : r->chunk);
+            c->p = r->pos + r0;
+            c->ncol = c->p[c->nc - 1] + 1;
+            c->rs = r->rs + (size_t)j * npos + r0;
+            c->Qc = m, m += (size_t)c->nc * D;
+            c->O = m, m += (size_t)c->nc * D;
+            c->S = m, m += (size_t)c->nc * c->ncol;
+            c->A = m, m += (size_t)c->nc * c->ncol;
+            ref_chunk_compute(c, Qj, K, V, D, scale, query_prescaled);
+        }
+    }
+    *out = r;
     return KVQ_OK;
+}
+
+kvq_status kvq_attn_ref_compare(const kvq_attn_ref *r, int nquant, const float *const *Kq,
+                                const float *const *Vq, kvq_attn_acc *acc, kvq_error *err)
+{
+    if (r->npos == 0) return KVQ_OK;
+    quant_ws w = {0};
+    kvq_status st = quant_ws_alloc(&w, r->chunk, r->T, r->D, err);
+    const float scale = sqrtf((float)r->D);
+    for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i++)
+        ref_chunk_compare(&r->c[i], r->D, scale, r->prescaled, nquant, Kq, Vq, acc, &w);
+    quant_ws_free(&w);
+    return st;
 }
 
 /* ----------------------------------------------------------- reference */

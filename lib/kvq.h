@@ -430,6 +430,19 @@ kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float
                               int query_prescaled, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err);
+/* The exact side of one KV head's attention (query rows, S, A, O in the
+ * chunks kvq_attention_head uses), computed once and kept, so that any number
+ * of later quantizers are compared against it with bit-identical sums. */
+typedef struct kvq_attn_ref kvq_attn_ref;
+kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *V, int T, int D,
+                            int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                            kvq_error *err);
+/* Same sums as kvq_attention_head with the K, V, Q the reference was built from. */
+kvq_status kvq_attn_ref_compare(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
+                                const float *const *Vq, kvq_attn_acc *acc, kvq_error *err);
+/* Memory kvq_attn_ref_new will hold for these shapes, in bytes. */
+size_t kvq_attn_ref_bytes(int G, int T, int D, const int *pos, size_t npos);
+void kvq_attn_ref_free(kvq_attn_ref *ref);
 /* Plain reference of the same (no BLAS, no chunking), for tests. */
 kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const float *V, int T,
                                   int D, int query_prescaled, const int *pos, size_t npos,
@@ -465,6 +478,22 @@ typedef struct kvq_analysis {
 kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *opts, kvq_analysis *out,
                             kvq_error *err);
 void kvq_analysis_free(kvq_analysis *a);
+
+/* A dump prepared for many analyses (kvq-sweep): the selected layers' K, V
+ * (and pre-RoPE keys if `read_flags` asks), the query positions, RoPE and each
+ * selected head's exact attention, read and computed once and kept in memory
+ * (kvq_prepare_bytes says how much).  The selection (layers, heads, queries)
+ * and seed come from `o`; later analyses use those, whatever their own opts
+ * say, and give results identical to kvq_analyze_dump's. */
+typedef struct kvq_prepared kvq_prepared;
+kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned read_flags,
+                             size_t *bytes, kvq_error *err);
+kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned read_flags,
+                            kvq_prepared **out, kvq_error *err);
+/* Uses o->specs, nspecs, nthreads and calib. */
+kvq_status kvq_analyze_prepared(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
+                                kvq_error *err);
+void kvq_prepared_free(kvq_prepared *p);
 
 /* ------------------------------------------------------------- reports */
 

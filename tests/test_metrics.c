@@ -298,6 +298,57 @@ START_TEST(threads_do_not_change_results)
 }
 END_TEST
 
+/* A prepared dump (layers and exact attention cached, as kvq-sweep runs it)
+ * gives accumulators identical to the bit to the streamed analysis, with
+ * several row chunks per head (T = 2100: chunks of 499 rows) and a
+ * selection of layers and heads; and its size estimate is not below what it
+ * holds for the tensors. */
+START_TEST(prepared_equals_streamed)
+{
+    char *path = gen_dump(3, 4, 2, 8, 2100, 5);
+    const char *texts[3] = {"kivi:bits=2,group=32,residual=64", "per-token:bits=3,span=layer", "absmax:bits=4,group=8"};
+    kvq_spec sp[3];
+    kvq_error err = {0};
+    for (int i = 0; i < 3; i++) ck_assert_int_eq(kvq_spec_parse(texts[i], &sp[i], &err), KVQ_OK);
+    const char *sels[2] = {"all", "random:700"};
+    int layers[2] = {2, 0}, heads[1] = {1};
+    for (int k = 0; k < 2; k++) {
+        kvq_dump *d;
+        ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
+        kvq_analysis_opts o = {.specs = sp, .nspecs = 3, .nthreads = 2, .seed = 7,
+                               .layers = k ? layers : NULL, .nlayers = 2,
+                               .heads = k ? heads : NULL, .nheads = 1};
+        kvq_query_sel_parse(sels[k], &o.queries, &err);
+        kvq_analysis a, b[3];
+        ck_assert_msg(kvq_analyze_dump(d, &o, &a, &err) == KVQ_OK, "%s", err.msg);
+        size_t bytes;
+        kvq_prepared *p;
+        ck_assert_int_eq(kvq_prepare_bytes(d, &o, 0, &bytes, &err), KVQ_OK);
+        ck_assert(bytes >= (size_t)a.nlayers * 2 * 2 * 2100 * 8 * 4);
+        ck_assert_msg(kvq_prepare_dump(d, &o, 0, &p, &err) == KVQ_OK, "%s", err.msg);
+        /* one spec at a time, as the sweep does */
+        for (int s = 0; s < 3; s++) {
+            kvq_analysis_opts os = {.specs = &sp[s], .nspecs = 1, .nthreads = 1 + s % 2};
+            ck_assert_msg(kvq_analyze_prepared(p, &os, &b[s], &err) == KVQ_OK, "%s", err.msg);
+            ck_assert_int_eq(b[s].nlayers, a.nlayers);
+            ck_assert_int_eq(b[s].nheads, a.nheads);
+            for (int c = 0; c < a.nlayers * a.nheads; c++) {
+                ck_assert(b[s].acc[c].has_attn);
+                ck_assert_int_eq(memcmp(&b[s].acc[c], &a.acc[c * 3 + s], sizeof a.acc[0]), 0);
+            }
+            kvq_analysis_free(&b[s]);
+        }
+        if (k) ck_assert(a.layers[0] == 2 && a.heads[0] == 1 && a.acc[0].attn.rows == 2 * 700);
+        else ck_assert(a.acc[0].attn.rows == 2 * 2100);
+        kvq_prepared_free(p);
+        kvq_analysis_free(&a);
+        kvq_dump_close(d);
+    }
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("metrics");
@@ -312,6 +363,7 @@ int main(void)
     tcase_add_test(tc, query_positions);
     tcase_add_test(tc, gqa_mapping);
     tcase_add_test(tc, threads_do_not_change_results);
+    tcase_add_test(tc, prepared_equals_streamed);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
