@@ -344,6 +344,10 @@ kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
                               kvq_quant_out *out, kvq_error *err);
 /* Index of `key` in the quantizer's parameter table, or -1. */
 int kvq_spec_param_index(const kvq_quantizer *q, const char *key);
+/* Parses one value of parameter `key` of q (type and range; no cross-key
+ * check).  KVQ_ERR_USAGE naming the quantizer's keys for an unknown key. */
+kvq_status kvq_param_parse(const kvq_quantizer *q, const char *key, const char *text, double *val,
+                           kvq_error *err);
 /* Writes "name:key=value,..." with every parameter (defaults filled in). */
 void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len);
 /* Writes the quantizer table for --list-quantizers. */
@@ -505,11 +509,63 @@ kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_col
 /* layer/head < 0 print as `all`; extra: nextra cells (may be NULL). */
 kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
                           const kvq_spec *spec, const kvq_metrics *m, const char *const *extra);
-/* Emits the analysis of one dump, pooled per head, layer or model. */
+/* Emits the analysis of one dump, pooled per head, layer or model; extra:
+ * the extra cells of every row (may be NULL). */
 kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
-                               const kvq_spec *specs, kvq_per per);
+                               const kvq_spec *specs, kvq_per per, const char *const *extra);
+/* Writes the CSV header now (nothing for JSONL/table) / never: for files
+ * written in pieces (kvq-sweep appends one unit of rows per point). */
+kvq_status kvq_report_header(kvq_report *r);
+void kvq_report_omit_header(kvq_report *r);
 kvq_status kvq_report_finish(kvq_report *r); /* flushes (table: prints) and frees */
 void kvq_report_discard(kvq_report *r);      /* frees without printing buffered rows */
+
+/* ------------------------------------------------------------- sweeps */
+
+/* A parameter grid of one quantizer (kvq-sweep).  grids: "key=v1,v2,...";
+ * fixed: "key=value[,key=value...]".  Usage errors: unknown quantizer or key,
+ * a key given twice, a value its key does not accept, a value repeated.
+ * Points: the cartesian product in the order the grid keys were given, the
+ * last key varying fastest (nested loops). */
+typedef struct kvq_grid kvq_grid;
+kvq_status kvq_grid_new(const char *quant, const char *const *grids, int ngrids,
+                        const char *const *fixed, int nfixed, kvq_grid **out, kvq_error *err);
+void kvq_grid_free(kvq_grid *g);
+size_t kvq_grid_size(const kvq_grid *g); /* points, invalid ones included */
+int kvq_grid_nkeys(const kvq_grid *g);
+const char *kvq_grid_key(const kvq_grid *g, int k);
+const char *kvq_grid_value(const kvq_grid *g, size_t point, int k); /* text as given */
+const kvq_quantizer *kvq_grid_quantizer(const kvq_grid *g);
+/* The spec of a point, "name:key=value,..." with the fixed and grid keys in
+ * the quantizer's parameter order; KVQ_ERR_USAGE (with the reason) when the
+ * point is invalid, e.g. KIVI's residual not a multiple of group. */
+kvq_status kvq_grid_spec(const kvq_grid *g, size_t point, kvq_spec *out, kvq_error *err);
+
+/* A kvq-sweep output read back (--resume, --merge): rows grouped into units,
+ * one per run of consecutive rows with the same `point`. */
+typedef struct kvq_sweep_unit {
+    long point;
+    char *spec;
+    size_t nrows;
+    size_t begin, end; /* byte range of its rows in the file */
+} kvq_sweep_unit;
+
+typedef struct kvq_sweep_file {
+    kvq_format fmt;    /* KVQ_FMT_CSV or KVQ_FMT_JSONL (first byte '{') */
+    char *columns;     /* CSV: the header line; JSONL: the keys of a row joined
+                          by ','; NULL if the file has no complete line */
+    size_t body;       /* offset of the first row */
+    kvq_sweep_unit *units;
+    size_t nunits;
+    size_t end;        /* end of the last complete line */
+    int partial;       /* bytes after `end` without a newline (an interrupted write) */
+    char *data;        /* the whole file */
+    size_t size;
+} kvq_sweep_file;
+
+/* KVQ_ERR_FORMAT naming the line for anything but kvq-sweep rows. */
+kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
+void kvq_sweep_file_free(kvq_sweep_file *f);
 
 /* ---------------------------------------------------- synthetic dumps */
 

@@ -100,6 +100,35 @@ static int table_push(kvq_report *r, const char *s)
     return (r->cells[r->ncells++] = strdup(s)) ? 0 : -1;
 }
 
+static void csv_header(kvq_report *r)
+{
+    if (r->header_done) return;
+    FILE *f = r->f;
+    fputs("dump,layer,head,quantizer,spec", f);
+    for (int i = 0; i < NMETRIC; i++) fprintf(f, ",%s", metric_cols[i]);
+    for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, r->extra[i]);
+    fputc('\n', f);
+    r->header_done = 1;
+}
+
+kvq_status kvq_report_header(kvq_report *r)
+{
+    if (r->fmt != KVQ_FMT_CSV) return KVQ_OK;
+    csv_header(r);
+    return ferror(r->f) ? KVQ_ERR_IO : KVQ_OK;
+}
+
+void kvq_report_omit_header(kvq_report *r) { r->header_done = 1; }
+
+/* Is s a whole finite number (written unquoted in JSON)? */
+static int is_number(const char *s)
+{
+    char *end;
+    if (!*s || strchr(s, 'x') || strchr(s, 'X') || *s == '+' || *s == '.' || *s == ' ') return 0;
+    double v = strtod(s, &end);
+    return !*end && isfinite(v) && (s[0] != '0' || s[1] == '\0' || s[1] == '.' || s[1] == 'e' || s[1] == 'E');
+}
+
 kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
                           const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
 {
@@ -131,13 +160,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
     }
 
     if (r->fmt == KVQ_FMT_CSV) {
-        if (!r->header_done) {
-            fputs("dump,layer,head,quantizer,spec", f);
-            for (int i = 0; i < NMETRIC; i++) fprintf(f, ",%s", metric_cols[i]);
-            for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, r->extra[i]);
-            fputc('\n', f);
-            r->header_done = 1;
-        }
+        csv_header(r);
         csv_cell(f, dump);
         fprintf(f, ",%s,%s,", ls, hs);
         csv_cell(f, spec->q->name);
@@ -174,7 +197,9 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
             fputc(',', f);
             json_string(f, r->extra[i]);
             fputc(':', f);
-            json_string(f, extra && extra[i] ? extra[i] : "");
+            const char *cell = extra && extra[i] ? extra[i] : "";
+            if (is_number(cell)) fputs(cell, f); /* grid values: numbers stay numbers */
+            else json_string(f, cell);
         }
         fputs("}\n", f);
     }
@@ -182,7 +207,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
 }
 
 kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
-                               const kvq_spec *specs, kvq_per per)
+                               const kvq_spec *specs, kvq_per per, const char *const *extra)
 {
     int nl = a->nlayers, nh = a->nheads, ns = a->nspecs;
     kvq_metrics m;
@@ -192,7 +217,7 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
             for (int hi = 0; hi < nh && !st; hi++)
                 for (int s = 0; s < ns && !st; s++) {
                     kvq_metrics_finalize(&a->acc[((size_t)li * nh + hi) * ns + s], &m);
-                    st = kvq_report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, NULL);
+                    st = kvq_report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, extra);
                 }
         return st;
     }
@@ -206,7 +231,7 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
                 for (int hi = 0; hi < nh; hi++) kvq_acc_merge(&pooled, &a->acc[((size_t)li * nh + hi) * ns + s]);
             }
             kvq_metrics_finalize(&pooled, &m);
-            st = kvq_report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, NULL);
+            st = kvq_report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, extra);
         }
     return st;
 }

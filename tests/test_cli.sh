@@ -10,37 +10,7 @@ analyze=$build/tools/kvq-analyze
 info=$build/tools/kvq-info
 gen=$build/tools/kvq-gen
 real=$src/data/stories260K.h5
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-
-# expect CODE 'substring'... -- command...
-expect() {
-    local code=$1
-    shift
-    local needles=()
-    while [ "$1" != "--" ]; do needles+=("$1"); shift; done
-    shift
-    "$@" >"$tmp/out" 2>"$tmp/err"
-    local rc=$? ok=1 why=""
-    [ "$rc" = "$code" ] || { ok=0; why="exit $rc, expected $code"; }
-    if [ "$code" != 0 ]; then
-        local lines
-        lines=$(wc -l <"$tmp/err")
-        [ "$lines" = 1 ] || { ok=0; why="$why; $lines lines on stderr"; }
-    fi
-    for n in "${needles[@]}"; do
-        grep -qF -- "$n" "$tmp/err" "$tmp/out" || { ok=0; why="$why; missing '$n'"; }
-    done
-    if [ $ok = 1 ]; then
-        pass=$((pass + 1))
-    else
-        fail=$((fail + 1))
-        echo "FAIL: $* -> $why"
-        sed 's/^/  stderr: /' "$tmp/err" | head -5
-    fi
-}
+. "$src/tests/cli_lib.sh"
 
 "$build/tests/make-dumps" "$tmp" || { echo "make-dumps failed"; exit 1; }
 echo "this is not HDF5" >"$tmp/not-hdf5.h5"

@@ -201,7 +201,7 @@ int main(int argc, char **argv)
                     info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
         if (kvq_analyze_dump(dump, &opts, &a, &err)) { rc = cli_fail(prog, &err); goto done; }
         char *pathcopy = strdup(argv[i]);
-        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, per) : KVQ_ERR_NOMEM;
+        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, per, NULL) : KVQ_ERR_NOMEM;
         free(pathcopy);
         kvq_analysis_free(&a);
         kvq_dump_close(dump);

@@ -109,6 +109,18 @@ static kvq_status parse_value(const char *spec, const kvq_param *p, const char *
     return KVQ_OK;
 }
 
+kvq_status kvq_param_parse(const kvq_quantizer *q, const char *key, const char *text, double *val,
+                           kvq_error *err)
+{
+    int k = kvq_spec_param_index(q, key);
+    if (k < 0) {
+        char keys[256];
+        list_keys(q, keys, sizeof keys);
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown key '%s' (keys: %s)", q->name, key, keys);
+    }
+    return parse_value(q->name, &q->params[k], text, val, err);
+}
+
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
 {
     memset(out, 0, sizeof *out);

@@ -1,0 +1,660 @@
+/* kvq-sweep — one quantizer over a parameter grid (SPEC §5), built to run
+ * for hours: the dumps are read and each head's exact attention computed
+ * once per run (kvq_prepare_dump), each finished point's rows are appended
+ * to OUT and fsync'ed as one unit, --resume continues an interrupted OUT,
+ * --shard I/N splits the grid over independent jobs and --merge joins them.
+ *
+ *   kvq-sweep DUMP... --quant NAME --grid key=v1,v2 [--grid ...] -o OUT.csv
+ *   kvq-sweep --merge A.csv B.csv ... [--expect-grid --quant ... --grid ...] -o ALL.csv
+ */
+#include "cli.h"
+#include "kvq_config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *prog = "kvq-sweep";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-sweep [options] DUMP... --quant NAME --grid key=v1,v2,... -o OUT\n"
+        "       kvq-sweep --merge [--expect-grid --quant NAME --grid ...] FILE... -o OUT\n"
+        "Run one quantizer over the cartesian product of parameter values; each point\n"
+        "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
+        "appended to OUT as soon as the point is done.\n\n"
+        "  -q, --quant NAME      the quantizer (see kvq-analyze --list-quantizers)\n"
+        "  -g, --grid K=V1,V2    values of key K; repeatable.  Points run in the order\n"
+        "                        of nested loops, the first --grid outermost\n"
+        "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
+        "  -o, --output OUT      results file (required; must not exist without --resume)\n"
+        "      --resume          continue OUT: keep its complete points, drop a trailing\n"
+        "                        partial row, run the rest (a missing OUT starts afresh)\n"
+        "      --shard I/N       run only the points p with p mod N = I\n"
+        "      --merge           join the shard outputs FILE... into OUT, checking that the\n"
+        "                        columns agree and that no point is duplicated\n"
+        "      --expect-grid     with --merge: prove that the --quant/--grid/--fixed grid is\n"
+        "                        complete (every valid point present, nothing else)\n"
+        "      --list-points     print the points (index, spec, valid or why not) and exit\n"
+        "      --calib FILE      calibration dump of the same model\n"
+        "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
+        "      --heads LIST      KV heads to analyse (default: all)\n"
+        "      --queries SEL     query rows: last:N (default last:64), all, every:N, random:N\n"
+        "      --per WHAT        pool results per head, layer (default) or model\n"
+        "      --format FMT      csv or jsonl (default: jsonl for *.jsonl names, else csv)\n"
+        "      --threads N       worker threads (default: all cores)\n"
+        "      --seed N          seed of the random streams (default 0)\n"
+        "      --device DEV      cpu (default) or cuda\n"
+        "      --cache-mb N      memory for the shared work kept across points (default\n"
+        "                        4096); a dump that does not fit is re-read per point\n"
+        "      --progress WHEN   auto (default: a bar on a terminal, else one line per\n"
+        "                        point), always (a bar) or never\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n\n"
+        "Example: kvq-sweep data/stories260K.h5 --quant kivi --grid group=32,64,128 \\\n"
+        "           --grid residual=32,64,128 --grid bits=2,3,4 -o kivi-sweep.csv\n");
+}
+
+enum { OPT_CALIB = 256, OPT_LAYERS, OPT_HEADS, OPT_QUERIES, OPT_PER, OPT_FORMAT, OPT_THREADS,
+       OPT_SEED, OPT_DEVICE, OPT_RESUME, OPT_SHARD, OPT_MERGE, OPT_EXPECT, OPT_LIST, OPT_CACHE,
+       OPT_PROGRESS };
+
+enum { PROGRESS_NEVER, PROGRESS_LINES, PROGRESS_BAR };
+
+typedef struct {
+    const char **grids, **fixed;
+    int ngrids, nfixed;
+    const char *quant, *output, *calib, *format;
+    int *layers, nlayers, *heads, nheads;
+    kvq_query_sel queries;
+    kvq_per per;
+    long threads, shard_i, shard_n, cache_mb;
+    uint64_t seed;
+    int resume, merge, expect_grid, list_points, progress;
+} opts_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void fmt_time(char *buf, size_t len, double s)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, len, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int push(const char ***v, int *n, const char *s)
+{
+    const char **nv = realloc(*v, (size_t)(*n + 1) * sizeof *nv);
+    if (!nv) return -1;
+    nv[(*n)++] = s;
+    *v = nv;
+    return 0;
+}
+
+/* Writes all of buf or fails with errno set. */
+static int write_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t w = write(fd, buf, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        buf += w, len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* fsync of the directory holding path, so a new file's name is durable too. */
+static void sync_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) fsync(fd), close(fd);
+    free(copy);
+}
+
+/* ------------------------------------------------------------- progress */
+
+typedef struct {
+    int mode;
+    size_t total, done;
+    double t0;
+} progress_t;
+
+static void progress_point(progress_t *p, size_t point, const char *spec, double dt)
+{
+    p->done++;
+    if (p->mode == PROGRESS_NEVER) return;
+    double el = now() - p->t0, eta = p->done ? el / (double)p->done * (double)(p->total - p->done) : 0;
+    char e1[32], e2[32];
+    fmt_time(e1, sizeof e1, el);
+    fmt_time(e2, sizeof e2, eta);
+    if (p->mode == PROGRESS_LINES) {
+        fprintf(stderr, "%s: [%zu/%zu] point %zu %s: %.2f s; elapsed %s, ETA %s\n", prog, p->done, p->total,
+                point, spec, dt, e1, e2);
+        return;
+    }
+    char bar[31];
+    int fill = p->total ? (int)(30 * p->done / p->total) : 30;
+    for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+    bar[30] = '\0';
+    fprintf(stderr, "\r%s [%s] %zu/%zu points  %s elapsed  ETA %s  %-40.40s", prog, bar, p->done, p->total,
+            e1, e2, spec);
+    if (p->done == p->total) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+/* --------------------------------------------------------------- merge */
+
+typedef struct {
+    const kvq_sweep_file *f;
+    const char *path;
+    const kvq_sweep_unit *u;
+} unit_ref;
+
+static int cmp_unit(const void *a, const void *b)
+{
+    const unit_ref *x = a, *y = b;
+    return x->u->point < y->u->point ? -1 : x->u->point > y->u->point;
+}
+
+static int do_merge(const opts_t *o, char **files, int nfiles)
+{
+    int rc = CLI_OK;
+    kvq_error err = {0};
+    kvq_grid *grid = NULL;
+    kvq_sweep_file *f = calloc((size_t)nfiles, sizeof *f);
+    unit_ref *units = NULL;
+    size_t nunits = 0, rows = 0;
+    cli_out out = {0};
+    if (!f) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    if (o->expect_grid &&
+        kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
+    for (int i = 0; i < nfiles; i++) {
+        if (kvq_sweep_file_read(files[i], &f[i], &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (!f[i].columns) { cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]); rc = CLI_RUNTIME; goto done; }
+        if (f[i].partial) {
+            cli_error(prog, "%s: ends in a partial row: an interrupted shard (finish it with --resume)", files[i]);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        if (f[i].fmt != f[0].fmt || strcmp(f[i].columns, f[0].columns)) {
+            cli_error(prog, "%s: columns differ from %s's (expected: %s)", files[i], files[0], f[0].columns);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        nunits += f[i].nunits;
+    }
+    units = calloc(nunits + 1, sizeof *units);
+    if (!units) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    nunits = 0;
+    for (int i = 0; i < nfiles; i++)
+        for (size_t k = 0; k < f[i].nunits; k++) units[nunits++] = (unit_ref){&f[i], files[i], &f[i].units[k]};
+    qsort(units, nunits, sizeof *units, cmp_unit); /* stable enough: equal points are an error */
+    for (size_t k = 0; k < nunits; k++) {
+        const kvq_sweep_unit *u = units[k].u;
+        if (k && u->point == units[k - 1].u->point) {
+            cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path, units[k].path);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        if (u->nrows != units[0].u->nrows) {
+            cli_error(prog, "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from another sweep",
+                      units[k].path, u->point, u->spec, u->nrows, units[0].u->point, units[0].path, units[0].u->nrows);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        rows += u->nrows;
+    }
+    if (grid) { /* every valid point exactly once, nothing else */
+        size_t k = 0, missing = 0, invalid = 0;
+        char list[256] = "";
+        for (size_t p = 0; p < kvq_grid_size(grid); p++) {
+            kvq_spec sp;
+            int valid = kvq_grid_spec(grid, p, &sp, &err) == KVQ_OK;
+            int present = k < nunits && units[k].u->point == (long)p;
+            if (present && (!valid || strcmp(units[k].u->spec, sp.text))) {
+                cli_error(prog, "%s: point %zu is '%s'; the expected grid %s", units[k].path, p, units[k].u->spec,
+                          valid ? "has another spec there" : "has no valid point there");
+                rc = CLI_RUNTIME;
+                goto done;
+            }
+            if (!valid) invalid++;
+            if (valid && !present) {
+                size_t l = strlen(list);
+                if (missing < 10) snprintf(list + l, sizeof list - l, "%s%zu", missing ? ", " : "", p);
+                missing++;
+            }
+            k += present;
+        }
+        if (k < nunits) {
+            cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path, units[k].u->point,
+                      kvq_grid_size(grid));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        if (missing) {
+            cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list, missing > 10 ? ", ..." : "");
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog,
+                nunits, invalid);
+    }
+    if (cli_out_open(&out, o->output, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (f[0].fmt == KVQ_FMT_CSV) fprintf(out.f, "%s\n", f[0].columns);
+    for (size_t k = 0; k < nunits; k++)
+        fwrite(units[k].f->data + units[k].u->begin, 1, units[k].u->end - units[k].u->begin, out.f);
+    if (cli_out_commit(&out, prog)) { rc = CLI_RUNTIME; goto done; }
+    fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, nunits, rows, nfiles,
+            o->output, grid ? "" : " (completeness not checked: add --expect-grid and the sweep's --quant/--grid/--fixed)");
+done:
+    if (out.f) cli_out_abort(&out);
+    for (int i = 0; i < nfiles; i++) kvq_sweep_file_free(&f[i]);
+    free(f), free(units);
+    kvq_grid_free(grid);
+    return rc;
+}
+
+/* --------------------------------------------------------------- sweep */
+
+/* Rows one point adds for one dump. */
+static size_t rows_per_dump(const opts_t *o, const kvq_dump_info *info)
+{
+    size_t nl = o->layers ? (size_t)o->nlayers : (size_t)info->num_layers;
+    size_t nh = o->heads ? (size_t)o->nheads : (size_t)info->num_kv_heads;
+    return o->per == KVQ_PER_HEAD ? nl * nh : o->per == KVQ_PER_LAYER ? nl : 1;
+}
+
+static int do_sweep(const opts_t *o, char **dumps, int ndumps)
+{
+    int rc = CLI_OK, fd = -1;
+    kvq_error err = {0};
+    kvq_grid *grid = NULL;
+    kvq_calib *calib = NULL;
+    kvq_dump **d = calloc((size_t)ndumps, sizeof *d);
+    kvq_prepared **prep = calloc((size_t)ndumps, sizeof *prep);
+    char **base = calloc((size_t)ndumps, sizeof *base);
+    unsigned char *state = NULL; /* per point: 0 not ours, 1 to run, 2 invalid, 3 complete */
+    const char **extra_cols = NULL, **extra = NULL;
+    char *header = NULL, *unit = NULL;
+    size_t header_len = 0, unit_len = 0;
+    kvq_sweep_file old = {0};
+    kvq_report *rep = NULL;
+    FILE *ms = NULL;
+    if (!d || !prep || !base) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+
+    if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
+    size_t npoints = kvq_grid_size(grid), nrun = 0, ninvalid = 0, ncomplete = 0;
+    int nk = kvq_grid_nkeys(grid);
+    state = calloc(npoints, 1);
+    extra_cols = calloc((size_t)nk + 1, sizeof *extra_cols);
+    extra = calloc((size_t)nk + 1, sizeof *extra);
+    if (!state || !extra_cols || !extra) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    for (int k = 0; k < nk; k++) extra_cols[k] = kvq_grid_key(grid, k);
+    extra_cols[nk] = "point";
+
+    /* this shard's points: valid ones to run, invalid ones said and skipped */
+    int needs_calib = 0;
+    for (size_t p = 0; p < npoints; p++) {
+        if ((long)(p % (size_t)o->shard_n) != o->shard_i) continue;
+        kvq_spec sp;
+        if (kvq_grid_spec(grid, p, &sp, &err)) {
+            state[p] = 2, ninvalid++; /* said once the sweep is sure to start */
+            if (o->list_points) printf("%zu\t-\tinvalid: %s\n", p, err.msg);
+            continue;
+        }
+        state[p] = 1, nrun++;
+        needs_calib |= kvq_spec_needs_calib(&sp);
+        if (o->list_points) printf("%zu\t%s\tvalid\n", p, sp.text);
+    }
+    if (o->list_points) goto done;
+    if (needs_calib && !o->calib) {
+        cli_error(prog, "--quant %s: needs --calib FILE (a calibration dump of the same model)", o->quant);
+        rc = CLI_USAGE;
+        goto done;
+    }
+
+    /* the dumps and the calibration dump, opened once */
+    kvq_analysis_opts ao = {.layers = o->layers, .nlayers = o->nlayers, .heads = o->heads, .nheads = o->nheads,
+                            .queries = o->queries, .seed = o->seed, .nthreads = (int)o->threads};
+    size_t expect_rows = 0;
+    for (int i = 0; i < ndumps; i++) {
+        if (kvq_dump_open(dumps[i], &d[i], &err)) { rc = cli_fail(prog, &err); goto done; }
+        char *copy = strdup(dumps[i]);
+        if (!copy || !(base[i] = strdup(basename(copy)))) { free(copy); cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        free(copy);
+        expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
+        size_t bytes; /* also checks --layers/--heads/--queries against the dump */
+        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &bytes, &err)) { rc = cli_fail(prog, &err); goto done; }
+    }
+    if (o->calib && kvq_calib_open(o->calib, &calib, &err)) { rc = cli_fail(prog, &err); goto done; }
+    ao.calib = calib;
+
+    /* the header this sweep writes */
+    kvq_format fmt = o->format ? (!strcmp(o->format, "jsonl") ? KVQ_FMT_JSONL : KVQ_FMT_CSV)
+                     : ends_with(o->output, ".jsonl") || ends_with(o->output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
+    if (!(ms = open_memstream(&header, &header_len)) || !(rep = kvq_report_new(ms, KVQ_FMT_CSV, extra_cols, nk + 1)) ||
+        kvq_report_header(rep) || kvq_report_finish(rep) || fclose(ms)) {
+        rep = NULL, ms = NULL;
+        cli_error(prog, "out of memory");
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    rep = NULL, ms = NULL;
+    header[--header_len] = '\0'; /* the columns, without the newline */
+
+    /* OUT: created, or continued with --resume */
+    struct stat stbuf;
+    int exists = stat(o->output, &stbuf) == 0;
+    if (exists && !o->resume) {
+        cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)", o->output);
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    size_t keep = 0;
+    if (exists) {
+        if (kvq_sweep_file_read(o->output, &old, &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (old.columns && (old.fmt != fmt || strcmp(old.columns, header))) {
+            cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
+                      old.fmt == KVQ_FMT_JSONL ? "JSON lines" : "CSV", old.fmt != fmt ? "found," : "with", header);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        keep = old.columns ? old.body : 0;
+        for (size_t k = 0; k < old.nunits; k++) {
+            const kvq_sweep_unit *u = &old.units[k];
+            kvq_spec sp;
+            int ours = u->point >= 0 && (size_t)u->point < npoints && state[u->point] == 1 &&
+                       kvq_grid_spec(grid, (size_t)u->point, &sp, &err) == KVQ_OK && !strcmp(sp.text, u->spec);
+            if (!ours) {
+                cli_error(prog, "%s: point %ld (%s) is not a pending point of this sweep and shard (another grid, "
+                          "shard or a duplicate?)", o->output, u->point, u->spec);
+                rc = CLI_RUNTIME;
+                goto done;
+            }
+            if (u->nrows != expect_rows) {
+                if (k + 1 == old.nunits && u->nrows < expect_rows) break; /* interrupted: run it again */
+                cli_error(prog, "%s: point %ld has %zu rows, this sweep writes %zu per point (other dumps, --layers, "
+                          "--heads or --per?)", o->output, u->point, u->nrows, expect_rows);
+                rc = CLI_RUNTIME;
+                goto done;
+            }
+            state[u->point] = 3, ncomplete++, nrun--;
+            keep = u->end;
+        }
+        fd = open(o->output, O_WRONLY);
+        if (fd < 0 || ftruncate(fd, (off_t)keep) != 0 || lseek(fd, 0, SEEK_END) < 0) {
+            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        if (keep < old.size)
+            fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output, old.size - keep);
+    } else {
+        fd = open(o->output, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (fd < 0) {
+            cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+    }
+    if (keep == 0 && fmt == KVQ_FMT_CSV) {
+        header[header_len] = '\n';
+        int bad = write_all(fd, header, header_len + 1);
+        header[header_len] = '\0';
+        if (bad) { cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+    }
+    if (fsync(fd) != 0) { cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+    if (!exists) sync_dir(o->output);
+
+    for (size_t p = 0; p < npoints; p++) {
+        kvq_spec sp;
+        if (state[p] == 2 && kvq_grid_spec(grid, p, &sp, &err))
+            fprintf(stderr, "%s: skipping invalid point %zu: %s\n", prog, p, err.msg);
+    }
+
+    /* the shared work, once per run: dumps within --cache-mb stay prepared */
+    double t0 = now(), used = 0;
+    for (int i = 0; i < ndumps && nrun; i++) {
+        size_t bytes;
+        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &bytes, &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (used + (double)bytes > (double)o->cache_mb * 1048576.0) {
+            if (o->cache_mb > 0)
+                fprintf(stderr, "%s: note: %s: its shared data (%.0f MiB) exceeds --cache-mb %ld: re-read per point\n",
+                        prog, dumps[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
+            continue;
+        }
+        if (kvq_prepare_dump(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &prep[i], &err)) { rc = cli_fail(prog, &err); goto done; }
+        used += (double)bytes;
+    }
+
+    progress_t pr = {.mode = o->progress, .total = nrun, .t0 = now()};
+    size_t written = 0;
+    double prep_s = pr.t0 - t0;
+    for (size_t p = 0; p < npoints; p++) {
+        if (state[p] != 1) continue;
+        double tp = now();
+        kvq_spec sp;
+        char pt[32];
+        kvq_grid_spec(grid, p, &sp, &err); /* valid: checked above */
+        for (int k = 0; k < nk; k++) extra[k] = kvq_grid_value(grid, p, k);
+        snprintf(pt, sizeof pt, "%zu", p);
+        extra[nk] = pt;
+        ao.specs = &sp, ao.nspecs = 1;
+        free(unit), unit = NULL;
+        if (!(ms = open_memstream(&unit, &unit_len)) || !(rep = kvq_report_new(ms, fmt, extra_cols, nk + 1))) {
+            cli_error(prog, "out of memory");
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        kvq_report_omit_header(rep);
+        for (int i = 0; i < ndumps; i++) {
+            kvq_analysis a;
+            kvq_status st = prep[i] ? kvq_analyze_prepared(prep[i], &ao, &a, &err) : kvq_analyze_dump(d[i], &ao, &a, &err);
+            if (st) { rc = cli_fail(prog, &err); goto done; }
+            st = kvq_report_analysis(rep, base[i], &a, &sp, o->per, extra);
+            kvq_analysis_free(&a);
+            if (st) { cli_error(prog, "%s: %s", o->output, kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+        }
+        kvq_status st = kvq_report_finish(rep);
+        rep = NULL;
+        int closed = fclose(ms);
+        ms = NULL;
+        if (st || closed) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        /* the point's rows as one unit: appended, then made durable */
+        if (write_all(fd, unit, unit_len) != 0 || fsync(fd) != 0) {
+            cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        written++;
+        progress_point(&pr, p, sp.text, now() - tp);
+    }
+    if (close(fd) != 0) { fd = -1; cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+    fd = -1;
+    double total = now() - t0;
+    fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
+            "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, ncomplete, ninvalid,
+            o->shard_i, o->shard_n, npoints, total, prep_s, written ? (total - prep_s) / (double)written : 0.0);
+done:
+    if (fd >= 0) close(fd);
+    kvq_report_discard(rep);
+    if (ms) fclose(ms);
+    free(unit), free(header);
+    kvq_sweep_file_free(&old);
+    for (int i = 0; i < ndumps && d && prep && base; i++) kvq_prepared_free(prep[i]), kvq_dump_close(d[i]), free(base[i]);
+    free(d), free(prep), free(base), free(state), free(extra_cols), free(extra);
+    kvq_calib_close(calib);
+    kvq_grid_free(grid);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
+        {"fixed", required_argument, 0, 'f'}, {"output", required_argument, 0, 'o'},
+        {"calib", required_argument, 0, OPT_CALIB}, {"layers", required_argument, 0, OPT_LAYERS},
+        {"heads", required_argument, 0, OPT_HEADS}, {"queries", required_argument, 0, OPT_QUERIES},
+        {"per", required_argument, 0, OPT_PER}, {"format", required_argument, 0, OPT_FORMAT},
+        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
+        {"device", required_argument, 0, OPT_DEVICE}, {"resume", no_argument, 0, OPT_RESUME},
+        {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
+        {"expect-grid", no_argument, 0, OPT_EXPECT}, {"list-points", no_argument, 0, OPT_LIST},
+        {"cache-mb", required_argument, 0, OPT_CACHE}, {"progress", required_argument, 0, OPT_PROGRESS},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+
+    opts_t o = {.per = KVQ_PER_LAYER, .queries = {KVQ_Q_LAST, 64}, .shard_n = 1, .cache_mb = 4096,
+                .progress = -1};
+    kvq_error err = {0};
+    int rc = CLI_OK, c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":q:g:f:o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'q': o.quant = optarg; break;
+        case 'g':
+            if (push(&o.grids, &o.ngrids, optarg)) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+            break;
+        case 'f':
+            if (push(&o.fixed, &o.nfixed, optarg)) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+            break;
+        case 'o': o.output = optarg; break;
+        case OPT_CALIB: o.calib = optarg; break;
+        case OPT_LAYERS:
+            free(o.layers);
+            if (cli_parse_list(optarg, 999, &o.layers, &o.nlayers)) {
+                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_HEADS:
+            free(o.heads);
+            if (cli_parse_list(optarg, 1 << 20, &o.heads, &o.nheads)) {
+                cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_QUERIES:
+            if (kvq_query_sel_parse(optarg, &o.queries, &err)) { rc = cli_fail(prog, &err); goto done; }
+            break;
+        case OPT_PER:
+            if (!strcmp(optarg, "head")) o.per = KVQ_PER_HEAD;
+            else if (!strcmp(optarg, "layer")) o.per = KVQ_PER_LAYER;
+            else if (!strcmp(optarg, "model")) o.per = KVQ_PER_MODEL;
+            else { cli_error(prog, "--per %s: expected head, layer or model", optarg); rc = CLI_USAGE; goto done; }
+            break;
+        case OPT_FORMAT:
+            if (strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
+                cli_error(prog, "--format %s: expected csv or jsonl", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            o.format = optarg;
+            break;
+        case OPT_THREADS:
+            if (cli_parse_long(optarg, 1, 4096, &o.threads)) {
+                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_SEED:
+            if (cli_parse_u64(optarg, &o.seed)) {
+                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_DEVICE:
+            if (!strcmp(optarg, "cpu")) break;
+            if (!strcmp(optarg, "cuda")) {
+                cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
+                          KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
+                rc = CLI_RUNTIME; goto done;
+            }
+            cli_error(prog, "--device %s: expected cpu or cuda", optarg);
+            rc = CLI_USAGE; goto done;
+        case OPT_RESUME: o.resume = 1; break;
+        case OPT_SHARD: {
+            char *slash = strchr(optarg, '/');
+            if (slash) *slash = '\0';
+            int bad = !slash || cli_parse_long(optarg, 0, 1000000, &o.shard_i) ||
+                      cli_parse_long(slash + 1, 1, 1000000, &o.shard_n) || o.shard_i >= o.shard_n;
+            if (slash) *slash = '/';
+            if (bad) {
+                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        }
+        case OPT_MERGE: o.merge = 1; break;
+        case OPT_EXPECT: o.expect_grid = 1; break;
+        case OPT_LIST: o.list_points = 1; break;
+        case OPT_CACHE:
+            if (cli_parse_long(optarg, 0, 1L << 30, &o.cache_mb)) {
+                cli_error(prog, "--cache-mb %s: expected a non-negative integer (MiB)", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_PROGRESS:
+            if (!strcmp(optarg, "auto")) o.progress = -1;
+            else if (!strcmp(optarg, "always")) o.progress = PROGRESS_BAR;
+            else if (!strcmp(optarg, "never")) o.progress = PROGRESS_NEVER;
+            else { cli_error(prog, "--progress %s: expected auto, always or never", optarg); rc = CLI_USAGE; goto done; }
+            break;
+        case 'h': usage(stdout); goto done;
+        case 'V': printf("kvq-sweep %s\n", kvq_version()); goto done;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        }
+    }
+    if (o.progress < 0) o.progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
+
+    if (o.merge) {
+        if (o.resume || o.list_points || o.shard_n != 1) {
+            cli_error(prog, "--merge joins finished outputs: --resume, --shard and --list-points do not apply");
+            rc = CLI_USAGE; goto done;
+        }
+        if (!o.expect_grid && (o.quant || o.ngrids || o.nfixed)) {
+            cli_error(prog, "--merge with --quant/--grid/--fixed: add --expect-grid to check the merge against that grid");
+            rc = CLI_USAGE; goto done;
+        }
+        if (o.expect_grid && !o.quant) { cli_error(prog, "--expect-grid needs the sweep's --quant (and --grid/--fixed)"); rc = CLI_USAGE; goto done; }
+        if (optind >= argc) { cli_error(prog, "--merge: no input files given (see --help)"); rc = CLI_USAGE; goto done; }
+        if (!o.output) { cli_error(prog, "--merge needs -o OUT"); rc = CLI_USAGE; goto done; }
+        rc = do_merge(&o, argv + optind, argc - optind);
+        goto done;
+    }
+    if (o.expect_grid) { cli_error(prog, "--expect-grid applies to --merge only"); rc = CLI_USAGE; goto done; }
+    if (!o.quant) { cli_error(prog, "no --quant NAME given (see --help)"); rc = CLI_USAGE; goto done; }
+    if (!o.list_points && !o.output) { cli_error(prog, "no -o OUT given: a sweep writes its rows to a file (see --help)"); rc = CLI_USAGE; goto done; }
+    if (!o.list_points && optind >= argc) {
+        cli_error(prog, "no dump given (usage: kvq-sweep [options] DUMP... --quant NAME --grid ... -o OUT)");
+        rc = CLI_USAGE; goto done;
+    }
+    rc = do_sweep(&o, argv + optind, argc - optind);
+done:
+    free(o.grids), free(o.fixed), free(o.layers), free(o.heads);
+    return rc;
+}
