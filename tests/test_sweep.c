@@ -1,0 +1,185 @@
+/* test_sweep.c — the sweep's library parts: grid order, point specs and
+ * validation; the reader of sweep outputs on CSV quoting, JSON escapes,
+ * torn files, and every prefix and many corruptions of a real file (no crash,
+ * only a clean error). */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+START_TEST(grid_order_and_specs)
+{
+    const char *grids[] = {"group=32,64", "residual=32,64,96", "bits=2,4"};
+    const char *fixed[] = {"vbits=3"};
+    kvq_grid *g;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_grid_new("kivi", grids, 3, fixed, 1, &g, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_uint_eq(kvq_grid_size(g), 12);
+    ck_assert_int_eq(kvq_grid_nkeys(g), 3);
+    ck_assert_str_eq(kvq_grid_key(g, 1), "residual");
+    /* nested loops, last key fastest: p = ((group * 3) + residual) * 2 + bits */
+    for (size_t p = 0; p < 12; p++) {
+        ck_assert_str_eq(kvq_grid_value(g, p, 0), p < 6 ? "32" : "64");
+        ck_assert_str_eq(kvq_grid_value(g, p, 2), p % 2 ? "4" : "2");
+    }
+    ck_assert_str_eq(kvq_grid_value(g, 5, 1), "96");
+    kvq_spec sp;
+    ck_assert_int_eq(kvq_grid_spec(g, 3, &sp, &err), KVQ_OK);
+    ck_assert_str_eq(sp.text, "kivi:bits=4,group=32,residual=64,vbits=3"); /* parameter-table order */
+    ck_assert_int_eq(kvq_grid_spec(g, 6, &sp, &err), KVQ_ERR_USAGE);      /* residual 32 % group 64 */
+    ck_assert(strstr(err.msg, "multiple of group"));
+    kvq_grid_free(g);
+
+    /* no grid: one point, the fixed spec */
+    ck_assert_int_eq(kvq_grid_new("absmax", NULL, 0, NULL, 0, &g, &err), KVQ_OK);
+    ck_assert_uint_eq(kvq_grid_size(g), 1);
+    ck_assert_int_eq(kvq_grid_spec(g, 0, &sp, &err), KVQ_OK);
+    ck_assert_str_eq(sp.text, "absmax");
+    kvq_grid_free(g);
+
+    const char *bad[][2] = {{"bits", "bits=2,3"}, {"bits=", ""}, {"=2", ""}, {"bits=2,,3", ""}, {"bits=2,", ""},
+                            {"nokey=1", ""}, {"bits=2,2.0", ""}, {"bits=0", ""}, {"group=x", ""}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *one[1] = {bad[i][0]};
+        ck_assert_msg(kvq_grid_new("kivi", one, 1, NULL, 0, &g, &err) == KVQ_ERR_USAGE, "%s", bad[i][0]);
+    }
+    const char *twice[2] = {"bits=2", "bits=3"};
+    ck_assert_int_eq(kvq_grid_new("kivi", twice, 2, NULL, 0, &g, &err), KVQ_ERR_USAGE);
+    ck_assert_int_eq(kvq_grid_new("kivi", twice, 1, twice + 1, 1, &g, &err), KVQ_ERR_USAGE);
+    ck_assert_int_eq(kvq_grid_new("nope", NULL, 0, NULL, 0, &g, &err), KVQ_ERR_USAGE);
+    const char *fx[1] = {"group=32,bits"};
+    ck_assert_int_eq(kvq_grid_new("kivi", NULL, 0, fx, 1, &g, &err), KVQ_ERR_USAGE);
+}
+END_TEST
+
+static char *write_tmp(const char *data, size_t n)
+{
+    char *path = strdup("/tmp/kvq-sweep-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    ck_assert(write(fd, data, n) == (ssize_t)n);
+    close(fd);
+    return path;
+}
+
+static const char csv[] =
+    "dump,spec,x,point\n"
+    "a.h5,\"kivi:bits=2,group=32\",\"say \"\"hi\"\"\",0\n"
+    "b.h5,\"kivi:bits=2,group=32\",1,0\n"
+    "a.h5,\"kivi:bits=3,group=32\",,1\n"
+    "b.h5,\"kivi:bits=3,group=32\",,1\n"
+    "a.h5,\"kivi:bits=4,group=32\",,5\n";
+
+static const char jsonl[] =
+    "{\"dump\":\"a.h5\",\"spec\":\"kivi:bits=2\",\"v\":null,\"g\":2,\"point\":0}\n"
+    "{\"dump\":\"b\\\"\\u0041\",\"spec\":\"kivi:bits=2\",\"v\":1.5e-3,\"g\":2,\"point\":0}\n"
+    "{\"dump\":\"a.h5\",\"spec\":\"kivi:bits=3\",\"v\":-1,\"g\":3,\"point\":1}\n";
+
+START_TEST(read_csv_and_jsonl)
+{
+    kvq_error err = {0};
+    kvq_sweep_file f;
+    char *path = write_tmp(csv, sizeof csv - 1);
+    ck_assert_msg(kvq_sweep_file_read(path, &f, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_int_eq(f.fmt, KVQ_FMT_CSV);
+    ck_assert_str_eq(f.columns, "dump,spec,x,point");
+    ck_assert_uint_eq(f.nunits, 3);
+    ck_assert_str_eq(f.units[0].spec, "kivi:bits=2,group=32");
+    ck_assert_uint_eq(f.units[0].nrows, 2);
+    ck_assert_uint_eq(f.units[0].begin, f.body);
+    ck_assert_uint_eq(f.units[1].begin, f.units[0].end);
+    ck_assert_int_eq(f.units[2].point, 5);
+    ck_assert_uint_eq(f.units[2].end, sizeof csv - 1);
+    ck_assert(!f.partial && f.end == sizeof csv - 1);
+    kvq_sweep_file_free(&f);
+    unlink(path), free(path);
+
+    path = write_tmp(csv, sizeof csv - 4); /* torn last row */
+    ck_assert_int_eq(kvq_sweep_file_read(path, &f, &err), KVQ_OK);
+    ck_assert(f.partial && f.nunits == 2 && f.units[1].nrows == 2);
+    kvq_sweep_file_free(&f);
+    unlink(path), free(path);
+
+    path = write_tmp(jsonl, sizeof jsonl - 1);
+    ck_assert_msg(kvq_sweep_file_read(path, &f, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_int_eq(f.fmt, KVQ_FMT_JSONL);
+    ck_assert_str_eq(f.columns, "dump,spec,v,g,point");
+    ck_assert_uint_eq(f.nunits, 2);
+    ck_assert_uint_eq(f.units[0].nrows, 2);
+    ck_assert_str_eq(f.units[1].spec, "kivi:bits=3");
+    kvq_sweep_file_free(&f);
+    unlink(path), free(path);
+
+    const char *bad[] = {
+        "dump,spec\nx,y\n",                                  /* no point column */
+        "spec,point\n\"a,1\n",                               /* open quote */
+        "spec,point\na,1,2\n",                               /* field count */
+        "spec,point\na,-1\n",                                /* negative point */
+        "spec,point\na,1\nb,1\n",                            /* one point, two specs */
+        "spec,point\n,1\n",                                  /* empty spec */
+        "{\"spec\":\"a\",\"point\":0}\n{\"point\":0,\"spec\":\"a\"}\n", /* keys differ */
+        "{\"spec\":\"a\",\"point\":0} x\n",                  /* trailing bytes */
+        "{\"spec\":\"a\"\n",                                 /* unterminated */
+        "{\"spec\":\"a\",\"point\":\"\\u00zz\"}\n",          /* bad escape */
+        "spec,point\na\0,1\n",                               /* NUL byte */
+    };
+    size_t lens[] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        path = write_tmp(bad[i], lens[i] ? lens[i] : strlen(bad[i]));
+        ck_assert_msg(kvq_sweep_file_read(path, &f, &err) == KVQ_ERR_FORMAT, "case %zu", i);
+        ck_assert(strstr(err.msg, path));
+        unlink(path), free(path);
+    }
+    ck_assert_int_eq(kvq_sweep_file_read("/nonexistent/x.csv", &f, &err), KVQ_ERR_IO);
+}
+END_TEST
+
+/* Every prefix and 2000 single-byte corruptions of both files: a clean
+ * status each time (the sanitizer build checks the memory side). */
+START_TEST(read_any_input)
+{
+    const char *files[2] = {csv, jsonl};
+    size_t lens[2] = {sizeof csv - 1, sizeof jsonl - 1};
+    kvq_rng r;
+    kvq_rng_init(&r, 1, 2, 3, 4);
+    for (int k = 0; k < 2; k++) {
+        char buf[512];
+        for (size_t n = 0; n <= lens[k]; n++) {
+            char *path = write_tmp(files[k], n);
+            kvq_sweep_file f;
+            kvq_error err = {0};
+            kvq_status st = kvq_sweep_file_read(path, &f, &err);
+            ck_assert(st == KVQ_OK || st == KVQ_ERR_FORMAT);
+            if (st == KVQ_OK) {
+                ck_assert(f.end <= n && f.partial == (f.end < n));
+                kvq_sweep_file_free(&f);
+            }
+            unlink(path), free(path);
+        }
+        for (int i = 0; i < 1000; i++) {
+            memcpy(buf, files[k], lens[k]);
+            buf[kvq_rng_below(&r, lens[k])] = (char)kvq_rng_below(&r, 256);
+            char *path = write_tmp(buf, lens[k]);
+            kvq_sweep_file f;
+            kvq_error err = {0};
+            kvq_status st = kvq_sweep_file_read(path, &f, &err);
+            ck_assert(st == KVQ_OK || st == KVQ_ERR_FORMAT);
+            if (st == KVQ_OK) kvq_sweep_file_free(&f);
+            unlink(path), free(path);
+        }
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("sweep");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, grid_order_and_specs);
+    tcase_add_test(tc, read_csv_and_jsonl);
+    tcase_add_test(tc, read_any_input);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
