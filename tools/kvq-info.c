@@ -1,6 +1,7 @@
 /* kvq-info — describe kvq dumps (SPEC §5): shapes, dtypes, RoPE settings and
  * per-layer statistics (per-channel abs-max max/median ratio, kurtosis);
- * --channels writes per-channel magnitudes as CSV. */
+ * --channels writes per-channel magnitudes as CSV; --values L:H writes one
+ * KV head's keys and values token by token (for magnitude maps). */
 #include "cli.h"
 
 #include <getopt.h>
@@ -17,6 +18,9 @@ static void usage(FILE *f)
         "Describe kvq-dump/1 files: shapes, dtypes and per-layer statistics.\n\n"
         "      --channels        write per-channel magnitudes as CSV instead\n"
         "                        (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)\n"
+        "      --values L:H      write the keys and values of layer L, KV head H as CSV\n"
+        "                        (dump,layer,head,tensor,token,c0..c{D-1}; tensor is key,\n"
+        "                        value and key_pre_rope when the dump has it)\n"
         "  -o, --output FILE     write to FILE (atomically) instead of stdout\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
@@ -43,6 +47,56 @@ static void channels_csv(FILE *f, const char *dump, int layer, const char *tenso
             const kvq_channel_stats *s = &st[(size_t)h * D + c];
             fprintf(f, "%s,%d,%d,%s,%d,%.9g,%.9g,%.9g\n", dump, layer, h, tensor, c, s->abs_max, s->abs_mean, s->rms);
         }
+}
+
+/* One KV head's tensor, a row per token. */
+static void values_csv(FILE *f, const char *dump, int layer, int head, const char *tensor, const float *x,
+                       int T, int D)
+{
+    const float *xh = x + (size_t)head * T * D;
+    for (int t = 0; t < T; t++) {
+        fprintf(f, "%s,%d,%d,%s,%d", dump, layer, head, tensor, t);
+        for (int c = 0; c < D; c++) fprintf(f, ",%.9g", xh[(size_t)t * D + c]);
+        fputc('\n', f);
+    }
+}
+
+/* --values: one layer and KV head of one dump; *D is the header's head_dim
+ * (0 until the first dump sets it). */
+static int dump_values(FILE *f, const char *path, long layer, long head, int *D)
+{
+    kvq_error err = {0};
+    kvq_dump *d = NULL;
+    kvq_layer L = {0};
+    int rc = CLI_OK;
+    if (kvq_dump_open(path, &d, &err)) return cli_fail(prog, &err);
+    const kvq_dump_info *in = kvq_dump_get_info(d);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    if (layer >= in->num_layers || head >= in->num_kv_heads) {
+        cli_error(prog, "%s: --values %ld:%ld: expected layer 0..%d and KV head 0..%d", path, layer, head,
+                  in->num_layers - 1, in->num_kv_heads - 1);
+        rc = CLI_USAGE;
+        goto done;
+    }
+    if (*D && in->head_dim != *D) {
+        cli_error(prog, "%s: /head_dim: expected %d like the first dump (one CSV holds one head_dim), got %d", path, *D, in->head_dim);
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    if (!*D) {
+        *D = in->head_dim;
+        fprintf(f, "dump,layer,head,tensor,token");
+        for (int c = 0; c < *D; c++) fprintf(f, ",c%d", c);
+        fputc('\n', f);
+    }
+    if (kvq_dump_read_layer(d, (int)layer, KVQ_READ_KEY_PRE_ROPE, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
+    values_csv(f, base, (int)layer, (int)head, "key", L.key, L.T, L.D);
+    values_csv(f, base, (int)layer, (int)head, "value", L.value, L.T, L.D);
+    if (L.key_pre_rope) values_csv(f, base, (int)layer, (int)head, "key_pre_rope", L.key_pre_rope, L.T, L.D);
+done:
+    kvq_layer_free(&L);
+    kvq_dump_close(d);
+    return rc;
 }
 
 static int describe(FILE *f, const char *path, int channels)
@@ -100,15 +154,28 @@ done:
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"channels", no_argument, 0, 'c'}, {"output", required_argument, 0, 'o'},
+        {"channels", no_argument, 0, 'c'}, {"values", required_argument, 0, 'v'},
+        {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    int channels = 0, c, rc = CLI_OK;
+    int channels = 0, c, rc = CLI_OK, D = 0;
+    long vlayer = -1, vhead = -1;
     const char *output = NULL;
     cli_out out = {0};
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
         switch (c) {
         case 'c': channels = 1; break;
+        case 'v': {
+            char *colon = strchr(optarg, ':');
+            if (colon) *colon = '\0';
+            int bad = !colon || cli_parse_long(optarg, 0, 1 << 20, &vlayer) || cli_parse_long(colon + 1, 0, 1 << 20, &vhead);
+            if (colon) *colon = ':';
+            if (bad) {
+                cli_error(prog, "--values %s: expected LAYER:HEAD, e.g. 0:1", optarg);
+                return CLI_USAGE;
+            }
+            break;
+        }
         case 'o': output = optarg; break;
         case 'h': usage(stdout); return CLI_OK;
         case 'V': printf("kvq-info %s\n", kvq_version()); return CLI_OK;
@@ -120,9 +187,14 @@ int main(int argc, char **argv)
         cli_error(prog, "no dump given (usage: kvq-info [--channels] DUMP...; see --help)");
         return CLI_USAGE;
     }
+    if (channels && vlayer >= 0) {
+        cli_error(prog, "--channels and --values write different tables: choose one");
+        return CLI_USAGE;
+    }
     if (cli_out_open(&out, output, prog)) return CLI_RUNTIME;
     if (channels) fprintf(out.f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
-    for (int i = optind; i < argc && rc == CLI_OK; i++) rc = describe(out.f, argv[i], channels);
+    for (int i = optind; i < argc && rc == CLI_OK; i++)
+        rc = vlayer >= 0 ? dump_values(out.f, argv[i], vlayer, vhead, &D) : describe(out.f, argv[i], channels);
     if (rc == CLI_OK) {
         if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
     } else {

@@ -5,13 +5,15 @@
 #   tools/setup.sh demo   runs kvq-analyze on the bundled real dump (every family, calibrated on the second dump)
 #   tools/setup.sh test   runs every test suite, in a normal build and in an
 #                         AddressSanitizer + UndefinedBehaviorSanitizer build
+#   tools/setup.sh figures regenerates every figure from the bundled data into figures/
 #   tools/setup.sh build  only builds (into build/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-build}
-case "$what" in demo|test|build) ;; *) echo "usage: tools/setup.sh demo|test|build" >&2; exit 2 ;; esac
+case "$what" in demo|test|figures|build) ;; *) echo "usage: tools/setup.sh demo|test|figures|build" >&2; exit 2 ;; esac
 
-pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check)
+pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check
+      python3-matplotlib python3-numpy) # the last two: the figure scripts (notebooks-export/)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -42,6 +44,9 @@ configure build -Dtests=enabled
 case "$what" in
 demo)
     exec build/tools/kvq-analyze --per model --format table --calib data/stories260K-calib.h5 data/stories260K.h5
+    ;;
+figures)
+    exec notebooks-export/make_figures.sh --build build figures
     ;;
 test)
     meson test -C build --print-errorlogs

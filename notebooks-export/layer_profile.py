@@ -1,0 +1,115 @@
+# %% [markdown]
+# # Per-layer error profiles of several quantizers
+#
+# For each quantizer configuration of a `kvq-analyze --per layer` table: the attention
+# error, the layer-output error and the key and value errors, layer by layer. Layers
+# differ a lot (the first layers of small models often have the most peaked attention), and
+# a quantizer's average error can hide one layer that it breaks. Colours follow the
+# quantizer family as in the other figures; log scale where errors span decades.
+#
+# Regenerate (with every other figure): `notebooks-export/make_figures.sh`, or alone:
+#
+#     kvq-analyze -q kivi:bits=2 -q kcvt:bits=2 -q per-token:bits=4 --per layer -o layers.csv data/stories260K.h5
+#     python3 notebooks-export/layer_profile.py --input layers.csv --out figures
+#
+# Opened as a notebook (jupytext), it runs with the defaults below.
+
+# %%
+import argparse
+import math
+
+import matplotlib.pyplot as plt
+
+import kvqplot
+
+FIGSIZE = (12, 9)
+STYLES = ["-", "--", ":", "-."]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Per-layer error of several quantizers.")
+    p.add_argument("--input", default="figures/data/analyze-layer.csv",
+                   help="kvq-analyze --per layer output (CSV or JSON lines)")
+    p.add_argument("--metrics", default="attn_rel,out_rel_joint,k_rel_fro,v_rel_fro",
+                   help="up to four metric columns, comma-separated")
+    p.add_argument("--dump", help="the dump to plot when the table has several")
+    p.add_argument("--out", default="figures", help="output folder")
+    p.add_argument("--name", default="layer_profile", help="file name without extension")
+    return p.parse_args([] if kvqplot.in_notebook() else argv)
+
+
+# %% [markdown]
+# ## Read the per-layer rows
+
+# %%
+def load(args):
+    metrics = [m for m in args.metrics.split(",") if m]
+    if not 1 <= len(metrics) <= 4:
+        raise kvqplot.InputError(f"--metrics {args.metrics}: expected one to four metric columns")
+    rows, _ = kvqplot.read_rows(args.input, ["dump", "layer", "head", "quantizer", "spec"] + metrics,
+                                "kvq-analyze --per layer output")
+    rows = [r for r in rows if str(r["layer"]) != "all" and str(r["head"]) == "all"]
+    if not rows:
+        raise kvqplot.InputError(f"{args.input}: no per-layer rows (a layer number and head 'all'): "
+                                 "run kvq-analyze with --per layer")
+    dumps = sorted({r["dump"] for r in rows})
+    if args.dump or len(dumps) > 1:
+        if not args.dump:
+            raise kvqplot.InputError(f"{args.input}: rows of {len(dumps)} dumps ({', '.join(dumps)}): choose one with --dump")
+        rows = [r for r in rows if r["dump"] == args.dump]
+        if not rows:
+            raise kvqplot.InputError(f"{args.input}: no rows for dump {args.dump}")
+    series = {}  # spec -> (family, {layer: {metric: value}})
+    for r in rows:
+        fam, by_layer = series.setdefault(r["spec"], (r["quantizer"], {}))
+        by_layer[kvqplot.integer(r, "layer", args.input)] = {m: kvqplot.num(r, m, args.input) for m in metrics}
+    return rows[0]["dump"], metrics, series
+
+
+# %% [markdown]
+# ## Plot: one panel per metric, one line per configuration
+
+# %%
+def plot(dump, metrics, series, args):
+    fig, axes = plt.subplots(2, 2, figsize=FIGSIZE, dpi=kvqplot.DPI)
+    per_family = {}
+    for ax, metric in zip(axes.flat, metrics):
+        values = []
+        for spec, (fam, by_layer) in series.items():
+            layers = sorted(by_layer)
+            ys = [by_layer[l][metric] for l in layers]
+            if not any(math.isfinite(v) for v in ys):
+                continue
+            values += ys
+            colour, marker = kvqplot.family_style(fam)
+            k = per_family.setdefault(spec, sum(1 for s, f in per_family.items() if series[s][0] == fam))
+            ax.plot(layers, ys, color=colour, marker=marker, linestyle=STYLES[k % len(STYLES)], label=spec)
+        if not values:
+            ax.text(0.5, 0.5, f"no {metric} values\n(the dump has no queries)", ha="center", va="center",
+                    transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        kvqplot.log_if_spread(ax, values)
+        ax.set_xlabel("layer index")
+        ax.set_ylabel(kvqplot.metric_label(metric))
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes.flat[len(metrics):]:
+        ax.set_axis_off()
+    handles, labels = next((ax.get_legend_handles_labels() for ax in axes.flat if ax.get_legend_handles_labels()[0]),
+                           ([], []))
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, max(1, len(labels))), frameon=False, fontsize=9)
+    fig.suptitle(f"{dump}: error per layer ({len(series)} configurations)")
+    fig.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.17, hspace=0.3, wspace=0.22)
+    return fig
+
+
+# %%
+def main(argv=None):
+    args = parse_args(argv)
+    dump, metrics, series = load(args)
+    return kvqplot.save(plot(dump, metrics, series, args), args.out, args.name)
+
+
+if __name__ == "__main__":
+    kvqplot.run(main, "layer_profile")

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# make_figures.sh — regenerate every figure from the bundled data: run the kvq
+# tools on data/stories260K.h5 (calibrated families on stories260K-calib.h5)
+# into OUTDIR/data/, then each figure script, writing OUTDIR/*.png and *.pdf.
+#   notebooks-export/make_figures.sh [--build DIR] [--readme] [OUTDIR]
+#     --build DIR  where the kvq tools were built (default: build)
+#     --readme     also refresh the two images the README shows (notebooks-export/img/)
+#     OUTDIR       default: figures
+# tools/setup.sh figures installs what is missing, builds, and runs this.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=$root/build
+readme=0
+out=figures
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --build) build=$(cd "$2" && pwd); shift 2 ;;
+    --readme) readme=1; shift ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "make_figures: error: unknown option $1 (see --help)" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+    esac
+done
+for t in kvq-analyze kvq-sweep kvq-info; do
+    [ -x "$build/tools/$t" ] || { echo "make_figures: error: $build/tools/$t: not built (run tools/setup.sh build)" >&2; exit 1; }
+done
+# a Python 3 with matplotlib: Debian's (python3-matplotlib) even when another python3 comes first on PATH
+python=""
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import matplotlib, numpy' 2>/dev/null; then python=$p; break; fi
+done
+[ -n "$python" ] || { echo "make_figures: error: no python3 with matplotlib and numpy (apt-get install python3-matplotlib python3-numpy, or tools/setup.sh figures)" >&2; exit 1; }
+
+dump=$root/data/stories260K.h5
+calib=$root/data/stories260K-calib.h5
+mkdir -p "$out/data"
+data=$out/data
+bin=$build/tools
+say() { echo "make_figures: $*" >&2; }
+
+say "kvq-info: channel magnitudes, layer 1 KV head 0 token by token"
+"$bin/kvq-info" --channels -o "$data/channels.csv" "$dump"
+"$bin/kvq-info" --values 1:0 -o "$data/values-L1-H0.csv" "$dump"
+
+say "kvq-analyze: every family at several bit widths, per model and per layer"
+specs=()
+for b in 2 3 4 8; do specs+=(-q "per-token:bits=$b"); done
+for b in 2 3 4; do specs+=(-q "per-channel:bits=$b" -q "kivi:bits=$b,group=32,residual=32" -q "kcvt:bits=$b"); done
+for b in 4 6 8; do specs+=(-q "absmax:bits=$b"); done
+for b in 2 4; do specs+=(-q "gear:bits=$b,rank=2,lowrank=svd" -q "gear-l:bits=$b,rank=2,lowrank=svd"); done
+for b in 1 2 3 4; do specs+=(-q "lloydmax:bits=$b"); done
+for c in 4 16 64; do specs+=(-q "cluster:centroids=$c"); done
+"$bin/kvq-analyze" "${specs[@]}" --calib "$calib" --per model -o "$data/analyze-model.csv" "$dump"
+"$bin/kvq-analyze" -q per-token:bits=4 -q kivi:bits=2,group=32,residual=32 -q kcvt:bits=2 \
+    -q gear:bits=2,rank=2,lowrank=svd -q lloydmax:bits=2 -q cluster:centroids=16 \
+    --calib "$calib" --per layer -o "$data/analyze-layer.csv" "$dump"
+
+say "kvq-sweep: KIVI group x residual x bits"
+rm -f "$data/sweep-kivi.csv"
+"$bin/kvq-sweep" "$dump" --quant kivi --grid bits=2,4 --grid group=16,32,64,128 --grid residual=0,32,64,128 \
+    --per model --progress never -o "$data/sweep-kivi.csv" 2>/dev/null
+
+say "figures (python: $python)"
+"$python" "$here/channel_magnitudes.py" --values "$data/values-L1-H0.csv" --channels "$data/channels.csv" --out "$out"
+"$python" "$here/error_vs_bits.py" --input "$data/analyze-model.csv" --out "$out"
+"$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric out_rel_joint --out "$out"
+"$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
+    --name sweep_heatmap_bits --out "$out"
+"$python" "$here/layer_profile.py" --input "$data/analyze-layer.csv" --out "$out"
+if [ $readme = 1 ]; then
+    mkdir -p "$here/img"
+    cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$here/img/"
+    say "refreshed notebooks-export/img/"
+fi
+say "done: $(cd "$out" && ls -- *.png | tr '\n' ' ')in $out/"

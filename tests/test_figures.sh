@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# test_figures.sh — the figure command on the bundled data (every file made,
+# valid, of the expected size, not blank) and the scripts' input checks
+# (missing file, missing columns, wrong kind of rows: one line, exit 1).
+#   test_figures.sh BUILD_DIR SOURCE_DIR
+set -u
+build=$1
+src=$2
+nb=$src/notebooks-export
+python=""
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import matplotlib, numpy' 2>/dev/null; then python=$p; break; fi
+done
+if [ -z "$python" ]; then
+    echo "SKIP: no python3 with matplotlib and numpy (tools/setup.sh installs python3-matplotlib)"
+    exit 77
+fi
+. "$src/tests/cli_lib.sh"
+
+out=$tmp/figs
+"$nb/make_figures.sh" --build "$build" "$out" 2>"$tmp/make.err"
+rc=$?
+[ $rc = 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: make_figures.sh exit $rc"; sed 's/^/  /' "$tmp/make.err" | tail -5; }
+"$python" "$src/tests/check_figures.py" "$out" && pass=$((pass + 1)) || fail=$((fail + 1))
+
+# bad inputs: one line naming the file and what is wrong, exit 1
+d=$out/data
+sed 's/,attn_rel,/,attn_relx,/' "$d/analyze-model.csv" >"$tmp/no-attn.csv"
+sed 's/,point$/,pt/' "$d/sweep-kivi.csv" >"$tmp/no-point.csv"
+sed 's/,abs_max,/,absmax,/' "$d/channels.csv" >"$tmp/no-absmax.csv"
+cut -d, -f1-5 "$d/values-L1-H0.csv" >"$tmp/no-values.csv"
+sed '2s/,0\.[0-9]*,/,oops,/' "$d/analyze-model.csv" >"$tmp/nan.csv"
+run() { "$python" "$nb/$1" "${@:2}" --out "$tmp/bad"; }
+expect 1 "no-attn.csv: missing column attn_rel (expected kvq-analyze --per model output" -- run error_vs_bits.py --input "$tmp/no-attn.csv"
+expect 1 "missing.csv: no such file" -- run error_vs_bits.py --input "$tmp/missing.csv"
+expect 1 "analyze-layer.csv: no per-model rows" "--per model" -- run error_vs_bits.py --input "$d/analyze-layer.csv"
+expect 1 "nan.csv: column" "expected a number, got 'oops'" -- run error_vs_bits.py --input "$tmp/nan.csv"
+expect 1 "no-point.csv: missing column point (expected kvq-sweep output" -- run sweep_heatmap.py --input "$tmp/no-point.csv"
+expect 1 "'rank' is not a grid key (grid keys: bits, group, residual)" -- run sweep_heatmap.py --input "$d/sweep-kivi.csv" --x rank
+expect 1 "no-attn.csv: missing column attn_rel (expected kvq-analyze --per layer output" -- run layer_profile.py --input "$tmp/no-attn.csv"
+expect 1 "analyze-model.csv: no per-layer rows" -- run layer_profile.py --input "$d/analyze-model.csv"
+expect 1 "no-absmax.csv: missing column abs_max (expected kvq-info --channels output" -- \
+    run channel_magnitudes.py --values "$d/values-L1-H0.csv" --channels "$tmp/no-absmax.csv"
+expect 1 "no-values.csv: missing column c0 (expected kvq-info --values L:H output" -- \
+    run channel_magnitudes.py --values "$tmp/no-values.csv" --channels "$d/channels.csv"
+[ ! -e "$tmp/bad" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a rejected input left files in $tmp/bad"; }
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
