@@ -170,14 +170,21 @@ done:
 static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h,
                                const kvq_attn_ref *ref, int nspecs, float *const *kq,
                                float *const *vq, double *const *kbits, double *const *vbits,
-                               double *const *sbytes, const int *pos, size_t npos, kvq_acc *acc,
-                               kvq_error *err)
+                               double *const *sbytes, kvq_recon_acc *const *recon,
+                               unsigned char *const *done, const int *pos, size_t npos,
+                               kvq_acc *acc, kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
+    int H = L->H;
     for (int s = 0; s < nspecs; s++) {
-        kvq_recon_accumulate(&acc[s].k, K, kq[s] + off, n);
-        kvq_recon_accumulate(&acc[s].v, V, vq[s] + off, n);
+        /* the error sums the quantizer fused into its loops, else computed here */
+        kvq_acc fused = {0};
+        if (done[s][h]) fused.k = recon[s][h];
+        else kvq_recon_accumulate(&fused.k, K, kq[s] + off, n);
+        if (done[s][H + h]) fused.v = recon[s][H + h];
+        else kvq_recon_accumulate(&fused.v, V, vq[s] + off, n);
+        kvq_acc_merge(&acc[s], &fused);
         acc[s].k.bits += kbits[s][h];
         acc[s].v.bits += vbits[s][h];
         acc[s].static_bytes += sbytes[s][h];
@@ -226,11 +233,13 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     float **kq = calloc((size_t)ns + 1, sizeof *kq), **vq = calloc((size_t)ns + 1, sizeof *vq);
     double **kb = calloc((size_t)ns + 1, sizeof *kb), **vb = calloc((size_t)ns + 1, sizeof *vb);
     double **sb = calloc((size_t)ns + 1, sizeof *sb);
+    kvq_recon_acc **rc = calloc((size_t)ns + 1, sizeof *rc);
+    unsigned char **rd = calloc((size_t)ns + 1, sizeof *rd);
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
     size_t bytes;
-    if (!out->acc || !out->layers || !out->heads || !kq || !vq || !kb || !vb || !sb || !hst || !herr) {
+    if (!out->acc || !out->layers || !out->heads || !kq || !vq || !kb || !vb || !sb || !rc || !rd || !hst || !herr) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -244,7 +253,9 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         kq[s] = malloc(bytes), vq[s] = malloc(bytes);
         kb[s] = calloc((size_t)H, sizeof(double)), vb[s] = calloc((size_t)H, sizeof(double));
         sb[s] = calloc((size_t)H, sizeof(double));
-        if (!kq[s] || !vq[s] || !kb[s] || !vb[s] || !sb[s]) {
+        rc[s] = calloc(2 * (size_t)H, sizeof **rc);
+        rd[s] = calloc(2 * (size_t)H, 1);
+        if (!kq[s] || !vq[s] || !kb[s] || !vb[s] || !sb[s] || !rc[s] || !rd[s]) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns, 2 * bytes);
             goto done;
         }
@@ -274,10 +285,12 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
                                  .rope = p->rope.cos ? &p->rope : NULL};
             kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
-                                .static_bytes = sb[s]};
+                                .static_bytes = sb[s], .recon = rc[s], .recon_done = rd[s]};
             memset(kb[s], 0, (size_t)H * sizeof(double));
             memset(vb[s], 0, (size_t)H * sizeof(double));
             memset(sb[s], 0, (size_t)H * sizeof(double));
+            memset(rc[s], 0, 2 * (size_t)H * sizeof **rc);
+            memset(rd[s], 0, 2 * (size_t)H);
             if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
             if ((st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err))) {
@@ -290,7 +303,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
             hst[hi] = head_metrics(L, info, p->heads[hi], p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
-                                   ns, kq, vq, kb, vb, sb, p->pos, p->npos,
+                                   ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
@@ -301,9 +314,9 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     }
 done:
     kvq_layer_free(&read);
-    for (int s = 0; s < ns && kq && vq && kb && vb && sb; s++)
-        free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]);
-    free(kq), free(vq), free(kb), free(vb), free(sb), free(hst), free(herr);
+    for (int s = 0; s < ns && kq && vq && kb && vb && sb && rc && rd; s++)
+        free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]), free(rc[s]), free(rd[s]);
+    free(kq), free(vq), free(kb), free(vb), free(sb), free(rc), free(rd), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
     return st;
 }

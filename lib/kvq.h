@@ -301,6 +301,12 @@ typedef struct kvq_quant_out {
     double *k_bits, *v_bits; /* [H], filled by the quantizer */
     double *static_bytes;    /* [H], zeroed by the caller: bytes held once per model
                                 whatever the sequence length (centres, codebooks, rotations) */
+    /* Optional fused error sums, [2][H] (K heads, then V heads), zeroed by the
+     * caller; NULL when not asked.  A quantizer may add each head's
+     * reconstruction error here while the data is in cache (kvq_head_recon)
+     * and set recon_done[tensor * H + h]; the driver computes the rest. */
+    struct kvq_recon_acc *recon;
+    unsigned char *recon_done;
 } kvq_quant_out;
 
 typedef struct kvq_quantizer {

@@ -38,16 +38,21 @@ static double bench_quant_with(const char *text, const kvq_layer *L, float *kq, 
     kvq_error err = {0};
     if (kvq_spec_parse(text, &sp, &err)) die(&err);
     double kb[64], vb[64], sb[64], best = 1e30;
+    kvq_recon_acc rc[128];
+    unsigned char done[128];
     size_t hs = (size_t)L->T * L->D;
     for (int rep = 0; rep < reps; rep++) {
-        kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+        /* as the driver: error sums fused into the quantizer where it offers it */
+        memset(rc, 0, sizeof rc), memset(done, 0, sizeof done);
+        kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb,
+                             .recon = rc, .recon_done = done};
         kvq_quant_ctx ctx = {.nthreads = threads, .calib = calib, .rope = rope};
         double t0 = now();
         if (kvq_quantize_layer(&sp, &ctx, L, &out, &err)) die(&err);
         kvq_acc acc = {0};
         for (int h = 0; h < L->H; h++) {
-            kvq_recon_accumulate(&acc.k, L->key + h * hs, kq + h * hs, hs);
-            kvq_recon_accumulate(&acc.v, L->value + h * hs, vq + h * hs, hs);
+            if (!done[h]) kvq_recon_accumulate(&acc.k, L->key + h * hs, kq + h * hs, hs);
+            if (!done[L->H + h]) kvq_recon_accumulate(&acc.v, L->value + h * hs, vq + h * hs, hs);
         }
         double dt = now() - t0;
         if (dt < best) best = dt;

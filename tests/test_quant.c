@@ -114,13 +114,18 @@ START_TEST(per_token_path_equals_reference)
                 fill_normal(x, N, 7 * s + bits, 3.0);
                 for (int i = 0; i < G && i < D; i++) x[i] = -0.5f; /* a constant group */
                 double bits_a, bits_c;
-                ck_assert_int_eq(kvq_quant_head_per_token(x, a, T, D, 0, T, bits, G, prec, &bits_a), KVQ_OK);
+                kvq_recon_acc fused = {0}, ref = {0};
+                ck_assert_int_eq(kvq_quant_head_per_token(x, a, T, D, 0, T, bits, G, prec, &bits_a, &fused), KVQ_OK);
+                kvq_recon_accumulate_ref(&ref, x, a, N); /* the fused error sums = the reference's */
+                ck_assert(fused.n == ref.n && fused.max_abs == ref.max_abs);
+                ck_assert(close_rel(fused.sum_e2, ref.sum_e2, 1e-12, 1e-300) && close_rel(fused.sum_x2, ref.sum_x2, 1e-12, 0));
+                ck_assert(close_rel(fused.sum_abs_e, ref.sum_abs_e, 1e-12, 1e-300));
                 for (int t = 0; t < T; t++)
                     for (int c0 = 0; c0 < D; c0 += G)
                         kvq_group_quantize_ref(x + (size_t)t * D + c0, b + (size_t)t * D + c0,
                                                (size_t)(D - c0 < G ? D - c0 : G), 1, bits, prec);
                 kvq_simd_force(0);
-                kvq_quant_head_per_token(x, c, T, D, 0, T, bits, G, prec, &bits_c);
+                kvq_quant_head_per_token(x, c, T, D, 0, T, bits, G, prec, &bits_c, NULL);
                 kvq_group_quantize_channels(x, c, (size_t)T, (size_t)D, bits, prec); /* portable channels */
                 kvq_simd_force(1);
                 float *d = malloc(N * 4);
@@ -489,10 +494,10 @@ START_TEST(kivi_structure)
     run_bits("kivi:bits=2,group=2,residual=4", 1, T, D, &kb, &vb, &L, &kq, &vq);
     float *ref = malloc((size_t)T * D * sizeof *ref);
     double b;
-    kvq_quant_head_per_channel(L.key, ref, T, D, 0, 8, 2, 2, KVQ_SCALE_FP16, &b);
+    kvq_quant_head_per_channel(L.key, ref, T, D, 0, 8, 2, 2, KVQ_SCALE_FP16, &b, NULL);
     ck_assert_int_eq(memcmp(kq, ref, 8 * D * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(kq + 8 * D, L.key + 8 * D, 2 * D * sizeof(float)), 0);
-    kvq_quant_head_per_token(L.value, ref, T, D, 0, 6, 2, 2, KVQ_SCALE_FP16, &b);
+    kvq_quant_head_per_token(L.value, ref, T, D, 0, 6, 2, 2, KVQ_SCALE_FP16, &b, NULL);
     ck_assert_int_eq(memcmp(vq, ref, 6 * D * sizeof(float)), 0);
     ck_assert_int_eq(memcmp(vq + 6 * D, L.value + 6 * D, 4 * D * sizeof(float)), 0);
     free(ref), free(kq), free(vq);

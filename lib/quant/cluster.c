@@ -134,10 +134,10 @@ static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         for (int c = 0; c < D; c++) r[(size_t)t * D + c] = k[(size_t)t * D + c] - bt[c];
     }
     if ((st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, (int)sp->val[CL_KBITS], (int)sp->val[CL_GROUP],
-                                         KVQ_SCALE_FP16, &qbits)))
+                                         KVQ_SCALE_FP16, &qbits, NULL)))
         goto out;
     for (size_t i = 0; i < (size_t)Tq * D; i++) y[i] = base[i] + rq[i]; /* k' = base + Q(r) */
-    *kvq_head_bits(out, 0, h) = qbits + (double)Tq * index_bits(C) + kvq_keep_exact(k, y, T, D, Tq, T);
+    *kvq_head_bits(out, 0, h) = qbits + (double)Tq * index_bits(C) + kvq_keep_exact(k, y, T, D, Tq, T, NULL);
 out:
     free(pre), free(base), free(r), free(rq), free(as);
     return st;
@@ -175,7 +175,7 @@ static kvq_status cluster_values(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
             for (int c = 0; c < D; c++) y[(size_t)t * D + c] = vc[(size_t)as[t] * D + c] + rq[(size_t)t * D + c];
     }
     *kvq_head_bits(out, 1, h) = (double)Tq * (index_bits(C) + (double)vbits * D + 16.0) +
-                                kvq_keep_exact(v, y, T, D, Tq, T);
+                                kvq_keep_exact(v, y, T, D, Tq, T, NULL);
     /* static: K and V centres (fp32), the value codebook and rotation */
     out->static_bytes[h] = 2.0 * C * D * 4.0 + 4.0 * cb->n + kvq_rotation_bytes(&rot);
 out:

@@ -173,9 +173,9 @@ static kvq_status head_backbone(gear_job *j, int h)
     size_t off = (size_t)h * T * D;
     if (j->tensor == 0)
         return kvq_quant_head_per_channel(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? T : G,
-                                          KVQ_SCALE_FP16, &j->bits[h]);
+                                          KVQ_SCALE_FP16, &j->bits[h], NULL);
     return kvq_quant_head_per_token(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? D : G,
-                                    KVQ_SCALE_FP16, &j->bits[h]);
+                                    KVQ_SCALE_FP16, &j->bits[h], NULL);
 }
 
 /* Steps 2b and 3 for head h: outliers back at fp16, then the low rank. */

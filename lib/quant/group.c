@@ -42,7 +42,8 @@ static kvq_status per_token_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
     if ((int)sp->val[PT_SPAN] == 1) return per_token_layer_task(sp, in, out, tensor, h);
     return kvq_quant_head_per_token(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T, in->D,
                                     0, in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
-                                    (kvq_scale_prec)sp->val[PT_SCALE], kvq_head_bits(out, tensor, h));
+                                    (kvq_scale_prec)sp->val[PT_SCALE], kvq_head_bits(out, tensor, h),
+                                    kvq_head_recon(out, in, tensor, h));
 }
 
 const kvq_quantizer kvq_q_per_token = {
@@ -72,7 +73,7 @@ static kvq_status per_channel_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
     return kvq_quant_head_per_channel(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T,
                                       in->D, 0, in->T, (int)sp->val[PC_BITS],
                                       (int)sp->val[PC_GROUP], (kvq_scale_prec)sp->val[PC_SCALE],
-                                      kvq_head_bits(out, tensor, h));
+                                      kvq_head_bits(out, tensor, h), kvq_head_recon(out, in, tensor, h));
 }
 
 const kvq_quantizer kvq_q_per_channel = {
@@ -121,18 +122,19 @@ static kvq_status kivi_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
     int T = in->T, D = in->D, R = (int)sp->val[KV_RESIDUAL], G = (int)sp->val[KV_GROUP];
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h);
+    kvq_recon_acc *recon = kvq_head_recon(out, in, tensor, h);
     double qbits = 0;
     kvq_status st;
     int tq;
     if (tensor == 0) {
         tq = R > 0 ? T - T % R : T;
-        st = kvq_quant_head_per_channel(x, y, T, D, 0, tq, kivi_bits(sp, 0), G, KVQ_SCALE_FP16, &qbits);
+        st = kvq_quant_head_per_channel(x, y, T, D, 0, tq, kivi_bits(sp, 0), G, KVQ_SCALE_FP16, &qbits, recon);
     } else {
         tq = T - R > 0 ? T - R : 0;
-        st = kvq_quant_head_per_token(x, y, T, D, 0, tq, kivi_bits(sp, 1), G, KVQ_SCALE_FP16, &qbits);
+        st = kvq_quant_head_per_token(x, y, T, D, 0, tq, kivi_bits(sp, 1), G, KVQ_SCALE_FP16, &qbits, recon);
     }
     if (st) return st;
-    *kvq_head_bits(out, tensor, h) = qbits + kvq_keep_exact(x, y, T, D, tq, T);
+    *kvq_head_bits(out, tensor, h) = qbits + kvq_keep_exact(x, y, T, D, tq, T, recon);
     return KVQ_OK;
 }
 
@@ -164,9 +166,11 @@ static kvq_status kcvt_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h);
     if (tensor == 0) /* K: one group per channel, G = T */
-        return kvq_quant_head_per_channel(x, y, T, D, 0, T, bits, T, KVQ_SCALE_FP16, kvq_head_bits(out, 0, h));
+        return kvq_quant_head_per_channel(x, y, T, D, 0, T, bits, T, KVQ_SCALE_FP16, kvq_head_bits(out, 0, h),
+                                          kvq_head_recon(out, in, 0, h));
     if ((int)sp->val[KC_SPAN] == 0) /* V: one group per token and head, G = D */
-        return kvq_quant_head_per_token(x, y, T, D, 0, T, bits, D, KVQ_SCALE_FP16, kvq_head_bits(out, 1, h));
+        return kvq_quant_head_per_token(x, y, T, D, 0, T, bits, D, KVQ_SCALE_FP16, kvq_head_bits(out, 1, h),
+                                        kvq_head_recon(out, in, 1, h));
     if (h != 0) return KVQ_OK; /* span=layer: one group of H*D per token, done by head 0's task */
     return kvq_quant_layer_per_token_span(in->value, out->value, in->H, T, D, 0, T, bits,
                                           in->H * D, KVQ_SCALE_FP16, out->v_bits);

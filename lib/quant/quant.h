@@ -22,16 +22,29 @@ static inline double *kvq_head_bits(kvq_quant_out *out, int tensor, int h)
     return (tensor ? out->v_bits : out->k_bits) + h;
 }
 
+/* Where the quantizer adds the error of (tensor, head h) while quantizing,
+ * or NULL if the caller did not ask (see kvq_quant_out.recon).  Taking it
+ * promises to add every element of the head: the helpers below do, block by
+ * block while the block is in cache. */
+static inline kvq_recon_acc *kvq_head_recon(kvq_quant_out *out, const kvq_layer *in, int tensor, int h)
+{
+    if (!out->recon) return NULL;
+    out->recon_done[tensor * in->H + h] = 1;
+    return &out->recon[tensor * in->H + h];
+}
+
 /* Bits of one scale (or zero) at this precision. */
 static inline double kvq_scale_bits(kvq_scale_prec prec) { return prec == KVQ_SCALE_FP16 ? 16.0 : 32.0; }
 
 /* --- U along one head's axes; x, y: [T][D] of one head; returns the stored
- *     bits (codes + scales/zeros).  Tokens [t0, t1) only; y elsewhere untouched. */
+ *     bits (codes + scales/zeros).  Tokens [t0, t1) only; y elsewhere untouched.
+ *     recon: where to add the error of tokens [t0, t1) (or NULL). */
 kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int t0, int t1,
-                                    int bits, int group, kvq_scale_prec prec, double *stored_bits);
+                                    int bits, int group, kvq_scale_prec prec, double *stored_bits,
+                                    kvq_recon_acc *recon);
 kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, int t0, int t1,
                                       int bits, int group, kvq_scale_prec prec,
-                                      double *stored_bits);
+                                      double *stored_bits, kvq_recon_acc *recon);
 /* Per-token U with span=layer: groups along the head-major concatenation of
  * the H heads of each token.  x, y: [H][T][D]; bits[h] receives each head's
  * share (codes + its proportion of every group's scale/zero). */
@@ -39,8 +52,9 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
                                           int t1, int bits, int group, kvq_scale_prec prec,
                                           double *bits_per_head);
 
-/* Copies tokens [t0, t1) of a head exactly and returns their 16-bit cost. */
-double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1);
+/* Copies tokens [t0, t1) of a head exactly and returns their 16-bit cost;
+ * adds their (zero) error and Σx² to recon if not NULL. */
+double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kvq_recon_acc *recon);
 
 /* Lloyd–Max coding of T rows x [T][D] into y (SPEC §3.3): fp16 norm,
  * rotation, nearest level.  work [T][D], norm [T]: scratch. */

@@ -159,15 +159,27 @@ static kvq_status group_rows(const float *x, float *y, size_t nrows, size_t W, s
     return KVQ_OK;
 }
 
+/* Rows per block of the fused error: 32 rows of up to 128 channels, x and
+ * y together within L1 (16 + 16 KB). */
+static size_t fuse_rows(int D)
+{
+    size_t r = (size_t)(4096 / (D > 0 ? D : 1));
+    return r ? r : 1;
+}
+
 kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int t0, int t1,
-                                    int bits, int group, kvq_scale_prec prec, double *stored_bits)
+                                    int bits, int group, kvq_scale_prec prec, double *stored_bits,
+                                    kvq_recon_acc *recon)
 {
     int G = group > D ? D : group; /* clamped to the axis */
     int ngroups = (D + G - 1) / G;
-    if (t1 > t0) {
-        kvq_status st = group_rows(x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0), (size_t)D,
-                                   (size_t)G, bits, prec);
+    /* rows are independent: quantize a block, add its error while it is in L1 */
+    size_t block = recon ? fuse_rows(D) : (size_t)(t1 > t0 ? t1 - t0 : 1);
+    for (size_t r0 = (size_t)t0; (int)r0 < t1; r0 += block) {
+        size_t n = (size_t)t1 - r0 < block ? (size_t)t1 - r0 : block;
+        kvq_status st = group_rows(x + r0 * D, y + r0 * D, n, (size_t)D, (size_t)G, bits, prec);
         if (st) return st;
+        if (recon) kvq_recon_accumulate(recon, x + r0 * D, y + r0 * D, n * D);
     }
     double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
     *stored_bits = tokens * ((double)D * bits + ngroups * 2.0 * kvq_scale_bits(prec));
@@ -176,15 +188,17 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
 
 kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, int t0, int t1,
                                       int bits, int group, kvq_scale_prec prec,
-                                      double *stored_bits)
+                                      double *stored_bits, kvq_recon_acc *recon)
 {
     (void)T;
     int ngroups = 0;
     for (int g0 = t0; g0 < t1; g0 += group, ngroups++) {
         int n = t1 - g0 < group ? t1 - g0 : group;
-        kvq_status st = kvq_group_quantize_channels(x + (size_t)g0 * D, y + (size_t)g0 * D,
-                                                    (size_t)n, (size_t)D, bits, prec);
+        const float *xg = x + (size_t)g0 * D;
+        float *yg = y + (size_t)g0 * D;
+        kvq_status st = kvq_group_quantize_channels(xg, yg, (size_t)n, (size_t)D, bits, prec);
         if (st) return st;
+        if (recon) kvq_recon_accumulate(recon, xg, yg, (size_t)n * D); /* in cache for small groups */
     }
     double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
     *stored_bits = tokens * D * bits + (double)ngroups * D * 2.0 * kvq_scale_bits(prec);
@@ -225,10 +239,11 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
     return KVQ_OK;
 }
 
-double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1)
+double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kvq_recon_acc *recon)
 {
     (void)T;
     if (t1 <= t0) return 0.0;
     memcpy(y + (size_t)t0 * D, x + (size_t)t0 * D, (size_t)(t1 - t0) * D * sizeof(float));
+    if (recon) kvq_recon_accumulate(recon, x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0) * D);
     return 16.0 * (double)(t1 - t0) * D;
 }
