@@ -47,13 +47,7 @@ def load(args):
     if not rows:
         raise kvqplot.InputError(f"{args.input}: no per-model rows (layer and head 'all'): "
                                  "run kvq-analyze with --per model")
-    dumps = sorted({r["dump"] for r in rows})
-    if args.dump:
-        rows = [r for r in rows if r["dump"] == args.dump]
-        if not rows:
-            raise kvqplot.InputError(f"{args.input}: no rows for dump {args.dump} (has: {', '.join(dumps)})")
-    elif len(dumps) > 1:
-        raise kvqplot.InputError(f"{args.input}: rows of {len(dumps)} dumps ({', '.join(dumps)}): choose one with --dump")
+    rows = kvqplot.pick_dump(rows, args.dump, args.input)
     pts = []
     for r in rows:
         bits = (kvqplot.num(r, "k_bits", args.input) + kvqplot.num(r, "v_bits", args.input)) / 2

@@ -128,6 +128,18 @@ def read_rows(path, required, what="kvq output"):
     return rows, cols
 
 
+def pick_dump(rows, dump, path):
+    """The rows of one dump: `dump` if given, else the only one there is."""
+    dumps = sorted({r["dump"] for r in rows})
+    if dump:
+        rows = [r for r in rows if r["dump"] == dump]
+        if not rows:
+            raise InputError(f"{path}: no rows for dump {dump} (has: {', '.join(dumps)})")
+    elif len(dumps) > 1:
+        raise InputError(f"{path}: rows of {len(dumps)} dumps ({', '.join(dumps)}): choose one with --dump")
+    return rows
+
+
 def num(row, col, path):
     """The float value of a cell; NaN for an empty cell or JSON null."""
     v = row.get(col)

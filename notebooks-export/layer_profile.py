@@ -52,13 +52,7 @@ def load(args):
     if not rows:
         raise kvqplot.InputError(f"{args.input}: no per-layer rows (a layer number and head 'all'): "
                                  "run kvq-analyze with --per layer")
-    dumps = sorted({r["dump"] for r in rows})
-    if args.dump or len(dumps) > 1:
-        if not args.dump:
-            raise kvqplot.InputError(f"{args.input}: rows of {len(dumps)} dumps ({', '.join(dumps)}): choose one with --dump")
-        rows = [r for r in rows if r["dump"] == args.dump]
-        if not rows:
-            raise kvqplot.InputError(f"{args.input}: no rows for dump {args.dump}")
+    rows = kvqplot.pick_dump(rows, args.dump, args.input)
     series = {}  # spec -> (family, {layer: {metric: value}})
     for r in rows:
         fam, by_layer = series.setdefault(r["spec"], (r["quantizer"], {}))

@@ -75,11 +75,7 @@ def load(args):
     if not rows:
         raise kvqplot.InputError(f"{args.input}: no rows with layer '{args.layer}' and head 'all' "
                                  "(run kvq-sweep with --per model, or pick --layer N of a --per layer sweep)")
-    dumps = sorted({r["dump"] for r in rows})
-    if args.dump or len(dumps) > 1:
-        if not args.dump:
-            raise kvqplot.InputError(f"{args.input}: rows of {len(dumps)} dumps ({', '.join(dumps)}): choose one with --dump")
-        rows = [r for r in rows if r["dump"] == args.dump]
+    rows = kvqplot.pick_dump(rows, args.dump, args.input)
     rows = [r for r in rows if all(str(r[k]) == v for k, v in where.items())]
     if not rows:
         raise kvqplot.InputError(f"{args.input}: no rows left after --where/--dump")

@@ -1,5 +1,6 @@
 /* cli.c — shared helpers of the kvq tools (see cli.h). */
 #include "cli.h"
+#include "kvq_config.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -82,6 +83,74 @@ bad:
     free(copy);
     free(v);
     return -1;
+}
+
+void cli_analysis_init(cli_analysis *a)
+{
+    memset(a, 0, sizeof *a);
+    a->queries = (kvq_query_sel){KVQ_Q_LAST, 64};
+    a->per = KVQ_PER_LAYER;
+}
+
+void cli_analysis_free(cli_analysis *a)
+{
+    free(a->layers), free(a->heads);
+    a->layers = a->heads = NULL;
+}
+
+int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a)
+{
+    kvq_error err = {0};
+    switch (c) {
+    case CLI_OPT_LAYERS:
+        free(a->layers), a->layers = NULL;
+        if (cli_parse_list(arg, 999, &a->layers, &a->nlayers)) {
+            cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_HEADS:
+        free(a->heads), a->heads = NULL;
+        if (cli_parse_list(arg, 1 << 20, &a->heads, &a->nheads)) {
+            cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_QUERIES:
+        return kvq_query_sel_parse(arg, &a->queries, &err) ? cli_fail(prog, &err) : CLI_OK;
+    case CLI_OPT_PER:
+        if (!strcmp(arg, "head")) a->per = KVQ_PER_HEAD;
+        else if (!strcmp(arg, "layer")) a->per = KVQ_PER_LAYER;
+        else if (!strcmp(arg, "model")) a->per = KVQ_PER_MODEL;
+        else {
+            cli_error(prog, "--per %s: expected head, layer or model", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_THREADS:
+        if (cli_parse_long(arg, 1, 4096, &a->threads)) {
+            cli_error(prog, "--threads %s: expected an integer 1..4096", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_SEED:
+        if (cli_parse_u64(arg, &a->seed)) {
+            cli_error(prog, "--seed %s: expected a non-negative integer", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_DEVICE:
+        if (!strcmp(arg, "cpu")) return CLI_OK;
+        if (!strcmp(arg, "cuda")) {
+            cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
+                      KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
+            return CLI_RUNTIME;
+        }
+        cli_error(prog, "--device %s: expected cpu or cuda", arg);
+        return CLI_USAGE;
+    default:
+        return -1;
+    }
 }
 
 int cli_out_open(cli_out *o, const char *path, const char *prog)

@@ -21,6 +21,29 @@ int cli_parse_u64(const char *s, uint64_t *out);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
 int cli_parse_list(const char *s, int max, int **out, int *n);
 
+/* The analysis options kvq-analyze and kvq-sweep share: their getopt_long
+ * codes, table rows (CLI_ANALYSIS_LONGOPTS) and parsed values. */
+enum { CLI_OPT_LAYERS = 512, CLI_OPT_HEADS, CLI_OPT_QUERIES, CLI_OPT_PER, CLI_OPT_THREADS, CLI_OPT_SEED,
+       CLI_OPT_DEVICE };
+#define CLI_ANALYSIS_LONGOPTS                                                                       \
+    {"layers", required_argument, 0, CLI_OPT_LAYERS}, {"heads", required_argument, 0, CLI_OPT_HEADS}, \
+    {"queries", required_argument, 0, CLI_OPT_QUERIES}, {"per", required_argument, 0, CLI_OPT_PER},   \
+    {"threads", required_argument, 0, CLI_OPT_THREADS}, {"seed", required_argument, 0, CLI_OPT_SEED}, \
+    {"device", required_argument, 0, CLI_OPT_DEVICE}
+
+typedef struct cli_analysis {
+    int *layers, nlayers, *heads, nheads; /* NULL: all */
+    kvq_query_sel queries;                /* default last:64 */
+    kvq_per per;                          /* default per layer */
+    long threads;                         /* 0: all cores */
+    uint64_t seed;
+} cli_analysis;
+void cli_analysis_init(cli_analysis *a);
+/* Parses option `c` if it is one of CLI_OPT_*: returns CLI_OK or the exit
+ * code after printing the error; -1 if `c` is not an analysis option. */
+int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a);
+void cli_analysis_free(cli_analysis *a);
+
 /* Output: stdout when path is NULL or "-", else a temporary file in the
  * same directory that cli_out_commit renames into place. */
 typedef struct cli_out {

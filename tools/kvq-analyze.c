@@ -2,7 +2,6 @@
  * attention errors (SPEC §5).  A thin layer over libkvq: parse options, open
  * dumps, call kvq_analyze_dump, write the report atomically. */
 #include "cli.h"
-#include "kvq_config.h"
 
 #include <getopt.h>
 #include <libgen.h>
@@ -37,8 +36,7 @@ static void usage(FILE *f)
         "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model data/stories260K.h5\n");
 }
 
-enum { OPT_CALIB = 256, OPT_LAYERS, OPT_HEADS, OPT_QUERIES, OPT_PER, OPT_FORMAT, OPT_THREADS,
-       OPT_SEED, OPT_DEVICE, OPT_LIST };
+enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST };
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -50,32 +48,32 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
-        {"layers", required_argument, 0, OPT_LAYERS}, {"heads", required_argument, 0, OPT_HEADS},
-        {"queries", required_argument, 0, OPT_QUERIES}, {"per", required_argument, 0, OPT_PER},
+        CLI_ANALYSIS_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
-        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
-        {"device", required_argument, 0, OPT_DEVICE}, {"list-quantizers", no_argument, 0, OPT_LIST},
+        {"list-quantizers", no_argument, 0, OPT_LIST},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
 
     int rc = CLI_OK;
     kvq_error err = {0};
     kvq_spec *specs = NULL;
     int nspecs = 0;
-    int *layers = NULL, nlayers = 0, *heads = NULL, nheads = 0;
+    cli_analysis an;
     const char *calib = NULL, *output = NULL, *format = NULL;
     char skipped[256] = "";
-    kvq_per per = KVQ_PER_LAYER;
-    kvq_query_sel queries = {KVQ_Q_LAST, 64};
-    long threads = 0;
-    uint64_t seed = 0;
     kvq_dump *dump = NULL;
     kvq_calib *calib_dump = NULL;
     kvq_report *report = NULL;
     cli_out out = {0};
     int c;
 
+    cli_analysis_init(&an);
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
+        int arc = cli_analysis_option(prog, c, optarg, &an);
+        if (arc >= 0) {
+            if (arc) { rc = arc; goto done; }
+            continue;
+        }
         switch (c) {
         case 'q': {
             kvq_spec *ns = realloc(specs, (size_t)(nspecs + 1) * sizeof *specs);
@@ -86,29 +84,6 @@ int main(int argc, char **argv)
             break;
         }
         case OPT_CALIB: calib = optarg; break;
-        case OPT_LAYERS:
-            free(layers);
-            if (cli_parse_list(optarg, 999, &layers, &nlayers)) {
-                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_HEADS:
-            free(heads);
-            if (cli_parse_list(optarg, 1 << 20, &heads, &nheads)) {
-                cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_QUERIES:
-            if (kvq_query_sel_parse(optarg, &queries, &err)) { rc = cli_fail(prog, &err); goto done; }
-            break;
-        case OPT_PER:
-            if (!strcmp(optarg, "head")) per = KVQ_PER_HEAD;
-            else if (!strcmp(optarg, "layer")) per = KVQ_PER_LAYER;
-            else if (!strcmp(optarg, "model")) per = KVQ_PER_MODEL;
-            else { cli_error(prog, "--per %s: expected head, layer or model", optarg); rc = CLI_USAGE; goto done; }
-            break;
         case OPT_FORMAT:
             if (strcmp(optarg, "table") && strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
                 cli_error(prog, "--format %s: expected table, csv or jsonl", optarg);
@@ -117,27 +92,6 @@ int main(int argc, char **argv)
             format = optarg;
             break;
         case 'o': output = optarg; break;
-        case OPT_THREADS:
-            if (cli_parse_long(optarg, 1, 4096, &threads)) {
-                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_SEED:
-            if (cli_parse_u64(optarg, &seed)) {
-                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_DEVICE:
-            if (!strcmp(optarg, "cpu")) break;
-            if (!strcmp(optarg, "cuda")) {
-                cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
-                          KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
-                rc = CLI_RUNTIME; goto done;
-            }
-            cli_error(prog, "--device %s: expected cpu or cuda", optarg);
-            rc = CLI_USAGE; goto done;
         case OPT_LIST: kvq_registry_describe(stdout); goto done;
         case 'h': usage(stdout); goto done;
         case 'V': printf("kvq-analyze %s\n", kvq_version()); goto done;
@@ -188,8 +142,8 @@ int main(int argc, char **argv)
     if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
     kvq_analysis_opts opts = {
-        .specs = specs, .nspecs = nspecs, .layers = layers, .nlayers = nlayers,
-        .heads = heads, .nheads = nheads, .queries = queries, .seed = seed, .nthreads = (int)threads,
+        .specs = specs, .nspecs = nspecs, .layers = an.layers, .nlayers = an.nlayers,
+        .heads = an.heads, .nheads = an.nheads, .queries = an.queries, .seed = an.seed, .nthreads = (int)an.threads,
         .calib = calib_dump};
     for (int i = optind; i < argc; i++) {
         kvq_analysis a;
@@ -201,7 +155,7 @@ int main(int argc, char **argv)
                     info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
         if (kvq_analyze_dump(dump, &opts, &a, &err)) { rc = cli_fail(prog, &err); goto done; }
         char *pathcopy = strdup(argv[i]);
-        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, per, NULL) : KVQ_ERR_NOMEM;
+        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;
         free(pathcopy);
         kvq_analysis_free(&a);
         kvq_dump_close(dump);
@@ -221,6 +175,7 @@ done:
     if (out.f) cli_out_abort(&out);
     kvq_dump_close(dump);
     kvq_calib_close(calib_dump);
-    free(specs), free(layers), free(heads);
+    free(specs);
+    cli_analysis_free(&an);
     return rc;
 }

@@ -8,7 +8,6 @@
  *   kvq-sweep --merge A.csv B.csv ... [--expect-grid --quant ... --grid ...] -o ALL.csv
  */
 #include "cli.h"
-#include "kvq_config.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -62,8 +61,7 @@ static void usage(FILE *f)
         "           --grid residual=32,64,128 --grid bits=2,3,4 -o kivi-sweep.csv\n");
 }
 
-enum { OPT_CALIB = 256, OPT_LAYERS, OPT_HEADS, OPT_QUERIES, OPT_PER, OPT_FORMAT, OPT_THREADS,
-       OPT_SEED, OPT_DEVICE, OPT_RESUME, OPT_SHARD, OPT_MERGE, OPT_EXPECT, OPT_LIST, OPT_CACHE,
+enum { OPT_CALIB = 256, OPT_FORMAT, OPT_RESUME, OPT_SHARD, OPT_MERGE, OPT_EXPECT, OPT_LIST, OPT_CACHE,
        OPT_PROGRESS };
 
 enum { PROGRESS_NEVER, PROGRESS_LINES, PROGRESS_BAR };
@@ -72,11 +70,8 @@ typedef struct {
     const char **grids, **fixed;
     int ngrids, nfixed;
     const char *quant, *output, *calib, *format;
-    int *layers, nlayers, *heads, nheads;
-    kvq_query_sel queries;
-    kvq_per per;
-    long threads, shard_i, shard_n, cache_mb;
-    uint64_t seed;
+    cli_analysis an; /* --layers, --heads, --queries, --per, --threads, --seed */
+    long shard_i, shard_n, cache_mb;
     int resume, merge, expect_grid, list_points, progress;
 } opts_t;
 
@@ -284,9 +279,9 @@ done:
 /* Rows one point adds for one dump. */
 static size_t rows_per_dump(const opts_t *o, const kvq_dump_info *info)
 {
-    size_t nl = o->layers ? (size_t)o->nlayers : (size_t)info->num_layers;
-    size_t nh = o->heads ? (size_t)o->nheads : (size_t)info->num_kv_heads;
-    return o->per == KVQ_PER_HEAD ? nl * nh : o->per == KVQ_PER_LAYER ? nl : 1;
+    size_t nl = o->an.layers ? (size_t)o->an.nlayers : (size_t)info->num_layers;
+    size_t nh = o->an.heads ? (size_t)o->an.nheads : (size_t)info->num_kv_heads;
+    return o->an.per == KVQ_PER_HEAD ? nl * nh : o->an.per == KVQ_PER_LAYER ? nl : 1;
 }
 
 static int do_sweep(const opts_t *o, char **dumps, int ndumps)
@@ -339,8 +334,9 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
     }
 
     /* the dumps and the calibration dump, opened once */
-    kvq_analysis_opts ao = {.layers = o->layers, .nlayers = o->nlayers, .heads = o->heads, .nheads = o->nheads,
-                            .queries = o->queries, .seed = o->seed, .nthreads = (int)o->threads};
+    kvq_analysis_opts ao = {.layers = o->an.layers, .nlayers = o->an.nlayers, .heads = o->an.heads,
+                            .nheads = o->an.nheads, .queries = o->an.queries, .seed = o->an.seed,
+                            .nthreads = (int)o->an.threads};
     size_t expect_rows = 0;
     for (int i = 0; i < ndumps; i++) {
         if (kvq_dump_open(dumps[i], &d[i], &err)) { rc = cli_fail(prog, &err); goto done; }
@@ -476,7 +472,7 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
             kvq_analysis a;
             kvq_status st = prep[i] ? kvq_analyze_prepared(prep[i], &ao, &a, &err) : kvq_analyze_dump(d[i], &ao, &a, &err);
             if (st) { rc = cli_fail(prog, &err); goto done; }
-            st = kvq_report_analysis(rep, base[i], &a, &sp, o->per, extra);
+            st = kvq_report_analysis(rep, base[i], &a, &sp, o->an.per, extra);
             kvq_analysis_free(&a);
             if (st) { cli_error(prog, "%s: %s", o->output, kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
         }
@@ -518,22 +514,23 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
         {"fixed", required_argument, 0, 'f'}, {"output", required_argument, 0, 'o'},
-        {"calib", required_argument, 0, OPT_CALIB}, {"layers", required_argument, 0, OPT_LAYERS},
-        {"heads", required_argument, 0, OPT_HEADS}, {"queries", required_argument, 0, OPT_QUERIES},
-        {"per", required_argument, 0, OPT_PER}, {"format", required_argument, 0, OPT_FORMAT},
-        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
-        {"device", required_argument, 0, OPT_DEVICE}, {"resume", no_argument, 0, OPT_RESUME},
+        {"calib", required_argument, 0, OPT_CALIB}, CLI_ANALYSIS_LONGOPTS,
+        {"format", required_argument, 0, OPT_FORMAT}, {"resume", no_argument, 0, OPT_RESUME},
         {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
         {"expect-grid", no_argument, 0, OPT_EXPECT}, {"list-points", no_argument, 0, OPT_LIST},
         {"cache-mb", required_argument, 0, OPT_CACHE}, {"progress", required_argument, 0, OPT_PROGRESS},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
 
-    opts_t o = {.per = KVQ_PER_LAYER, .queries = {KVQ_Q_LAST, 64}, .shard_n = 1, .cache_mb = 4096,
-                .progress = -1};
-    kvq_error err = {0};
+    opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1};
     int rc = CLI_OK, c;
+    cli_analysis_init(&o.an);
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:g:f:o:hV", longopts, NULL)) != -1) {
+        int arc = cli_analysis_option(prog, c, optarg, &o.an);
+        if (arc >= 0) {
+            if (arc) { rc = arc; goto done; }
+            continue;
+        }
         switch (c) {
         case 'q': o.quant = optarg; break;
         case 'g':
@@ -544,29 +541,6 @@ int main(int argc, char **argv)
             break;
         case 'o': o.output = optarg; break;
         case OPT_CALIB: o.calib = optarg; break;
-        case OPT_LAYERS:
-            free(o.layers);
-            if (cli_parse_list(optarg, 999, &o.layers, &o.nlayers)) {
-                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_HEADS:
-            free(o.heads);
-            if (cli_parse_list(optarg, 1 << 20, &o.heads, &o.nheads)) {
-                cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_QUERIES:
-            if (kvq_query_sel_parse(optarg, &o.queries, &err)) { rc = cli_fail(prog, &err); goto done; }
-            break;
-        case OPT_PER:
-            if (!strcmp(optarg, "head")) o.per = KVQ_PER_HEAD;
-            else if (!strcmp(optarg, "layer")) o.per = KVQ_PER_LAYER;
-            else if (!strcmp(optarg, "model")) o.per = KVQ_PER_MODEL;
-            else { cli_error(prog, "--per %s: expected head, layer or model", optarg); rc = CLI_USAGE; goto done; }
-            break;
         case OPT_FORMAT:
             if (strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
                 cli_error(prog, "--format %s: expected csv or jsonl", optarg);
@@ -574,27 +548,6 @@ int main(int argc, char **argv)
             }
             o.format = optarg;
             break;
-        case OPT_THREADS:
-            if (cli_parse_long(optarg, 1, 4096, &o.threads)) {
-                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_SEED:
-            if (cli_parse_u64(optarg, &o.seed)) {
-                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_DEVICE:
-            if (!strcmp(optarg, "cpu")) break;
-            if (!strcmp(optarg, "cuda")) {
-                cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
-                          KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
-                rc = CLI_RUNTIME; goto done;
-            }
-            cli_error(prog, "--device %s: expected cpu or cuda", optarg);
-            rc = CLI_USAGE; goto done;
         case OPT_RESUME: o.resume = 1; break;
         case OPT_SHARD: {
             char *slash = strchr(optarg, '/');
@@ -655,6 +608,7 @@ int main(int argc, char **argv)
     }
     rc = do_sweep(&o, argv + optind, argc - optind);
 done:
-    free(o.grids), free(o.fixed), free(o.layers), free(o.heads);
+    free(o.grids), free(o.fixed);
+    cli_analysis_free(&o.an);
     return rc;
 }
