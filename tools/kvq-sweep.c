@@ -293,6 +293,7 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
     kvq_dump **d = calloc((size_t)ndumps, sizeof *d);
     kvq_prepared **prep = calloc((size_t)ndumps, sizeof *prep);
     char **base = calloc((size_t)ndumps, sizeof *base);
+    size_t *shared_bytes = calloc((size_t)ndumps, sizeof *shared_bytes); /* what prepare would keep */
     unsigned char *state = NULL; /* per point: 0 not ours, 1 to run, 2 invalid, 3 complete */
     const char **extra_cols = NULL, **extra = NULL;
     char *header = NULL, *unit = NULL;
@@ -300,7 +301,7 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
     kvq_sweep_file old = {0};
     kvq_report *rep = NULL;
     FILE *ms = NULL;
-    if (!d || !prep || !base) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (!d || !prep || !base || !shared_bytes) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
     if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
     size_t npoints = kvq_grid_size(grid), nrun = 0, ninvalid = 0, ncomplete = 0;
@@ -344,8 +345,11 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
         if (!copy || !(base[i] = strdup(basename(copy)))) { free(copy); cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
         free(copy);
         expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
-        size_t bytes; /* also checks --layers/--heads/--queries against the dump */
-        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &bytes, &err)) { rc = cli_fail(prog, &err); goto done; }
+        /* also checks --layers/--heads/--queries against the dump */
+        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &shared_bytes[i], &err)) {
+            rc = cli_fail(prog, &err);
+            goto done;
+        }
     }
     if (o->calib && kvq_calib_open(o->calib, &calib, &err)) { rc = cli_fail(prog, &err); goto done; }
     ao.calib = calib;
@@ -436,8 +440,7 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
     /* the shared work, once per run: dumps within --cache-mb stay prepared */
     double t0 = now(), used = 0;
     for (int i = 0; i < ndumps && nrun; i++) {
-        size_t bytes;
-        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &bytes, &err)) { rc = cli_fail(prog, &err); goto done; }
+        size_t bytes = shared_bytes[i];
         if (used + (double)bytes > (double)o->cache_mb * 1048576.0) {
             if (o->cache_mb > 0)
                 fprintf(stderr, "%s: note: %s: its shared data (%.0f MiB) exceeds --cache-mb %ld: re-read per point\n",
@@ -503,7 +506,7 @@ done:
     free(unit), free(header);
     kvq_sweep_file_free(&old);
     for (int i = 0; i < ndumps && d && prep && base; i++) kvq_prepared_free(prep[i]), kvq_dump_close(d[i]), free(base[i]);
-    free(d), free(prep), free(base), free(state), free(extra_cols), free(extra);
+    free(d), free(prep), free(base), free(shared_bytes), free(state), free(extra_cols), free(extra);
     kvq_calib_close(calib);
     kvq_grid_free(grid);
     return rc;
