@@ -102,8 +102,8 @@ static kvq_status prepare_common(kvq_dump *d, const kvq_analysis_opts *o, unsign
 kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned flags, size_t *bytes,
                              kvq_error *err)
 {
-    kvq_prepared *p;
-    kvq_status st = prepare_common(d, o, flags, &p, err);
+    kvq_prepared *p; /* selection and positions only: a size needs no RoPE read */
+    kvq_status st = prepare_common(d, o, 0, &p, err);
     if (st) return st;
     const kvq_dump_info *info = p->info;
     size_t layer = 0, tensors = 2 + ((flags & KVQ_READ_KEY_PRE_ROPE) && info->has_key_pre_rope);
@@ -111,6 +111,8 @@ kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned f
     if (!kvq_tensor_bytes((size_t)info->num_kv_heads, (size_t)info->seq_len, (size_t)info->head_dim, &layer))
         total = 1e30;
     total += (double)p->nl * tensors * layer;
+    if (flags & KVQ_READ_KEY_PRE_ROPE) /* cos and sin, [T][D/2] doubles each */
+        total += (double)info->seq_len * (info->head_dim / 2) * 2 * sizeof(double);
     if (info->has_query)
         total += (double)p->nl * p->nh *
                  kvq_attn_ref_bytes(info->num_heads / info->num_kv_heads, info->seq_len, info->head_dim, p->pos, p->npos);

@@ -256,8 +256,7 @@ static int json_str(const char **s, const char *e, char *out, size_t len)
     for (const char *p = *s; p < e; p++) {
         char c = *p;
         if (c == '"') {
-            if (o < len) out[o] = '\0';
-            else out[len - 1] = '\0';
+            out[o] = '\0'; /* o < len: the copy below stops at len - 1 */
             *s = p + 1;
             return 0;
         }
