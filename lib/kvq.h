@@ -175,6 +175,36 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
 kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
                                        kvq_scale_prec prec);
 
+/* A quantizer of the uniform families written as steps over token ranges
+ * (a "plan"): the definition both the CPU (kvq_plan_quantize_head) and the
+ * CUDA kernels execute, so the two paths cannot drift apart.  Each tensor's
+ * steps cover tokens [0, T) in order, without overlap. */
+typedef enum kvq_step_kind {
+    KVQ_STEP_EXACT,       /* kept at the dump's values, 16 bits per element */
+    KVQ_STEP_TOKEN,       /* U per token: groups of `group` channels of one head (clamped to D) */
+    KVQ_STEP_TOKEN_LAYER, /* U per token along all heads, head-major (group clamped to H·D) */
+    KVQ_STEP_CHANNEL,     /* U per channel: groups of `group` tokens from t0 */
+    KVQ_STEP_ABSMAX       /* A per token: groups of `group` channels (clamped to D) */
+} kvq_step_kind;
+
+typedef struct kvq_step {
+    kvq_step_kind kind;
+    int t0, t1; /* tokens [t0, t1) */
+    int bits, group;
+    kvq_scale_prec prec;
+} kvq_step;
+
+#define KVQ_PLAN_MAX_STEPS 2
+typedef struct kvq_plan {
+    int nsteps[2];                          /* [tensor]: 0 = K, 1 = V */
+    kvq_step step[2][KVQ_PLAN_MAX_STEPS];
+} kvq_plan;
+
+/* Stored bits of one step for head h of an [H][T][D] tensor: codes, scales
+ * and zeros (a TOKEN_LAYER group's scale/zero shared in proportion to the
+ * elements each head holds in it), 16 per exact element. */
+double kvq_step_bits(const kvq_step *s, int H, int D, int h);
+
 /* ------------------------------------------------------ rotations (§2.3) */
 
 typedef enum kvq_rotate_kind { KVQ_ROT_NONE = 0, KVQ_ROT_QR, KVQ_ROT_HADAMARD } kvq_rotate_kind;
@@ -328,6 +358,10 @@ typedef struct kvq_quantizer {
                            kvq_quant_out *out, kvq_error *err);
     kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int head, kvq_error *err);
+    /* The uniform families also describe themselves as a plan of steps
+     * (T tokens, D channels), which the CUDA path executes; NULL if the
+     * quantizer is not a plan.  Their quantize_head is kvq_plan_quantize_head. */
+    void (*plan)(const kvq_spec *spec, int T, int D, kvq_plan *out);
     /* Optional tensors the quantizer reads (KVQ_READ_KEY_PRE_ROPE); with that
      * flag the driver also passes the dump's RoPE when it has one. */
     unsigned read_flags;

@@ -1,6 +1,7 @@
 /* group.c — the uniform group quantizer families of SPEC §3: per-token,
- * per-channel, kivi and kcvt.  Each is a parameter table plus a per-head
- * function; the registry (registry.c) lists them. */
+ * per-channel, kivi and kcvt.  Each is a parameter table plus a plan (which
+ * U step covers which tokens, kvq.h); plan.c runs plans on the CPU and
+ * kernels/ on a GPU; the registry (registry.c) lists them. */
 #include "../internal.h"
 #include "quant.h"
 
@@ -22,28 +23,13 @@ static const kvq_param per_token_params[] = {
     [PT_SCALE] = P_SCALE,
 };
 
-/* span=layer couples the heads of a token: one task per tensor. */
-static kvq_status per_token_layer_task(const kvq_spec *sp, const kvq_layer *in, kvq_quant_out *out,
-                                       int tensor, int h)
+/* One step per tensor: U per token over all T tokens. */
+static void per_token_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
-    if (h != 0) return KVQ_OK;
-    return kvq_quant_layer_per_token_span(tensor ? in->value : in->key,
-                                          tensor ? out->value : out->key, in->H, in->T, in->D, 0,
-                                          in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
-                                          (kvq_scale_prec)sp->val[PT_SCALE],
-                                          tensor ? out->v_bits : out->k_bits);
-}
-
-static kvq_status per_token_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                                 const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
-                                 kvq_error *err)
-{
-    (void)ctx, (void)err;
-    if ((int)sp->val[PT_SPAN] == 1) return per_token_layer_task(sp, in, out, tensor, h);
-    return kvq_quant_head_per_token(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T, in->D,
-                                    0, in->T, (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP],
-                                    (kvq_scale_prec)sp->val[PT_SCALE], kvq_head_bits(out, tensor, h),
-                                    kvq_head_recon(out, in, tensor, h));
+    (void)D;
+    kvq_step st = {(int)sp->val[PT_SPAN] == 1 ? KVQ_STEP_TOKEN_LAYER : KVQ_STEP_TOKEN, 0, T,
+                   (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP], (kvq_scale_prec)sp->val[PT_SCALE]};
+    *p = (kvq_plan){.nsteps = {1, 1}, .step = {{st}, {st}}};
 }
 
 const kvq_quantizer kvq_q_per_token = {
@@ -53,7 +39,8 @@ const kvq_quantizer kvq_q_per_token = {
     .nparams = sizeof per_token_params / sizeof per_token_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize_head = per_token_head,
+    .plan = per_token_plan,
+    .quantize_head = kvq_plan_quantize_head,
 };
 
 /* ----------------------------------------------------------- per-channel */
@@ -65,15 +52,12 @@ static const kvq_param per_channel_params[] = {
     [PC_SCALE] = P_SCALE,
 };
 
-static kvq_status per_channel_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                                   const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
-                                 kvq_error *err)
+static void per_channel_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
-    (void)ctx, (void)err;
-    return kvq_quant_head_per_channel(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->T,
-                                      in->D, 0, in->T, (int)sp->val[PC_BITS],
-                                      (int)sp->val[PC_GROUP], (kvq_scale_prec)sp->val[PC_SCALE],
-                                      kvq_head_bits(out, tensor, h), kvq_head_recon(out, in, tensor, h));
+    (void)D;
+    kvq_step st = {KVQ_STEP_CHANNEL, 0, T, (int)sp->val[PC_BITS], (int)sp->val[PC_GROUP],
+                   (kvq_scale_prec)sp->val[PC_SCALE]};
+    *p = (kvq_plan){.nsteps = {1, 1}, .step = {{st}, {st}}};
 }
 
 const kvq_quantizer kvq_q_per_channel = {
@@ -83,7 +67,8 @@ const kvq_quantizer kvq_q_per_channel = {
     .nparams = sizeof per_channel_params / sizeof per_channel_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize_head = per_channel_head,
+    .plan = per_channel_plan,
+    .quantize_head = kvq_plan_quantize_head,
 };
 
 /* ------------------------------------------------------------------ kivi */
@@ -113,29 +98,20 @@ static int kivi_bits(const kvq_spec *sp, int tensor)
 }
 
 /* KIVI at the moment the cache holds T tokens: keys per-channel on the
- * flushed T − (T mod R) tokens, values per-token on all but the last R. */
-static kvq_status kivi_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                            const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
-                                 kvq_error *err)
+ * flushed T − (T mod R) tokens, values per-token on all but the last R; the
+ * rest exact.  Scales and zeros in fp16, as KIVI stores them. */
+static void kivi_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
-    (void)ctx, (void)err;
-    int T = in->T, D = in->D, R = (int)sp->val[KV_RESIDUAL], G = (int)sp->val[KV_GROUP];
-    const float *x = kvq_head_in(in, tensor, h);
-    float *y = kvq_head_out(out, in, tensor, h);
-    kvq_recon_acc *recon = kvq_head_recon(out, in, tensor, h);
-    double qbits = 0;
-    kvq_status st;
-    int tq;
-    if (tensor == 0) {
-        tq = R > 0 ? T - T % R : T;
-        st = kvq_quant_head_per_channel(x, y, T, D, 0, tq, kivi_bits(sp, 0), G, KVQ_SCALE_FP16, &qbits, recon);
-    } else {
-        tq = T - R > 0 ? T - R : 0;
-        st = kvq_quant_head_per_token(x, y, T, D, 0, tq, kivi_bits(sp, 1), G, KVQ_SCALE_FP16, &qbits, recon);
-    }
-    if (st) return st;
-    *kvq_head_bits(out, tensor, h) = qbits + kvq_keep_exact(x, y, T, D, tq, T, recon);
-    return KVQ_OK;
+    (void)D;
+    int R = (int)sp->val[KV_RESIDUAL], G = (int)sp->val[KV_GROUP];
+    int tk = R > 0 ? T - T % R : T, tv = T - R > 0 ? T - R : 0;
+    *p = (kvq_plan){
+        .nsteps = {2, 2},
+        .step = {{{KVQ_STEP_CHANNEL, 0, tk, kivi_bits(sp, 0), G, KVQ_SCALE_FP16},
+                  {KVQ_STEP_EXACT, tk, T, 16, 1, KVQ_SCALE_FP16}},
+                 {{KVQ_STEP_TOKEN, 0, tv, kivi_bits(sp, 1), G, KVQ_SCALE_FP16},
+                  {KVQ_STEP_EXACT, tv, T, 16, 1, KVQ_SCALE_FP16}}},
+    };
 }
 
 const kvq_quantizer kvq_q_kivi = {
@@ -146,7 +122,8 @@ const kvq_quantizer kvq_q_kivi = {
     .in_default_set = 1,
     .default_spec = "",
     .check = kivi_check,
-    .quantize_head = kivi_head,
+    .plan = kivi_plan,
+    .quantize_head = kvq_plan_quantize_head,
 };
 
 /* ------------------------------------------------------------------ kcvt */
@@ -157,23 +134,17 @@ static const kvq_param kcvt_params[] = {
     [KC_SPAN] = P_SPAN("V groups: one head's D channels, or all H*D of the token"),
 };
 
-static kvq_status kcvt_head(const kvq_spec *sp, const kvq_quant_ctx *ctx,
-                            const kvq_layer *in, kvq_quant_out *out, int tensor, int h,
-                                 kvq_error *err)
+/* K: one group per channel (G = T); V: one group per token and head
+ * (G = D), or per token across all heads with span=layer (G = H·D, clamped). */
+static void kcvt_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
-    (void)ctx, (void)err;
-    int T = in->T, D = in->D, bits = (int)sp->val[KC_BITS];
-    const float *x = kvq_head_in(in, tensor, h);
-    float *y = kvq_head_out(out, in, tensor, h);
-    if (tensor == 0) /* K: one group per channel, G = T */
-        return kvq_quant_head_per_channel(x, y, T, D, 0, T, bits, T, KVQ_SCALE_FP16, kvq_head_bits(out, 0, h),
-                                          kvq_head_recon(out, in, 0, h));
-    if ((int)sp->val[KC_SPAN] == 0) /* V: one group per token and head, G = D */
-        return kvq_quant_head_per_token(x, y, T, D, 0, T, bits, D, KVQ_SCALE_FP16, kvq_head_bits(out, 1, h),
-                                        kvq_head_recon(out, in, 1, h));
-    if (h != 0) return KVQ_OK; /* span=layer: one group of H*D per token, done by head 0's task */
-    return kvq_quant_layer_per_token_span(in->value, out->value, in->H, T, D, 0, T, bits,
-                                          in->H * D, KVQ_SCALE_FP16, out->v_bits);
+    int bits = (int)sp->val[KC_BITS], layer = (int)sp->val[KC_SPAN] == 1;
+    *p = (kvq_plan){
+        .nsteps = {1, 1},
+        .step = {{{KVQ_STEP_CHANNEL, 0, T, bits, T > 0 ? T : 1, KVQ_SCALE_FP16}},
+                 {{layer ? KVQ_STEP_TOKEN_LAYER : KVQ_STEP_TOKEN, 0, T, bits, layer ? 1 << 30 : D,
+                   KVQ_SCALE_FP16}}},
+    };
 }
 
 const kvq_quantizer kvq_q_kcvt = {
@@ -183,5 +154,6 @@ const kvq_quantizer kvq_q_kcvt = {
     .nparams = sizeof kcvt_params / sizeof kcvt_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize_head = kcvt_head,
+    .plan = kcvt_plan,
+    .quantize_head = kvq_plan_quantize_head,
 };

@@ -45,9 +45,13 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
 kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, int t0, int t1,
                                       int bits, int group, kvq_scale_prec prec,
                                       double *stored_bits, kvq_recon_acc *recon);
+/* A per token, groups of `group` channels (0 or > D: the whole head vector). */
+kvq_status kvq_quant_head_absmax(const float *x, float *y, int T, int D, int t0, int t1, int bits,
+                                 int group, kvq_scale_prec prec, double *stored_bits,
+                                 kvq_recon_acc *recon);
 /* Per-token U with span=layer: groups along the head-major concatenation of
- * the H heads of each token.  x, y: [H][T][D]; bits[h] receives each head's
- * share (codes + its proportion of every group's scale/zero). */
+ * the H heads of each token.  x, y: [H][T][D]; bits[h] (unless NULL)
+ * receives each head's share (codes + its proportion of every group's scale/zero). */
 kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T, int D, int t0,
                                           int t1, int bits, int group, kvq_scale_prec prec,
                                           double *bits_per_head);
@@ -69,6 +73,12 @@ typedef struct kvq_ranked {
     int i;
 } kvq_ranked;
 void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, kvq_ranked *r);
+
+/* Runs spec's plan (kvq_quantizer.plan) for one tensor of one head with
+ * the helpers above; a tensor with a TOKEN_LAYER step runs whole in head 0's
+ * task.  The quantize_head of every plan quantizer. */
+kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                  kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,

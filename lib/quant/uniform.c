@@ -172,7 +172,6 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
                                     kvq_recon_acc *recon)
 {
     int G = group > D ? D : group; /* clamped to the axis */
-    int ngroups = (D + G - 1) / G;
     /* rows are independent: quantize a block, add its error while it is in L1 */
     size_t block = recon ? fuse_rows(D) : (size_t)(t1 > t0 ? t1 - t0 : 1);
     for (size_t r0 = (size_t)t0; (int)r0 < t1; r0 += block) {
@@ -181,8 +180,7 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
         if (st) return st;
         if (recon) kvq_recon_accumulate(recon, x + r0 * D, y + r0 * D, n * D);
     }
-    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
-    *stored_bits = tokens * ((double)D * bits + ngroups * 2.0 * kvq_scale_bits(prec));
+    *stored_bits = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN, t0, t1, bits, group, prec}, 1, D, 0);
     return KVQ_OK;
 }
 
@@ -191,8 +189,7 @@ kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, in
                                       double *stored_bits, kvq_recon_acc *recon)
 {
     (void)T;
-    int ngroups = 0;
-    for (int g0 = t0; g0 < t1; g0 += group, ngroups++) {
+    for (int g0 = t0; g0 < t1; g0 += group) {
         int n = t1 - g0 < group ? t1 - g0 : group;
         const float *xg = x + (size_t)g0 * D;
         float *yg = y + (size_t)g0 * D;
@@ -200,8 +197,25 @@ kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, in
         if (st) return st;
         if (recon) kvq_recon_accumulate(recon, xg, yg, (size_t)n * D); /* in cache for small groups */
     }
-    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
-    *stored_bits = tokens * D * bits + (double)ngroups * D * 2.0 * kvq_scale_bits(prec);
+    *stored_bits = kvq_step_bits(&(kvq_step){KVQ_STEP_CHANNEL, t0, t1, bits, group, prec}, 1, D, 0);
+    return KVQ_OK;
+}
+
+kvq_status kvq_quant_head_absmax(const float *x, float *y, int T, int D, int t0, int t1, int bits,
+                                 int group, kvq_scale_prec prec, double *stored_bits,
+                                 kvq_recon_acc *recon)
+{
+    (void)T;
+    int G = group == 0 || group > D ? D : group; /* 0: the whole head vector */
+    for (int t = t0; t < t1; t++)
+        for (int c0 = 0; c0 < D; c0 += G) {
+            size_t o = (size_t)t * D + c0;
+            kvq_status st = kvq_absmax_quantize_ref(x + o, y + o, (size_t)(D - c0 < G ? D - c0 : G), 1, bits, prec);
+            if (st) return st;
+        }
+    if (recon && t1 > t0)
+        kvq_recon_accumulate(recon, x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0) * D);
+    *stored_bits = kvq_step_bits(&(kvq_step){KVQ_STEP_ABSMAX, t0, t1, bits, group, prec}, 1, D, 0);
     return KVQ_OK;
 }
 
@@ -223,19 +237,8 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
     }
     free(buf);
     if (st) return st;
-    /* each group's scale+zero bits go to the heads in proportion to the
-     * elements they hold in it; the same for every token */
-    double tokens = t1 > t0 ? (double)(t1 - t0) : 0.0;
-    for (int h = 0; h < H; h++) bits_per_head[h] = tokens * D * bits;
-    for (size_t c0 = 0; c0 < W; c0 += G) {
-        size_t c1 = W - c0 < G ? W : c0 + G, n = c1 - c0;
-        for (int h = 0; h < H; h++) {
-            size_t a = (size_t)h * D, b = a + (size_t)D;
-            size_t lo = a > c0 ? a : c0, hi = b < c1 ? b : c1;
-            if (hi > lo)
-                bits_per_head[h] += tokens * 2.0 * kvq_scale_bits(prec) * (double)(hi - lo) / (double)n;
-        }
-    }
+    kvq_step step = {KVQ_STEP_TOKEN_LAYER, t0, t1, bits, group, prec};
+    for (int h = 0; h < H && bits_per_head; h++) bits_per_head[h] = kvq_step_bits(&step, H, D, h);
     return KVQ_OK;
 }
 
@@ -245,5 +248,5 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kv
     if (t1 <= t0) return 0.0;
     memcpy(y + (size_t)t0 * D, x + (size_t)t0 * D, (size_t)(t1 - t0) * D * sizeof(float));
     if (recon) kvq_recon_accumulate(recon, x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0) * D);
-    return 16.0 * (double)(t1 - t0) * D;
+    return kvq_step_bits(&(kvq_step){KVQ_STEP_EXACT, t0, t1, 16, 1, KVQ_SCALE_FP16}, 1, D, 0);
 }
