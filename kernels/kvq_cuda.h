@@ -1,14 +1,63 @@
-/* kvq_cuda.h — host interface of the CUDA path (kernels/).  Compiled only
- * with the meson `cuda` feature. */
+/* kvq_cuda.h — host interface of the CUDA path (kernels/), compiled into
+ * libkvq only with the meson `cuda` feature.  lib/device.c is its one caller.
+ *
+ * The device holds one layer at a time: the exact K, V [H][T][D], `nslots`
+ * reconstructions K', V' (one per quantizer, produced on the device from a
+ * kvq_plan or uploaded from the CPU quantizers) and the selected query rows.
+ * Every function checks every CUDA and cuBLAS call and returns a kvq_status
+ * with a one-line message in err; nothing prints. */
 #ifndef KVQ_CUDA_H
 #define KVQ_CUDA_H
+
+#include "kvq.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Number of usable CUDA devices (0 if none); on a CUDA runtime failure
- * returns -1 and writes the runtime's message into msg. */
+typedef struct kvq_cuda kvq_cuda;
+
+/* Number of usable CUDA devices (0 if none, or no driver); on a CUDA
+ * runtime failure returns -1 and writes the runtime's message into msg. */
 int kvq_cuda_device_count(char *msg, int len);
+
+/* Opens the first device: KVQ_ERR_UNSUPPORTED naming the reason when there
+ * is none.  name: the device's name and compute capability. */
+kvq_status kvq_cuda_open(kvq_cuda **out, char *name, size_t name_len, kvq_error *err);
+void kvq_cuda_close(kvq_cuda *c);
+
+/* Uploads one layer's K, V [H][T][D] and makes room for nslots K', V'. */
+kvq_status kvq_cuda_set_layer(kvq_cuda *c, const float *key, const float *value, int H, int T, int D,
+                              int nslots, kvq_error *err);
+
+/* Runs a plan (both tensors) into slot s.  recon [2][H] (K heads, then V):
+ * n, Σx², Σe², Σ|e| and max|e| are added (bits untouched).  A group whose
+ * scale or zero is not finite gives KVQ_ERR_NUMERIC with *bad = tensor*H + h
+ * and an empty message, as the CPU helpers do. */
+kvq_status kvq_cuda_quantize_plan(kvq_cuda *c, int slot, const kvq_plan *plan, kvq_recon_acc *recon,
+                                  int *bad, kvq_error *err);
+
+/* Copies K', V' [H][T][D] made on the CPU into slot s. */
+kvq_status kvq_cuda_upload_slot(kvq_cuda *c, int slot, const float *key, const float *value,
+                                kvq_error *err);
+
+/* The query rows of the attention metrics: q [Hq][npos][D] (query head j's
+ * row at pos[i], positions ascending, < T), for the current layer. */
+kvq_status kvq_cuda_set_queries(kvq_cuda *c, const float *q, int Hq, const int *pos, size_t npos,
+                                int query_prescaled, kvq_error *err);
+
+/* Attention sums of KV head h (query heads h·G .. h·G+G−1) for slots
+ * 0..nslots−1, added to acc[s] (SPEC §4: the same sums as kvq_attention_head). */
+kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_attn_acc *acc, kvq_error *err);
+
+/* Benchmark helpers (kvq-bench): device-to-device copy bandwidth in GB/s
+ * (bytes read + written) over n floats, and the seconds of one plan run. */
+kvq_status kvq_cuda_copy_bandwidth(kvq_cuda *c, size_t n, double *gbs, kvq_error *err);
+kvq_status kvq_cuda_time_plan(kvq_cuda *c, const kvq_plan *plan, int reps, double *seconds,
+                              kvq_error *err);
+/* Seconds of one cuBLAS sgemm of [m][k]·[k][n]ᵀ (float32), averaged over reps. */
+kvq_status kvq_cuda_time_sgemm(kvq_cuda *c, int m, int n, int k, int reps, double *seconds,
+                               kvq_error *err);
 
 #ifdef __cplusplus
 }

@@ -5,8 +5,14 @@
  * threads over heads), then the metrics run in parallel over the selected KV
  * heads, the exact attention of a head computed once for all quantizers.
  * Each (layer, head, quantizer) has its own accumulator and pooling happens
- * later in a fixed order, so results do not depend on the thread count. */
+ * later in a fixed order, so results do not depend on the thread count.
+ *
+ * With a GPU (opts.device): the layer goes to the device once, the plan
+ * quantizers run there (the others on the CPU, their K', V' copied over),
+ * and the attention metrics of every head run there. */
+#include "device.h"
 #include "internal.h"
+#include "quant/quant.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -62,15 +68,28 @@ struct kvq_prepared {
     unsigned flags; /* tensors read besides K, V */
     kvq_rope rope;  /* rope.cos != NULL: the dump's RoPE was read */
     kvq_layer *L;   /* [nl] cached layers without `query`, or NULL */
-    kvq_attn_ref **ref; /* [nl][nh] when cached and the dump has queries */
+    kvq_attn_ref **ref; /* [nl][nh] when cached for the CPU and the dump has queries */
+    float **qsel;       /* [nl] query rows [Hq][npos][D] when cached for a device */
 };
+
+/* The query rows of the attention metrics, [Hq][npos][D]; NULL if out of memory. */
+static float *gather_queries(const kvq_layer *L, const int *pos, size_t npos)
+{
+    float *q = kvq_alloc_array((size_t)L->Hq * (npos ? npos : 1), (size_t)L->D * sizeof(float));
+    for (int j = 0; q && j < L->Hq; j++)
+        for (size_t i = 0; i < npos; i++)
+            memcpy(q + ((size_t)j * npos + i) * L->D, L->query + ((size_t)j * L->T + pos[i]) * L->D,
+                   (size_t)L->D * sizeof(float));
+    return q;
+}
 
 void kvq_prepared_free(kvq_prepared *p)
 {
     if (!p) return;
     for (int li = 0; p->L && li < p->nl; li++) kvq_layer_free(&p->L[li]);
     for (size_t i = 0; p->ref && i < (size_t)p->nl * p->nh; i++) kvq_attn_ref_free(p->ref[i]);
-    free(p->L), free(p->ref), free(p->layers), free(p->heads), free(p->pos);
+    for (int li = 0; p->qsel && li < p->nl; li++) free(p->qsel[li]);
+    free(p->L), free(p->ref), free(p->qsel), free(p->layers), free(p->heads), free(p->pos);
     kvq_rope_free(&p->rope);
     free(p);
 }
@@ -113,7 +132,9 @@ kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned f
     total += (double)p->nl * tensors * layer;
     if (flags & KVQ_READ_KEY_PRE_ROPE) /* cos and sin, [T][D/2] doubles each */
         total += (double)info->seq_len * (info->head_dim / 2) * 2 * sizeof(double);
-    if (info->has_query)
+    if (info->has_query && o->device) /* the query rows only: the GPU recomputes the exact side */
+        total += (double)p->nl * info->num_heads * p->npos * info->head_dim * sizeof(float);
+    else if (info->has_query)
         total += (double)p->nl * p->nh *
                  kvq_attn_ref_bytes(info->num_heads / info->num_kv_heads, info->seq_len, info->head_dim, p->pos, p->npos);
     *bytes = total >= (double)SIZE_MAX ? SIZE_MAX : (size_t)total;
@@ -132,8 +153,9 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     p->L = calloc((size_t)nl, sizeof *p->L);
-    p->ref = calloc((size_t)nl * nh + 1, sizeof *p->ref);
-    if (!hst || !herr || !p->L || !p->ref) {
+    p->ref = o->device ? NULL : calloc((size_t)nl * nh + 1, sizeof *p->ref);
+    p->qsel = o->device ? calloc((size_t)nl + 1, sizeof *p->qsel) : NULL;
+    if (!hst || !herr || !p->L || !(p->ref || p->qsel)) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p->path);
         goto done;
     }
@@ -141,7 +163,12 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
     for (int li = 0; li < nl && !st; li++) {
         kvq_layer *L = &p->L[li];
         if ((st = kvq_dump_read_layer(d, p->layers[li], flags | KVQ_READ_QUERY, L, err))) break;
-        if (L->query) {
+        if (L->query && p->qsel) {
+            if (!(p->qsel[li] = gather_queries(L, p->pos, p->npos)))
+                st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the query rows", p->path);
+            free(L->query);
+            L->query = NULL;
+        } else if (L->query) {
             int G = L->Hq / L->H;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
             for (int hi = 0; hi < nh; hi++) {
@@ -169,7 +196,15 @@ done:
 
 /* Reconstruction and attention sums of the hi-th selected head for every
  * quantizer; ref: its cached exact attention, else computed from L->query. */
-static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h,
+static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
+{
+    for (int s = 0; s < nspecs; s++) {
+        kvq_acc tmp = {.has_attn = 1, .attn = aa[s]};
+        kvq_acc_merge(&acc[s], &tmp);
+    }
+}
+
+static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h, int with_attn,
                                const kvq_attn_ref *ref, int nspecs, float *const *kq,
                                float *const *vq, double *const *kbits, double *const *vbits,
                                double *const *sbytes, kvq_recon_acc *const *recon,
@@ -191,7 +226,7 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         acc[s].v.bits += vbits[s][h];
         acc[s].static_bytes += sbytes[s][h];
     }
-    if (!L->query && !ref) return KVQ_OK;
+    if (!with_attn || (!L->query && !ref)) return KVQ_OK;
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);
     const float **Vh = kvq_alloc_array((size_t)nspecs, sizeof *Vh);
@@ -207,13 +242,58 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         else
             st = kvq_attention_head(L->query + (size_t)h * G * L->T * L->D, G, K, V, L->T, L->D,
                                     info->query_prescaled, pos, npos, nspecs, Kh, Vh, aa, err);
-        for (int s = 0; s < nspecs && !st; s++) {
-            acc[s].has_attn = 1;
-            kvq_acc tmp = {.has_attn = 1, .attn = aa[s]};
-            kvq_acc_merge(&acc[s], &tmp);
-        }
+        if (!st) merge_attn(acc, aa, nspecs);
     }
     free(Kh), free(Vh), free(aa);
+    return st;
+}
+
+/* Prefixes err's message with the dump path and layer. */
+static kvq_status layer_error(kvq_error *err, kvq_status st, const char *path, int layer)
+{
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+    return kvq_fail(err, st, "%s: /layer_%03d: %s", path, layer, msg);
+}
+
+/* Runs spec's plan on the device into slot s: K', V' stay there, the error
+ * sums and bits come back as a CPU quantizer's would. */
+static kvq_status plan_on_device(kvq_device *dev, const kvq_spec *spec, const kvq_quant_ctx *ctx,
+                                 const kvq_layer *L, int s, kvq_quant_out *qo, kvq_error *err)
+{
+    kvq_plan plan;
+    int bad = 0, H = L->H;
+    spec->q->plan(spec, L->T, L->D, &plan);
+    kvq_status st = kvq_device_quantize_plan(dev, s, &plan, qo->recon, &bad, err);
+    if (st == KVQ_ERR_NUMERIC)
+        return kvq_quant_numeric_error(err, spec, ctx, bad / H ? "value" : "key", bad % H);
+    if (st) return st;
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < H; h++) {
+            double *bits = t ? &qo->v_bits[h] : &qo->k_bits[h];
+            for (int i = 0; i < plan.nsteps[t]; i++) *bits += kvq_step_bits(&plan.step[t][i], H, L->D, h);
+            qo->recon_done[t * H + h] = 1;
+        }
+    return KVQ_OK;
+}
+
+/* The attention metrics of the selected heads of a layer on the device,
+ * whose slots 0..ns−1 hold the quantizers' K', V'.  qsel: cached query rows
+ * or NULL (gathered from L->query). */
+static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, const kvq_layer *L,
+                                      const float *qsel, int ns, kvq_acc *acc, kvq_error *err)
+{
+    float *own = NULL;
+    if (!qsel && !(qsel = own = gather_queries(L, p->pos, p->npos)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the query rows");
+    kvq_attn_acc *aa = calloc((size_t)ns + 1, sizeof *aa);
+    kvq_status st = aa ? kvq_device_set_queries(dev, qsel, L->Hq, p->pos, p->npos, p->info->query_prescaled, err)
+                       : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int hi = 0; hi < p->nh && !st; hi++) {
+        memset(aa, 0, ((size_t)ns + 1) * sizeof *aa);
+        if (!(st = kvq_device_attention(dev, p->heads[hi], ns, aa, err))) merge_attn(acc + (size_t)hi * ns, aa, ns);
+    }
+    free(aa), free(own);
     return st;
 }
 
@@ -262,6 +342,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             goto done;
         }
     }
+    if (p->L && (o->device ? !p->qsel : !!p->qsel)) {
+        st = kvq_fail(err, KVQ_ERR_USAGE, "%s: prepared for the %s, analysed on the %s", path,
+                      p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
+        goto done;
+    }
     for (int s = 0; s < ns; s++) {
         unsigned missing = o->specs[s].q->read_flags & ~p->flags;
         if (missing) {
@@ -283,6 +368,10 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         int layer = p->layers[li];
         const kvq_layer *L = p->L ? &p->L[li] : &read;
         if (!p->L && (st = kvq_dump_read_layer(p->d, layer, p->flags | KVQ_READ_QUERY, &read, err))) goto done;
+        if (o->device && (st = kvq_device_set_layer(o->device, L, ns, err))) {
+            st = layer_error(err, st, path, layer);
+            goto done;
+        }
         for (int s = 0; s < ns; s++) {
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
                                  .rope = p->rope.cos ? &p->rope : NULL};
@@ -295,7 +384,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             memset(rd[s], 0, 2 * (size_t)H);
             if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
-            if ((st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err))) {
+            if (o->device && o->specs[s].q->plan)
+                st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, &qo, err);
+            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err)) && o->device)
+                st = kvq_device_upload_slot(o->device, s, kq[s], vq[s], err);
+            if (st) {
                 char msg[sizeof err->msg];
                 snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
                 st = kvq_fail(err, st, "%s: %s", path, msg);
@@ -304,7 +397,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
-            hst[hi] = head_metrics(L, info, p->heads[hi], p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
+            hst[hi] = head_metrics(L, info, p->heads[hi], !o->device, p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
                                    ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
@@ -312,6 +405,12 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                 st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", path, layer, herr[hi].msg);
                 goto done;
             }
+        if (o->device && (L->query || (p->qsel && p->qsel[li])) &&
+            (st = attention_on_device(o->device, p, L, p->qsel ? p->qsel[li] : NULL, ns,
+                                      out->acc + (size_t)li * nh * ns, err))) {
+            st = layer_error(err, st, path, layer);
+            goto done;
+        }
         kvq_layer_free(&read);
     }
 done:

@@ -493,6 +493,20 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                                   int nquant, const float *const *Kq, const float *const *Vq,
                                   kvq_attn_acc *acc, kvq_error *err);
 
+/* ---------------------------------------------------------- compute device */
+
+/* An open GPU (opaque).  With one, the analysis runs the plan quantizers
+ * (kvq_quantizer.plan) and every attention metric on it; the other
+ * quantizers run on the CPU and their K', V' are copied over. */
+typedef struct kvq_device kvq_device;
+/* 1 if this build has the CUDA path (meson -Dcuda=enabled). */
+int kvq_device_cuda_built(void);
+/* Opens the first CUDA GPU; KVQ_ERR_UNSUPPORTED with one line saying why
+ * (built without CUDA, no GPU or driver). */
+kvq_status kvq_device_open_cuda(kvq_device **out, kvq_error *err);
+const char *kvq_device_name(const kvq_device *dev);
+void kvq_device_close(kvq_device *dev);
+
 /* --------------------------------------------------------- analysis driver */
 
 typedef enum kvq_per { KVQ_PER_HEAD, KVQ_PER_LAYER, KVQ_PER_MODEL } kvq_per;
@@ -508,6 +522,7 @@ typedef struct kvq_analysis_opts {
     uint64_t seed;
     int nthreads;      /* <= 0: all cores */
     kvq_calib *calib;  /* needed by specs for which kvq_spec_needs_calib() */
+    kvq_device *device; /* NULL: everything on the CPU */
 } kvq_analysis_opts;
 
 /* Result accumulators of one dump: acc[(li * nheads + hi) * nspecs + s] for

@@ -96,6 +96,15 @@ void cli_analysis_free(cli_analysis *a)
 {
     free(a->layers), free(a->heads);
     a->layers = a->heads = NULL;
+    kvq_device_close(a->device);
+    a->device = NULL;
+}
+
+int cli_analysis_device(const char *prog, cli_analysis *a)
+{
+    kvq_error err = {0};
+    if (!a->cuda || a->device) return CLI_OK;
+    return kvq_device_open_cuda(&a->device, &err) ? cli_fail(prog, &err) : CLI_OK;
 }
 
 int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a)
@@ -140,11 +149,9 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
         }
         return CLI_OK;
     case CLI_OPT_DEVICE:
-        if (!strcmp(arg, "cpu")) return CLI_OK;
-        if (!strcmp(arg, "cuda")) {
-            cli_error(prog, "--device cuda: this version has no GPU path yet%s; use --device cpu",
-                      KVQ_HAVE_CUDA ? "" : " (and it was built without CUDA)");
-            return CLI_RUNTIME;
+        if (!strcmp(arg, "cpu") || !strcmp(arg, "cuda")) {
+            a->cuda = !strcmp(arg, "cuda");
+            return CLI_OK;
         }
         cli_error(prog, "--device %s: expected cpu or cuda", arg);
         return CLI_USAGE;

@@ -37,11 +37,16 @@ typedef struct cli_analysis {
     kvq_per per;                          /* default per layer */
     long threads;                         /* 0: all cores */
     uint64_t seed;
+    int cuda;                             /* --device cuda */
+    kvq_device *device;                   /* opened by cli_analysis_device */
 } cli_analysis;
 void cli_analysis_init(cli_analysis *a);
 /* Parses option `c` if it is one of CLI_OPT_*: returns CLI_OK or the exit
  * code after printing the error; -1 if `c` is not an analysis option. */
 int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a);
+/* Opens the GPU if --device cuda asked for one (after parsing, before any
+ * work): CLI_OK, or CLI_RUNTIME after printing why there is none. */
+int cli_analysis_device(const char *prog, cli_analysis *a);
 void cli_analysis_free(cli_analysis *a);
 
 /* Output: stdout when path is NULL or "-", else a temporary file in the

@@ -29,7 +29,9 @@ static void usage(FILE *f)
         "  -o, --output FILE     write results to FILE (atomically) instead of stdout\n"
         "      --threads N       worker threads (default: all cores)\n"
         "      --seed N          seed of the random streams (default 0)\n"
-        "      --device DEV      cpu (default) or cuda\n"
+        "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
+        "                        per-channel, kivi, kcvt, absmax) and every attention\n"
+        "                        metric on the GPU; the other quantizers on the CPU\n"
         "      --list-quantizers list quantizers, their keys and defaults\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n\n"
@@ -105,6 +107,7 @@ int main(int argc, char **argv)
         goto done;
     }
 
+    if ((rc = cli_analysis_device(prog, &an))) goto done;
     if (calib) {
         if (kvq_calib_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
     }
@@ -144,7 +147,8 @@ int main(int argc, char **argv)
     kvq_analysis_opts opts = {
         .specs = specs, .nspecs = nspecs, .layers = an.layers, .nlayers = an.nlayers,
         .heads = an.heads, .nheads = an.nheads, .queries = an.queries, .seed = an.seed, .nthreads = (int)an.threads,
-        .calib = calib_dump};
+        .calib = calib_dump, .device = an.device};
+    if (an.device && fmt == KVQ_FMT_TABLE) fprintf(stderr, "%s: device: %s\n", prog, kvq_device_name(an.device));
     for (int i = optind; i < argc; i++) {
         kvq_analysis a;
         if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }

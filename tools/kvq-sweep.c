@@ -50,7 +50,7 @@ static void usage(FILE *f)
         "      --format FMT      csv or jsonl (default: jsonl for *.jsonl names, else csv)\n"
         "      --threads N       worker threads (default: all cores)\n"
         "      --seed N          seed of the random streams (default 0)\n"
-        "      --device DEV      cpu (default) or cuda\n"
+        "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
         "      --cache-mb N      memory for the shared work kept across points (default\n"
         "                        4096); a dump that does not fit is re-read per point\n"
         "      --progress WHEN   auto (default: a bar on a terminal, else one line per\n"
@@ -284,7 +284,7 @@ static size_t rows_per_dump(const opts_t *o, const kvq_dump_info *info)
     return o->an.per == KVQ_PER_HEAD ? nl * nh : o->an.per == KVQ_PER_LAYER ? nl : 1;
 }
 
-static int do_sweep(const opts_t *o, char **dumps, int ndumps)
+static int do_sweep(opts_t *o, char **dumps, int ndumps)
 {
     int rc = CLI_OK, fd = -1;
     kvq_error err = {0};
@@ -334,10 +334,11 @@ static int do_sweep(const opts_t *o, char **dumps, int ndumps)
         goto done;
     }
 
-    /* the dumps and the calibration dump, opened once */
+    /* the device, the dumps and the calibration dump, opened once */
+    if ((rc = cli_analysis_device(prog, &o->an))) goto done;
     kvq_analysis_opts ao = {.layers = o->an.layers, .nlayers = o->an.nlayers, .heads = o->an.heads,
                             .nheads = o->an.nheads, .queries = o->an.queries, .seed = o->an.seed,
-                            .nthreads = (int)o->an.threads};
+                            .nthreads = (int)o->an.threads, .device = o->an.device};
     size_t expect_rows = 0;
     for (int i = 0; i < ndumps; i++) {
         if (kvq_dump_open(dumps[i], &d[i], &err)) { rc = cli_fail(prog, &err); goto done; }

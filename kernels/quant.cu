@@ -1,0 +1,361 @@
+/* quant.cu — the uniform quantizer families on the GPU: the steps of a
+ * kvq_plan (lib/quant/plan.c is the CPU executor and the reference), fused
+ * with the reconstruction error sums.
+ *
+ * Arithmetic follows SPEC §2.1/§2.2 operation by operation with explicitly
+ * rounded intrinsics (__fsub_rn, __fdiv_rn, __fmul_rn, __fadd_rn: never fused
+ * into an FMA, divisions not by reciprocal), rintf for round-half-even and
+ * __float2half_rn for the fp16 scale, so K', V' equal the CPU's bit for bit.
+ * Error sums are per-block partials in double, added on the host in a fixed
+ * order: the same result on every run.
+ *
+ * Kernels:
+ *   rows_kernel     U or A on groups along a row: per token within a head
+ *                   (TOKEN, ABSMAX) or along all heads of a token
+ *                   (TOKEN_LAYER); one warp per group, lanes over its elements.
+ *   channel_kernel  U per channel: a block is 32 channels × 8 token lanes
+ *                   over one group of tokens, so every load is coalesced.
+ *   recon_kernel    the exact copy (EXACT) and the error of TOKEN_LAYER
+ *                   steps, whose groups straddle heads. */
+#include "cuda_internal.cuh"
+
+#include <cuda_fp16.h>
+#include <limits.h>
+#include <math.h>
+#include <vector>
+
+/* Reconstruction partial sums of one block. */
+struct kvq_rpart {
+    double x2, e2, ae, mx;
+};
+
+__device__ inline void add_error(kvq_rpart &r, float x, float y)
+{
+    float e = __fsub_rn(x, y); /* E = X − X' in float32 */
+    double ae = fabs((double)e);
+    r.x2 += (double)x * (double)x;
+    r.e2 += (double)e * (double)e;
+    r.ae += ae;
+    r.mx = fmax(r.mx, ae);
+}
+
+/* Block-wide reduction of r into *out (thread 0 writes); every thread calls. */
+__device__ void store_partial(kvq_rpart r, kvq_rpart *out)
+{
+    __shared__ kvq_rpart sh[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        r.x2 += __shfl_xor_sync(0xffffffffu, r.x2, o);
+        r.e2 += __shfl_xor_sync(0xffffffffu, r.e2, o);
+        r.ae += __shfl_xor_sync(0xffffffffu, r.ae, o);
+        r.mx = fmax(r.mx, __shfl_xor_sync(0xffffffffu, r.mx, o));
+    }
+    int tid = threadIdx.y * blockDim.x + threadIdx.x, nw = (blockDim.x * blockDim.y) >> 5;
+    if ((tid & 31) == 0) sh[tid >> 5] = r;
+    __syncthreads();
+    if (tid == 0) {
+        kvq_rpart t = sh[0];
+        for (int k = 1; k < nw; k++) {
+            t.x2 += sh[k].x2, t.e2 += sh[k].e2, t.ae += sh[k].ae;
+            t.mx = fmax(t.mx, sh[k].mx);
+        }
+        *out = t;
+    }
+}
+
+__device__ inline float round_scale(float s, int fp16)
+{
+    return fp16 ? __half2float(__float2half_rn(s)) : s; /* overflow → inf, as the CPU */
+}
+
+/* U: x' = clamp(rne((x − z)/s), 0, L)·s + z, or z when s = 0. */
+__device__ inline float u_value(float x, float s, float z, float L)
+{
+    if (s == 0.0f) return z;
+    float v = __fdiv_rn(__fsub_rn(x, z), s);
+    v = v < 0.0f ? 0.0f : (v > L ? L : v);
+    return __fadd_rn(__fmul_rn(rintf(v), s), z);
+}
+
+/* A: x' = clamp(rne(x/s), qmin, qmax)·s, or 0 when s = 0. */
+__device__ inline float a_value(float x, float s, float qmin, float qmax)
+{
+    if (s == 0.0f) return 0.0f;
+    float v = __fdiv_rn(x, s);
+    v = v < qmin ? qmin : (v > qmax ? qmax : v);
+    return __fmul_rn(rintf(v), s);
+}
+
+__device__ inline void flag_bad(int *flag, int code) { atomicMin(flag, code); }
+
+enum { KIND_U = 0, KIND_A = 1 };
+
+/* Groups of G along rows of W values.  LAYER = 0: a row is token t of head
+ * blockIdx.y (W = D); LAYER = 1: a row is token t of all heads, head-major
+ * (W = H·D; no error sums here, recon_kernel adds them per head). */
+template <int KIND, int LAYER>
+__global__ void rows_kernel(const float *__restrict__ x, float *__restrict__ y, int H, int T, int D, int t0,
+                            int nrows, int G, int bits, int fp16, kvq_rpart *part, int *flag, int bad_base)
+{
+    const int W = LAYER ? H * D : D, ngroups = (W + G - 1) / G;
+    const int h = LAYER ? 0 : blockIdx.y;
+    const size_t head = (size_t)h * T * D;
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const long items = (long)nrows * ngroups;
+    const float L = (float)((1u << bits) - 1u);
+    const float qmax = (float)((1u << (bits - 1)) - 1u), qmin = -(float)(1u << (bits - 1));
+    kvq_rpart r = {0, 0, 0, 0};
+    for (long it = (long)blockIdx.x * warps + (threadIdx.x >> 5); it < items; it += (long)gridDim.x * warps) {
+        int t = t0 + (int)(it / ngroups), c0 = (int)(it % ngroups) * G;
+        int len = W - c0 < G ? W - c0 : G;
+        /* pass 1: min and max (U) or max |x| (A) over the group */
+        float mn = INFINITY, mx = -INFINITY;
+        for (int i = lane; i < len; i += 32) {
+            int j = c0 + i;
+            size_t a = LAYER ? (size_t)(j / D) * T * D + (size_t)t * D + j % D : head + (size_t)t * D + j;
+            float v = x[a];
+            if (KIND == KIND_U) mn = fminf(mn, v), mx = fmaxf(mx, v);
+            else mx = fmaxf(mx, fabsf(v));
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        }
+        float s, z = 0.0f;
+        if (KIND == KIND_U) {
+            s = round_scale(__fdiv_rn(__fsub_rn(mx, mn), L), fp16);
+            z = round_scale(mn, fp16);
+        } else {
+            s = round_scale(__fdiv_rn(mx, qmax), fp16);
+        }
+        if (!isfinite(s) || !isfinite(z)) {
+            if (lane == 0) flag_bad(flag, bad_base + h); /* span=layer: head 0, as the CPU */
+            continue;
+        }
+        /* pass 2: quantize, write, add the error (the group is in L1) */
+        for (int i = lane; i < len; i += 32) {
+            int j = c0 + i;
+            size_t a = LAYER ? (size_t)(j / D) * T * D + (size_t)t * D + j % D : head + (size_t)t * D + j;
+            float v = x[a];
+            float q = KIND == KIND_U ? u_value(v, s, z, L) : a_value(v, s, qmin, qmax);
+            y[a] = q;
+            if (!LAYER) add_error(r, v, q);
+        }
+    }
+    if (!LAYER) store_partial(r, &part[(size_t)h * gridDim.x + blockIdx.x]);
+}
+
+/* U per channel: groups of G tokens from t0 (the last one shorter) of each
+ * channel of head blockIdx.y.  Block (32, 8): 32 channels × 8 token lanes. */
+__global__ void channel_kernel(const float *__restrict__ x, float *__restrict__ y, int T, int D, int t0, int t1,
+                               int G, int bits, int fp16, kvq_rpart *part, int *flag, int bad_base)
+{
+    __shared__ float smn[8][32], smx[8][32];
+    const int h = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;
+    const float *xh = x + (size_t)h * T * D;
+    float *yh = y + (size_t)h * T * D;
+    const int ngroups = (int)(((long)t1 - t0 + G - 1) / G), ntiles = (D + 31) / 32;
+    const long items = (long)ngroups * ntiles;
+    const float L = (float)((1u << bits) - 1u);
+    kvq_rpart r = {0, 0, 0, 0};
+    for (long it = blockIdx.x; it < items; it += gridDim.x) {
+        int g = (int)(it / ntiles), c = (int)(it % ntiles) * 32 + tx;
+        int ts = t0 + g * G, te = t1 - ts < G ? t1 : ts + G;
+        bool active = c < D;
+        float mn = INFINITY, mx = -INFINITY;
+        if (active)
+            for (int t = ts + ty; t < te; t += 8) {
+                float v = xh[(size_t)t * D + c];
+                mn = fminf(mn, v), mx = fmaxf(mx, v);
+            }
+        smn[ty][tx] = mn, smx[ty][tx] = mx;
+        __syncthreads();
+        if (ty == 0) {
+            for (int k = 1; k < 8; k++) mn = fminf(mn, smn[k][tx]), mx = fmaxf(mx, smx[k][tx]);
+            smn[0][tx] = mn, smx[0][tx] = mx;
+        }
+        __syncthreads();
+        mn = smn[0][tx], mx = smx[0][tx];
+        float s = round_scale(__fdiv_rn(__fsub_rn(mx, mn), L), fp16), z = round_scale(mn, fp16);
+        if (active && (!isfinite(s) || !isfinite(z))) {
+            if (ty == 0) flag_bad(flag, bad_base + h);
+            active = false;
+        }
+        if (active)
+            for (int t = ts + ty; t < te; t += 8) {
+                size_t a = (size_t)t * D + c;
+                float v = xh[a], q = u_value(v, s, z, L);
+                yh[a] = q;
+                add_error(r, v, q);
+            }
+        __syncthreads(); /* smn/smx are reused by the next item */
+    }
+    store_partial(r, &part[(size_t)h * gridDim.x + blockIdx.x]);
+}
+
+/* Tokens [t0, t1) of head blockIdx.y: copy x to y if `copy` (EXACT), then
+ * add the error of y against x. */
+__global__ void recon_kernel(const float *__restrict__ x, float *__restrict__ y, int T, int D, int t0, int t1,
+                             int copy, kvq_rpart *part)
+{
+    const int h = blockIdx.y;
+    const size_t off = ((size_t)h * T + t0) * D, n = (size_t)(t1 - t0) * D;
+    kvq_rpart r = {0, 0, 0, 0};
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = x[off + i], q;
+        if (copy) y[off + i] = q = v;
+        else q = y[off + i];
+        add_error(r, v, q);
+    }
+    store_partial(r, &part[(size_t)h * gridDim.x + blockIdx.x]);
+}
+
+/* ------------------------------------------------------------------ host */
+
+/* One launch whose partials belong to (tensor, heads 0..H−1). */
+struct launch {
+    int tensor, nblk;
+    size_t first; /* index of its first partial */
+    double n;     /* elements per head */
+};
+
+static int blocks_for(long items, long per_block, int H, int sms)
+{
+    long want = (items + per_block - 1) / per_block, cap = (8L * sms + H - 1) / H;
+    if (cap < 16) cap = 16;
+    if (want > cap) want = cap;
+    return want < 1 ? 1 : (int)want;
+}
+
+/* Launches every step of plan on slot `slot`; fills the launch list. */
+static kvq_status launch_plan(kvq_cuda *c, int slot, const kvq_plan *plan, std::vector<launch> &ls,
+                              kvq_error *err)
+{
+    const int H = c->H, T = c->T, D = c->D;
+    /* partials: at most two launches per step, H × nblk each */
+    size_t need = 0;
+    int maxblk = blocks_for(1L << 40, 1, H, c->sms);
+    for (int t = 0; t < 2; t++) need += (size_t)2 * plan->nsteps[t] * H * maxblk;
+    kvq_status st;
+    if ((st = kvq_dbuf_reserve(&c->part, need * sizeof(kvq_rpart), err)) ||
+        (st = kvq_dbuf_reserve(&c->flag, sizeof(int), err)))
+        return st;
+    int big = INT_MAX;
+    KVQ_CU(cudaMemcpyAsync(c->flag.p, &big, sizeof big, cudaMemcpyHostToDevice, c->stream));
+    kvq_rpart *part = (kvq_rpart *)c->part.p;
+    int *flag = (int *)c->flag.p;
+    size_t used = 0;
+    ls.clear();
+    for (int tensor = 0; tensor < 2; tensor++) {
+        const float *x = kvq_cuda_x(c, tensor);
+        float *y = kvq_cuda_y(c, slot, tensor);
+        for (int i = 0; i < plan->nsteps[tensor]; i++) {
+            const kvq_step *s = &plan->step[tensor][i];
+            int t0 = s->t0, t1 = s->t1, n = t1 - t0, fp16 = s->prec == KVQ_SCALE_FP16;
+            if (n <= 0) continue;
+            if (s->bits < 1 || s->bits > 16 || (s->kind == KVQ_STEP_ABSMAX && s->bits < 2) ||
+                (s->kind != KVQ_STEP_EXACT && s->group < (s->kind == KVQ_STEP_ABSMAX ? 0 : 1)))
+                return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: plan step with bits=%d group=%d", s->bits, s->group);
+            int bad = tensor * H;
+            launch l = {tensor, 0, used, (double)n * D};
+            switch (s->kind) {
+            case KVQ_STEP_EXACT:
+                l.nblk = blocks_for((long)n * D, 256L * 8, H, c->sms);
+                recon_kernel<<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, T, D, t0, t1, 1, part + used);
+                break;
+            case KVQ_STEP_TOKEN:
+            case KVQ_STEP_ABSMAX: {
+                int G = s->group == 0 || s->group > D ? D : s->group;
+                long items = (long)n * ((D + G - 1) / G);
+                l.nblk = blocks_for(items, 8 * 4, H, c->sms);
+                if (s->kind == KVQ_STEP_TOKEN)
+                    rows_kernel<KIND_U, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits, fp16,
+                                                                                   part + used, flag, bad);
+                else
+                    rows_kernel<KIND_A, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits, fp16,
+                                                                                   part + used, flag, bad);
+                break;
+            }
+            case KVQ_STEP_CHANNEL: {
+                long items = (long)((n + (long)s->group - 1) / s->group) * ((D + 31) / 32);
+                l.nblk = blocks_for(items, 2, H, c->sms);
+                channel_kernel<<<dim3(l.nblk, H), dim3(32, 8), 0, c->stream>>>(x, y, T, D, t0, t1, s->group, s->bits,
+                                                                               fp16, part + used, flag, bad);
+                break;
+            }
+            case KVQ_STEP_TOKEN_LAYER: {
+                long W = (long)H * D, G = (long)s->group > W ? W : s->group;
+                long items = (long)n * ((W + G - 1) / G);
+                rows_kernel<KIND_U, 1><<<blocks_for(items, 8 * 4, 1, c->sms), 256, 0, c->stream>>>(
+                    x, y, H, T, D, t0, n, (int)G, s->bits, fp16, NULL, flag, bad);
+                KVQ_LAUNCHED();
+                /* the error per head, from what was written */
+                l.nblk = blocks_for((long)n * D, 256L * 8, H, c->sms);
+                recon_kernel<<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, T, D, t0, t1, 0, part + used);
+                break;
+            }
+            }
+            KVQ_LAUNCHED();
+            used += (size_t)l.nblk * H;
+            ls.push_back(l);
+        }
+    }
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_cuda_quantize_plan(kvq_cuda *c, int slot, const kvq_plan *plan, kvq_recon_acc *recon,
+                                             int *bad, kvq_error *err)
+{
+    if (slot < 0 || slot >= c->nslots) return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: slot %d of %d", slot, c->nslots);
+    std::vector<launch> ls;
+    kvq_status st = launch_plan(c, slot, plan, ls, err);
+    if (st) return st;
+    size_t total = ls.empty() ? 0 : ls.back().first + (size_t)ls.back().nblk * c->H;
+    std::vector<kvq_rpart> host(total > 0 ? total : 1);
+    int flag = INT_MAX;
+    if (total) KVQ_CU(cudaMemcpyAsync(host.data(), c->part.p, total * sizeof(kvq_rpart), cudaMemcpyDeviceToHost, c->stream));
+    KVQ_CU(cudaMemcpyAsync(&flag, c->flag.p, sizeof flag, cudaMemcpyDeviceToHost, c->stream));
+    KVQ_CU(cudaStreamSynchronize(c->stream));
+    if (flag != INT_MAX) {
+        /* like the CPU helpers: the caller names the fp16 overflow */
+        *bad = flag;
+        if (err) err->status = KVQ_ERR_NUMERIC, err->msg[0] = '\0';
+        return KVQ_ERR_NUMERIC;
+    }
+    for (const launch &l : ls)
+        for (int h = 0; h < c->H; h++) {
+            kvq_recon_acc *a = &recon[l.tensor * c->H + h];
+            for (int b = 0; b < l.nblk; b++) {
+                const kvq_rpart &p = host[l.first + (size_t)h * l.nblk + b];
+                a->sum_x2 += p.x2, a->sum_e2 += p.e2, a->sum_abs_e += p.ae;
+                if (p.mx > a->max_abs) a->max_abs = p.mx;
+            }
+            a->n += l.n;
+        }
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_cuda_time_plan(kvq_cuda *c, const kvq_plan *plan, int reps, double *seconds,
+                                         kvq_error *err)
+{
+    if (c->nslots < 1) return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: no slot to time a plan in");
+    std::vector<launch> ls;
+    cudaEvent_t e0, e1;
+    KVQ_CU(cudaEventCreate(&e0));
+    cudaError_t e = cudaEventCreate(&e1);
+    if (e != cudaSuccess) {
+        cudaEventDestroy(e0);
+        return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: cudaEventCreate: %s", cudaGetErrorString(e));
+    }
+    kvq_status st = launch_plan(c, 0, plan, ls, err); /* warm-up */
+    if (!st) e = cudaEventRecord(e0, c->stream);
+    for (int r = 0; r < reps && !st && e == cudaSuccess; r++) st = launch_plan(c, 0, plan, ls, err);
+    float ms = 0;
+    if (!st && e == cudaSuccess) e = cudaEventRecord(e1, c->stream);
+    if (!st && e == cudaSuccess) e = cudaEventSynchronize(e1);
+    if (!st && e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    if (st) return st;
+    if (e != cudaSuccess) return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: plan timing: %s", cudaGetErrorString(e));
+    *seconds = ms * 1e-3 / (reps > 0 ? reps : 1);
+    return KVQ_OK;
+}
