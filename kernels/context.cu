@@ -111,6 +111,16 @@ extern "C" kvq_status kvq_cuda_upload_slot(kvq_cuda *c, int slot, const float *k
     return KVQ_OK;
 }
 
+extern "C" kvq_status kvq_cuda_download_slot(kvq_cuda *c, int slot, float *key, float *value, kvq_error *err)
+{
+    if (slot < 0 || slot >= c->nslots) return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: slot %d of %d", slot, c->nslots);
+    size_t bytes = kvq_cuda_tensor(c) * sizeof(float);
+    KVQ_CU(cudaMemcpyAsync(key, kvq_cuda_y(c, slot, 0), bytes, cudaMemcpyDeviceToHost, c->stream));
+    KVQ_CU(cudaMemcpyAsync(value, kvq_cuda_y(c, slot, 1), bytes, cudaMemcpyDeviceToHost, c->stream));
+    KVQ_CU(cudaStreamSynchronize(c->stream));
+    return KVQ_OK;
+}
+
 extern "C" kvq_status kvq_cuda_set_queries(kvq_cuda *c, const float *q, int Hq, const int *pos, size_t npos,
                                            int query_prescaled, kvq_error *err)
 {

@@ -41,6 +41,9 @@ kvq_status kvq_cuda_quantize_plan(kvq_cuda *c, int slot, const kvq_plan *plan, k
 kvq_status kvq_cuda_upload_slot(kvq_cuda *c, int slot, const float *key, const float *value,
                                 kvq_error *err);
 
+/* Copies slot s's K', V' back to the host (tests compare them with the CPU's). */
+kvq_status kvq_cuda_download_slot(kvq_cuda *c, int slot, float *key, float *value, kvq_error *err);
+
 /* The query rows of the attention metrics: q [Hq][npos][D] (query head j's
  * row at pos[i], positions ascending, < T), for the current layer. */
 kvq_status kvq_cuda_set_queries(kvq_cuda *c, const float *q, int Hq, const int *pos, size_t npos,

@@ -20,7 +20,6 @@
 #include "cuda_internal.cuh"
 
 #include <cuda_fp16.h>
-#include <limits.h>
 #include <math.h>
 #include <vector>
 
@@ -85,6 +84,9 @@ __device__ inline float a_value(float x, float s, float qmin, float qmax)
     return __fmul_rn(rintf(v), s);
 }
 
+/* The numeric flag: the smallest tensor*H + h with a non-finite scale, or
+ * FLAG_NONE (set by a byte memset, so resetting it needs no host copy). */
+#define FLAG_NONE 0x7f7f7f7f
 __device__ inline void flag_bad(int *flag, int code) { atomicMin(flag, code); }
 
 enum { KIND_U = 0, KIND_A = 1 };
@@ -239,8 +241,7 @@ static kvq_status launch_plan(kvq_cuda *c, int slot, const kvq_plan *plan, std::
     if ((st = kvq_dbuf_reserve(&c->part, need * sizeof(kvq_rpart), err)) ||
         (st = kvq_dbuf_reserve(&c->flag, sizeof(int), err)))
         return st;
-    int big = INT_MAX;
-    KVQ_CU(cudaMemcpyAsync(c->flag.p, &big, sizeof big, cudaMemcpyHostToDevice, c->stream));
+    KVQ_CU(cudaMemsetAsync(c->flag.p, 0x7f, sizeof(int), c->stream)); /* FLAG_NONE */
     kvq_rpart *part = (kvq_rpart *)c->part.p;
     int *flag = (int *)c->flag.p;
     size_t used = 0;
@@ -311,11 +312,11 @@ extern "C" kvq_status kvq_cuda_quantize_plan(kvq_cuda *c, int slot, const kvq_pl
     if (st) return st;
     size_t total = ls.empty() ? 0 : ls.back().first + (size_t)ls.back().nblk * c->H;
     std::vector<kvq_rpart> host(total > 0 ? total : 1);
-    int flag = INT_MAX;
+    int flag = FLAG_NONE;
     if (total) KVQ_CU(cudaMemcpyAsync(host.data(), c->part.p, total * sizeof(kvq_rpart), cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU(cudaMemcpyAsync(&flag, c->flag.p, sizeof flag, cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU(cudaStreamSynchronize(c->stream));
-    if (flag != INT_MAX) {
+    if (flag != FLAG_NONE) {
         /* like the CPU helpers: the caller names the fp16 overflow */
         *bad = flag;
         if (err) err->status = KVQ_ERR_NUMERIC, err->msg[0] = '\0';

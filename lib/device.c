@@ -8,8 +8,6 @@
 #include <stdio.h>
 
 #if KVQ_HAVE_CUDA
-#include "kvq_cuda.h"
-
 struct kvq_device {
     kvq_cuda *cuda;
     char name[256];
@@ -32,6 +30,7 @@ kvq_status kvq_device_open_cuda(kvq_device **out, kvq_error *err)
 }
 
 const char *kvq_device_name(const kvq_device *dev) { return dev->name; }
+kvq_cuda *kvq_device_cuda(kvq_device *dev) { return dev->cuda; }
 
 void kvq_device_close(kvq_device *dev)
 {
@@ -55,6 +54,11 @@ kvq_status kvq_device_upload_slot(kvq_device *dev, int slot, const float *key, c
                                   kvq_error *err)
 {
     return kvq_cuda_upload_slot(dev->cuda, slot, key, value, err);
+}
+
+kvq_status kvq_device_download_slot(kvq_device *dev, int slot, float *key, float *value, kvq_error *err)
+{
+    return kvq_cuda_download_slot(dev->cuda, slot, key, value, err);
 }
 
 kvq_status kvq_device_set_queries(kvq_device *dev, const float *q, int Hq, const int *pos, size_t npos,
@@ -102,6 +106,10 @@ kvq_status kvq_device_quantize_plan(kvq_device *dev, int slot, const kvq_plan *p
 }
 kvq_status kvq_device_upload_slot(kvq_device *dev, int slot, const float *key, const float *value,
                                   kvq_error *err)
+{
+    return (void)dev, (void)slot, (void)key, (void)value, no_device(err);
+}
+kvq_status kvq_device_download_slot(kvq_device *dev, int slot, float *key, float *value, kvq_error *err)
 {
     return (void)dev, (void)slot, (void)key, (void)value, no_device(err);
 }
