@@ -332,7 +332,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         goto done;
     }
     for (int s = 0; s < ns; s++) {
-        kq[s] = malloc(bytes), vq[s] = malloc(bytes);
+        kq[s] = kvq_alloc_lines(bytes), vq[s] = kvq_alloc_lines(bytes);
         kb[s] = calloc((size_t)H, sizeof(double)), vb[s] = calloc((size_t)H, sizeof(double));
         sb[s] = calloc((size_t)H, sizeof(double));
         rc[s] = calloc(2 * (size_t)H, sizeof **rc);

@@ -43,3 +43,10 @@ void *kvq_alloc_array(size_t n, size_t size)
     if (!kvq_mul_size(n, size, &bytes)) return NULL;
     return malloc(bytes ? bytes : 1);
 }
+
+void *kvq_alloc_lines(size_t bytes)
+{
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return NULL;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}

@@ -32,6 +32,9 @@ static inline bool kvq_tensor_bytes(size_t a, size_t b, size_t c, size_t *bytes)
 
 /* malloc of n*size bytes with overflow check; NULL on failure. */
 void *kvq_alloc_array(size_t n, size_t size);
+/* bytes on a 64-byte (cache line) boundary, for outputs the SIMD kernels
+ * stream into; free() releases it.  NULL on failure. */
+void *kvq_alloc_lines(size_t bytes);
 
 /* Effective thread count (<= 0: all cores). */
 int kvq_threads(int requested);

@@ -136,7 +136,8 @@ int main(int argc, char **argv)
     printf("read layer 0 (K, V, Q, pre-RoPE K; float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread, nel / tread / 1e6);
 
     size_t n = (size_t)L.H * L.T * L.D;
-    float *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
+    /* outputs on cache lines, as the driver allocates them (kvq_alloc_lines) */
+    float *kq = aligned_alloc(64, n * sizeof *kq), *vq = aligned_alloc(64, n * sizeof *vq);
     const char *specs[] = {"per-token:bits=2,group=32", "per-channel:bits=2,group=32",
                            "kivi:bits=2,group=32,residual=128", "kcvt:bits=4", "absmax:bits=8",
                            "per-token:bits=2,group=32,span=layer"};

@@ -108,7 +108,10 @@ START_TEST(per_token_path_equals_reference)
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], D = shapes[s][1], G = shapes[s][2];
         size_t N = (size_t)T * D;
-        float *x = malloc(N * 4), *a = malloc(N * 4), *b = malloc(N * 4), *c = malloc(N * 4);
+        /* a and d on cache lines, as the driver's outputs: with D and G
+         * multiples of 16 the kernels stream their stores */
+        size_t lines = (N * 4 + 63) / 64 * 64;
+        float *x = malloc(N * 4), *a = aligned_alloc(64, lines), *b = malloc(N * 4), *c = malloc(N * 4);
         for (int bits = 1; bits <= 8; bits += 3)
             for (int prec = 0; prec < 2; prec++) {
                 fill_normal(x, N, 7 * s + bits, 3.0);
@@ -128,8 +131,15 @@ START_TEST(per_token_path_equals_reference)
                 kvq_quant_head_per_token(x, c, T, D, 0, T, bits, G, prec, &bits_c, NULL);
                 kvq_group_quantize_channels(x, c, (size_t)T, (size_t)D, bits, prec); /* portable channels */
                 kvq_simd_force(1);
-                float *d = malloc(N * 4);
-                kvq_group_quantize_channels(x, d, (size_t)T, (size_t)D, bits, prec);
+                float *d = aligned_alloc(64, lines);
+                double bits_d;
+                kvq_recon_acc fused_c = {0}, ref_c = {0};
+                /* per channel, one group of all T tokens, error fused */
+                ck_assert_int_eq(kvq_quant_head_per_channel(x, d, T, D, 0, T, bits, T, prec, &bits_d, &fused_c), KVQ_OK);
+                kvq_recon_accumulate_ref(&ref_c, x, d, N);
+                ck_assert(fused_c.n == ref_c.n && fused_c.max_abs == ref_c.max_abs);
+                ck_assert(close_rel(fused_c.sum_e2, ref_c.sum_e2, 1e-12, 1e-300) && close_rel(fused_c.sum_x2, ref_c.sum_x2, 1e-12, 0));
+                ck_assert(close_rel(fused_c.sum_abs_e, ref_c.sum_abs_e, 1e-12, 1e-300));
                 for (size_t i = 0; i < N; i++) {
                     ck_assert_msg(a[i] == b[i], "shape %zu bits %d [%zu]: %g vs %g", s, bits, i, a[i], b[i]);
                     ck_assert(c[i] == d[i]);

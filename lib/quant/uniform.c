@@ -85,11 +85,30 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
 /* Optimised per-channel U over a block of n token rows of D channels.
  * Pass 1 keeps running min/max per channel row by row (contiguous, vector
  * min/max); pass 2 quantizes row by row with per-channel s, z. */
+static kvq_status channels_portable(const float *restrict x, float *restrict y, size_t n, size_t D,
+                                    int bits, kvq_scale_prec prec);
+
+/* U per channel on a block, plus its error sums into recon (unless NULL):
+ * from registers in the AVX-512 kernel, else a pass while the block is in cache. */
+static kvq_status channels_block(const float *x, float *y, size_t n, size_t D, int bits, kvq_scale_prec prec,
+                                 kvq_recon_acc *recon)
+{
+    if (n == 0) return KVQ_OK;
+    if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16, recon);
+    kvq_status st = channels_portable(x, y, n, D, bits, prec);
+    if (!st && recon) kvq_recon_accumulate(recon, x, y, n * D);
+    return st;
+}
+
 kvq_status kvq_group_quantize_channels(const float *restrict x, float *restrict y, size_t n,
                                        size_t D, int bits, kvq_scale_prec prec)
 {
-    if (n == 0) return KVQ_OK;
-    if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16);
+    return channels_block(x, y, n, D, bits, prec, NULL);
+}
+
+static kvq_status channels_portable(const float *restrict x, float *restrict y, size_t n, size_t D,
+                                    int bits, kvq_scale_prec prec)
+{
     enum { CHUNK = 256 };
     const float L = (float)((1u << bits) - 1u);
     float mn[CHUNK], mx[CHUNK], s[CHUNK], z[CHUNK], lo[CHUNK], hi[CHUNK];
@@ -146,21 +165,24 @@ static inline kvq_status group_contig(const float *x, float *y, size_t n, int bi
 }
 
 /* U on nrows rows of W values, groups of G consecutive values per row: the
- * AVX-512 kernel where active, else the reference group by group. */
+ * AVX-512 kernel where active, else the reference group by group; the error
+ * sums into recon (unless NULL) as in channels_block. */
 static kvq_status group_rows(const float *x, float *y, size_t nrows, size_t W, size_t G, int bits,
-                             kvq_scale_prec prec)
+                             kvq_scale_prec prec, kvq_recon_acc *recon)
 {
-    if (kvq_simd_active()) return kvq_u_rows_avx512(x, y, nrows, W, G, bits, prec == KVQ_SCALE_FP16);
+    if (kvq_simd_active()) return kvq_u_rows_avx512(x, y, nrows, W, G, bits, prec == KVQ_SCALE_FP16, recon);
     for (size_t r = 0; r < nrows; r++)
         for (size_t c0 = 0; c0 < W; c0 += G) {
             kvq_status st = group_contig(x + r * W + c0, y + r * W + c0, W - c0 < G ? W - c0 : G, bits, prec);
             if (st) return st;
         }
+    if (recon) kvq_recon_accumulate(recon, x, y, nrows * W);
     return KVQ_OK;
 }
 
 /* Rows per block of the fused error: 32 rows of up to 128 channels, x and
- * y together within L1 (16 + 16 KB). */
+ * y together within L1 (16 + 16 KB) for the portable pass (the AVX-512
+ * kernel adds the error from registers). */
 static size_t fuse_rows(int D)
 {
     size_t r = (size_t)(4096 / (D > 0 ? D : 1));
@@ -176,9 +198,8 @@ kvq_status kvq_quant_head_per_token(const float *x, float *y, int T, int D, int 
     size_t block = recon ? fuse_rows(D) : (size_t)(t1 > t0 ? t1 - t0 : 1);
     for (size_t r0 = (size_t)t0; (int)r0 < t1; r0 += block) {
         size_t n = (size_t)t1 - r0 < block ? (size_t)t1 - r0 : block;
-        kvq_status st = group_rows(x + r0 * D, y + r0 * D, n, (size_t)D, (size_t)G, bits, prec);
+        kvq_status st = group_rows(x + r0 * D, y + r0 * D, n, (size_t)D, (size_t)G, bits, prec, recon);
         if (st) return st;
-        if (recon) kvq_recon_accumulate(recon, x + r0 * D, y + r0 * D, n * D);
     }
     *stored_bits = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN, t0, t1, bits, group, prec}, 1, D, 0);
     return KVQ_OK;
@@ -193,9 +214,8 @@ kvq_status kvq_quant_head_per_channel(const float *x, float *y, int T, int D, in
         int n = t1 - g0 < group ? t1 - g0 : group;
         const float *xg = x + (size_t)g0 * D;
         float *yg = y + (size_t)g0 * D;
-        kvq_status st = kvq_group_quantize_channels(xg, yg, (size_t)n, (size_t)D, bits, prec);
+        kvq_status st = channels_block(xg, yg, (size_t)n, (size_t)D, bits, prec, recon);
         if (st) return st;
-        if (recon) kvq_recon_accumulate(recon, xg, yg, (size_t)n * D); /* in cache for small groups */
     }
     *stored_bits = kvq_step_bits(&(kvq_step){KVQ_STEP_CHANNEL, t0, t1, bits, group, prec}, 1, D, 0);
     return KVQ_OK;
@@ -231,7 +251,7 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
     for (int t = t0; t < t1 && !st; t++) {
         for (int h = 0; h < H; h++) /* gather token t of every head, head-major */
             memcpy(buf + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof(float));
-        st = group_rows(buf, buf, 1, W, G, bits, prec);
+        st = group_rows(buf, buf, 1, W, G, bits, prec, NULL);
         for (int h = 0; h < H; h++)
             memcpy(y + ((size_t)h * T + t) * D, buf + (size_t)h * D, (size_t)D * sizeof(float));
     }
