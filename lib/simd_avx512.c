@@ -99,54 +99,145 @@ AVX512 static inline __m512 uq(__m512 x, __m512 s, __m512 z, __m512 hi)
     return _mm512_add_ps(_mm512_mul_ps(v, s), z);
 }
 
+/* Horizontal min (is_max = 0) or max of 16 vectors at once: lane perm16[g]
+ * of the result reduces v[g].  Four butterfly levels (15 + 15 shuffles, 15
+ * min/max) instead of 16 separate reductions. */
+AVX512 static inline __m512 red16(const __m512 *v, int is_max)
+{
+#define OP(a, b) (is_max ? _mm512_max_ps(a, b) : _mm512_min_ps(a, b))
+    __m512 w[8], x[4], y[2];
+    for (int k = 0; k < 8; k++)
+        w[k] = OP(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+    for (int k = 0; k < 4; k++)
+        x[k] = OP(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88), _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+    for (int k = 0; k < 2; k++)
+        y[k] = OP(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0xEE));
+    return OP(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+#undef OP
+}
+
+/* Which lane of red16's result holds group g: found once by reducing
+ * constant vectors (v[g] = g). */
+static int perm16[16], perm16_ready;
+
+AVX512 static void perm16_init(void)
+{
+    __m512 v[16];
+    float out[16];
+    for (int g = 0; g < 16; g++) v[g] = _mm512_set1_ps((float)g);
+    _mm512_storeu_ps(out, red16(v, 0));
+    for (int lane = 0; lane < 16; lane++) perm16[(int)out[lane]] = lane;
+    __atomic_store_n(&perm16_ready, 1, __ATOMIC_RELEASE);
+}
+
+/* U on ngroups contiguous full groups of G values (G a multiple of 16), 16
+ * groups at a time: their min/max reduced together (red16), their scales
+ * and zeros computed in one vector.  Same values as the per-group loop; a
+ * constant group is written as 0·1 + z (clamp to [0, 0], s = 1). */
+AVX512 static kvq_status u_groups16(const float *x, float *y, size_t ngroups, size_t G, int bits, int fp16,
+                                    int stream, racc *a, int fuse)
+{
+    if (!__atomic_load_n(&perm16_ready, __ATOMIC_ACQUIRE)) perm16_init();
+    const __m512 vl = _mm512_set1_ps((float)((1u << bits) - 1u));
+    for (size_t k0 = 0; k0 + 16 <= ngroups; k0 += 16) {
+        const float *xb = x + k0 * G;
+        float *yb = y + k0 * G;
+        __m512 vmn[16], vmx[16];
+        for (int g = 0; g < 16; g++) {
+            const float *p = xb + g * G;
+            vmn[g] = vmx[g] = _mm512_loadu_ps(p);
+            for (size_t i = 16; i < G; i += 16) {
+                __m512 v = _mm512_loadu_ps(p + i);
+                vmn[g] = _mm512_min_ps(vmn[g], v);
+                vmx[g] = _mm512_max_ps(vmx[g], v);
+            }
+        }
+        __m512 mn = red16(vmn, 0), mx = red16(vmx, 1);
+        __m512 vs = _mm512_div_ps(_mm512_sub_ps(mx, mn), vl), vz = mn;
+        if (fp16) vs = round_f16_512(vs), vz = round_f16_512(vz);
+        __mmask16 bad = _mm512_cmp_ps_mask(_mm512_sub_ps(vs, vs), _mm512_setzero_ps(), _CMP_NEQ_UQ) |
+                        _mm512_cmp_ps_mask(_mm512_sub_ps(vz, vz), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        if (bad) return KVQ_ERR_NUMERIC;
+        __mmask16 zero = _mm512_cmp_ps_mask(vs, _mm512_setzero_ps(), _CMP_EQ_OQ);
+        __m512 vh = _mm512_mask_blend_ps(zero, vl, _mm512_setzero_ps());
+        vs = _mm512_mask_blend_ps(zero, vs, _mm512_set1_ps(1.0f));
+        float sa[16], za[16], ha[16];
+        _mm512_storeu_ps(sa, vs), _mm512_storeu_ps(za, vz), _mm512_storeu_ps(ha, vh);
+        for (int g = 0; g < 16; g++) {
+            int lane = perm16[g];
+            __m512 s = _mm512_set1_ps(sa[lane]), z = _mm512_set1_ps(za[lane]), h = _mm512_set1_ps(ha[lane]);
+            const float *p = xb + g * G;
+            float *o = yb + g * G;
+            for (size_t i = 0; i < G; i += 16) {
+                __m512 xv = _mm512_loadu_ps(p + i), yv = uq(xv, s, z, h);
+                store16(o + i, yv, stream);
+                if (fuse) racc_add(a, xv, _mm512_sub_ps(xv, yv));
+            }
+        }
+    }
+    return KVQ_OK;
+}
+
+/* U on one group of n contiguous values (masked tail), error into a. */
+AVX512 static inline kvq_status u_group1(const float *g, float *o, size_t n, float L, int fp16, int stream,
+                                         racc *a, int fuse)
+{
+    /* min and max of the group (masked tail) */
+    __m512 vmn = _mm512_set1_ps(INFINITY), vmx = _mm512_set1_ps(-INFINITY);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_loadu_ps(g + i);
+        vmn = _mm512_min_ps(vmn, v);
+        vmx = _mm512_max_ps(vmx, v);
+    }
+    __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
+    if (tail) {
+        __m512 v = _mm512_maskz_loadu_ps(tail, g + i);
+        vmn = _mm512_mask_min_ps(vmn, tail, vmn, v);
+        vmx = _mm512_mask_max_ps(vmx, tail, vmx, v);
+    }
+    float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
+    float s = (mx - mn) / L, z = mn;
+    if (fp16) s = round_f16_1(s), z = round_f16_1(z);
+    if (!isfinite(s) || !isfinite(z)) return KVQ_ERR_NUMERIC;
+    __m512 vz = _mm512_set1_ps(z), vs = _mm512_set1_ps(s), vl = _mm512_set1_ps(L);
+    /* x' = uq(x), or z for a constant group (s = 0) */
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 xv = _mm512_loadu_ps(g + i), yv = s == 0.0f ? vz : uq(xv, vs, vz, vl);
+        store16(o + i, yv, stream);
+        if (fuse) racc_add(a, xv, _mm512_sub_ps(xv, yv));
+    }
+    if (tail) {
+        __m512 xv = _mm512_maskz_loadu_ps(tail, g + i), yv = s == 0.0f ? vz : uq(xv, vs, vz, vl);
+        _mm512_mask_storeu_ps(o + i, tail, yv);
+        if (fuse) racc_add(a, xv, _mm512_maskz_sub_ps(tail, xv, yv));
+    }
+    return KVQ_OK;
+}
+
 AVX512 kvq_status kvq_u_rows_avx512(const float *x, float *y, size_t nrows, size_t D, size_t G,
                                     int bits, int fp16, kvq_recon_acc *recon)
 {
     const float L = (float)((1u << bits) - 1u);
     /* every group starts on a cache line and is whole vectors: stream */
     const int stream = (uintptr_t)y % 64 == 0 && D % 16 == 0 && G % 16 == 0;
+    const int fuse = recon != NULL;
+    kvq_status st = KVQ_OK;
     racc a;
     racc_init(&a);
-    for (size_t r = 0; r < nrows; r++) {
-        const float *xr = x + r * D;
-        float *yr = y + r * D;
-        for (size_t c0 = 0; c0 < D; c0 += G) {
-            size_t n = D - c0 < G ? D - c0 : G;
-            const float *g = xr + c0;
-            float *o = yr + c0;
-            /* min and max of the group (masked tail) */
-            __m512 vmn = _mm512_set1_ps(INFINITY), vmx = _mm512_set1_ps(-INFINITY);
-            size_t i = 0;
-            for (; i + 16 <= n; i += 16) {
-                __m512 v = _mm512_loadu_ps(g + i);
-                vmn = _mm512_min_ps(vmn, v);
-                vmx = _mm512_max_ps(vmx, v);
-            }
-            __mmask16 tail = (__mmask16)((1u << (n - i)) - 1u);
-            if (tail) {
-                __m512 v = _mm512_maskz_loadu_ps(tail, g + i);
-                vmn = _mm512_mask_min_ps(vmn, tail, vmn, v);
-                vmx = _mm512_mask_max_ps(vmx, tail, vmx, v);
-            }
-            float mn = _mm512_reduce_min_ps(vmn), mx = _mm512_reduce_max_ps(vmx);
-            float s = (mx - mn) / L, z = mn;
-            if (fp16) s = round_f16_1(s), z = round_f16_1(z);
-            if (!isfinite(s) || !isfinite(z)) return KVQ_ERR_NUMERIC;
-            __m512 vz = _mm512_set1_ps(z), vs = _mm512_set1_ps(s), vl = _mm512_set1_ps(L);
-            /* x' = uq(x), or z for a constant group (s = 0) */
-            for (i = 0; i + 16 <= n; i += 16) {
-                __m512 xv = _mm512_loadu_ps(g + i), yv = s == 0.0f ? vz : uq(xv, vs, vz, vl);
-                store16(o + i, yv, stream);
-                if (recon) racc_add(&a, xv, _mm512_sub_ps(xv, yv));
-            }
-            if (tail) {
-                __m512 xv = _mm512_maskz_loadu_ps(tail, g + i), yv = s == 0.0f ? vz : uq(xv, vs, vz, vl);
-                _mm512_mask_storeu_ps(o + i, tail, yv);
-                if (recon) racc_add(&a, xv, _mm512_maskz_sub_ps(tail, xv, yv));
-            }
-        }
+    if (G % 16 == 0 && D % G == 0) {
+        /* whole groups, contiguous across rows: 16 at a time, then the rest */
+        size_t ngroups = nrows * (D / G), batched = ngroups / 16 * 16;
+        st = u_groups16(x, y, batched, G, bits, fp16, stream, &a, fuse);
+        for (size_t k = batched; k < ngroups && !st; k++)
+            st = u_group1(x + k * G, y + k * G, G, L, fp16, stream, &a, fuse);
+    } else {
+        for (size_t r = 0; r < nrows && !st; r++)
+            for (size_t c0 = 0; c0 < D && !st; c0 += G)
+                st = u_group1(x + r * D + c0, y + r * D + c0, D - c0 < G ? D - c0 : G, L, fp16, stream, &a, fuse);
     }
     if (stream) _mm_sfence(); /* order the streamed lines before anyone reads them */
+    if (st) return st;
     if (recon) racc_flush(&a, recon, nrows * D);
     return KVQ_OK;
 }
@@ -162,12 +253,19 @@ AVX512 kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size
         __mmask16 m = D - c0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - c0)) - 1u);
         const float *xb = x + c0;
         float *yb = y + c0;
-        __m512 vmn = _mm512_maskz_loadu_ps(m, xb), vmx = vmn;
-        for (size_t t = 1; t < n; t++) {
-            __m512 v = _mm512_maskz_loadu_ps(m, xb + t * D);
-            vmn = _mm512_min_ps(vmn, v);
-            vmx = _mm512_max_ps(vmx, v);
+        /* two independent min/max chains (even and odd rows) halve the latency */
+        __m512 vmn = _mm512_maskz_loadu_ps(m, xb), vmx = vmn, wmn = vmn, wmx = vmn;
+        size_t t = 1;
+        for (; t + 1 < n; t += 2) {
+            __m512 v = _mm512_maskz_loadu_ps(m, xb + t * D), w = _mm512_maskz_loadu_ps(m, xb + (t + 1) * D);
+            vmn = _mm512_min_ps(vmn, v), vmx = _mm512_max_ps(vmx, v);
+            wmn = _mm512_min_ps(wmn, w), wmx = _mm512_max_ps(wmx, w);
         }
+        if (t < n) {
+            __m512 v = _mm512_maskz_loadu_ps(m, xb + t * D);
+            vmn = _mm512_min_ps(vmn, v), vmx = _mm512_max_ps(vmx, v);
+        }
+        vmn = _mm512_min_ps(vmn, wmn), vmx = _mm512_max_ps(vmx, wmx);
         __m512 vs = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps(L)), vz = vmn;
         if (fp16) vs = round_f16_512(vs), vz = round_f16_512(vz);
         /* any lane not finite (inf or nan): x − x is not 0 */
@@ -178,7 +276,7 @@ AVX512 kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size
         __mmask16 zero = _mm512_cmp_ps_mask(vs, _mm512_setzero_ps(), _CMP_EQ_OQ);
         __m512 hi = _mm512_mask_blend_ps(zero, _mm512_set1_ps(L), _mm512_setzero_ps());
         vs = _mm512_mask_blend_ps(zero, vs, _mm512_set1_ps(1.0f));
-        for (size_t t = 0; t < n; t++) {
+        for (t = 0; t < n; t++) {
             __m512 xv = _mm512_maskz_loadu_ps(m, xb + t * D), yv = uq(xv, vs, vz, hi);
             if (m == 0xffff) store16(yb + t * D, yv, stream);
             else _mm512_mask_storeu_ps(yb + t * D, m, yv);
