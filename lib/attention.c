@@ -9,6 +9,7 @@
  * that sweeps compare any number of later quantizers against it.
  * kvq_attention_head_ref: the definition, with plain loops, used by tests. */
 #include "internal.h"
+#include "simd.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -21,9 +22,10 @@ typedef struct {
     int argmax;  /* first index of the max */
 } row_stats;
 
-/* Scales the causal prefix s[0..p] (division by `scale`, skipped when 1),
- * writes a[0..p] = softmax, a[p+1..ncol) = 0, and returns the row stats. */
-static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, int prescaled)
+/* Scales the causal prefix s[0..p] (division by `scale`, skipped when
+ * prescaled), writes a[0..p] = softmax, a[p+1..ncol) = 0, and returns the
+ * row stats.  The reference; softmax_row is the one the metrics use. */
+static row_stats softmax_row_ref(float *s, float *a, int p, int ncol, float scale, int prescaled)
 {
     row_stats r;
     if (!prescaled)
@@ -43,6 +45,18 @@ static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, i
     r.m = m;
     r.lse = log(sum);
     r.argmax = am;
+    return r;
+}
+
+/* The same with AVX-512 where the CPU has it: vector exp within 2 ulp of
+ * expf, the other operations as the reference (tests compare the two). */
+static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, int prescaled)
+{
+    if (!kvq_simd_active()) return softmax_row_ref(s, a, p, ncol, scale, prescaled);
+    row_stats r;
+    double sum;
+    kvq_softmax_avx512(s, a, (size_t)p + 1, (size_t)ncol, scale, prescaled, &r.m, &sum, &r.argmax);
+    r.lse = log(sum);
     return r;
 }
 
@@ -152,9 +166,14 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
             float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
             int p = c->p[i];
             w->rq[i] = softmax_row(sqrow, aqrow, p, ncol, scale, prescaled);
-            ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p + 1, NULL);
-            ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p + 1, NULL);
-            ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, w->rq[i], p);
+            if (kvq_simd_active()) { /* one pass for the three sums */
+                kvq_row_compare_avx512(srow, arow, sqrow, aqrow, (size_t)p + 1, c->rs[i].m, c->rs[i].lse,
+                                       w->rq[i].m, w->rq[i].lse, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+            } else {
+                ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p + 1, NULL);
+                ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p + 1, NULL);
+                ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, w->rq[i], p);
+            }
             ac->top1_same += c->rs[i].argmax == w->rq[i].argmax;
         }
         /* A·V' (exact attention, quantized values) and A'·V' (both) */
@@ -333,8 +352,8 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                 const float *qv = Qj + (size_t)p * D;
                 scores_ref(qv, K, D, p, s);
                 scores_ref(qv, Kq[q], D, p, sq);
-                row_stats rs = softmax_row(s, a, p, p + 1, sqrtf((float)D), query_prescaled);
-                row_stats rq = softmax_row(sq, aq, p, p + 1, sqrtf((float)D), query_prescaled);
+                row_stats rs = softmax_row_ref(s, a, p, p + 1, sqrtf((float)D), query_prescaled);
+                row_stats rq = softmax_row_ref(sq, aq, p, p + 1, sqrtf((float)D), query_prescaled);
                 for (int u = 0; u <= p; u++) {
                     ac->s_ref2 += (double)s[u] * s[u];
                     ac->s_diff2 += ((double)s[u] - sq[u]) * ((double)s[u] - sq[u]);

@@ -22,4 +22,17 @@ kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, i
 /* Reconstruction sums (as kvq_recon_accumulate). */
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n);
 
+/* exp(x) for x <= 0 over n values, within 2 ulp of expf (tests check). */
+void kvq_exp_avx512(const float *x, float *y, size_t n);
+/* softmax_row of attention.c on the causal prefix s[0..n): scales (divides)
+ * unless prescaled, writes a[0..n) = softmax and a[n..ncol) = 0, returns the
+ * max, Σ exp(s − max) in double and the first arg-max. */
+void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                        float *m_out, double *sum_out, int *argmax_out);
+/* One row's Σ (s − s')², Σ (a − a')² and KL(A‖A') from both log-softmaxes
+ * (terms where a = 0 skipped), added to *sd2, *ad2, *kl. */
+void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n,
+                            double m, double lse, double mq, double lseq, double *sd2, double *ad2,
+                            double *kl);
+
 #endif

@@ -315,6 +315,108 @@ AVX512 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y,
     acc->n += (double)n;
 }
 
+/* ----------------------------------------------------- softmax rows */
+
+/* exp(x) for x <= 0 (Cephes expf: Cody–Waite reduction by ln 2, degree-6
+ * polynomial, 2^n by scalef); within 2 ulp of expf, denormals included. */
+AVX512 static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f)); /* below: 0 after scaling */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(y, n);
+}
+
+AVX512 void kvq_exp_avx512(const float *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        _mm512_mask_storeu_ps(y + i, m, exp512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+static inline __mmask16 lanes(size_t n, size_t i)
+{
+    return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+}
+
+AVX512 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                               float *m_out, double *sum_out, int *argmax_out)
+{
+    /* scale (divide, as the reference) and the max */
+    __m512 vmax = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = lanes(n, i);
+        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
+        if (!prescaled) {
+            v = _mm512_div_ps(v, vscale);
+            _mm512_mask_storeu_ps(s + i, k, v);
+        }
+        vmax = _mm512_mask_max_ps(vmax, k, vmax, v);
+    }
+    float m = _mm512_reduce_max_ps(vmax);
+    /* the first index holding it */
+    int am = 0;
+    __m512 vm = _mm512_set1_ps(m);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 eq = _mm512_mask_cmp_ps_mask(lanes(n, i), _mm512_loadu_ps(s + i), vm, _CMP_EQ_OQ);
+        if (eq) {
+            am = (int)i + __builtin_ctz(eq);
+            break;
+        }
+    }
+    /* a = exp(s − m), Σ a in double, then a / Σ */
+    __m512d sum = _mm512_setzero_pd();
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = lanes(n, i);
+        __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
+        _mm512_mask_storeu_ps(a + i, k, e);
+        sum = _mm512_add_pd(sum, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
+                                               _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)))));
+    }
+    double total = _mm512_reduce_add_pd(sum);
+    __m512 vf = _mm512_set1_ps((float)total);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = lanes(n, i);
+        _mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, a + i), vf));
+    }
+    for (size_t u = n; u < ncol; u++) a[u] = 0.0f;
+    *m_out = m, *sum_out = total, *argmax_out = am;
+}
+
+/* Adds Σ (s − s')², Σ (a − a')² and KL(A‖A') of one row of n. */
+AVX512 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n,
+                                   double m, double lse, double mq, double lseq, double *sd2, double *ad2,
+                                   double *kl)
+{
+    __m512d vs = _mm512_setzero_pd(), va = vs, vk = vs;
+    const __m512d vm = _mm512_set1_pd(m), vl = _mm512_set1_pd(lse), vmq = _mm512_set1_pd(mq), vlq = _mm512_set1_pd(lseq);
+    for (size_t i = 0; i < n; i += 8) {
+        __mmask8 k = n - i >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (n - i)) - 1u);
+        __m512d x = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, s + i)), xq = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, sq + i));
+        __m512d y = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, a + i)), yq = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, aq + i));
+        __m512d ds = _mm512_sub_pd(x, xq), da = _mm512_sub_pd(y, yq);
+        vs = _mm512_add_pd(vs, _mm512_mul_pd(ds, ds));
+        va = _mm512_add_pd(va, _mm512_mul_pd(da, da));
+        /* a·((s − m − lse) − (s' − m' − lse')) where a != 0, as the reference */
+        __m512d la = _mm512_sub_pd(_mm512_sub_pd(x, vm), vl), lq = _mm512_sub_pd(_mm512_sub_pd(xq, vmq), vlq);
+        __mmask8 nz = _mm512_mask_cmp_pd_mask(k, y, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+        vk = _mm512_mask_add_pd(vk, nz, vk, _mm512_mul_pd(y, _mm512_sub_pd(la, lq)));
+    }
+    *sd2 += _mm512_reduce_add_pd(vs);
+    *ad2 += _mm512_reduce_add_pd(va);
+    *kl += _mm512_reduce_add_pd(vk);
+}
+
 #else /* not x86-64 GCC/Clang: the portable paths only */
 
 int kvq_simd_active(void) { return 0; }
@@ -327,5 +429,12 @@ kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, i
 { (void)x, (void)y, (void)n, (void)D, (void)bits, (void)fp16, (void)recon; return KVQ_ERR_UNSUPPORTED; }
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n)
 { (void)acc, (void)x, (void)y, (void)n; }
+void kvq_exp_avx512(const float *x, float *y, size_t n) { (void)x, (void)y, (void)n; }
+void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
+                        double *sum_out, int *argmax_out)
+{ (void)s, (void)a, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m_out, (void)sum_out, (void)argmax_out; }
+void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
+                            double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
+{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
 
 #endif
