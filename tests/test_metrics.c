@@ -205,20 +205,6 @@ START_TEST(query_positions)
 }
 END_TEST
 
-/* A small synthetic dump in a temporary file. */
-static char *gen_dump(int L, int Hq, int H, int D, int T, uint64_t seed)
-{
-    char *path = strdup("/tmp/kvq-test-XXXXXX.h5");
-    int fd = mkstemps(path, 3);
-    close(fd);
-    kvq_gen_opts o;
-    kvq_gen_defaults(&o);
-    o.num_layers = L, o.num_heads = Hq, o.num_kv_heads = H, o.head_dim = D, o.seq_len = T, o.seed = seed;
-    o.outlier_channels = 1;
-    kvq_error err = {0};
-    ck_assert_msg(kvq_gen_write(path, &o, &err) == KVQ_OK, "%s", err.msg);
-    return path;
-}
 
 static void analyze(const char *path, const char *const *texts, int ns, int threads, const char *q,
                     kvq_spec *specs, kvq_analysis *a)
