@@ -368,7 +368,8 @@ AVX512 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float 
     int am = 0;
     __m512 vm = _mm512_set1_ps(m);
     for (size_t i = 0; i < n; i += 16) {
-        __mmask16 eq = _mm512_mask_cmp_ps_mask(lanes(n, i), _mm512_loadu_ps(s + i), vm, _CMP_EQ_OQ);
+        __mmask16 k = lanes(n, i);
+        __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + i), vm, _CMP_EQ_OQ);
         if (eq) {
             am = (int)i + __builtin_ctz(eq);
             break;
