@@ -207,11 +207,9 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
         (st = kvq_dbuf_reserve(&c->eacc, ROWE * sizeof(double), err)) ||
         (st = kvq_dbuf_reserve(&c->qacc, ((size_t)nslots + 1) * ROWQ * sizeof(double), err)))
         return st;
-    std::vector<int> pos(npos);
-    KVQ_CU(cudaMemcpyAsync(pos.data(), c->pos.p, npos * sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    const int *pos = c->pos_host;
     KVQ_CU(cudaMemsetAsync(c->eacc.p, 0, ROWE * sizeof(double), c->stream));
     KVQ_CU(cudaMemsetAsync(c->qacc.p, 0, ((size_t)nslots + 1) * ROWQ * sizeof(double), c->stream));
-    KVQ_CU(cudaStreamSynchronize(c->stream));
 
     const float scale = sqrtf((float)D);
     const size_t hoff = (size_t)h * T * D;

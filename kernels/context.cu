@@ -3,6 +3,7 @@
 #include "cuda_internal.cuh"
 
 #include <stdio.h>
+#include <string.h>
 
 extern "C" int kvq_cuda_device_count(char *msg, int len)
 {
@@ -78,6 +79,7 @@ extern "C" void kvq_cuda_close(kvq_cuda *c)
                         &c->O, &c->Ov, &c->Oj, &c->rm, &c->rlse, &c->rarg, &c->rowe, &c->rowq, &c->eacc,
                         &c->qacc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvq_dbuf_free(bufs[i]);
+    free(c->pos_host);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -134,6 +136,10 @@ extern "C" kvq_status kvq_cuda_set_queries(kvq_cuda *c, const float *q, int Hq, 
             return kvq_fail(err, KVQ_ERR_INTERNAL, "CUDA: query positions must ascend within 0..%d", c->T - 1);
     kvq_status st;
     if ((st = kvq_dbuf_reserve(&c->q, bytes, err)) || (st = kvq_dbuf_reserve(&c->pos, n, err))) return st;
+    int *ph = (int *)realloc(c->pos_host, n ? n : 1);
+    if (!ph) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    c->pos_host = ph;
+    memcpy(ph, pos, n);
     c->Hq = Hq, c->npos = npos, c->prescaled = query_prescaled;
     if (npos == 0) return KVQ_OK;
     KVQ_CU(cudaMemcpyAsync(c->q.p, q, bytes, cudaMemcpyHostToDevice, c->stream));

@@ -54,6 +54,7 @@ struct kvq_cuda {
     size_t npos;
     kvq_dbuf q;    /* [Hq][npos][D] */
     kvq_dbuf pos;  /* int [npos] */
+    int *pos_host; /* the same positions on the host (chunk widths) */
     /* attention workspace */
     kvq_dbuf S, A, Sq, Aq, O, Ov, Oj; /* rows × T, rows × D */
     kvq_dbuf rm, rlse, rarg;          /* exact row stats [rows] */
