@@ -248,11 +248,12 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
     return st;
 }
 
-/* Prefixes err's message with the dump path and layer. */
+/* Prefixes err's message with the dump path and, if layer >= 0, the layer. */
 static kvq_status layer_error(kvq_error *err, kvq_status st, const char *path, int layer)
 {
     char msg[sizeof err->msg];
     snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
+    if (layer < 0) return kvq_fail(err, st, "%s: %s", path, msg);
     return kvq_fail(err, st, "%s: /layer_%03d: %s", path, layer, msg);
 }
 
@@ -270,8 +271,7 @@ static kvq_status plan_on_device(kvq_device *dev, const kvq_spec *spec, const kv
     if (st) return st;
     for (int t = 0; t < 2; t++)
         for (int h = 0; h < H; h++) {
-            double *bits = t ? &qo->v_bits[h] : &qo->k_bits[h];
-            for (int i = 0; i < plan.nsteps[t]; i++) *bits += kvq_step_bits(&plan.step[t][i], H, L->D, h);
+            (t ? qo->v_bits : qo->k_bits)[h] = kvq_plan_bits(&plan, t, H, L->D, h);
             qo->recon_done[t * H + h] = 1;
         }
     return KVQ_OK;
@@ -388,10 +388,8 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                 st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, &qo, err);
             else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err)) && o->device)
                 st = kvq_device_upload_slot(o->device, s, kq[s], vq[s], err);
-            if (st) {
-                char msg[sizeof err->msg];
-                snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
-                st = kvq_fail(err, st, "%s: %s", path, msg);
+            if (st) { /* the quantizer's message names the layer */
+                st = layer_error(err, st, path, -1);
                 goto done;
             }
         }

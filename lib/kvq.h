@@ -204,6 +204,8 @@ typedef struct kvq_plan {
  * and zeros (a TOKEN_LAYER group's scale/zero shared in proportion to the
  * elements each head holds in it), 16 per exact element. */
 double kvq_step_bits(const kvq_step *s, int H, int D, int h);
+/* Σ of kvq_step_bits over the steps of one tensor (0 = K, 1 = V). */
+double kvq_plan_bits(const kvq_plan *p, int tensor, int H, int D, int h);
 
 /* ------------------------------------------------------ rotations (§2.3) */
 

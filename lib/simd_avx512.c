@@ -46,7 +46,7 @@ AVX512 static inline float round_f16_1(float v)
 }
 
 /* Reconstruction sums kept in registers while a kernel quantizes, so the
- * error costs no second pass over x and x' (same sums as kvq_recon_avx512). */
+ * error costs no second pass over x and x'; kvq_recon_avx512 uses them too. */
 typedef struct {
     __m512d sx2, se2, sae;
     __m512 mx;
@@ -290,29 +290,14 @@ AVX512 kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size
 
 AVX512 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n)
 {
-    __m512d sx2 = _mm512_setzero_pd(), se2 = sx2, sae = sx2;
-    __m512 mx = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i < n; i += 16) {
+    racc a;
+    racc_init(&a);
+    for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         __m512 xv = _mm512_maskz_loadu_ps(m, x + i), yv = _mm512_maskz_loadu_ps(m, y + i);
-        __m512 e = _mm512_sub_ps(xv, yv);
-        __m512 ae = _mm512_abs_ps(e);
-        mx = _mm512_max_ps(mx, ae);
-        __m512d elo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-        __m512d ehi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
-        __m512d xlo = _mm512_cvtps_pd(_mm512_castps512_ps256(xv));
-        __m512d xhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xv), 1)));
-        se2 = _mm512_add_pd(se2, _mm512_add_pd(_mm512_mul_pd(elo, elo), _mm512_mul_pd(ehi, ehi)));
-        sx2 = _mm512_add_pd(sx2, _mm512_add_pd(_mm512_mul_pd(xlo, xlo), _mm512_mul_pd(xhi, xhi)));
-        sae = _mm512_add_pd(sae, _mm512_add_pd(_mm512_abs_pd(elo), _mm512_abs_pd(ehi)));
+        racc_add(&a, xv, _mm512_sub_ps(xv, yv)); /* masked lanes: 0 − 0 */
     }
-    acc->sum_x2 += _mm512_reduce_add_pd(sx2);
-    acc->sum_e2 += _mm512_reduce_add_pd(se2);
-    acc->sum_abs_e += _mm512_reduce_add_pd(sae);
-    float m = _mm512_reduce_max_ps(mx);
-    if ((double)m > acc->max_abs) acc->max_abs = m;
-    acc->n += (double)n;
+    racc_flush(&a, acc, n);
 }
 
 /* ----------------------------------------------------- softmax rows */

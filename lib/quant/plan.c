@@ -44,6 +44,13 @@ double kvq_step_bits(const kvq_step *s, int H, int D, int h)
     return 0.0;
 }
 
+double kvq_plan_bits(const kvq_plan *p, int tensor, int H, int D, int h)
+{
+    double bits = 0;
+    for (int i = 0; i < p->nsteps[tensor]; i++) bits += kvq_step_bits(&p->step[tensor][i], H, D, h);
+    return bits;
+}
+
 /* One per-head step on x, y [T][D]; adds its bits. */
 static kvq_status run_step(const kvq_step *s, const float *x, float *y, int T, int D,
                            double *bits, kvq_recon_acc *recon)
