@@ -733,6 +733,39 @@ kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, cons
     return KVQ_OK;
 }
 
+kvq_status kvq_dump_writer_attr_ints(kvq_dump_writer *w, const char *name, const int *v, size_t n, kvq_error *err)
+{
+    char det[256];
+    h5_quiet();
+    hsize_t dims[1] = {(hsize_t)n};
+    hid_t sp = n ? H5Screate_simple(1, dims, NULL) : H5Screate(H5S_SCALAR), a = -1;
+    herr_t r = -1;
+    if (sp >= 0 && (a = H5Acreate2(w->file, name, H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
+        r = H5Awrite(a, H5T_NATIVE_INT, v);
+    h5_close_id(a);
+    h5_close_id(sp);
+    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_writer_attr_real(kvq_dump_writer *w, const char *name, double v, kvq_error *err)
+{
+    char det[256];
+    h5_quiet();
+    if (write_attr_num(w->file, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v) < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, const char *v, kvq_error *err)
+{
+    char det[256];
+    h5_quiet();
+    if (write_attr_string(w->file, name, v) < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
 {
     char det[256];

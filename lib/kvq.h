@@ -155,6 +155,12 @@ kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer 
 /* Writes the root rope_cos/rope_sin tables ([T][D/2] each). */
 kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, const float *sin,
                                       kvq_error *err);
+/* Extra root attributes: an int32 array (n = 0: the scalar v[0]), a float64, a string. */
+kvq_status kvq_dump_writer_attr_ints(kvq_dump_writer *w, const char *name, const int *v, size_t n,
+                                     kvq_error *err);
+kvq_status kvq_dump_writer_attr_real(kvq_dump_writer *w, const char *name, double v, kvq_error *err);
+kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, const char *v,
+                                       kvq_error *err);
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
 void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
 
@@ -574,6 +580,16 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
  * written in pieces (kvq-sweep appends one unit of rows per point). */
 kvq_status kvq_report_header(kvq_report *r);
 void kvq_report_omit_header(kvq_report *r);
+/* Rows with caller-named columns (kvq-eval), in the same three formats:
+ * the first `ntext` columns are text (left-aligned in a table), a number
+ * that is NaN is an empty cell (JSON null).  Finished by kvq_report_finish. */
+typedef struct kvq_cell {
+    const char *text; /* when !is_num */
+    double num;
+    int is_num;
+} kvq_cell;
+kvq_report *kvq_rows_new(FILE *f, kvq_format fmt, const char *const *cols, int ncols, int ntext);
+kvq_status kvq_rows_add(kvq_report *r, const kvq_cell *cells);
 kvq_status kvq_report_finish(kvq_report *r); /* flushes (table: prints) and frees */
 void kvq_report_discard(kvq_report *r);      /* frees without printing buffered rows */
 
@@ -655,6 +671,96 @@ void kvq_channel_stats_compute(const float *x, int H, int T, int D, kvq_channel_
 double kvq_channel_absmax_ratio(const kvq_channel_stats *st, size_t n);
 /* Pearson kurtosis (normal = 3) of n values. */
 double kvq_kurtosis(const float *x, size_t n);
+
+
+/* -------------------------------------------------- models in the loop (§8) */
+
+/* ggml weight types kvq dequantizes (the GGUF tensor type ids). */
+typedef enum kvq_ggml_type {
+    KVQ_GGML_F32 = 0, KVQ_GGML_F16 = 1, KVQ_GGML_Q4_0 = 2, KVQ_GGML_Q4_1 = 3, KVQ_GGML_Q5_0 = 6,
+    KVQ_GGML_Q5_1 = 7, KVQ_GGML_Q8_0 = 8, KVQ_GGML_Q2_K = 10, KVQ_GGML_Q3_K = 11, KVQ_GGML_Q4_K = 12,
+    KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_BF16 = 30
+} kvq_ggml_type;
+
+/* Values and bytes per block of `type`; 0 if kvq does not read the type. */
+int kvq_ggml_type_size(int type, int *block_values, size_t *block_bytes);
+const char *kvq_ggml_type_name(int type); /* "q4_K", ...; NULL if unknown */
+/* n values (a multiple of the block) of `type` at src, as ggml's
+ * dequantize_row_<type> computes them, bit for bit. */
+void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
+
+typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2 } kvq_arch;
+
+typedef struct kvq_model_info {
+    char path[1024];
+    char name[256];      /* general.name, or the llama2.c file's base name */
+    char format[32];     /* "GGUF v3", "llama2.c v0" */
+    char arch_name[64];  /* "llama", "qwen2" */
+    kvq_arch arch;
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length;
+    float norm_eps;
+    double rope_theta;
+    kvq_rope_style rope_style; /* llama: interleaved (GGUF's permuted Q/K); qwen2: half */
+    int has_rope_freqs;  /* a rope_freqs tensor divides each pair's frequency */
+    int tied_output;     /* the output matrix is the token embedding */
+    int has_qkv_bias;
+    int has_tokenizer;   /* --text works */
+    char tokenizer[64];  /* tokenizer.ggml.model, or "llama2.c" */
+} kvq_model_info;
+
+typedef struct kvq_model kvq_model;
+
+/* Opens a GGUF v2/v3 file or a llama2.c v0 checkpoint (told by the magic;
+ * tokenizer_path: llama2.c's tokenizer.bin, NULL for none).  The file is
+ * mapped and checked; weights are dequantized later, a layer at a time. */
+kvq_status kvq_model_open(const char *path, const char *tokenizer_path, kvq_model **out, kvq_error *err);
+const kvq_model_info *kvq_model_get_info(const kvq_model *m);
+void kvq_model_close(kvq_model *m);
+/* The model's SentencePiece tokenizer: BOS, then the text's tokens (*ids
+ * malloc'ed).  KVQ_ERR_UNSUPPORTED naming --tokens if the model has none. */
+kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t len, int **ids, size_t *n,
+                              kvq_error *err);
+/* Whitespace-separated token ids, each below vocab; `what` names the source. */
+kvq_status kvq_tokens_parse(const char *what, const char *text, size_t len, int vocab, int **ids,
+                            size_t *n, kvq_error *err);
+
+/* Writes kvq-dump/1 (atomically) of a forward pass over tokens[0..T): key,
+ * value, query (post-RoPE, not prescaled) and key_pre_rope of the selected
+ * layers (NULL: all; the dump's layers are renumbered 0..nlayers−1 and its
+ * `source_layers` attribute lists the model's), RoPE attributes (and tables
+ * when rope_freqs apply), `tokens` and `mean_nll`.  *mean_nll may be NULL. */
+kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *layers, int nlayers,
+                          const char *out_path, int nthreads, double *mean_nll, kvq_error *err);
+
+typedef enum kvq_policy { KVQ_POLICY_PREFILL = 0, KVQ_POLICY_DECODE } kvq_policy;
+
+/* One evaluated configuration: a quantizer (spec NULL: the exact cache,
+ * `-q none`) applied in every layer (layer −1) or one layer only. */
+typedef struct kvq_eval_item {
+    const kvq_spec *spec;
+    int layer;
+    kvq_policy policy;
+    /* results */
+    double k_bits, v_bits;   /* stored bits per element, pooled over the quantized layers */
+    double nll, kl, top1;    /* means over positions 0..T−2 */
+} kvq_eval_item;
+
+typedef struct kvq_eval_opts {
+    int stride;        /* decode: the cache is re-quantized every `stride` positions (1: exact decode) */
+    uint64_t seed;
+    int nthreads;      /* <= 0: all cores */
+    kvq_calib *calib;  /* for specs that need one */
+    size_t max_bytes;  /* bound on the hidden states kept at once (0: 4 GiB) */
+    /* progress (may be NULL): called after each layer of each pass */
+    void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
+    void *ud;
+} kvq_eval_opts;
+
+/* Teacher-forced evaluation (SPEC §8): the exact model and every item's
+ * quantized cache run together, a layer's weights dequantized once for
+ * all; *nll_ref receives the exact model's mean NLL. */
+kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
+                          const kvq_eval_opts *o, double *nll_ref, kvq_error *err);
 
 #ifdef __cplusplus
 }

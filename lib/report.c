@@ -31,6 +31,9 @@ struct kvq_report {
     char **cells;
     size_t ncells, cap;
     int ncols;
+    int ntext; /* leading text columns of the table (left-aligned) */
+    /* generic rows (kvq_rows_new): caller-named columns */
+    const char *const *cols;
 };
 
 static void metrics_values(const kvq_metrics *m, double v[NMETRIC])
@@ -60,6 +63,7 @@ kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_col
     if (!r) return NULL;
     r->f = f, r->fmt = fmt, r->extra = extra_cols, r->nextra = nextra;
     r->ncols = 5 + NTABLE + nextra;
+    r->ntext = 5;
     return r;
 }
 
@@ -236,6 +240,55 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
     return st;
 }
 
+kvq_report *kvq_rows_new(FILE *f, kvq_format fmt, const char *const *cols, int ncols, int ntext)
+{
+    kvq_report *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->f = f, r->fmt = fmt, r->cols = cols, r->ncols = ncols, r->ntext = ntext;
+    return r;
+}
+
+kvq_status kvq_rows_add(kvq_report *r, const kvq_cell *cells)
+{
+    char num[40];
+    FILE *f = r->f;
+    int nc = r->ncols;
+    if (r->fmt == KVQ_FMT_TABLE) {
+        for (int i = 0; !r->header_done && i < nc; i++)
+            if (table_push(r, r->cols[i])) return KVQ_ERR_NOMEM;
+        r->header_done = 1;
+        for (int i = 0; i < nc; i++) {
+            if (!cells[i].is_num) snprintf(num, sizeof num, "%s", "");
+            else if (isnan(cells[i].num)) snprintf(num, sizeof num, "-");
+            else snprintf(num, sizeof num, "%.4g", cells[i].num);
+            if (table_push(r, cells[i].is_num ? num : cells[i].text)) return KVQ_ERR_NOMEM;
+        }
+        return KVQ_OK;
+    }
+    if (r->fmt == KVQ_FMT_CSV) {
+        for (int i = 0; !r->header_done && i < nc; i++) fputs(i ? "," : "", f), csv_cell(f, r->cols[i]);
+        if (!r->header_done) fputc('\n', f);
+        r->header_done = 1;
+        for (int i = 0; i < nc; i++) {
+            if (i) fputc(',', f);
+            if (!cells[i].is_num) csv_cell(f, cells[i].text);
+            else if (!isnan(cells[i].num)) fmt_exact(num, sizeof num, cells[i].num), fputs(num, f);
+        }
+        fputc('\n', f);
+    } else {
+        for (int i = 0; i < nc; i++) {
+            fputs(i ? "," : "{", f);
+            json_string(f, r->cols[i]);
+            fputc(':', f);
+            if (!cells[i].is_num) json_string(f, cells[i].text);
+            else if (!isfinite(cells[i].num)) fputs("null", f);
+            else fmt_exact(num, sizeof num, cells[i].num), fputs(num, f);
+        }
+        fputs("}\n", f);
+    }
+    return ferror(f) ? KVQ_ERR_IO : KVQ_OK;
+}
+
 static void report_free(kvq_report *r)
 {
     for (size_t i = 0; i < r->ncells; i++) free(r->cells[i]);
@@ -265,7 +318,7 @@ kvq_status kvq_report_finish(kvq_report *r)
             for (size_t i = 0; i < r->ncells; i++) {
                 int c = (int)(i % nc);
                 /* text columns left-aligned, numbers right-aligned */
-                if (c < 5) fprintf(r->f, "%-*s", (int)w[c], r->cells[i]);
+                if (c < r->ntext) fprintf(r->f, "%-*s", (int)w[c], r->cells[i]);
                 else fprintf(r->f, "%*s", (int)w[c], r->cells[i]);
                 fputs(c == nc - 1 ? "\n" : "  ", r->f);
             }

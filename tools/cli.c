@@ -224,3 +224,84 @@ void cli_out_abort(cli_out *o)
     free(o->tmp), free(o->path);
     memset(o, 0, sizeof *o);
 }
+
+int cli_read_file(const char *prog, const char *path, char **buf, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    char *b = NULL;
+    size_t n = 0, cap = 0;
+    if (!f) {
+        cli_error(prog, "%s: cannot open: %s", path, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    for (;;) {
+        if (cap - n < 65536) {
+            size_t nc = cap ? 2 * cap : 65536;
+            char *nb = realloc(b, nc + 1);
+            if (!nb) {
+                cli_error(prog, "%s: out of memory", path);
+                free(b), fclose(f);
+                return CLI_RUNTIME;
+            }
+            b = nb, cap = nc;
+        }
+        size_t got = fread(b + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        cli_error(prog, "%s: read failed", path);
+        free(b);
+        return CLI_RUNTIME;
+    }
+    b[n] = '\0';
+    *buf = b, *len = n;
+    return CLI_OK;
+}
+
+int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
+                     long max_tokens, int **ids, int *T)
+{
+    const kvq_model_info *in = kvq_model_get_info(m);
+    const char *path = text_path ? text_path : tokens_path;
+    char *buf;
+    size_t len, n;
+    kvq_error err = {0};
+    kvq_status st;
+    int rc = cli_read_file(prog, path, &buf, &len);
+    if (rc) return rc;
+    if (text_path) {
+        if (memchr(buf, '\0', len)) {
+            cli_error(prog, "%s: not a text file (contains NUL bytes)", path);
+            free(buf);
+            return CLI_RUNTIME;
+        }
+        st = kvq_model_tokenize(m, buf, len, ids, &n, &err);
+        if (st == KVQ_ERR_USAGE) { /* an empty text: bad input, not a usage error */
+            cli_error(prog, "%s: %s", path, err.msg);
+            free(buf);
+            return CLI_RUNTIME;
+        }
+    } else {
+        st = kvq_tokens_parse(path, buf, len, in->vocab_size, ids, &n, &err);
+    }
+    free(buf);
+    if (st) {
+        int code = cli_fail(prog, &err);
+        return st == KVQ_ERR_UNSUPPORTED ? CLI_USAGE : code;
+    }
+    if (n > (size_t)in->context_length) {
+        fprintf(stderr, "%s: note: %s: %zu tokens cut to the model's context length %d\n", prog, path, n, in->context_length);
+        n = (size_t)in->context_length;
+    }
+    if (max_tokens > 0 && n > (size_t)max_tokens) n = (size_t)max_tokens;
+    if (n < 2) {
+        cli_error(prog, "%s: %zu token(s): the next-token loss needs at least 2", path, n);
+        free(*ids), *ids = NULL;
+        return CLI_RUNTIME;
+    }
+    *T = (int)n;
+    return CLI_OK;
+}

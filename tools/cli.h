@@ -59,4 +59,13 @@ int cli_out_open(cli_out *o, const char *path, const char *prog);
 int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
 void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
 
+/* Models in the loop (kvq-dump, kvq-eval): the token ids of a run, from
+ * --text (the model's tokenizer) or --tokens (ids), cut to the model's
+ * context length (with a note) and to max_tokens (0: no cut).  CLI_OK or
+ * the exit code after printing the error. */
+int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
+                     long max_tokens, int **ids, int *T);
+/* The whole file (NUL-terminated, *len without it); CLI_OK or CLI_RUNTIME after printing. */
+int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
+
 #endif

@@ -1,0 +1,464 @@
+/* forward.c — the decoder forward pass (SPEC §8): pre-norm blocks with
+ * RMSNorm, GQA attention with RoPE, SwiGLU, final norm and output matrix,
+ * float32 activations, every weight product one BLAS sgemm over all
+ * positions (prefill).
+ *
+ * Several streams run in lockstep: the exact model and any number of
+ * quantized caches.  Each layer's weights are dequantized once for all of
+ * them (peak memory: the mapped file + one layer in float32 + activations),
+ * and the output head walks the vocabulary in chunks, keeping an online
+ * log-softmax per position, so neither the output matrix nor the logits are
+ * ever whole in memory.
+ *
+ * A quantized stream replaces K, V [H][T][D] of a layer by the registry
+ * quantizer's reconstruction, exactly as kvq-analyze calls it
+ * (kvq_quantize_layer), either on all T tokens at once (prefill) or, for
+ * decode, on the cache as it holds the first c tokens, c growing by
+ * `stride` (1: every position). */
+#include "model.h"
+#include "../quant/quant.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ weights */
+
+typedef struct fw_weights {
+    const float *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    float *buf; /* dequantized copies of the tensors not used in place */
+    size_t cap;
+} fw_weights;
+
+static size_t wt_floats(const kvq_wtensor *t) { return t->data ? (size_t)t->cols * (size_t)t->rows : 0; }
+
+/* float32 tensors aligned for float loads are used in place. */
+static int in_place(const kvq_wtensor *t) { return t->type == KVQ_GGML_F32 && ((uintptr_t)t->data & 3) == 0; }
+
+static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, kvq_error *err)
+{
+    const kvq_layer_weights *lw = &m->layer[l];
+    const kvq_wtensor *src[12] = {&lw->attn_norm, &lw->wq, &lw->wk, &lw->wv, &lw->bq, &lw->bk,
+                                  &lw->bv, &lw->wo, &lw->ffn_norm, &lw->w_gate, &lw->w_up, &lw->w_down};
+    const float **dst[12] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk,
+                             &w->bv, &w->wo, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+    size_t need = 0;
+    for (int i = 0; i < 12; i++)
+        if (src[i]->data && !in_place(src[i])) need += wt_floats(src[i]);
+    if (need > w->cap) {
+        free(w->buf);
+        w->cap = 0;
+        if (!(w->buf = kvq_alloc_array(need, sizeof(float))))
+            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for layer %d's weights (%zu floats)", m->path, l, need);
+        w->cap = need;
+    }
+    size_t off = 0;
+    for (int i = 0; i < 12; i++) {
+        const kvq_wtensor *t = src[i];
+        if (!t->data) { *dst[i] = NULL; continue; }
+        if (in_place(t)) { *dst[i] = (const float *)t->data; continue; }
+        kvq_wtensor_rows(t, 0, t->rows, w->buf + off);
+        *dst[i] = w->buf + off;
+        off += wt_floats(t);
+    }
+    return KVQ_OK;
+}
+
+/* --------------------------------------------------------- small ops */
+
+/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n. */
+static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float *o = out + (size_t)t * n;
+        double ss = 0;
+        for (int i = 0; i < n; i++) ss += (double)xr[i] * xr[i];
+        float scale = (float)(1.0 / sqrt(ss / n + eps));
+        for (int i = 0; i < n; i++) o[i] = w[i] * (scale * xr[i]);
+    }
+}
+
+/* y [T][out] = x [T][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
+static void linear(float *y, const float *x, const float *W, const float *bias, int T, int in, int out, int accumulate)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
+    if (bias)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
+}
+
+/* [T][nh·D] (one row per position) <-> [nh][T][D] (one matrix per head). */
+static void to_heads(const float *x, float *y, int T, int nh, int D)
+{
+    for (int h = 0; h < nh; h++)
+        for (int t = 0; t < T; t++)
+            memcpy(y + ((size_t)h * T + t) * D, x + (size_t)t * nh * D + (size_t)h * D, (size_t)D * sizeof(float));
+}
+
+kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err)
+{
+    const kvq_model_info *in = &m->info;
+    int D = in->head_dim, half = D / 2;
+    kvq_status st = kvq_rope_from_theta(r, T, D, in->rope_theta, in->rope_style, err);
+    if (st || !in->has_rope_freqs) return st;
+    float *f = kvq_alloc_array((size_t)half, sizeof *f);
+    if (!f) {
+        kvq_rope_free(r);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    kvq_wtensor_rows(&m->rope_freqs, 0, 1, f);
+    for (int i = 0; i < half; i++)
+        if (!(f[i] > 0) || !isfinite(f[i])) {
+            kvq_rope_free(r);
+            free(f);
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is %g: expected a positive number",
+                            m->path, i, (double)f[i]);
+        }
+    /* llama.cpp divides each pair's angle by its factor */
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            double ang = t * pow(in->rope_theta, -2.0 * i / D) / f[i];
+            r->cos[(size_t)t * half + i] = cos(ang);
+            r->sin[(size_t)t * half + i] = sin(ang);
+        }
+    free(f);
+    return KVQ_OK;
+}
+
+/* -------------------------------------------------------- attention */
+
+/* Causal attention of query rows [r0, r1) of every head over the first
+ * `c` keys (c >= r1) of K, V [H][ldt][D] (head h at h·ldt·D), Q [Hq][T][D];
+ * the rows go to att [T][Hq·D].  S is computed in row blocks by sgemm,
+ * softmax per row in float with a double sum, then O = A·V by sgemm. */
+static kvq_status attend(const float *Q, const float *K, const float *V, int ldt, int T, int Hq, int H, int D,
+                         int r0, int r1, float *att, int nt, kvq_error *err)
+{
+    int G = Hq / H, rows = r1 - r0;
+    int R = (int)((8u << 20) / sizeof(float) / (size_t)(r1 > 0 ? r1 : 1)); /* 8 MB of scores per thread */
+    if (R < 1) R = 1;
+    if (R > rows) R = rows;
+    float *S = kvq_alloc_array((size_t)nt * R, (size_t)r1 * sizeof(float));
+    if (!S) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention scores");
+    float scale = 1.0f / sqrtf((float)D);
+    openblas_set_num_threads(1);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int j = 0; j < Hq; j++) {
+        float *Sj = S + (size_t)omp_get_thread_num() * R * r1;
+        const float *Kh = K + (size_t)(j / G) * ldt * D, *Vh = V + (size_t)(j / G) * ldt * D;
+        for (int a = r0; a < r1; a += R) {
+            int b = a + R < r1 ? a + R : r1, n = b; /* rows [a, b) see keys [0, b) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b - a, n, D, scale, Q + ((size_t)j * T + a) * D, D, Kh, D,
+                        0.0f, Sj, n);
+            for (int t = a; t < b; t++) {
+                float *s = Sj + (size_t)(t - a) * n, mx = s[0];
+                for (int u = 1; u <= t; u++) mx = s[u] > mx ? s[u] : mx;
+                double sum = 0;
+                for (int u = 0; u <= t; u++) {
+                    s[u] = expf(s[u] - mx);
+                    sum += s[u];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int u = 0; u <= t; u++) s[u] *= inv;
+                for (int u = t + 1; u < n; u++) s[u] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b - a, D, n, 1.0f, Sj, n, Vh, D, 0.0f,
+                        att + (size_t)a * Hq * D + (size_t)j * D, Hq * D);
+        }
+    }
+    openblas_set_num_threads(nt);
+    free(S);
+    (void)rows;
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------------- the pass */
+
+typedef struct fw_scratch {
+    float *xn, *q, *k, *v, *att, *g, *u;   /* row-major activations */
+    float *Qh, *Kh, *Vh, *Kpre;            /* [.][T][D] */
+    float *pk, *pv, *ppre;                 /* decode: the first c tokens, [H][c][D] */
+    float *kq, *vq;                        /* quantizer outputs [H][T][D] */
+    double *kb, *vb, *sb;                  /* [H] */
+} fw_scratch;
+
+static void scratch_free(fw_scratch *s)
+{
+    float *f[] = {s->xn, s->q, s->k, s->v, s->att, s->g, s->u, s->Qh, s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
+    free(s->kb), free(s->vb), free(s->sb);
+    memset(s, 0, sizeof *s);
+}
+
+static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, kvq_error *err)
+{
+    size_t t = (size_t)T, qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
+    memset(s, 0, sizeof *s);
+    s->xn = kvq_alloc_array(t, in->dim * sizeof(float));
+    s->q = kvq_alloc_array(t, qd * sizeof(float)), s->att = kvq_alloc_array(t, qd * sizeof(float));
+    s->Qh = kvq_alloc_array(t, qd * sizeof(float));
+    s->k = kvq_alloc_array(t, kd * sizeof(float)), s->v = kvq_alloc_array(t, kd * sizeof(float));
+    s->Kh = kvq_alloc_array(t, kd * sizeof(float)), s->Vh = kvq_alloc_array(t, kd * sizeof(float));
+    s->Kpre = kvq_alloc_array(t, kd * sizeof(float));
+    s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
+    s->ppre = kvq_alloc_array(t, kd * sizeof(float));
+    s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
+    s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
+    s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
+    s->kb = calloc((size_t)in->n_kv_heads, sizeof(double)), s->vb = calloc((size_t)in->n_kv_heads, sizeof(double));
+    s->sb = calloc((size_t)in->n_kv_heads, sizeof(double));
+    if (!s->xn || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh || !s->Kpre || !s->pk || !s->pv ||
+        !s->ppre || !s->kq || !s->vq || !s->g || !s->u || !s->kb || !s->vb || !s->sb) {
+        scratch_free(s);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the activations of %d tokens", T);
+    }
+    return KVQ_OK;
+}
+
+/* Copies tokens [0, c) of x [H][T][D] into y [H][c][D]. */
+static void prefix(const float *x, float *y, int H, int T, int D, int c)
+{
+    for (int h = 0; h < H; h++) memcpy(y + (size_t)h * c * D, x + (size_t)h * T * D, (size_t)c * D * sizeof(float));
+}
+
+typedef struct fw_ctx {
+    kvq_model *m;
+    const kvq_fw_opts *o;
+    fw_weights w;
+    fw_scratch s;
+    kvq_rope rope;
+    kvq_dump_info qinfo; /* what the quantizers see of the "dump" */
+    int nt;
+} fw_ctx;
+
+/* The quantizer of stream st on the first c tokens of the layer (pk/pv
+ * hold them when c < T, else Kh/Vh); K', V' into kq/vq [H][c][D]. */
+static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int ntok, kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    int H = in->n_kv_heads, D = in->head_dim, T = c->o->T;
+    kvq_layer L = {.H = H, .Hq = in->n_heads, .T = ntok, .D = D};
+    if (ntok == T) {
+        L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre;
+    } else {
+        prefix(s->Kh, s->pk, H, T, D, ntok);
+        prefix(s->Vh, s->pv, H, T, D, ntok);
+        prefix(s->Kpre, s->ppre, H, T, D, ntok);
+        L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre;
+    }
+    kvq_dump_info info = c->qinfo;
+    info.seq_len = ntok;
+    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = &c->rope};
+    memset(s->kb, 0, (size_t)H * sizeof(double));
+    memset(s->vb, 0, (size_t)H * sizeof(double));
+    memset(s->sb, 0, (size_t)H * sizeof(double));
+    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb};
+    kvq_status st;
+    if (c->o->calib && (st = kvq_calib_state(c->o->calib, spec, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
+    openblas_set_num_threads(1); /* the quantizers thread over heads */
+    st = kvq_quantize_layer(spec, &ctx, &L, &qo, err);
+    openblas_set_num_threads(c->nt);
+    return st;
+}
+
+/* One layer of one stream: x += attention(x), x += ffn(x). */
+static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    const fw_weights *w = &c->w;
+    fw_scratch *s = &c->s;
+    int T = c->o->T, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim;
+    int qd = Hq * D, kd = H * D, F = in->ffn_dim, nt = c->nt;
+    kvq_status rc = KVQ_OK;
+
+    rmsnorm(s->xn, st->x, w->attn_norm, T, dim, in->norm_eps, nt);
+    linear(s->q, s->xn, w->wq, w->bq, T, dim, qd, 0);
+    linear(s->k, s->xn, w->wk, w->bk, T, dim, kd, 0);
+    linear(s->v, s->xn, w->wv, w->bv, T, dim, kd, 0);
+    to_heads(s->k, s->Kpre, T, H, D);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < T; t++) {
+        for (int j = 0; j < Hq; j++) kvq_rope_rotate(&c->rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
+        for (int h = 0; h < H; h++) kvq_rope_rotate(&c->rope, s->k + (size_t)t * kd + (size_t)h * D, t, 0);
+    }
+    to_heads(s->q, s->Qh, T, Hq, D);
+    to_heads(s->k, s->Kh, T, H, D);
+    to_heads(s->v, s->Vh, T, H, D);
+    if (!st->item && c->o->on_layer) {
+        kvq_layer L = {.H = H, .Hq = Hq, .T = T, .D = D, .key = s->Kh, .value = s->Vh, .query = s->Qh, .key_pre_rope = s->Kpre};
+        if ((rc = c->o->on_layer(c->o->ud, l, &L, err))) return rc;
+    }
+    const kvq_eval_item *it = st->item;
+    int quantized = it && it->spec && (it->layer < 0 || it->layer == l);
+    if (!quantized) {
+        rc = attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, 0, T, s->att, nt, err);
+        if (it && (it->layer < 0 || it->layer == l)) /* -q none: the exact cache, 16 bits */
+            st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd, st->n_elem += (double)T * kd;
+    } else {
+        int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
+        for (int p0 = 0; p0 < T && !rc; p0 += stride) {
+            int p1 = p0 + stride < T ? p0 + stride : T;
+            if ((rc = quantize_cache(c, it->spec, l, p1, err))) break;
+            rc = attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, p0, p1, s->att, nt, err);
+            if (p1 == T) /* the cache after the last token */
+                for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
+        }
+        st->n_elem += (double)T * kd;
+    }
+    if (rc) return rc;
+    linear(st->x, s->att, w->wo, NULL, T, qd, dim, 1);
+    rmsnorm(s->xn, st->x, w->ffn_norm, T, dim, in->norm_eps, nt);
+    linear(s->g, s->xn, w->w_gate, NULL, T, dim, F, 0);
+    linear(s->u, s->xn, w->w_up, NULL, T, dim, F, 0);
+    size_t n = (size_t)T * F;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = s->g[i];
+        s->g[i] = g / (1.0f + expf(-g)) * s->u[i]; /* SwiGLU: silu(gate) · up */
+    }
+    linear(st->x, s->g, w->w_down, NULL, T, F, dim, 1);
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------------ output head */
+
+/* Folds logits chunk z [N][vc] (vocabulary [v0, v0+vc)) into the online
+ * state of stream st; ref: the exact stream's chunk (NULL for itself). */
+static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, const kvq_fw_stream *r, int N, int vc,
+                       int v0, const int *tokens, int nt)
+{
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float *zr = z + (size_t)t * vc;
+        float cm = zr[0];
+        int ca = 0;
+        for (int v = 1; v < vc; v++)
+            if (zr[v] > cm) cm = zr[v], ca = v;
+        if (v0 == 0 || cm > st->amax[t]) st->amax[t] = cm, st->arg[t] = v0 + ca; /* first arg-max */
+        double m_old = v0 ? st->lmax[t] : -INFINITY, m_new = m_old > cm ? m_old : cm;
+        double sum = 0;
+        for (int v = 0; v < vc; v++) sum += exp((double)zr[v] - m_new);
+        st->lsum[t] = (v0 ? st->lsum[t] * exp(m_old - m_new) : 0.0) + sum;
+        st->lmax[t] = m_new;
+        int tgt = tokens[t + 1];
+        if (tgt >= v0 && tgt < v0 + vc) st->ltgt[t] = zr[tgt - v0];
+        if (ref) { /* Σ p_v (a_v − b_v) with p from the reference, scaled by its running max */
+            const float *ar = ref + (size_t)t * vc;
+            float am = ar[0];
+            for (int v = 1; v < vc; v++) am = ar[v] > am ? ar[v] : am;
+            double ra_old = v0 ? r->lmax[t] : -INFINITY, ra_new = ra_old > am ? ra_old : am;
+            double wsum = 0;
+            for (int v = 0; v < vc; v++) wsum += exp((double)ar[v] - ra_new) * ((double)ar[v] - (double)zr[v]);
+            st->lw[t] = (v0 ? st->lw[t] * exp(ra_old - ra_new) : 0.0) + wsum;
+        }
+    }
+}
+
+static kvq_status output_head(fw_ctx *c, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    const kvq_fw_opts *o = c->o;
+    int N = o->T - 1, dim = in->dim, V = in->vocab_size, nt = c->nt;
+    /* vocabulary chunks: at most 64 MB of weights or of logits at a time */
+    size_t lim = (16u << 20) / (size_t)(N > dim ? N : dim);
+    int vc = lim < 256 ? 256 : lim > (size_t)V ? V : (int)lim;
+    if (vc > V) vc = V;
+    float *W = kvq_alloc_array((size_t)vc, (size_t)dim * sizeof(float));
+    float *A = kvq_alloc_array((size_t)N, (size_t)vc * sizeof(float));
+    float *B = kvq_alloc_array((size_t)N, (size_t)vc * sizeof(float));
+    float *xn = kvq_alloc_array((size_t)o->ns, (size_t)N * dim * sizeof(float));
+    float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
+    kvq_status rc = KVQ_OK;
+    if (!W || !A || !B || !xn || !onorm) {
+        rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", N, vc);
+        goto done;
+    }
+    kvq_wtensor_rows(&c->m->output_norm, 0, 1, onorm);
+    for (int i = 0; i < o->ns; i++) rmsnorm(xn + (size_t)i * N * dim, o->s[i].x, onorm, N, dim, in->norm_eps, nt);
+    for (int v0 = 0; v0 < V; v0 += vc) {
+        int n = v0 + vc < V ? vc : V - v0;
+        kvq_wtensor_rows(&c->m->output, v0, v0 + n, W);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, dim, 1.0f, xn, dim, W, dim, 0.0f, A, n);
+        for (int i = 1; i < o->ns; i++) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, dim, 1.0f, xn + (size_t)i * N * dim, dim, W, dim,
+                        0.0f, B, n);
+            fold_chunk(&o->s[i], B, A, &o->s[0], N, n, v0, o->tokens, nt);
+        }
+        fold_chunk(&o->s[0], A, NULL, NULL, N, n, v0, o->tokens, nt);
+    }
+    const kvq_fw_stream *r = &o->s[0];
+    for (int i = 0; i < o->ns; i++) {
+        kvq_fw_stream *st = &o->s[i];
+        st->nll = st->kl = st->top1 = 0;
+        for (int t = 0; t < N; t++) {
+            double lse = st->lmax[t] + log(st->lsum[t]);
+            st->nll += lse - st->ltgt[t];
+            if (i) {
+                double lse_r = r->lmax[t] + log(r->lsum[t]), kl = st->lw[t] / r->lsum[t] - lse_r + lse;
+                st->kl += kl > 0 ? kl : 0.0;
+                st->top1 += st->arg[t] == r->arg[t];
+            } else {
+                st->top1 += 1;
+            }
+        }
+    }
+done:
+    free(W), free(A), free(B), free(xn), free(onorm);
+    return rc;
+}
+
+/* --------------------------------------------------------- driver */
+
+kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
+{
+    const kvq_model_info *in = &m->info;
+    int T = o->T, dim = in->dim;
+    fw_ctx c = {.m = m, .o = o, .nt = kvq_threads(o->nthreads)};
+    kvq_status rc;
+    if ((rc = scratch_alloc(&c.s, in, T, err))) return rc;
+    if ((rc = kvq_model_rope(m, T, &c.rope, err))) goto done;
+    c.qinfo = (kvq_dump_info){.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
+                              .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
+                              .rope_style = in->rope_style, .has_key_pre_rope = 1, .has_rope_table = in->has_rope_freqs,
+                              .key_dtype = KVQ_F32, .value_dtype = KVQ_F32, .query_dtype = KVQ_F32};
+    snprintf(c.qinfo.model, sizeof c.qinfo.model, "%s", in->name);
+    openblas_set_num_threads(c.nt);
+    /* embeddings: only the rows of the tokens are dequantized */
+    for (int i = 0; i < o->ns; i++) o->s[i].active = !o->s[i].item || o->s[i].item->layer < 0;
+    for (int t = 0; t < T; t++) kvq_wtensor_rows(&m->tok_embd, o->tokens[t], o->tokens[t] + 1, o->s[0].x + (size_t)t * dim);
+    for (int i = 1; i < o->ns; i++)
+        if (o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
+    for (int l = 0; l < in->n_layers; l++) {
+        if ((rc = load_layer(m, l, &c.w, err))) goto done;
+        for (int i = 1; i < o->ns; i++) /* one-layer items start from the exact state at their layer */
+            if (!o->s[i].active && o->s[i].item->layer == l) {
+                memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
+                o->s[i].active = 1;
+            }
+        for (int i = 0; i < o->ns; i++) {
+            if (!o->s[i].active) continue;
+            if ((rc = layer_step(&c, &o->s[i], l, err))) {
+                if (o->s[i].item && o->s[i].item->spec) {
+                    char msg[sizeof err->msg];
+                    snprintf(msg, sizeof msg, "%s", err->msg);
+                    rc = kvq_fail(err, rc, "%s: %s", m->path, msg);
+                }
+                goto done;
+            }
+        }
+        if (o->progress) o->progress(o->progress_ud, l + 1, in->n_layers);
+    }
+    for (int i = 1; i < o->ns; i++) /* a one-layer item whose layer does not exist never started */
+        if (!o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
+    rc = output_head(&c, err);
+done:
+    free(c.w.buf);
+    scratch_free(&c.s);
+    kvq_rope_free(&c.rope);
+    return rc;
+}

@@ -1,0 +1,182 @@
+/* loop.c — the two jobs of the models-in-the-loop tools (SPEC §8):
+ * kvq_model_dump writes the exact forward pass's K/V/Q as kvq-dump/1, and
+ * kvq_model_eval runs the exact model beside any number of quantized caches
+ * (in passes bounded by memory) and reports each one's loss, KL and top-1
+ * against the exact model. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static kvq_status check_tokens(const kvq_model *m, const int *tokens, int T, kvq_error *err)
+{
+    if (T < 2) return kvq_fail(err, KVQ_ERR_USAGE, "%d token(s): the next-token loss needs at least 2 (BOS and one more)", T);
+    for (int t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= m->info.vocab_size)
+            return kvq_fail(err, KVQ_ERR_USAGE, "token %d at position %d: expected an id below the vocabulary size %d",
+                            tokens[t], t, m->info.vocab_size);
+    return KVQ_OK;
+}
+
+static void stream_free(kvq_fw_stream *s)
+{
+    free(s->x), free(s->lmax), free(s->lsum), free(s->ltgt), free(s->lw), free(s->amax), free(s->arg);
+    memset(s, 0, sizeof *s);
+}
+
+static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, int T, int dim, kvq_error *err)
+{
+    memset(s, 0, sizeof *s);
+    s->item = item;
+    size_t n = (size_t)T;
+    s->x = kvq_alloc_array(n, (size_t)dim * sizeof(float));
+    s->lmax = calloc(n, sizeof(double)), s->lsum = calloc(n, sizeof(double));
+    s->ltgt = calloc(n, sizeof(double)), s->lw = calloc(n, sizeof(double));
+    s->amax = calloc(n, sizeof(float)), s->arg = calloc(n, sizeof(int));
+    if (!s->x || !s->lmax || !s->lsum || !s->ltgt || !s->lw || !s->amax || !s->arg) {
+        stream_free(s);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a hidden state of %d tokens", T);
+    }
+    return KVQ_OK;
+}
+
+/* ---------------------------------------------------------------- dump */
+
+typedef struct dump_job {
+    kvq_dump_writer *w;
+    const int *map; /* model layer -> dump layer, or -1 */
+} dump_job;
+
+static kvq_status dump_layer(void *ud, int layer, const kvq_layer *L, kvq_error *err)
+{
+    dump_job *j = ud;
+    if (j->map[layer] < 0) return KVQ_OK;
+    return kvq_dump_writer_layer(j->w, j->map[layer], L, err);
+}
+
+kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *layers, int nlayers, const char *out_path,
+                          int nthreads, double *mean_nll, kvq_error *err)
+{
+    const kvq_model_info *in = &m->info;
+    kvq_status st = check_tokens(m, tokens, T, err);
+    if (st) return st;
+    int L = in->n_layers, nsel = layers ? nlayers : L;
+    int *map = kvq_alloc_array((size_t)L, sizeof *map);
+    kvq_fw_stream s = {0};
+    dump_job job = {0};
+    if (!map) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int l = 0; l < L; l++) map[l] = layers ? -1 : l;
+    for (int i = 0; layers && i < nlayers; i++) {
+        if (layers[i] < 0 || layers[i] >= L) {
+            free(map);
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (the model has %d)", m->path, layers[i], L - 1, L);
+        }
+        map[layers[i]] = i;
+    }
+    kvq_dump_info info = {.num_layers = nsel, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
+                          .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
+                          .rope_style = in->rope_style};
+    snprintf(info.model, sizeof info.model, "%s", in->name);
+    if ((st = stream_alloc(&s, NULL, T, in->dim, err))) goto done;
+    if ((st = kvq_dump_writer_create(out_path, &info, KVQ_F32, &job.w, err))) goto done;
+    job.map = map;
+    const char *base = strrchr(m->path, '/');
+    if ((st = kvq_dump_writer_attr_string(job.w, "source_model", base ? base + 1 : m->path, err)) ||
+        (st = kvq_dump_writer_attr_string(job.w, "source_format", in->format, err)) ||
+        (st = kvq_dump_writer_attr_ints(job.w, "tokens", tokens, (size_t)T, err)) ||
+        (st = kvq_dump_writer_attr_ints(job.w, "vocab_size", &in->vocab_size, 0, err)))
+        goto done;
+    if (layers && (st = kvq_dump_writer_attr_ints(job.w, "source_layers", layers, (size_t)nlayers, err))) goto done;
+    if (in->has_rope_freqs) { /* scaled RoPE: the exact angles as tables */
+        kvq_rope r;
+        if ((st = kvq_model_rope(m, T, &r, err))) goto done;
+        size_t n = (size_t)T * (in->head_dim / 2);
+        float *c = kvq_alloc_array(n, sizeof *c), *sn = kvq_alloc_array(n, sizeof *sn);
+        if (c && sn) {
+            for (size_t i = 0; i < n; i++) c[i] = (float)r.cos[i], sn[i] = (float)r.sin[i];
+            st = kvq_dump_writer_rope_table(job.w, c, sn, err);
+        } else {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        }
+        free(c), free(sn);
+        kvq_rope_free(&r);
+        if (st) goto done;
+    }
+    kvq_fw_opts o = {.tokens = tokens, .T = T, .s = &s, .ns = 1, .nthreads = nthreads, .on_layer = dump_layer, .ud = &job};
+    if ((st = kvq_forward(m, &o, err))) goto done;
+    double nll = s.nll / (T - 1);
+    if ((st = kvq_dump_writer_attr_real(job.w, "mean_nll", nll, err))) goto done;
+    st = kvq_dump_writer_finish(job.w, err);
+    job.w = NULL;
+    if (!st && mean_nll) *mean_nll = nll;
+done:
+    kvq_dump_writer_abort(job.w);
+    stream_free(&s);
+    free(map);
+    return st;
+}
+
+/* ---------------------------------------------------------------- eval */
+
+typedef struct eval_progress {
+    const kvq_eval_opts *o;
+    int pass, npasses;
+} eval_progress;
+
+static void eval_tick(void *ud, int layer, int nlayers)
+{
+    eval_progress *p = ud;
+    p->o->progress(p->o->ud, p->pass, p->npasses, layer, nlayers);
+}
+
+kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
+                          const kvq_eval_opts *o, double *nll_ref, kvq_error *err)
+{
+    const kvq_model_info *in = &m->info;
+    kvq_status st = check_tokens(m, tokens, T, err);
+    if (st) return st;
+    kvq_dump_info shape = {.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
+                           .head_dim = in->head_dim, .seq_len = T};
+    for (int i = 0; i < nitems; i++) {
+        const kvq_spec *sp = items[i].spec;
+        if (items[i].layer >= in->n_layers)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", m->path, items[i].layer, in->n_layers - 1);
+        if (!sp || !kvq_spec_needs_calib(sp)) continue;
+        if (!o->calib) return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
+        if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
+    }
+    /* passes: as many streams at once as max_bytes of hidden states allow */
+    size_t per = (size_t)T * ((size_t)in->dim * sizeof(float) + 4 * sizeof(double) + sizeof(float) + sizeof(int));
+    size_t budget = o->max_bytes ? o->max_bytes : (size_t)4 << 30;
+    int batch = (int)(budget / per > 0 ? budget / per : 1);
+    if (batch > nitems) batch = nitems > 0 ? nitems : 1;
+    int npasses = nitems ? (nitems + batch - 1) / batch : 1;
+    kvq_fw_stream *s = calloc((size_t)batch + 1, sizeof *s);
+    if (!s) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    eval_progress ep = {o, 0, npasses};
+    for (int pass = 0; pass < npasses && !st; pass++) {
+        int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch;
+        if (n < 0) n = 0;
+        int ns = 0;
+        if ((st = stream_alloc(&s[ns++], NULL, T, in->dim, err))) break;
+        for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
+        if (st) { ns--; goto pass_done; }
+        ep.pass = pass;
+        kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
+                          .seed = o->seed, .calib = o->calib, .progress = o->progress ? eval_tick : NULL,
+                          .progress_ud = &ep};
+        if ((st = kvq_forward(m, &fo, err))) goto pass_done;
+        if (nll_ref) *nll_ref = s[0].nll / (T - 1);
+        for (int i = 1; i < ns; i++) {
+            kvq_eval_item *it = s[i].item;
+            it->nll = s[i].nll / (T - 1), it->kl = s[i].kl / (T - 1), it->top1 = s[i].top1 / (T - 1);
+            it->k_bits = s[i].n_elem ? s[i].k_bits / s[i].n_elem : NAN;
+            it->v_bits = s[i].n_elem ? s[i].v_bits / s[i].n_elem : NAN;
+        }
+    pass_done:
+        for (int i = 0; i < ns; i++) stream_free(&s[i]);
+    }
+    free(s);
+    return st;
+}

@@ -1,0 +1,151 @@
+/* model.h — what the model files of libkvq share (SPEC §8): the GGUF
+ * container, weight tensors as the forward pass sees them, the model
+ * struct that the GGUF and llama2.c loaders fill, and the tokenizer. */
+#ifndef KVQ_MODEL_H
+#define KVQ_MODEL_H
+
+#include "../internal.h"
+
+#include <stdint.h>
+
+/* One weight tensor in a mapped file: `rows` rows of `cols` values of
+ * `type` (GGUF ne[0] = cols; a vector has rows = 1), row-major. */
+typedef struct kvq_wtensor {
+    const char *name;
+    int type;            /* kvq_ggml_type */
+    int64_t cols, rows;
+    const uint8_t *data; /* NULL: the tensor is absent */
+    size_t row_bytes;
+} kvq_wtensor;
+
+/* Rows [r0, r1) dequantized to float [r1 − r0][cols]. */
+void kvq_wtensor_rows(const kvq_wtensor *t, int64_t r0, int64_t r1, float *out);
+
+/* ------------------------------------------------------------- GGUF */
+
+enum {
+    GGUF_U8 = 0, GGUF_I8, GGUF_U16, GGUF_I16, GGUF_U32, GGUF_I32, GGUF_F32, GGUF_BOOL,
+    GGUF_STRING, GGUF_ARRAY, GGUF_U64, GGUF_I64, GGUF_F64, GGUF_NTYPES
+};
+
+typedef struct gguf_kv {
+    char *key;
+    int type;           /* GGUF_* */
+    int arr_type;       /* element type of an ARRAY */
+    uint64_t n;         /* array length (1 for scalars) */
+    const uint8_t *val; /* the value's bytes in the mapped file */
+} gguf_kv;
+
+typedef struct gguf_tensor {
+    char *name;
+    uint32_t n_dims;
+    int64_t ne[4];
+    int type;
+    uint64_t offset;
+    const uint8_t *data;
+    size_t nbytes;
+} gguf_tensor;
+
+typedef struct kvq_gguf {
+    const char *path;
+    const uint8_t *map;
+    size_t size;
+    uint32_t version;
+    uint64_t nkv, ntensors;
+    gguf_kv *kv;
+    gguf_tensor *tensors;
+} kvq_gguf;
+
+/* Parses and checks a mapped GGUF v2/v3 file: every key, value and tensor
+ * info inside the file, sizes without overflow, data inside the file. */
+kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, size_t size,
+                          kvq_error *err);
+void kvq_gguf_free(kvq_gguf *g);
+const gguf_kv *kvq_gguf_find(const kvq_gguf *g, const char *key);
+const gguf_tensor *kvq_gguf_tensor(const kvq_gguf *g, const char *name);
+/* Integer value of a scalar integer key (any width); 0 if absent, −1 if not an integer. */
+int kvq_gguf_get_int(const kvq_gguf *g, const char *key, int64_t *out);
+int kvq_gguf_get_real(const kvq_gguf *g, const char *key, double *out);
+/* String value (not NUL-terminated): 1 and its bytes, 0 if absent/not a string. */
+int kvq_gguf_get_str(const kvq_gguf *g, const char *key, const char **s, uint64_t *len);
+/* String i of a string array (the array's elements are walked once and cached by the caller). */
+
+/* --------------------------------------------------------- tokenizer */
+
+typedef struct kvq_vocab {
+    int n;
+    char **piece;    /* [n] NUL-terminated token texts */
+    float *score;    /* [n] */
+    int bos;
+    int byte_base;   /* llama2.c: byte b is token b + 3; -1: look up "<0xXX>" */
+    int space_is_u2581; /* GGUF SentencePiece: spaces written as U+2581 */
+    int add_space_prefix;
+    /* open-addressing hash of pieces → id */
+    int *slot;
+    size_t nslot;
+} kvq_vocab;
+
+kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err);
+void kvq_vocab_free(kvq_vocab *v);
+int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len);
+
+/* ------------------------------------------------------------ model */
+
+typedef struct kvq_layer_weights {
+    kvq_wtensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+} kvq_layer_weights;
+
+struct kvq_model {
+    kvq_model_info info;
+    char *path;
+    void *map;
+    size_t map_size;
+    kvq_gguf gguf;
+    kvq_wtensor tok_embd, output_norm, output, rope_freqs;
+    kvq_layer_weights *layer; /* [n_layers] */
+    kvq_vocab vocab;          /* n == 0: no tokenizer */
+    char tokenizer_missing[160]; /* why --text cannot be used */
+};
+
+/* ----------------------------------------------------- forward pass */
+
+/* One stream of the lockstep forward pass: the exact model (item NULL) or
+ * one evaluated configuration.  Results are sums over positions 0..T−2. */
+typedef struct kvq_fw_stream {
+    kvq_eval_item *item;
+    float *x;            /* [T][dim] hidden state */
+    int active;          /* a one-layer item starts from the exact stream at its layer */
+    double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
+    double nll, kl, top1;          /* sums */
+    /* online log-softmax state of each position over the vocabulary chunks */
+    double *lmax, *lsum, *ltgt, *lw; /* max, Σexp(z − max), target logit, KL cross term */
+    float *amax;
+    int *arg;
+} kvq_fw_stream;
+
+struct kvq_fw_opts {
+    const int *tokens;
+    int T;
+    kvq_fw_stream *s; /* s[0]: the exact model */
+    int ns;
+    int nthreads, stride;
+    uint64_t seed;
+    kvq_calib *calib;
+    /* the exact stream's tensors of each layer: key, value, query [.][T][D]
+     * post-RoPE, key_pre_rope (may be NULL) */
+    kvq_status (*on_layer)(void *ud, int layer, const kvq_layer *L, kvq_error *err);
+    void *ud;
+    void (*progress)(void *ud, int layer, int nlayers);
+    void *progress_ud;
+};
+typedef struct kvq_fw_opts kvq_fw_opts;
+
+/* RoPE of the model for T positions (freq factors applied). */
+kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *out, kvq_error *err);
+/* Runs the streams through every layer and the output head. */
+kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err);
+
+kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err);
+kvq_status kvq_model_load_llama2c(kvq_model *m, const char *tokenizer_path, kvq_error *err);
+
+#endif

@@ -1,0 +1,241 @@
+/* tokenizer.c — SentencePiece-style BPE with scores (SPEC §8): GGUF's
+ * `tokenizer.ggml.model = llama` and llama2.c's tokenizer.bin.  The text is
+ * split into UTF-8 characters (spaces written as U+2581 for GGUF, a space
+ * prefix added), then the adjacent pair whose concatenation is the
+ * best-scoring vocabulary piece is merged, leftmost first on ties, until no
+ * pair is in the vocabulary — llama2.c's `encode`, run with a heap so long
+ * texts take O(n log n).  Characters left outside the vocabulary become
+ * their UTF-8 bytes (byte fallback).  BOS comes first.  Also the reader of
+ * `--tokens` files. */
+#include "model.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static uint64_t hash_bytes(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
+{
+    size_t ns = 16;
+    while (ns < 2 * (size_t)v->n) ns *= 2;
+    if (!(v->slot = malloc(ns * sizeof *v->slot))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the vocabulary index");
+    for (size_t i = 0; i < ns; i++) v->slot[i] = -1;
+    v->nslot = ns;
+    for (int id = 0; id < v->n; id++) {
+        size_t len = strlen(v->piece[id]);
+        if (kvq_vocab_lookup(v, v->piece[id], len) >= 0) continue; /* a duplicate piece keeps its first id */
+        size_t s = hash_bytes(v->piece[id], len) & (ns - 1);
+        while (v->slot[s] >= 0) s = (s + 1) & (ns - 1);
+        v->slot[s] = id;
+    }
+    return KVQ_OK;
+}
+
+int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len)
+{
+    if (!v->nslot) return -1;
+    for (size_t i = hash_bytes(s, len) & (v->nslot - 1);; i = (i + 1) & (v->nslot - 1)) {
+        int id = v->slot[i];
+        if (id < 0) return -1;
+        if (!strncmp(v->piece[id], s, len) && v->piece[id][len] == '\0') return id;
+    }
+}
+
+void kvq_vocab_free(kvq_vocab *v)
+{
+    for (int i = 0; v->piece && i < v->n; i++) free(v->piece[i]);
+    free(v->piece), free(v->score), free(v->slot);
+    memset(v, 0, sizeof *v);
+}
+
+/* ------------------------------------------------------------ encode */
+
+typedef struct symbol {
+    size_t off, len; /* bytes of the normalised text; len 0: merged away */
+    int prev, next;
+} symbol;
+
+typedef struct bigram {
+    float score;
+    int left, right;
+    size_t len; /* the merged length when pushed (stale entries differ) */
+} bigram;
+
+/* max-heap on (score, then smaller left) */
+static int bigram_before(const bigram *a, const bigram *b)
+{
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+typedef struct heap {
+    bigram *b;
+    size_t n, cap;
+} heap;
+
+static int heap_push(heap *h, bigram x)
+{
+    if (h->n == h->cap) {
+        size_t nc = h->cap ? 2 * h->cap : 256;
+        bigram *nb = realloc(h->b, nc * sizeof *nb);
+        if (!nb) return -1;
+        h->b = nb, h->cap = nc;
+    }
+    size_t i = h->n++;
+    while (i && bigram_before(&x, &h->b[(i - 1) / 2])) {
+        h->b[i] = h->b[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h->b[i] = x;
+    return 0;
+}
+
+static bigram heap_pop(heap *h)
+{
+    bigram top = h->b[0], last = h->b[--h->n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && bigram_before(&h->b[c + 1], &h->b[c])) c++;
+        if (!bigram_before(&h->b[c], &last)) break;
+        h->b[i] = h->b[c];
+        i = c;
+    }
+    if (h->n) h->b[i] = last;
+    return top;
+}
+
+/* Pushes the pair (l, r) if their concatenation is a piece. */
+static int try_pair(const kvq_vocab *v, const char *text, const symbol *sy, int l, int r, heap *h)
+{
+    if (l < 0 || r < 0) return 0;
+    size_t len = sy[l].len + sy[r].len;
+    int id = kvq_vocab_lookup(v, text + sy[l].off, len);
+    if (id < 0) return 0;
+    return heap_push(h, (bigram){v->score[id], l, r, len});
+}
+
+static size_t utf8_len(unsigned char c)
+{
+    if (c < 0x80) return 1;
+    if ((c & 0xE0) == 0xC0) return 2;
+    if ((c & 0xF0) == 0xE0) return 3;
+    if ((c & 0xF8) == 0xF0) return 4;
+    return 1; /* a stray byte is a character of its own */
+}
+
+kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids, kvq_error *err)
+{
+    const kvq_vocab *v = &m->vocab;
+    *ids = NULL, *nids = 0;
+    if (!v->n)
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: cannot tokenize --text: %s; give token ids with --tokens FILE",
+                        m->path, m->tokenizer_missing);
+    /* normalise: optional space prefix, spaces as U+2581 for GGUF vocabularies */
+    const char *sp = v->space_is_u2581 ? "\xe2\x96\x81" : " ";
+    size_t spl = strlen(sp), cap = (n + 1) * spl + 1, tl = 0;
+    char *t = malloc(cap);
+    symbol *sy = kvq_alloc_array(n + 2, sizeof *sy);
+    int *out = kvq_alloc_array(2 * (n + 1) * 4 + 1, sizeof *out); /* worst case: every byte a fallback */
+    heap h = {0};
+    kvq_status st = KVQ_OK;
+    if (!t || !sy || !out) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n); goto done; }
+    if (n && v->add_space_prefix) memcpy(t, sp, spl), tl = spl;
+    for (size_t i = 0; i < n; i++) {
+        if (text[i] == ' ') memcpy(t + tl, sp, spl), tl += spl;
+        else t[tl++] = text[i];
+    }
+    t[tl] = '\0';
+    int ns = 0;
+    for (size_t i = 0; i < tl; ns++) {
+        size_t len = utf8_len((unsigned char)t[i]);
+        if (len > tl - i) len = tl - i;
+        sy[ns] = (symbol){i, len, ns - 1, -1};
+        if (ns) sy[ns - 1].next = ns;
+        i += len;
+    }
+    for (int i = 0; i + 1 < ns; i++)
+        if (try_pair(v, t, sy, i, i + 1, &h)) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing"); goto done; }
+    while (h.n) {
+        bigram b = heap_pop(&h);
+        symbol *l = &sy[b.left], *r = &sy[b.right];
+        if (!l->len || !r->len || l->len + r->len != b.len || l->next != b.right) continue; /* stale */
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0) sy[r->next].prev = b.left;
+        if (try_pair(v, t, sy, l->prev, b.left, &h) || try_pair(v, t, sy, b.left, l->next, &h)) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+            goto done;
+        }
+    }
+    size_t k = 0;
+    out[k++] = v->bos;
+    for (int i = 0; ns && i >= 0; i = sy[i].next) {
+        int id = kvq_vocab_lookup(v, t + sy[i].off, sy[i].len);
+        if (id >= 0) { out[k++] = id; continue; }
+        for (size_t j = 0; j < sy[i].len; j++) { /* byte fallback */
+            unsigned char c = (unsigned char)t[sy[i].off + j];
+            int bid;
+            if (v->byte_base >= 0) {
+                bid = v->byte_base + c;
+            } else {
+                char hex[8];
+                snprintf(hex, sizeof hex, "<0x%02X>", c);
+                bid = kvq_vocab_lookup(v, hex, strlen(hex));
+            }
+            if (bid < 0 || bid >= v->n) {
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: byte 0x%02X of the text has no token (no <0x%02X> byte-fallback piece)",
+                              m->path, c, c);
+                goto done;
+            }
+            out[k++] = bid;
+        }
+    }
+    if (k < 2) { st = kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)"); goto done; }
+    *ids = out, *nids = k;
+    out = NULL;
+done:
+    free(t), free(sy), free(out), free(h.b);
+    return st;
+}
+
+kvq_status kvq_tokens_parse(const char *what, const char *text, size_t n, int vocab, int **ids, size_t *nids,
+                            kvq_error *err)
+{
+    size_t cap = 256, k = 0, i = 0;
+    int *out = malloc(cap * sizeof *out);
+    *ids = NULL, *nids = 0;
+    if (!out) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", what);
+    while (i < n) {
+        if (isspace((unsigned char)text[i])) { i++; continue; }
+        size_t j = i;
+        long long val = 0;
+        while (j < n && isdigit((unsigned char)text[j]) && val <= (long long)INT32_MAX) val = val * 10 + (text[j++] - '0');
+        if (j == i || (j < n && !isspace((unsigned char)text[j])) || val >= vocab) {
+            size_t e = j;
+            while (e < n && !isspace((unsigned char)text[e]) && e - i < 32) e++;
+            kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: token %zu \"%.*s\": expected a token id 0..%d (whitespace-separated)",
+                                     what, k, (int)(e - i), text + i, vocab - 1);
+            free(out);
+            return st;
+        }
+        if (k == cap) {
+            int *no = realloc(out, 2 * cap * sizeof *no);
+            if (!no) { free(out); return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", what); }
+            out = no, cap *= 2;
+        }
+        out[k++] = (int)val;
+        i = j;
+    }
+    if (k == 0) { free(out); return kvq_fail(err, KVQ_ERR_FORMAT, "%s: no token ids (expected whitespace-separated integers)", what); }
+    *ids = out, *nids = k;
+    return KVQ_OK;
+}

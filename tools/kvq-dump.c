@@ -1,0 +1,102 @@
+/* kvq-dump — run a model (GGUF or llama2.c) over a text and write its
+ * keys, values and queries as kvq-dump/1 (SPEC §8). */
+#include "cli.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *prog = "kvq-dump";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-dump MODEL (--text FILE | --tokens FILE) [options] -o OUT.h5\n"
+        "Run a Llama-family model (GGUF v2/v3: llama, qwen2; or a llama2.c checkpoint)\n"
+        "over a text and write every layer's key, value, query and pre-RoPE key,\n"
+        "the token ids and the mean next-token loss as a kvq-dump/1 HDF5 file.\n\n"
+        "      --text FILE       text, tokenized by the model's own tokenizer (BOS first)\n"
+        "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
+        "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
+        "      --max-tokens N    keep the first N tokens (BOS included)\n"
+        "      --layers LIST     layers to write, e.g. 0-3,7 (default: all)\n"
+        "  -o, --output FILE     the dump to write (atomically)\n"
+        "      --threads N       worker threads (default: all cores)\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n\n"
+        "Example: kvq-dump stories260K.gguf --text story.txt -o story.h5\n");
+}
+
+enum { OPT_TEXT = 256, OPT_TOKENS, OPT_TOKENIZER, OPT_MAX, OPT_LAYERS, OPT_THREADS };
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"text", required_argument, 0, OPT_TEXT}, {"tokens", required_argument, 0, OPT_TOKENS},
+        {"tokenizer", required_argument, 0, OPT_TOKENIZER}, {"max-tokens", required_argument, 0, OPT_MAX},
+        {"layers", required_argument, 0, OPT_LAYERS}, {"threads", required_argument, 0, OPT_THREADS},
+        {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
+        {0, 0, 0, 0}};
+    const char *text = NULL, *tokens = NULL, *tokenizer = NULL, *output = NULL;
+    long max_tokens = 0, threads = 0;
+    int *layers = NULL, nlayers = 0, *ids = NULL, T = 0, rc = CLI_OK, c;
+    kvq_model *m = NULL;
+    kvq_error err = {0};
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case OPT_TEXT: text = optarg; break;
+        case OPT_TOKENS: tokens = optarg; break;
+        case OPT_TOKENIZER: tokenizer = optarg; break;
+        case OPT_MAX:
+            if (cli_parse_long(optarg, 2, 1L << 30, &max_tokens)) {
+                cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_LAYERS:
+            free(layers), layers = NULL;
+            if (cli_parse_list(optarg, 4095, &layers, &nlayers)) {
+                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_THREADS:
+            if (cli_parse_long(optarg, 1, 4096, &threads)) {
+                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case 'o': output = optarg; break;
+        case 'h': usage(stdout); goto done;
+        case 'V': printf("kvq-dump %s\n", kvq_version()); goto done;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        }
+    }
+    if (optind != argc - 1) {
+        cli_error(prog, "%s (usage: kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5; see --help)",
+                  optind >= argc ? "no model given" : "more than one model given");
+        rc = CLI_USAGE; goto done;
+    }
+    if (!text == !tokens) {
+        cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
+        rc = CLI_USAGE; goto done;
+    }
+    if (!output) {
+        cli_error(prog, "no output given (-o OUT.h5)");
+        rc = CLI_USAGE; goto done;
+    }
+    if (kvq_model_open(argv[optind], tokenizer, &m, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if ((rc = cli_model_tokens(prog, m, text, tokens, max_tokens, &ids, &T))) goto done;
+    const kvq_model_info *in = kvq_model_get_info(m);
+    double nll;
+    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)threads, &nll, &err)) { rc = cli_fail(prog, &err); goto done; }
+    fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, output,
+            in->format, in->name, layers ? nlayers : in->n_layers, T, nll, exp(nll));
+done:
+    kvq_model_close(m);
+    free(layers), free(ids);
+    return rc;
+}

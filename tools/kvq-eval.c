@@ -1,0 +1,261 @@
+/* kvq-eval — what a quantized KV cache does to the model (SPEC §8): the
+ * model runs teacher-forced over a text with the exact cache and with each
+ * quantizer's cache (prefill: the whole cache quantized at once; decode:
+ * the cache as generation holds it), and the loss, KL and top-1 changes are
+ * reported per quantizer (and per layer with --per-layer). */
+#include "cli.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *prog = "kvq-eval";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kvq-eval MODEL (--text FILE | --tokens FILE) [-q SPEC]... [options]\n"
+        "Teacher-forced loss of a model (GGUF llama/qwen2, or llama2.c) with each\n"
+        "quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio, KL, top-1.\n\n"
+        "  -q, --quant SPEC      quantizer spec NAME[:key=value,...], or none (the exact\n"
+        "                        cache); repeatable (default: kvq-analyze's default set)\n"
+        "      --calib FILE      calibration dump of the same model (kvq-dump of another text)\n"
+        "      --policy P        prefill (default: every layer's cache quantized once over\n"
+        "                        all T tokens, as papers' perplexity tables do), decode (the\n"
+        "                        cache as it holds t+1 tokens at position t), or prefill,decode\n"
+        "      --stride N        decode: re-quantize the cache every N positions (default 1)\n"
+        "      --per-layer       one row per layer with only that layer quantized\n"
+        "      --text FILE       text, tokenized by the model's own tokenizer (BOS first)\n"
+        "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
+        "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
+        "      --max-tokens N    keep the first N tokens (BOS included)\n"
+        "      --format FMT      table, csv or jsonl (default: table on a terminal, else\n"
+        "                        csv; with -o, jsonl for *.jsonl names)\n"
+        "  -o, --output FILE     write results to FILE (atomically) instead of stdout\n"
+        "      --progress WHEN   auto (default: on a terminal), always or never\n"
+        "      --threads N       worker threads (default: all cores)\n"
+        "      --seed N          seed of the quantizers' random streams (default 0)\n"
+        "  -h, --help            this help\n"
+        "  -V, --version         print the version\n\n"
+        "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n");
+}
+
+enum { OPT_TEXT = 256, OPT_TOKENS, OPT_TOKENIZER, OPT_MAX, OPT_CALIB, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER,
+       OPT_FORMAT, OPT_PROGRESS, OPT_THREADS, OPT_SEED };
+
+typedef struct progress_state {
+    int on;
+    time_t start;
+} progress_state;
+
+static void progress(void *ud, int pass, int npasses, int layer, int nlayers)
+{
+    progress_state *p = ud;
+    if (!p->on) return;
+    fprintf(stderr, "\r%s: pass %d/%d, layer %d/%d, %lds", prog, pass + 1, npasses, layer, nlayers,
+            (long)(time(NULL) - p->start));
+    if (pass + 1 == npasses && layer == nlayers) fputc('\n', stderr);
+    fflush(stderr);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int add_spec(kvq_spec **specs, int *n, const char *text, kvq_error *err)
+{
+    kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof **specs);
+    if (!ns) {
+        snprintf(err->msg, sizeof err->msg, "out of memory");
+        err->status = KVQ_ERR_NOMEM;
+        return -1;
+    }
+    *specs = ns;
+    memset(&ns[*n], 0, sizeof ns[*n]);
+    if (!strcmp(text, "none")) { /* the exact cache: q stays NULL */
+        snprintf(ns[*n].text, sizeof ns[*n].text, "none");
+    } else if (kvq_spec_parse(text, &ns[*n], err)) {
+        return -1;
+    }
+    (*n)++;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
+        {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
+        {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"text", required_argument, 0, OPT_TEXT},
+        {"tokens", required_argument, 0, OPT_TOKENS}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+        {"max-tokens", required_argument, 0, OPT_MAX}, {"format", required_argument, 0, OPT_FORMAT},
+        {"output", required_argument, 0, 'o'}, {"progress", required_argument, 0, OPT_PROGRESS},
+        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
+        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const char *text = NULL, *tokens = NULL, *tokenizer = NULL, *output = NULL, *format = NULL, *calib = NULL;
+    const char *prog_when = "auto";
+    long max_tokens = 0, threads = 0, stride = 1;
+    uint64_t seed = 0;
+    int per_layer = 0, policies[2] = {1, 0}, *ids = NULL, T = 0, rc = CLI_OK, c, nspecs = 0;
+    kvq_spec *specs = NULL;
+    kvq_eval_item *items = NULL;
+    kvq_model *m = NULL;
+    kvq_calib *cal = NULL;
+    kvq_report *rep = NULL;
+    cli_out out = {0};
+    kvq_error err = {0};
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'q':
+            if (add_spec(&specs, &nspecs, optarg, &err)) { rc = cli_fail(prog, &err); goto done; }
+            break;
+        case OPT_CALIB: calib = optarg; break;
+        case OPT_POLICY:
+            if (!strcmp(optarg, "prefill")) policies[0] = 1, policies[1] = 0;
+            else if (!strcmp(optarg, "decode")) policies[0] = 0, policies[1] = 1;
+            else if (!strcmp(optarg, "prefill,decode") || !strcmp(optarg, "decode,prefill")) policies[0] = policies[1] = 1;
+            else {
+                cli_error(prog, "--policy %s: expected prefill, decode or prefill,decode", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_STRIDE:
+            if (cli_parse_long(optarg, 1, 1L << 30, &stride)) {
+                cli_error(prog, "--stride %s: expected a positive integer", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_PER_LAYER: per_layer = 1; break;
+        case OPT_TEXT: text = optarg; break;
+        case OPT_TOKENS: tokens = optarg; break;
+        case OPT_TOKENIZER: tokenizer = optarg; break;
+        case OPT_MAX:
+            if (cli_parse_long(optarg, 2, 1L << 30, &max_tokens)) {
+                cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_FORMAT:
+            if (strcmp(optarg, "table") && strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
+                cli_error(prog, "--format %s: expected table, csv or jsonl", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            format = optarg;
+            break;
+        case OPT_PROGRESS:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "always") && strcmp(optarg, "never")) {
+                cli_error(prog, "--progress %s: expected auto, always or never", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            prog_when = optarg;
+            break;
+        case OPT_THREADS:
+            if (cli_parse_long(optarg, 1, 4096, &threads)) {
+                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_SEED:
+            if (cli_parse_u64(optarg, &seed)) {
+                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case 'o': output = optarg; break;
+        case 'h': usage(stdout); goto done;
+        case 'V': printf("kvq-eval %s\n", kvq_version()); goto done;
+        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
+        }
+    }
+    if (optind != argc - 1) {
+        cli_error(prog, "%s (usage: kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...; see --help)",
+                  optind >= argc ? "no model given" : "more than one model given");
+        rc = CLI_USAGE; goto done;
+    }
+    if (!text == !tokens) {
+        cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
+        rc = CLI_USAGE; goto done;
+    }
+    if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if (nspecs == 0) /* kvq-analyze's default set */
+        for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+            const kvq_quantizer *q = kvq_quantizer_at(i);
+            if (!q->in_default_set || (q->needs_calib && !cal)) continue;
+            char spec[KVQ_SPEC_MAX];
+            snprintf(spec, sizeof spec, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
+            if (add_spec(&specs, &nspecs, spec, &err)) { rc = cli_fail(prog, &err); goto done; }
+        }
+    for (int s = 0; s < nspecs; s++)
+        if (specs[s].q && kvq_spec_needs_calib(&specs[s]) && !cal) {
+            cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
+            rc = CLI_USAGE; goto done;
+        }
+    if (kvq_model_open(argv[optind], tokenizer, &m, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if ((rc = cli_model_tokens(prog, m, text, tokens, max_tokens, &ids, &T))) goto done;
+    const kvq_model_info *in = kvq_model_get_info(m);
+
+    int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];
+    int nitems = nspecs * npol * nlay, k = 0;
+    if (!(items = calloc((size_t)nitems + 1, sizeof *items))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    for (int s = 0; s < nspecs; s++)
+        for (int p = 0; p < 2; p++)
+            for (int l = 0; policies[p] && l < nlay; l++)
+                items[k++] = (kvq_eval_item){.spec = specs[s].q ? &specs[s] : NULL, .layer = per_layer ? l : -1,
+                                             .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
+
+    kvq_format fmt;
+    if (format) fmt = !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
+    else if (output) fmt = ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
+    else fmt = isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+    static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
+                                       "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1"};
+    if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (!(rep = kvq_rows_new(out.f, fmt, cols, 14, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+
+    progress_state ps = {!strcmp(prog_when, "always") || (!strcmp(prog_when, "auto") && isatty(STDERR_FILENO)), time(NULL)};
+    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)threads, .calib = cal,
+                        .progress = progress, .ud = &ps};
+    if (fmt == KVQ_FMT_TABLE)
+        fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens\n", prog, argv[optind],
+                in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T);
+    double nll_ref = NAN;
+    if (kvq_model_eval(m, ids, T, items, nitems, &eo, &nll_ref, &err)) {
+        if (ps.on) fputc('\n', stderr);
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
+    for (int i = 0; i < nitems; i++) {
+        const kvq_eval_item *it = &items[i];
+        char toks[16], layer[16];
+        snprintf(toks, sizeof toks, "%d", T);
+        if (it->layer < 0) snprintf(layer, sizeof layer, "all");
+        else snprintf(layer, sizeof layer, "%d", it->layer);
+        const kvq_spec *sp = it->spec;
+        double dnll = it->nll - nll_ref;
+        kvq_cell row[14] = {{.text = in->name}, {.text = toks}, {.text = sp ? sp->q->name : "none"},
+                            {.text = sp ? sp->text : "none"},
+                            {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"}, {.text = layer},
+                            {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
+                            {.num = nll_ref, .is_num = 1}, {.num = it->nll, .is_num = 1}, {.num = dnll, .is_num = 1},
+                            {.num = exp(dnll), .is_num = 1}, {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
+        if (kvq_rows_add(rep, row)) { cli_error(prog, "%s: write failed", output ? output : "<stdout>"); rc = CLI_RUNTIME; goto done; }
+    }
+    kvq_status st = kvq_report_finish(rep);
+    rep = NULL;
+    if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+    if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+done:
+    kvq_report_discard(rep);
+    if (out.f) cli_out_abort(&out);
+    kvq_model_close(m);
+    kvq_calib_close(cal);
+    free(specs), free(items), free(ids);
+    return rc;
+}
