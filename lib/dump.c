@@ -766,6 +766,31 @@ kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, con
     return KVQ_OK;
 }
 
+kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err)
+{
+    char det[256];
+    *tokens = NULL, *n = 0;
+    h5_quiet();
+    if (H5Aexists(d->file, "tokens") <= 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: attribute missing", d->path);
+    hid_t a = H5Aopen(d->file, "tokens", H5P_DEFAULT), sp = a >= 0 ? H5Aget_space(a) : -1, t = a >= 0 ? H5Aget_type(a) : -1;
+    kvq_status st = KVQ_OK;
+    hssize_t cnt = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
+    if (a < 0 || sp < 0 || t < 0 || cnt < 1 || H5Tget_class(t) != H5T_INTEGER) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: expected an integer array: %s", d->path, h5_detail(det, sizeof det));
+    } else if (!(*tokens = kvq_alloc_array((size_t)cnt, sizeof **tokens))) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", d->path);
+    } else if (H5Aread(a, H5T_NATIVE_INT, *tokens) < 0) {
+        free(*tokens), *tokens = NULL;
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: cannot read: %s", d->path, h5_detail(det, sizeof det));
+    } else {
+        *n = (size_t)cnt;
+    }
+    h5_close_id(t);
+    h5_close_id(sp);
+    h5_close_id(a);
+    return st;
+}
+
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
 {
     char det[256];

@@ -121,6 +121,8 @@ const char *kvq_dump_path(const kvq_dump *d);
  * optional tensors; those the dump lacks are left NULL. */
 kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
                                kvq_error *err);
+/* The root `tokens` attribute (kvq-dump's token ids; *tokens malloc'ed). */
+kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err);
 void kvq_dump_close(kvq_dump *d);
 void kvq_layer_free(kvq_layer *l);
 

@@ -1,0 +1,731 @@
+/* test_model.c — models in the loop (SPEC §8): ggml dequantization against
+ * the block formulas (per element) and hand-worked blocks, the GGUF reader
+ * on files the test writes (every value type, both architectures, tied and
+ * separate output, rope_freqs, every weight type), the forward pass against
+ * a plain reference written here, the tokenizer, kvq_model_eval's
+ * invariants, every bad-input path, and — when ../shared/data/model is
+ * present — the bundled dump reproduced from the GGUF and llama2.c files. */
+#include "gguf_writer.h"
+#include "model/model.h"
+#include "testutil.h"
+
+#include <stdio.h>
+
+static const int all_types[] = {KVQ_GGML_F32, KVQ_GGML_F16, KVQ_GGML_BF16, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1,
+                                KVQ_GGML_Q5_0, KVQ_GGML_Q5_1, KVQ_GGML_Q8_0, KVQ_GGML_Q2_K, KVQ_GGML_Q3_K,
+                                KVQ_GGML_Q4_K, KVQ_GGML_Q5_K, KVQ_GGML_Q6_K};
+enum { NTYPES = sizeof all_types / sizeof all_types[0] };
+
+static float h16(const uint8_t *p) { return kvq_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* Element i of one block, written straight from the block formulas. */
+static float formula(int type, const uint8_t *b, int i)
+{
+    switch (type) {
+    case KVQ_GGML_Q4_0: { int nib = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4; return (float)(nib - 8) * h16(b); }
+    case KVQ_GGML_Q4_1: { int nib = i < 16 ? b[4 + i] & 15 : b[4 + i - 16] >> 4; return (float)nib * h16(b) + h16(b + 2); }
+    case KVQ_GGML_Q5_0: case KVQ_GGML_Q5_1: {
+        int m = type == KVQ_GGML_Q5_1, o = m ? 4 : 2;
+        uint32_t qh = (uint32_t)b[o] | (uint32_t)b[o + 1] << 8 | (uint32_t)b[o + 2] << 16 | (uint32_t)b[o + 3] << 24;
+        int nib = i < 16 ? b[o + 4 + i] & 15 : b[o + 4 + i - 16] >> 4, q = nib | (int)((qh >> i) & 1) << 4;
+        return m ? (float)q * h16(b) + h16(b + 2) : (float)(q - 16) * h16(b);
+    }
+    case KVQ_GGML_Q8_0: return (float)(int8_t)b[2 + i] * h16(b);
+    case KVQ_GGML_Q2_K: {
+        int n = i / 128, r = i % 128, g = r / 32, code = (b[16 + 32 * n + r % 32] >> (2 * g)) & 3, sc = b[i / 16];
+        return h16(b + 80) * (float)(sc & 15) * (float)code - h16(b + 82) * (float)(sc >> 4);
+    }
+    case KVQ_GGML_Q3_K: {
+        int n = i / 128, r = i % 128, g = r / 32, j = i / 16;
+        const uint8_t *ps = b + 96;
+        int lo = j < 8 ? ps[j] & 15 : ps[j - 8] >> 4, hi = (ps[8 + j % 4] >> (2 * (j / 4))) & 3;
+        int code = ((b[32 + 32 * n + r % 32] >> (2 * g)) & 3) - ((b[i % 32] >> (i / 32)) & 1 ? 0 : 4);
+        return h16(b + 108) * (float)((lo | hi << 4) - 32) * (float)code;
+    }
+    case KVQ_GGML_Q4_K: case KVQ_GGML_Q5_K: {
+        int five = type == KVQ_GGML_Q5_K, c = i / 64, r = i % 64, is = 2 * c + r / 32;
+        const uint8_t *s = b + 4, *qs = b + (five ? 48 : 16), *qh = b + 16;
+        int sc = is < 4 ? s[is] & 63 : (s[is + 4] & 15) | (s[is - 4] >> 6) << 4;
+        int mn = is < 4 ? s[is + 4] & 63 : (s[is + 4] >> 4) | (s[is] >> 6) << 4;
+        int byte = qs[32 * c + r % 32], q = r < 32 ? byte & 15 : byte >> 4;
+        if (five && (qh[r % 32] >> is & 1)) q += 16;
+        return h16(b) * (float)sc * (float)q - h16(b + 2) * (float)mn;
+    }
+    case KVQ_GGML_Q6_K: {
+        int n = i / 128, r = i % 128, l = r % 32, k = r / 32;
+        int lo = k == 0 ? b[64 * n + l] & 15 : k == 1 ? b[64 * n + l + 32] & 15 : k == 2 ? b[64 * n + l] >> 4 : b[64 * n + l + 32] >> 4;
+        int q = (lo | ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4) - 32;
+        return h16(b + 208) * (float)(int8_t)b[192 + 8 * n + l / 16 + 2 * k] * (float)q;
+    }
+    case KVQ_GGML_F32: { float v; memcpy(&v, b + 4 * i, 4); return v; }
+    case KVQ_GGML_F16: return h16(b + 2 * i);
+    case KVQ_GGML_BF16: { uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16; float v; memcpy(&v, &u, 4); return v; }
+    }
+    return NAN;
+}
+
+START_TEST(test_dequant_formulas)
+{
+    for (int ti = 0; ti < NTYPES; ti++) {
+        int type = all_types[ti], block;
+        size_t bb, nb;
+        ck_assert(kvq_ggml_type_size(type, &block, &bb));
+        int n = block * 8;
+        uint8_t *raw = gw_random_weights(type, n, 1, 1.0, 7 + ti, &nb);
+        ck_assert_uint_eq(nb, bb * (size_t)(n / block));
+        float *y = malloc((size_t)n * sizeof *y);
+        kvq_ggml_dequantize(type, raw, y, (size_t)n);
+        for (int i = 0; i < n; i++) {
+            int blk = i / block;
+            float want = formula(type, raw + (size_t)blk * bb, i % block);
+            ck_assert_msg(memcmp(&want, &y[i], 4) == 0, "%s value %d: %.9g, formula %.9g", kvq_ggml_type_name(type), i,
+                          (double)y[i], (double)want);
+        }
+        free(raw), free(y);
+    }
+}
+END_TEST
+
+START_TEST(test_dequant_by_hand)
+{
+    float y[256];
+    uint8_t b[256];
+    /* q8_0: d = 0.5 (0x3800) */
+    memset(b, 0, sizeof b);
+    b[0] = 0x00, b[1] = 0x38, b[2] = 1, b[3] = (uint8_t)-2, b[4] = 127, b[5] = 0x80;
+    kvq_ggml_dequantize(KVQ_GGML_Q8_0, b, y, 32);
+    ck_assert(y[0] == 0.5f && y[1] == -1.0f && y[2] == 63.5f && y[3] == -64.0f && y[4] == 0.0f);
+    /* q4_0: d = 2 (0x4000); qs[0] = 0x9F: value 0 = (15−8)·2, value 16 = (9−8)·2 */
+    memset(b, 0, sizeof b);
+    b[1] = 0x40, b[2] = 0x9F;
+    kvq_ggml_dequantize(KVQ_GGML_Q4_0, b, y, 32);
+    ck_assert(y[0] == 14.0f && y[16] == 2.0f && y[1] == -16.0f);
+    /* q4_1: d = 1, m = −0.5: nibble 3 -> 2.5 */
+    memset(b, 0, sizeof b);
+    b[1] = 0x3C, b[2] = 0x00, b[3] = 0xB8, b[4] = 0x03;
+    kvq_ggml_dequantize(KVQ_GGML_Q4_1, b, y, 32);
+    ck_assert(y[0] == 2.5f && y[16] == -0.5f);
+    /* q5_0: d = 1; qh bit 0 set, nibble 1 -> (1 | 16) − 16 = 1; value 1: 0 − 16 */
+    memset(b, 0, sizeof b);
+    b[1] = 0x3C, b[2] = 0x01, b[6] = 0x01;
+    kvq_ggml_dequantize(KVQ_GGML_Q5_0, b, y, 32);
+    ck_assert(y[0] == 1.0f && y[1] == -16.0f);
+    /* q4_K: d = 1, dmin = 0.5, sub-block 0 scale 3 and min 2: 3·q − 1 */
+    memset(b, 0, sizeof b);
+    b[1] = 0x3C, b[3] = 0x38, b[4] = 3, b[8] = 2, b[16] = 0x05;
+    kvq_ggml_dequantize(KVQ_GGML_Q4_K, b, y, 256);
+    ck_assert(y[0] == 14.0f && y[1] == -1.0f && y[32] == 0.0f);
+    /* q6_K: d = 0.25 (0x3400), scale 0 = 2, ql[0] = 0x0F, qh[0] = 0b10: q = (15 | 2<<4) − 32 = 15 */
+    memset(b, 0, sizeof b);
+    b[208] = 0x00, b[209] = 0x34, b[192] = 2, b[0] = 0x0F, b[128] = 0x02;
+    kvq_ggml_dequantize(KVQ_GGML_Q6_K, b, y, 256);
+    ck_assert(y[0] == 7.5f && y[1] == -16.0f);
+    /* bf16 and f16 ones */
+    uint8_t one[4] = {0x80, 0x3F, 0x00, 0x3C};
+    kvq_ggml_dequantize(KVQ_GGML_BF16, one, y, 1);
+    kvq_ggml_dequantize(KVQ_GGML_F16, one + 2, y + 1, 1);
+    ck_assert(y[0] == 1.0f && y[1] == 1.0f);
+    ck_assert_str_eq(kvq_ggml_type_name(KVQ_GGML_Q4_K), "q4_K");
+    ck_assert(!kvq_ggml_type_size(99, NULL, NULL));
+}
+END_TEST
+
+START_TEST(test_gguf_values)
+{
+    gguf_w w = {0};
+    char *strs[2] = {"ab", ""};
+    float fa[3] = {1, 2, 3};
+    int32_t ia[2] = {-5, 7};
+    gw_kv_u32(&w, "a.u32", 4000000000u);
+    gw_kv_i32(&w, "a.i32", -12);
+    gw_kv_f32(&w, "a.f32", 0.5f);
+    gw_kv_bool(&w, "a.bool", 1);
+    gw_kv_str(&w, "a.str", "hello");
+    gw_kv_u64(&w, "a.u64", 1ull << 40);
+    gw_kv_f64(&w, "a.f64", -2.25);
+    gw_kv_arr_str(&w, "a.astr", 2, strs);
+    gw_kv_arr_f32(&w, "a.af32", 3, fa);
+    gw_kv_arr_i32(&w, "a.ai32", 2, ia);
+    gw_kv_u32(&w, "general.alignment", 64);
+    w.alignment = 64;
+    float v[32] = {0};
+    gw_tensor_raw(&w, "t", KVQ_GGML_F32, 32, 0, v, sizeof v);
+    uint8_t *p;
+    size_t n;
+    gw_serialise(&w, &p, &n);
+    kvq_gguf g;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_gguf_parse(&g, "mem", p, n, &err) == KVQ_OK, "%s", err.msg);
+    int64_t i;
+    double d;
+    const char *s;
+    uint64_t len;
+    ck_assert(kvq_gguf_get_int(&g, "a.u32", &i) == 1 && i == 4000000000ll);
+    ck_assert(kvq_gguf_get_int(&g, "a.i32", &i) == 1 && i == -12);
+    ck_assert(kvq_gguf_get_int(&g, "a.bool", &i) == 1 && i == 1);
+    ck_assert(kvq_gguf_get_int(&g, "a.u64", &i) == 1 && i == (1ll << 40));
+    ck_assert(kvq_gguf_get_real(&g, "a.f32", &d) == 1 && d == 0.5);
+    ck_assert(kvq_gguf_get_real(&g, "a.f64", &d) == 1 && d == -2.25);
+    ck_assert(kvq_gguf_get_int(&g, "a.f32", &i) == -1);
+    ck_assert(kvq_gguf_get_int(&g, "missing", &i) == 0);
+    ck_assert(kvq_gguf_get_str(&g, "a.str", &s, &len) == 1 && len == 5 && !memcmp(s, "hello", 5));
+    const gguf_kv *kv = kvq_gguf_find(&g, "a.astr");
+    ck_assert(kv && kv->type == GGUF_ARRAY && kv->arr_type == GGUF_STRING && kv->n == 2);
+    kv = kvq_gguf_find(&g, "a.af32");
+    ck_assert(kv && kv->arr_type == GGUF_F32 && kv->n == 3 && !memcmp(kv->val, fa, 12));
+    const gguf_tensor *t = kvq_gguf_tensor(&g, "t");
+    ck_assert(t && t->ne[0] == 32 && t->data == p + (t->data - p) && (size_t)(t->data - p) % 64 == 0);
+    kvq_gguf_free(&g);
+    /* every truncation is an error, never a read past the buffer (ASan) */
+    for (size_t cut = 0; cut < n; cut++) {
+        uint8_t *q = malloc(cut ? cut : 1);
+        memcpy(q, p, cut);
+        ck_assert_msg(kvq_gguf_parse(&g, "mem", q, cut, &err) != KVQ_OK, "a file cut at %zu bytes was accepted", cut);
+        free(q);
+    }
+    free(p);
+    gw_free(&w);
+}
+END_TEST
+
+/* ------------------------------------------------- plain reference pass */
+
+typedef struct ref_out {
+    float *K, *V, *Q, *Kpre; /* [L][.][T][D] */
+    double nll;
+} ref_out;
+
+static float *deq(const kvq_model *m, const kvq_wtensor *t)
+{
+    float *y = malloc((size_t)t->cols * (size_t)t->rows * sizeof *y);
+    for (int64_t r = 0; r < t->rows; r++)
+        kvq_ggml_dequantize(t->type, t->data + (size_t)r * t->row_bytes, y + (size_t)r * t->cols, (size_t)t->cols);
+    (void)m;
+    return y;
+}
+
+static void ref_norm(float *o, const float *x, const float *w, int n, float eps)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double sc = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) o[i] = (float)(w[i] * sc * x[i]);
+}
+
+static void ref_matvec(float *y, const float *W, const float *x, const float *b, int in, int out)
+{
+    for (int o = 0; o < out; o++) {
+        double s = b ? b[o] : 0;
+        for (int i = 0; i < in; i++) s += (double)W[(size_t)o * in + i] * x[i];
+        y[o] = (float)s;
+    }
+}
+
+/* The whole pass in plain loops: one position at a time, double sums. */
+static void reference_pass(const kvq_model *m, const int *tok, int T, ref_out *r)
+{
+    const kvq_model_info *in = &m->info;
+    int L = in->n_layers, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim, F = in->ffn_dim;
+    int qd = Hq * D, kd = H * D, V = in->vocab_size, G = Hq / H;
+    float *x = calloc((size_t)T * dim, 4), *xn = malloc((size_t)dim * 4), *q = malloc((size_t)qd * 4);
+    float *k = malloc((size_t)kd * 4), *v = malloc((size_t)kd * 4), *att = malloc((size_t)qd * 4), *o = malloc((size_t)dim * 4);
+    float *g = malloc((size_t)F * 4), *u = malloc((size_t)F * 4), *lg = malloc((size_t)V * 4), *fr = NULL;
+    r->K = malloc((size_t)L * kd * T * 4), r->V = malloc((size_t)L * kd * T * 4);
+    r->Q = malloc((size_t)L * qd * T * 4), r->Kpre = malloc((size_t)L * kd * T * 4);
+    float *E = deq(m, &m->tok_embd);
+    for (int t = 0; t < T; t++) memcpy(x + (size_t)t * dim, E + (size_t)tok[t] * dim, (size_t)dim * 4);
+    free(E);
+    if (in->has_rope_freqs) fr = deq(m, &m->rope_freqs);
+    for (int l = 0; l < L; l++) {
+        const kvq_layer_weights *lw = &m->layer[l];
+        float *an = deq(m, &lw->attn_norm), *wq = deq(m, &lw->wq), *wk = deq(m, &lw->wk), *wv = deq(m, &lw->wv);
+        float *wo = deq(m, &lw->wo), *fn = deq(m, &lw->ffn_norm), *wg = deq(m, &lw->w_gate), *wu = deq(m, &lw->w_up);
+        float *wd = deq(m, &lw->w_down);
+        float *bq = lw->bq.data ? deq(m, &lw->bq) : NULL, *bk = lw->bk.data ? deq(m, &lw->bk) : NULL;
+        float *bv = lw->bv.data ? deq(m, &lw->bv) : NULL;
+        float *Kl = r->K + (size_t)l * kd * T, *Vl = r->V + (size_t)l * kd * T, *Ql = r->Q + (size_t)l * qd * T;
+        float *Pl = r->Kpre + (size_t)l * kd * T;
+        for (int t = 0; t < T; t++) { /* q, k, v of every position, RoPE'd, into [h][t][d] */
+            ref_norm(xn, x + (size_t)t * dim, an, dim, in->norm_eps);
+            ref_matvec(q, wq, xn, bq, dim, qd);
+            ref_matvec(k, wk, xn, bk, dim, kd);
+            ref_matvec(v, wv, xn, bv, dim, kd);
+            for (int h = 0; h < H; h++) memcpy(Pl + ((size_t)h * T + t) * D, k + h * D, (size_t)D * 4);
+            for (int hh = 0; hh < Hq + H; hh++) {
+                float *vec = hh < Hq ? q + hh * D : k + (hh - Hq) * D;
+                for (int i = 0; i < D / 2; i++) {
+                    double ang = t * pow(in->rope_theta, -2.0 * i / D) / (fr ? fr[i] : 1.0);
+                    int a = in->rope_style == KVQ_ROPE_HALF ? i : 2 * i, b = in->rope_style == KVQ_ROPE_HALF ? i + D / 2 : 2 * i + 1;
+                    double xa = vec[a], xb = vec[b];
+                    vec[a] = (float)(xa * cos(ang) - xb * sin(ang));
+                    vec[b] = (float)(xa * sin(ang) + xb * cos(ang));
+                }
+            }
+            for (int j = 0; j < Hq; j++) memcpy(Ql + ((size_t)j * T + t) * D, q + j * D, (size_t)D * 4);
+            for (int h = 0; h < H; h++) {
+                memcpy(Kl + ((size_t)h * T + t) * D, k + h * D, (size_t)D * 4);
+                memcpy(Vl + ((size_t)h * T + t) * D, v + h * D, (size_t)D * 4);
+            }
+        }
+        float *xnew = malloc((size_t)T * dim * 4);
+        for (int t = 0; t < T; t++) {
+            for (int j = 0; j < Hq; j++) {
+                int h = j / G;
+                double *s = malloc((size_t)(t + 1) * sizeof *s), mx = -INFINITY, sum = 0;
+                for (int uu = 0; uu <= t; uu++) {
+                    double d = 0;
+                    for (int c = 0; c < D; c++) d += (double)Ql[((size_t)j * T + t) * D + c] * Kl[((size_t)h * T + uu) * D + c];
+                    s[uu] = d / sqrt((double)D);
+                    mx = s[uu] > mx ? s[uu] : mx;
+                }
+                for (int uu = 0; uu <= t; uu++) sum += (s[uu] = exp(s[uu] - mx));
+                for (int c = 0; c < D; c++) {
+                    double acc = 0;
+                    for (int uu = 0; uu <= t; uu++) acc += s[uu] / sum * Vl[((size_t)h * T + uu) * D + c];
+                    att[j * D + c] = (float)acc;
+                }
+                free(s);
+            }
+            float *xr = xnew + (size_t)t * dim;
+            memcpy(xr, x + (size_t)t * dim, (size_t)dim * 4);
+            ref_matvec(o, wo, att, NULL, qd, dim);
+            for (int i = 0; i < dim; i++) xr[i] += o[i];
+            ref_norm(xn, xr, fn, dim, in->norm_eps);
+            ref_matvec(g, wg, xn, NULL, dim, F);
+            ref_matvec(u, wu, xn, NULL, dim, F);
+            for (int i = 0; i < F; i++) g[i] = (float)(g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
+            ref_matvec(o, wd, g, NULL, F, dim);
+            for (int i = 0; i < dim; i++) xr[i] += o[i];
+        }
+        memcpy(x, xnew, (size_t)T * dim * 4);
+        free(xnew);
+        free(an), free(wq), free(wk), free(wv), free(wo), free(fn), free(wg), free(wu), free(wd), free(bq), free(bk), free(bv);
+    }
+    float *on = deq(m, &m->output_norm), *W = deq(m, &m->output);
+    r->nll = 0;
+    for (int t = 0; t + 1 < T; t++) {
+        ref_norm(xn, x + (size_t)t * dim, on, dim, in->norm_eps);
+        ref_matvec(lg, W, xn, NULL, dim, V);
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < V; i++) mx = lg[i] > mx ? lg[i] : mx;
+        for (int i = 0; i < V; i++) s += exp(lg[i] - mx);
+        r->nll += mx + log(s) - lg[tok[t + 1]];
+    }
+    r->nll /= T - 1;
+    free(on), free(W), free(fr);
+    free(x), free(xn), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(lg);
+}
+
+static void ref_free(ref_out *r) { free(r->K), free(r->V), free(r->Q), free(r->Kpre); }
+
+static char *write_model(const gw_model_opts *o)
+{
+    gguf_w w;
+    gw_tiny_model(&w, o);
+    uint8_t *p;
+    size_t n;
+    gw_serialise(&w, &p, &n);
+    char *path = strdup("/tmp/kvq-model-XXXXXX.gguf");
+    int fd = mkstemps(path, 5);
+    ck_assert(fd >= 0);
+    close(fd);
+    ck_assert(gw_write_file(path, p, n) == 0);
+    free(p);
+    gw_free(&w);
+    return path;
+}
+
+static void random_tokens(int *tok, int T, int V, uint64_t seed)
+{
+    uint64_t s = seed * 7919 + 1;
+    tok[0] = 1;
+    for (int t = 1; t < T; t++) tok[t] = (int)(gw_rand(&s) % (uint64_t)V);
+}
+
+static double max_rel(const float *a, const float *b, size_t n)
+{
+    double mx = 0, e = 0;
+    for (size_t i = 0; i < n; i++) {
+        mx = fabs(b[i]) > mx ? fabs(b[i]) : mx;
+        e = fabs(a[i] - b[i]) > e ? fabs(a[i] - b[i]) : e;
+    }
+    return e / (mx > 0 ? mx : 1);
+}
+
+/* The configurations the forward pass is checked on. */
+static const gw_model_opts fw_cases[] = {
+    {"llama", 2, 4, 2, 16, 96, 64, 256, KVQ_GGML_F32, 0, 0, 0, 1},
+    {"llama", 2, 4, 4, 16, 96, 64, 256, KVQ_GGML_Q8_0, 1, 1, 0, 2},  /* tied output, rope_freqs, MHA */
+    {"qwen2", 2, 4, 2, 16, 128, 96, 256, KVQ_GGML_F16, 0, 0, 0, 3},  /* QKV biases, half RoPE */
+    {"qwen2", 1, 4, 1, 16, 64, 64, 256, KVQ_GGML_BF16, 1, 0, 0, 4},
+    {"llama", 1, 4, 2, 8, 64, 64, 256, KVQ_GGML_Q4_0, 0, 0, 0, 5},
+    {"llama", 1, 4, 2, 8, 64, 64, 256, KVQ_GGML_Q4_1, 0, 1, 0, 6},
+    {"llama", 1, 4, 2, 8, 64, 64, 256, KVQ_GGML_Q5_0, 1, 0, 0, 7},
+    {"llama", 1, 4, 2, 8, 64, 64, 256, KVQ_GGML_Q5_1, 0, 0, 0, 8},
+    {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q2_K, 0, 0, 0, 9},
+    {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q3_K, 1, 0, 0, 10},
+    {"qwen2", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q4_K, 0, 1, 0, 11},
+    {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q5_K, 0, 0, 0, 12},
+    {"llama", 1, 4, 1, 64, 256, 64, 256, KVQ_GGML_Q6_K, 1, 0, 0, 13},
+};
+
+START_TEST(test_forward_against_reference)
+{
+    const gw_model_opts *o = &fw_cases[_i];
+    char *path = write_model(o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    const kvq_model_info *in = kvq_model_get_info(m);
+    ck_assert_int_eq(in->arch, !strcmp(o->arch, "qwen2") ? KVQ_ARCH_QWEN2 : KVQ_ARCH_LLAMA);
+    ck_assert_int_eq(in->tied_output, o->tied);
+    ck_assert_int_eq(in->has_rope_freqs, o->freqs);
+    int T = 19, tok[19];
+    random_tokens(tok, T, o->V, o->seed);
+    char out[] = "/tmp/kvq-fwd-XXXXXX.h5";
+    int fd = mkstemps(out, 3);
+    close(fd);
+    double nll;
+    ck_assert_msg(kvq_model_dump(m, tok, T, NULL, 0, out, 2, &nll, &err) == KVQ_OK, "%s", err.msg);
+    ref_out r;
+    reference_pass(m, tok, T, &r);
+    ck_assert_msg(close_rel(nll, r.nll, 1e-5, 1e-3), "%s: mean NLL %.9g, reference %.9g", kvq_ggml_type_name(o->wtype), nll, r.nll);
+    kvq_dump *d;
+    ck_assert_msg(kvq_dump_open(out, &d, &err) == KVQ_OK, "%s", err.msg);
+    const kvq_dump_info *di = kvq_dump_get_info(d);
+    ck_assert_int_eq(di->num_layers, o->L);
+    ck_assert_int_eq(di->rope_style, !strcmp(o->arch, "qwen2") ? KVQ_ROPE_HALF : KVQ_ROPE_INTERLEAVED);
+    ck_assert_int_eq(di->has_rope_table, o->freqs);
+    for (int l = 0; l < o->L; l++) {
+        kvq_layer L;
+        ck_assert(kvq_dump_read_layer(d, l, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &L, &err) == KVQ_OK);
+        size_t nk = (size_t)o->H * T * o->D, nq = (size_t)o->Hq * T * o->D;
+        double ek = max_rel(L.key, r.K + l * nk, nk), ev = max_rel(L.value, r.V + l * nk, nk);
+        double eq = max_rel(L.query, r.Q + l * nq, nq), ep = max_rel(L.key_pre_rope, r.Kpre + l * nk, nk);
+        ck_assert_msg(ek < 1e-5 && ev < 1e-5 && eq < 1e-5 && ep < 1e-5, "%s layer %d: K %g V %g Q %g Kpre %g",
+                      kvq_ggml_type_name(o->wtype), l, ek, ev, eq, ep);
+        kvq_layer_free(&L);
+    }
+    kvq_dump_close(d);
+    ref_free(&r);
+    kvq_model_close(m);
+    unlink(out), unlink(path), free(path);
+}
+END_TEST
+
+START_TEST(test_eval_invariants)
+{
+    gw_model_opts o = {"llama", 3, 4, 2, 16, 96, 64, 256, KVQ_GGML_F32, 0, 0, 0, 21};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert(kvq_model_open(path, NULL, &m, &err) == KVQ_OK);
+    int T = 40, tok[40];
+    random_tokens(tok, T, o.V, 5);
+    kvq_spec pt, kv, kvres;
+    ck_assert(kvq_spec_parse("per-token:bits=4,group=8", &pt, &err) == KVQ_OK);
+    ck_assert(kvq_spec_parse("kivi:bits=2,group=8,residual=16", &kv, &err) == KVQ_OK);
+    ck_assert(kvq_spec_parse("kivi:bits=2,group=32,residual=64", &kvres, &err) == KVQ_OK); /* residual > T */
+    kvq_eval_item it[] = {
+        {.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = NULL, .layer = -1, .policy = KVQ_POLICY_DECODE},
+        {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_DECODE},
+        {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_DECODE},
+        {.spec = &kvres, .layer = -1, .policy = KVQ_POLICY_PREFILL},
+        {.spec = &kv, .layer = 0, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = 1, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = 2, .policy = KVQ_POLICY_PREFILL}};
+    int n = sizeof it / sizeof it[0];
+    double ref;
+    kvq_eval_opts eo = {.stride = 1, .nthreads = 2};
+    ck_assert_msg(kvq_model_eval(m, tok, T, it, n, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    for (int i = 0; i < 2; i++) { /* the exact cache: nothing changes, 16 bits */
+        ck_assert_msg(it[i].nll == ref && it[i].kl == 0 && it[i].top1 == 1, "none: nll %.17g ref %.17g kl %g", it[i].nll, ref, it[i].kl);
+        ck_assert(it[i].k_bits == 16 && it[i].v_bits == 16);
+    }
+    /* a stateless per-token quantizer: prefill and decode agree */
+    ck_assert_msg(close_rel(it[2].nll, it[3].nll, 1e-5, 1) && fabs(it[2].kl - it[3].kl) < 1e-5,
+                  "per-token prefill %.9g decode %.9g", it[2].nll, it[3].nll);
+    ck_assert(it[2].nll != ref && it[2].kl > 0);
+    /* KIVI: decode keeps recent tokens exact, prefill does not */
+    ck_assert_msg(it[4].kl > it[5].kl, "kivi kl prefill %g decode %g", it[4].kl, it[5].kl);
+    ck_assert(it[4].k_bits == it[5].k_bits && it[4].v_bits == it[5].v_bits);
+    /* residual window longer than the text: nothing quantized */
+    ck_assert(it[6].nll == ref && it[6].kl == 0 && it[6].k_bits == 16);
+    /* one layer at a time: each moves the loss, less than all layers together */
+    for (int i = 7; i < 10; i++) ck_assert(it[i].kl > 0 && it[i].kl < it[4].kl * 1.5);
+    /* decode with a stride of T is one chunk: the prefill numbers */
+    kvq_eval_item one = {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_DECODE};
+    eo.stride = T;
+    ck_assert(kvq_model_eval(m, tok, T, &one, 1, &eo, &ref, &err) == KVQ_OK);
+    ck_assert_msg(close_rel(one.nll, it[4].nll, 1e-6, 1), "stride T %.9g prefill %.9g", one.nll, it[4].nll);
+    /* passes bounded by memory give the same numbers as one pass */
+    kvq_eval_item two[2] = {it[4], it[2]};
+    eo.stride = 1, eo.max_bytes = 1;
+    ck_assert(kvq_model_eval(m, tok, T, two, 2, &eo, &ref, &err) == KVQ_OK);
+    ck_assert(two[0].nll == it[4].nll && two[1].nll == it[2].nll);
+    /* threads do not change the results */
+    eo.nthreads = 1, eo.max_bytes = 0;
+    ck_assert(kvq_model_eval(m, tok, T, two, 2, &eo, &ref, &err) == KVQ_OK);
+    ck_assert(close_rel(two[0].nll, it[4].nll, 1e-6, 1));
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+END_TEST
+
+START_TEST(test_tokenizer)
+{
+    gw_model_opts o = {"llama", 1, 4, 2, 16, 96, 400, 256, KVQ_GGML_F32, 0, 0, 1, 31};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert(kvq_model_open(path, NULL, &m, &err) == KVQ_OK);
+    ck_assert(kvq_model_get_info(m)->has_tokenizer);
+    int *ids;
+    size_t n;
+    ck_assert_msg(kvq_model_tokenize(m, "the cat", 7, &ids, &n, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_int_eq(ids[0], 1);
+    ck_assert_str_eq(m->vocab.piece[ids[1]], "\xe2\x96\x81the");
+    ck_assert_str_eq(m->vocab.piece[ids[2]], "\xe2\x96\x81" "cat");
+    free(ids);
+    /* byte fallback: 'Q' and '\n' are not pieces */
+    ck_assert(kvq_model_tokenize(m, "aQ\n", 3, &ids, &n, &err) == KVQ_OK);
+    ck_assert_uint_eq(n, 4);
+    ck_assert_str_eq(m->vocab.piece[ids[1]], "\xe2\x96\x81" "a");
+    ck_assert_int_eq(ids[2], 3 + 'Q');
+    ck_assert_int_eq(ids[3], 3 + '\n');
+    free(ids);
+    ck_assert(kvq_model_tokenize(m, "", 0, &ids, &n, &err) == KVQ_ERR_USAGE);
+    ck_assert(strstr(err.msg, "nothing"));
+    /* --tokens files */
+    ck_assert(kvq_tokens_parse("t", " 1 2\n3 ", 7, 10, &ids, &n, &err) == KVQ_OK && n == 3 && ids[2] == 3);
+    free(ids);
+    ck_assert(kvq_tokens_parse("t", "1 10", 4, 10, &ids, &n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "\"10\""));
+    ck_assert(kvq_tokens_parse("t", "1 x2", 4, 10, &ids, &n, &err) == KVQ_ERR_FORMAT);
+    ck_assert(kvq_tokens_parse("t", "1 -2", 4, 10, &ids, &n, &err) == KVQ_ERR_FORMAT);
+    ck_assert(kvq_tokens_parse("t", "99999999999999999999", 20, 10, &ids, &n, &err) == KVQ_ERR_FORMAT);
+    ck_assert(kvq_tokens_parse("t", "  \n", 3, 10, &ids, &n, &err) == KVQ_ERR_FORMAT);
+    /* a token id the model does not have */
+    int bad[3] = {1, 5, 400};
+    ck_assert(kvq_model_dump(m, bad, 3, NULL, 0, "/tmp/kvq-never.h5", 1, NULL, &err) == KVQ_ERR_USAGE);
+    ck_assert(strstr(err.msg, "400") && strstr(err.msg, "position 2"));
+    ck_assert(access("/tmp/kvq-never.h5", F_OK) != 0);
+    kvq_model_close(m);
+    unlink(path), free(path);
+    /* a model without a vocabulary names --tokens */
+    o.with_vocab = 0;
+    path = write_model(&o);
+    ck_assert(kvq_model_open(path, NULL, &m, &err) == KVQ_OK);
+    ck_assert(kvq_model_tokenize(m, "a", 1, &ids, &n, &err) == KVQ_ERR_UNSUPPORTED);
+    ck_assert(strstr(err.msg, "--tokens"));
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+END_TEST
+
+/* ----------------------------------------------------------- bad input */
+
+static kvq_status open_bytes(const uint8_t *p, size_t n, kvq_error *err)
+{
+    char path[] = "/tmp/kvq-bad-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    ck_assert(gw_write_file(path, p, n) == 0);
+    kvq_model *m = NULL;
+    kvq_status st = kvq_model_open(path, NULL, &m, err);
+    kvq_model_close(m);
+    unlink(path);
+    return st;
+}
+
+static void expect_bad(gguf_w *w, kvq_status want, const char *needle)
+{
+    uint8_t *p;
+    size_t n;
+    kvq_error err = {0};
+    gw_serialise(w, &p, &n);
+    kvq_status st = open_bytes(p, n, &err);
+    ck_assert_msg(st == want && strstr(err.msg, needle), "status %d, message \"%s\" (expected \"%s\")", st, err.msg, needle);
+    ck_assert(!strchr(err.msg, '\n'));
+    free(p);
+    gw_free(w);
+}
+
+START_TEST(test_bad_models)
+{
+    gw_model_opts o = {"llama", 1, 4, 2, 8, 64, 32, 64, KVQ_GGML_F32, 0, 0, 0, 41};
+    gguf_w w;
+    kvq_error err = {0};
+    /* unknown architecture, named */
+    o.arch = "gptneox";
+    gw_tiny_model(&w, &o);
+    expect_bad(&w, KVQ_ERR_UNSUPPORTED, "\"gptneox\"");
+    o.arch = "llama";
+    /* missing metadata */
+    gw_tiny_model(&w, &o);
+    gguf_w w2 = {0};
+    gw_kv_str(&w2, "general.architecture", "llama");
+    w2.t = w.t, w2.nt = w.nt, w.t = NULL, w.nt = 0;
+    gw_free(&w);
+    expect_bad(&w2, KVQ_ERR_FORMAT, "llama.block_count");
+    /* missing tensor */
+    gw_tiny_model(&w, &o);
+    for (int i = 0; i < w.nt; i++)
+        if (!strcmp(w.t[i].name, "blk.0.ffn_up.weight")) snprintf(w.t[i].name, sizeof w.t[i].name, "blk.0.ffn_upx.weight");
+    expect_bad(&w, KVQ_ERR_FORMAT, "blk.0.ffn_up.weight");
+    /* wrong shape */
+    gw_tiny_model(&w, &o);
+    for (int i = 0; i < w.nt; i++)
+        if (!strcmp(w.t[i].name, "blk.0.attn_k.weight")) w.t[i].ne[1] = 8, w.t[i].nbytes = 32 * 8 * 4;
+    expect_bad(&w, KVQ_ERR_FORMAT, "blk.0.attn_k.weight: expected [32, 16]");
+    /* unknown ggml type, named */
+    gw_tiny_model(&w, &o);
+    w.t[0].type = 99;
+    expect_bad(&w, KVQ_ERR_UNSUPPORTED, "ggml type 99");
+    /* n_dims > 4 and absurd dimension */
+    gw_tiny_model(&w, &o);
+    w.t[1].n_dims = 5;
+    uint8_t *p;
+    size_t n;
+    gw_serialise(&w, &p, &n); /* 5 dims: the serialiser wrote 4, the reader stops at the count */
+    ck_assert(open_bytes(p, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "5 dimensions"));
+    free(p);
+    gw_free(&w);
+    /* tensor data past the end of the file */
+    gw_tiny_model(&w, &o);
+    gw_serialise(&w, &p, &n);
+    ck_assert(open_bytes(p, n - 64, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "past the end"));
+    /* absurd counts and string lengths in the header */
+    uint8_t *q = malloc(n);
+    memcpy(q, p, n);
+    uint64_t big = 1ull << 40;
+    memcpy(q + 8, &big, 8);
+    ck_assert(open_bytes(q, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "cannot fit"));
+    memcpy(q, p, n);
+    memcpy(q + 24, &big, 8); /* the first key's length */
+    ck_assert(open_bytes(q, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "past the end"));
+    memcpy(q, p, n);
+    uint32_t v1 = 1;
+    memcpy(q + 4, &v1, 4);
+    ck_assert(open_bytes(q, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "version 1"));
+    /* wrong magic: neither GGUF nor a llama2.c checkpoint */
+    memcpy(q, p, n);
+    q[0] = 'X';
+    ck_assert(open_bytes(q, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "not a model file"));
+    /* every truncation of the whole model file */
+    for (size_t cut = 0; cut < n; cut += (cut < 4096 ? 1 : 61)) {
+        kvq_gguf g;
+        uint8_t *c = malloc(cut ? cut : 1);
+        memcpy(c, p, cut);
+        ck_assert_msg(kvq_gguf_parse(&g, "mem", c, cut, &err) != KVQ_OK, "cut at %zu accepted", cut);
+        free(c);
+    }
+    free(q), free(p);
+    gw_free(&w);
+    /* a missing file */
+    kvq_model *m;
+    ck_assert(kvq_model_open("/nonexistent/model.gguf", NULL, &m, &err) == KVQ_ERR_IO && strstr(err.msg, "/nonexistent"));
+    /* llama2.c: a header whose size does not match */
+    int32_t hdr[7] = {64, 172, 5, 8, 4, 512, 512};
+    float zeros[64] = {0};
+    gw_buf b = {0};
+    gw_put(&b, hdr, sizeof hdr);
+    gw_put(&b, zeros, sizeof zeros);
+    ck_assert(open_bytes(b.p, b.n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "should have"));
+    free(b.p);
+}
+END_TEST
+
+/* -------------------------------------------------- the bundled model */
+
+static const char *model_dir(void)
+{
+    static char dir[1024];
+    const char *e = getenv("KVQ_MODEL_DIR");
+    snprintf(dir, sizeof dir, "%s", e ? e : KVQ_SOURCE_ROOT "/../shared/data");
+    char probe[1100];
+    snprintf(probe, sizeof probe, "%s/model/stories260K.gguf", dir);
+    return access(probe, R_OK) == 0 ? dir : NULL;
+}
+
+static void compare_with_bundled(const char *model, const char *tokenizer, int max_tokens)
+{
+    const char *dir = model_dir();
+    char mp[1200], tp[1200], text[1200];
+    snprintf(mp, sizeof mp, "%s/model/%s", dir, model);
+    snprintf(tp, sizeof tp, "%s/model/%s", dir, tokenizer ? tokenizer : "");
+    snprintf(text, sizeof text, "%s/texts/story_main.txt", dir);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(mp, tokenizer ? tp : NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    FILE *f = fopen(text, "rb");
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    int *ids;
+    size_t n;
+    ck_assert(kvq_model_tokenize(m, buf, len, &ids, &n, &err) == KVQ_OK);
+    ck_assert(n >= (size_t)max_tokens);
+    char out[] = "/tmp/kvq-stories-XXXXXX.h5";
+    close(mkstemps(out, 3));
+    double nll;
+    ck_assert_msg(kvq_model_dump(m, ids, max_tokens, NULL, 0, out, 2, &nll, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_msg(fabs(nll - 1.3124) < 1e-4, "mean NLL %.6f, expected 1.3124", nll);
+    kvq_dump *a, *b;
+    ck_assert(kvq_dump_open(out, &a, &err) == KVQ_OK);
+    ck_assert(kvq_dump_open(KVQ_SOURCE_ROOT "/data/stories260K.h5", &b, &err) == KVQ_OK);
+    for (int l = 0; l < 5; l++) {
+        kvq_layer x, y;
+        unsigned fl = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
+        ck_assert(kvq_dump_read_layer(a, l, fl, &x, &err) == KVQ_OK && kvq_dump_read_layer(b, l, fl, &y, &err) == KVQ_OK);
+        size_t nk = (size_t)4 * 512 * 8, nq = 2 * nk;
+        const float *pa[4] = {x.key, x.value, x.query, x.key_pre_rope}, *pb[4] = {y.key, y.value, y.query, y.key_pre_rope};
+        size_t cnt[4] = {nk, nk, nq, nk};
+        for (int k = 0; k < 4; k++)
+            for (size_t i = 0; i < cnt[k]; i++)
+                ck_assert_msg(fabsf(pa[k][i] - pb[k][i]) <= 1e-4f * fmaxf(1.0f, fabsf(pb[k][i])), "%s layer %d tensor %d [%zu]: %g vs %g",
+                              model, l, k, i, (double)pa[k][i], (double)pb[k][i]);
+        kvq_layer_free(&x), kvq_layer_free(&y);
+    }
+    /* the same token ids as the bundled dump */
+    int *ta, *tb;
+    size_t na, nb;
+    ck_assert(kvq_dump_read_tokens(a, &ta, &na, &err) == KVQ_OK && kvq_dump_read_tokens(b, &tb, &nb, &err) == KVQ_OK);
+    ck_assert(na == 512 && nb == 512 && !memcmp(ta, tb, 512 * sizeof *ta) && !memcmp(ta, ids, 512 * sizeof *ta));
+    free(ta), free(tb);
+    kvq_dump_close(a), kvq_dump_close(b);
+    free(ids);
+    kvq_model_close(m);
+    unlink(out);
+}
+
+START_TEST(test_bundled_gguf)
+{
+    if (!model_dir()) { fprintf(stderr, "test_bundled_gguf: skipped: ../shared/data/model absent\n"); return; }
+    compare_with_bundled("stories260K.gguf", NULL, 512);
+}
+END_TEST
+
+START_TEST(test_bundled_llama2c)
+{
+    if (!model_dir()) { fprintf(stderr, "test_bundled_llama2c: skipped: ../shared/data/model absent\n"); return; }
+    compare_with_bundled("stories260K.bin", "tok512.bin", 512);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_dequant_formulas);
+    tcase_add_test(tc, test_dequant_by_hand);
+    tcase_add_test(tc, test_gguf_values);
+    tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
+    tcase_add_test(tc, test_eval_invariants);
+    tcase_add_test(tc, test_tokenizer);
+    tcase_add_test(tc, test_bad_models);
+    tcase_add_test(tc, test_bundled_gguf);
+    tcase_add_test(tc, test_bundled_llama2c);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
