@@ -114,7 +114,7 @@ static inline void gw_serialise(gguf_w *w, uint8_t **out, size_t *len)
         gw_tensor *t = &w->t[i];
         gw_str(&b, t->name);
         gw_u32(&b, t->n_dims);
-        for (uint32_t d = 0; d < t->n_dims; d++) gw_u64(&b, t->ne[d]);
+        for (uint32_t d = 0; d < t->n_dims; d++) gw_u64(&b, d < 4 ? t->ne[d] : 1);
         gw_u32(&b, t->type);
         gw_u64(&b, off);
         off += (t->nbytes + al - 1) / al * al;

@@ -586,7 +586,7 @@ START_TEST(test_bad_models)
     w.t[1].n_dims = 5;
     uint8_t *p;
     size_t n;
-    gw_serialise(&w, &p, &n); /* 5 dims: the serialiser wrote 4, the reader stops at the count */
+    gw_serialise(&w, &p, &n); /* a fifth dimension of 1 */
     ck_assert(open_bytes(p, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "5 dimensions"));
     free(p);
     gw_free(&w);

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# test_model_cli.sh — kvq-dump and kvq-eval on good and bad input: exit
+# codes (0 ok, 1 bad input, 2 usage), one line on stderr, atomic outputs, the
+# eval columns and row counts; with ../shared/data/model present, the
+# bundled model end to end.
+#   test_model_cli.sh BUILD_DIR SOURCE_DIR
+set -u
+build=$1
+src=$2
+dump=$build/tools/kvq-dump
+eval=$build/tools/kvq-eval
+analyze=$build/tools/kvq-analyze
+. "$src/tests/cli_lib.sh"
+
+"$build/tests/make-models" "$tmp" || { echo "make-models failed"; exit 1; }
+tiny=$tmp/tiny.gguf
+qwen=$tmp/qwen2.gguf
+echo "the cat at the inn. a cat." >"$tmp/text.txt"
+: >"$tmp/empty.txt"
+echo "1 5 9 30 12 7 7 2" >"$tmp/ids.txt"
+echo "1 5 999" >"$tmp/bad-ids.txt"
+echo "1 five" >"$tmp/word-ids.txt"
+echo "not a model at all, just text" >"$tmp/garbage.gguf"
+head -c 3000 "$tiny" >"$tmp/truncated.gguf"
+
+# --- good runs
+expect 0 -- "$dump" "$tiny" --text "$tmp/text.txt" -o "$tmp/tiny.h5"
+expect 0 "kvq-dump/1" -- "$build/tools/kvq-info" "$tmp/tiny.h5"
+expect 0 "tiny.h5,2,all,kivi" -- "$analyze" --format csv -q kivi:group=8,residual=8 "$tmp/tiny.h5"
+expect 0 -- "$dump" "$qwen" --tokens "$tmp/ids.txt" --layers 1 -o "$tmp/qwen.h5"
+expect 0 "model,tokens,quantizer,spec,policy,layer,k_bits,v_bits,nll_ref,nll,dnll,ppl_ratio,kl,top1" -- \
+    "$eval" "$tiny" --text "$tmp/text.txt" -q none -q kivi:bits=2,group=8,residual=8 --policy prefill,decode --format csv
+# -q none: dnll 0, kl 0, top1 1, 16 bits; one row per policy
+"$eval" "$tiny" --text "$tmp/text.txt" -q none -q per-token:bits=3 --policy prefill,decode --format csv >"$tmp/e.csv" 2>/dev/null
+awk -F, 'NR > 1 && $3 == "none" && $11 == 0 && $13 == 0 && $14 == 1 && $7 == 16 {n++} END {exit n != 2}' "$tmp/e.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: -q none rows"; cat "$tmp/e.csv"; }
+awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {x = d["prefill"] - d["decode"]; exit !(x < 1e-5 && x > -1e-5 && d["prefill"] > 0)}' "$tmp/e.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill and decode differ"; cat "$tmp/e.csv"; }
+# --per-layer: one row per layer
+"$eval" "$tiny" --text "$tmp/text.txt" -q kivi:bits=2,group=8,residual=8 --per-layer -o "$tmp/pl.jsonl" 2>/dev/null
+[ "$(grep -c '"layer":"[0-9]"' "$tmp/pl.jsonl")" = 3 ] && ! ls "$tmp"/pl.jsonl.tmp.* >/dev/null 2>&1 \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --per-layer rows"; cat "$tmp/pl.jsonl"; }
+expect 0 "decode" -- "$eval" "$qwen" --tokens "$tmp/ids.txt" -q absmax:bits=4 --policy decode --stride 3 --format table
+
+# --- bad input: exit 1, one line
+expect 1 "missing.gguf: cannot open" -- "$dump" "$tmp/missing.gguf" --text "$tmp/text.txt" -o "$tmp/x.h5"
+expect 1 "garbage.gguf: not a model file" -- "$dump" "$tmp/garbage.gguf" --text "$tmp/text.txt" -o "$tmp/x.h5"
+expect 1 "truncated.gguf" -- "$eval" "$tmp/truncated.gguf" --text "$tmp/text.txt" -q none
+expect 1 "empty.txt" "nothing" -- "$dump" "$tiny" --text "$tmp/empty.txt" -o "$tmp/x.h5"
+expect 1 "bad-ids.txt: token 2 \"999\": expected a token id 0..399" -- "$dump" "$tiny" --tokens "$tmp/bad-ids.txt" -o "$tmp/x.h5"
+expect 1 "word-ids.txt: token 1 \"five\"" -- "$eval" "$tiny" --tokens "$tmp/word-ids.txt" -q none
+expect 1 "not-there.h5: cannot open" -- "$eval" "$tiny" --text "$tmp/text.txt" -q cluster --calib "$tmp/not-there.h5"
+[ ! -e "$tmp/x.h5" ] && ! ls "$tmp"/x.h5.tmp.* >/dev/null 2>&1 && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a failed dump left a file"; }
+
+# --- usage errors: exit 2
+expect 2 "no model given" -- "$dump" --text "$tmp/text.txt" -o "$tmp/x.h5"
+expect 2 "exactly one of --text FILE and --tokens FILE" -- "$dump" "$tiny" -o "$tmp/x.h5"
+expect 2 "exactly one of --text FILE and --tokens FILE" -- "$eval" "$tiny" --text "$tmp/text.txt" --tokens "$tmp/ids.txt"
+expect 2 "no output given" -- "$dump" "$tiny" --text "$tmp/text.txt"
+expect 2 "unknown option --bogus" -- "$eval" "$tiny" --bogus
+expect 2 "--policy sometimes" -- "$eval" "$tiny" --text "$tmp/text.txt" --policy sometimes
+expect 2 "--stride 0" -- "$eval" "$tiny" --text "$tmp/text.txt" --stride 0
+expect 2 "--max-tokens 1" -- "$dump" "$tiny" --text "$tmp/text.txt" --max-tokens 1 -o "$tmp/x.h5"
+expect 2 "unknown quantizer 'nope'" -- "$eval" "$tiny" --text "$tmp/text.txt" -q nope
+expect 2 "cluster: needs --calib FILE" -- "$eval" "$tiny" --text "$tmp/text.txt" -q cluster
+expect 2 "--tokens" -- "$dump" "$qwen" --text "$tmp/text.txt" -o "$tmp/x.h5"
+expect 2 "layer 7: expected 0..2" -- "$dump" "$tiny" --text "$tmp/text.txt" --layers 7 -o "$tmp/x.h5"
+expect 0 "usage: kvq-eval" -- "$eval" --help
+expect 0 "kvq-dump" -- "$dump" --version
+
+# --- the bundled model (skipped without ../shared/data/model)
+shared=${KVQ_MODEL_DIR:-$src/../shared/data}
+if [ -r "$shared/model/stories260K.gguf" ]; then
+    expect 0 "mean NLL 1.3124" -- "$dump" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 512 -o "$tmp/s.h5"
+    expect 0 "512 tokens" "mean NLL 1.3124" -- "$dump" "$shared/model/stories260K.bin" --tokenizer "$shared/model/tok512.bin" \
+        --text "$shared/texts/story_main.txt" -o "$tmp/s2.h5"
+    expect 2 "give --tokenizer" -- "$dump" "$shared/model/stories260K.bin" --text "$shared/texts/story_main.txt" -o "$tmp/x.h5"
+    # KIVI 2-bit: the whole cache at once costs far more than the cache as generation holds it
+    "$eval" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 512 -q kivi:bits=2 \
+        --policy prefill,decode --format csv >"$tmp/k.csv" 2>/dev/null
+    awk -F, 'NR > 1 {d[$5] = $11} END {exit !(d["prefill"] > 1.0 && d["prefill"] < 1.4 && d["decode"] > 0.03 && d["decode"] < 0.15)}' "$tmp/k.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kivi prefill/decode dnll"; cat "$tmp/k.csv"; }
+else
+    echo "test_model_cli: bundled model checks skipped: $shared/model absent"
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
