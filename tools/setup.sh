@@ -13,7 +13,7 @@ what=${1:-build}
 case "$what" in demo|test|figures|build) ;; *) echo "usage: tools/setup.sh demo|test|figures|build" >&2; exit 2 ;; esac
 
 pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check
-      python3-matplotlib python3-numpy) # the last two: the figure scripts (notebooks-export/)
+      python3-matplotlib python3-numpy python3-h5py) # figure scripts (notebooks-export/), tools/kvq_dump.py
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,115 @@
+"""kvq_dump.py — write kvq-dump/1 files (SPEC §1) from tensors you already have.
+
+For PyTorch / Hugging Face users: no hand-written HDF5 code.  Needs numpy and
+h5py; torch is optional (tensors are moved to the CPU and converted).
+
+    from kvq_dump import write_dump
+    write_dump("dump.h5", layers, model="my-model", rope_theta=1e4, rope_style="half")
+
+`layers` is a list (one entry per layer) of dicts with "key", "value" and
+optionally "query", "key_pre_rope": numpy arrays or torch tensors of shape
+[H, T, D] ([Hq, T, D] for queries), or [B, H, T, D] with `batch` picking one
+sequence.  float16 and float32 are written as they are; bfloat16 (and
+float64) are widened/narrowed to float32.  The file is written to a
+temporary name in the same directory and renamed into place.
+"""
+import os
+import tempfile
+
+import numpy as np
+
+__all__ = ["write_dump", "DumpError"]
+
+_FORMAT = "kvq-dump/1"
+
+
+class DumpError(ValueError):
+    """A tensor or argument that kvq-dump/1 cannot hold; the message names it."""
+
+
+def _to_numpy(x, what, batch):
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach()
+        if str(x.dtype) in ("torch.bfloat16",):
+            x = x.float()
+        x = x.cpu().numpy()
+    x = np.asarray(x)
+    if x.dtype.name == "bfloat16":  # ml_dtypes / jax arrays
+        x = x.astype(np.float32)
+    if x.ndim == 4:
+        if batch is None:
+            raise DumpError(f"{what}: shape {list(x.shape)} has a batch axis: pass batch=INDEX")
+        if not 0 <= batch < x.shape[0]:
+            raise DumpError(f"{what}: batch={batch}: expected 0..{x.shape[0] - 1}")
+        x = x[batch]
+    elif x.ndim != 3:
+        raise DumpError(f"{what}: expected [H,T,D] or [B,H,T,D], got shape {list(x.shape)}")
+    if x.dtype == np.float64:
+        x = x.astype(np.float32)
+    if x.dtype not in (np.float16, np.float32):
+        raise DumpError(f"{what}: expected float16, bfloat16 or float32 values, got {x.dtype}")
+    if not np.isfinite(x).all():
+        raise DumpError(f"{what}: expected finite values (found nan or inf)")
+    return np.ascontiguousarray(x)
+
+
+def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=None,
+               query_prescaled=False):
+    """Write `layers` to `path` as kvq-dump/1; raises DumpError on bad input."""
+    import h5py  # imported here so the module loads (and says what is missing) without it
+
+    if not isinstance(model, str) or not model:
+        raise DumpError("model: expected a non-empty string")
+    if rope_style not in (None, "interleaved", "half"):
+        raise DumpError(f'rope_style: expected "interleaved" or "half", got {rope_style!r}')
+    if rope_theta is not None and not (float(rope_theta) > 0):
+        raise DumpError(f"rope_theta: expected a positive number, got {rope_theta!r}")
+    layers = list(layers)
+    if not layers:
+        raise DumpError("layers: expected at least one layer")
+    arrays, shape = [], None
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, dict) or "key" not in layer or "value" not in layer:
+            raise DumpError(f"layers[{i}]: expected a dict with 'key' and 'value'")
+        unknown = set(layer) - {"key", "value", "query", "key_pre_rope"}
+        if unknown:
+            raise DumpError(f"layers[{i}]: unknown entries {sorted(unknown)} (expected key, value, query, key_pre_rope)")
+        a = {k: _to_numpy(v, f"layers[{i}].{k}", batch) for k, v in layer.items() if v is not None}
+        H, T, D = a["key"].shape
+        for k in ("value", "key_pre_rope"):
+            if k in a and a[k].shape != (H, T, D):
+                raise DumpError(f"layers[{i}].{k}: expected {[H, T, D]} like key, got {list(a[k].shape)}")
+        if "query" in a:
+            Hq = a["query"].shape[0]
+            if a["query"].shape[1:] != (T, D) or Hq % H:
+                raise DumpError(f"layers[{i}].query: expected [Hq,{T},{D}] with Hq a multiple of {H}, "
+                                f"got {list(a['query'].shape)}")
+        this = (H, T, D, a["query"].shape[0] if "query" in a else None, "key_pre_rope" in a)
+        if shape is not None and this != shape:
+            raise DumpError(f"layers[{i}]: shapes or tensors differ from layers[0] "
+                            f"(H, T, D, Hq, key_pre_rope = {this} vs {shape})")
+        shape = this
+        arrays.append(a)
+    H, T, D, Hq, _ = shape
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update(kvq_format=_FORMAT, model=model, num_layers=len(arrays),
+                           num_heads=Hq if Hq is not None else H, num_kv_heads=H, head_dim=D, seq_len=T,
+                           query_prescaled=int(bool(query_prescaled)))
+            if rope_theta is not None:
+                f.attrs["rope_theta"] = float(rope_theta)
+            if rope_style is not None:
+                f.attrs["rope_style"] = rope_style
+            for i, a in enumerate(arrays):
+                g = f.create_group(f"layer_{i:03d}")
+                for k, v in a.items():
+                    g[k] = v
+            f.flush()
+            os.fsync(f.id.get_vfd_handle())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
