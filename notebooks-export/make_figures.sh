@@ -61,6 +61,25 @@ rm -f "$data/sweep-kivi.csv"
 "$bin/kvq-sweep" "$dump" --quant kivi --grid bits=2,4 --grid group=16,32,64,128 --grid residual=0,32,64,128 \
     --per model --progress never -o "$data/sweep-kivi.csv" 2>/dev/null
 
+# models in the loop: the bundled model when ../shared/data/model is present (never committed)
+shared=${KVQ_MODEL_DIR:-$root/../shared/data}
+model=$shared/model/stories260K.gguf
+if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
+    say "kvq-dump + kvq-analyze + kvq-eval: proxies against the loss on $model"
+    text=$shared/texts/story_main.txt
+    mspecs=(-q per-token:bits=2 -q per-token:bits=4 -q per-channel:bits=2 -q kivi:bits=2 -q kcvt:bits=2 -q absmax:bits=4)
+    "$bin/kvq-dump" "$model" --text "$text" --max-tokens 512 -o "$data/model-dump.h5" 2>/dev/null
+    "$bin/kvq-analyze" "${mspecs[@]}" --per layer -o "$data/proxy-layer.csv" "$data/model-dump.h5"
+    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --per-layer --progress never \
+        -o "$data/eval-layer.csv" 2>/dev/null
+    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --policy prefill,decode --progress never \
+        -o "$data/eval-policy.csv" 2>/dev/null
+    with_model=1
+else
+    say "proxy_vs_loss skipped: $model absent (the bundled model lives in ../shared/data/model)"
+    with_model=0
+fi
+
 say "figures (python: $python)"
 "$python" "$here/channel_magnitudes.py" --values "$data/values-L1-H0.csv" --channels "$data/channels.csv" --out "$out"
 "$python" "$here/error_vs_bits.py" --input "$data/analyze-model.csv" --out "$out"
@@ -68,6 +87,10 @@ say "figures (python: $python)"
 "$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
     --name sweep_heatmap_bits --out "$out"
 "$python" "$here/layer_profile.py" --input "$data/analyze-layer.csv" --out "$out"
+if [ $with_model = 1 ]; then
+    "$python" "$here/proxy_vs_loss.py" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
+        --eval-policy "$data/eval-policy.csv" --out "$out"
+fi
 if [ $readme = 1 ]; then
     mkdir -p "$here/img"
     cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$here/img/"
