@@ -305,3 +305,66 @@ int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path
     *T = (int)n;
     return CLI_OK;
 }
+
+int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo)
+{
+    switch (c) {
+    case CLI_OPT_TEXT: mo->text = arg; return CLI_OK;
+    case CLI_OPT_TOKENS: mo->tokens = arg; return CLI_OK;
+    case CLI_OPT_TOKENIZER: mo->tokenizer = arg; return CLI_OK;
+    case CLI_OPT_MAX_TOKENS:
+        if (cli_parse_long(arg, 2, 1L << 30, &mo->max_tokens)) {
+            cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    case CLI_OPT_MODEL_THREADS:
+        if (cli_parse_long(arg, 1, 4096, &mo->threads)) {
+            cli_error(prog, "--threads %s: expected an integer 1..4096", arg);
+            return CLI_USAGE;
+        }
+        return CLI_OK;
+    default:
+        return -1;
+    }
+}
+
+int cli_model_load(const char *prog, int argc, char **argv, int optind, const cli_model *mo, const char *synopsis,
+                   kvq_model **m, int **ids, int *T)
+{
+    kvq_error err = {0};
+    *m = NULL, *ids = NULL;
+    if (optind != argc - 1) {
+        cli_error(prog, "%s (usage: %s; see --help)", optind >= argc ? "no model given" : "more than one model given", synopsis);
+        return CLI_USAGE;
+    }
+    if (!mo->text == !mo->tokens) {
+        cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
+        return CLI_USAGE;
+    }
+    if (kvq_model_open(argv[optind], mo->tokenizer, m, &err)) return cli_fail(prog, &err);
+    return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, ids, T);
+}
+
+int cli_format_option(const char *prog, const char *arg, const char **format)
+{
+    if (strcmp(arg, "table") && strcmp(arg, "csv") && strcmp(arg, "jsonl")) {
+        cli_error(prog, "--format %s: expected table, csv or jsonl", arg);
+        return CLI_USAGE;
+    }
+    *format = arg;
+    return CLI_OK;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+kvq_format cli_pick_format(const char *format, const char *output)
+{
+    if (format) return !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
+    if (output) return ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
+    return isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+}

@@ -59,6 +59,30 @@ int cli_out_open(cli_out *o, const char *path, const char *prog);
 int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
 void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
 
+/* The options kvq-dump and kvq-eval share: the model's input and threads. */
+enum { CLI_OPT_TEXT = 640, CLI_OPT_TOKENS, CLI_OPT_TOKENIZER, CLI_OPT_MAX_TOKENS, CLI_OPT_MODEL_THREADS };
+#define CLI_MODEL_LONGOPTS                                                                                  \
+    {"text", required_argument, 0, CLI_OPT_TEXT}, {"tokens", required_argument, 0, CLI_OPT_TOKENS},         \
+    {"tokenizer", required_argument, 0, CLI_OPT_TOKENIZER}, {"max-tokens", required_argument, 0, CLI_OPT_MAX_TOKENS}, \
+    {"threads", required_argument, 0, CLI_OPT_MODEL_THREADS}
+typedef struct cli_model {
+    const char *text, *tokens, *tokenizer;
+    long max_tokens, threads; /* 0: no cut, all cores */
+} cli_model;
+/* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
+ * after printing the error; -1 if `c` is not a model option. */
+int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo);
+/* After getopt: the one MODEL operand and one of --text/--tokens (usage
+ * errors name `synopsis`), then the model opened and its tokens read. */
+int cli_model_load(const char *prog, int argc, char **argv, int optind, const cli_model *mo, const char *synopsis,
+                   kvq_model **m, int **ids, int *T);
+
+/* --format: CLI_OK or CLI_USAGE after printing; the format of a run: the
+ * one asked for, else JSON lines for -o NAME.jsonl or NAME.json, CSV for other files,
+ * a table on a terminal and CSV on a pipe. */
+int cli_format_option(const char *prog, const char *arg, const char **format);
+kvq_format cli_pick_format(const char *format, const char *output);
+
 /* Models in the loop (kvq-dump, kvq-eval): the token ids of a run, from
  * --text (the model's tokenizer) or --tokens (ids), cut to the model's
  * context length (with a note) and to max_tokens (0: no cut).  CLI_OK or

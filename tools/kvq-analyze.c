@@ -40,12 +40,6 @@ static void usage(FILE *f)
 
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST };
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -87,11 +81,7 @@ int main(int argc, char **argv)
         }
         case OPT_CALIB: calib = optarg; break;
         case OPT_FORMAT:
-            if (strcmp(optarg, "table") && strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
-                cli_error(prog, "--format %s: expected table, csv or jsonl", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            format = optarg;
+            if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
         case 'o': output = optarg; break;
         case OPT_LIST: kvq_registry_describe(stdout); goto done;
@@ -136,10 +126,7 @@ int main(int argc, char **argv)
             goto done;
         }
 
-    kvq_format fmt;
-    if (format) fmt = !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
-    else if (output) fmt = ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
-    else fmt = isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+    kvq_format fmt = cli_pick_format(format, output);
 
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }

@@ -28,43 +28,31 @@ static void usage(FILE *f)
         "Example: kvq-dump stories260K.gguf --text story.txt -o story.h5\n");
 }
 
-enum { OPT_TEXT = 256, OPT_TOKENS, OPT_TOKENIZER, OPT_MAX, OPT_LAYERS, OPT_THREADS };
+enum { OPT_LAYERS = 256 };
 
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"text", required_argument, 0, OPT_TEXT}, {"tokens", required_argument, 0, OPT_TOKENS},
-        {"tokenizer", required_argument, 0, OPT_TOKENIZER}, {"max-tokens", required_argument, 0, OPT_MAX},
-        {"layers", required_argument, 0, OPT_LAYERS}, {"threads", required_argument, 0, OPT_THREADS},
+        CLI_MODEL_LONGOPTS, {"layers", required_argument, 0, OPT_LAYERS},
         {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
         {0, 0, 0, 0}};
-    const char *text = NULL, *tokens = NULL, *tokenizer = NULL, *output = NULL;
-    long max_tokens = 0, threads = 0;
+    const char *output = NULL;
+    cli_model mo = {0};
     int *layers = NULL, nlayers = 0, *ids = NULL, T = 0, rc = CLI_OK, c;
     kvq_model *m = NULL;
     kvq_error err = {0};
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        int mrc = cli_model_option(prog, c, optarg, &mo);
+        if (mrc >= 0) {
+            if (mrc) { rc = mrc; goto done; }
+            continue;
+        }
         switch (c) {
-        case OPT_TEXT: text = optarg; break;
-        case OPT_TOKENS: tokens = optarg; break;
-        case OPT_TOKENIZER: tokenizer = optarg; break;
-        case OPT_MAX:
-            if (cli_parse_long(optarg, 2, 1L << 30, &max_tokens)) {
-                cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
         case OPT_LAYERS:
             free(layers), layers = NULL;
             if (cli_parse_list(optarg, 4095, &layers, &nlayers)) {
                 cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_THREADS:
-            if (cli_parse_long(optarg, 1, 4096, &threads)) {
-                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
                 rc = CLI_USAGE; goto done;
             }
             break;
@@ -75,24 +63,16 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
-    if (optind != argc - 1) {
-        cli_error(prog, "%s (usage: kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5; see --help)",
-                  optind >= argc ? "no model given" : "more than one model given");
-        rc = CLI_USAGE; goto done;
-    }
-    if (!text == !tokens) {
-        cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
-        rc = CLI_USAGE; goto done;
-    }
-    if (!output) {
+    if (optind == argc - 1 && !output) {
         cli_error(prog, "no output given (-o OUT.h5)");
         rc = CLI_USAGE; goto done;
     }
-    if (kvq_model_open(argv[optind], tokenizer, &m, &err)) { rc = cli_fail(prog, &err); goto done; }
-    if ((rc = cli_model_tokens(prog, m, text, tokens, max_tokens, &ids, &T))) goto done;
+    if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5",
+                             &m, &ids, &T)))
+        goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     double nll;
-    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)threads, &nll, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) { rc = cli_fail(prog, &err); goto done; }
     fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, output,
             in->format, in->name, layers ? nlayers : in->n_layers, T, nll, exp(nll));
 done:

@@ -43,8 +43,7 @@ static void usage(FILE *f)
         "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n");
 }
 
-enum { OPT_TEXT = 256, OPT_TOKENS, OPT_TOKENIZER, OPT_MAX, OPT_CALIB, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER,
-       OPT_FORMAT, OPT_PROGRESS, OPT_THREADS, OPT_SEED };
+enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED };
 
 typedef struct progress_state {
     int on;
@@ -59,12 +58,6 @@ static void progress(void *ud, int pass, int npasses, int layer, int nlayers)
             (long)(time(NULL) - p->start));
     if (pass + 1 == npasses && layer == nlayers) fputc('\n', stderr);
     fflush(stderr);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
 }
 
 static int add_spec(kvq_spec **specs, int *n, const char *text, kvq_error *err)
@@ -91,15 +84,14 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
-        {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"text", required_argument, 0, OPT_TEXT},
-        {"tokens", required_argument, 0, OPT_TOKENS}, {"tokenizer", required_argument, 0, OPT_TOKENIZER},
-        {"max-tokens", required_argument, 0, OPT_MAX}, {"format", required_argument, 0, OPT_FORMAT},
-        {"output", required_argument, 0, 'o'}, {"progress", required_argument, 0, OPT_PROGRESS},
-        {"threads", required_argument, 0, OPT_THREADS}, {"seed", required_argument, 0, OPT_SEED},
+        {"per-layer", no_argument, 0, OPT_PER_LAYER}, CLI_MODEL_LONGOPTS,
+        {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
+        {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    const char *text = NULL, *tokens = NULL, *tokenizer = NULL, *output = NULL, *format = NULL, *calib = NULL;
+    const char *output = NULL, *format = NULL, *calib = NULL;
     const char *prog_when = "auto";
-    long max_tokens = 0, threads = 0, stride = 1;
+    long stride = 1;
+    cli_model mo = {0};
     uint64_t seed = 0;
     int per_layer = 0, policies[2] = {1, 0}, *ids = NULL, T = 0, rc = CLI_OK, c, nspecs = 0;
     kvq_spec *specs = NULL;
@@ -111,6 +103,11 @@ int main(int argc, char **argv)
     kvq_error err = {0};
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
+        int mrc = cli_model_option(prog, c, optarg, &mo);
+        if (mrc >= 0) {
+            if (mrc) { rc = mrc; goto done; }
+            continue;
+        }
         switch (c) {
         case 'q':
             if (add_spec(&specs, &nspecs, optarg, &err)) { rc = cli_fail(prog, &err); goto done; }
@@ -132,21 +129,8 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_PER_LAYER: per_layer = 1; break;
-        case OPT_TEXT: text = optarg; break;
-        case OPT_TOKENS: tokens = optarg; break;
-        case OPT_TOKENIZER: tokenizer = optarg; break;
-        case OPT_MAX:
-            if (cli_parse_long(optarg, 2, 1L << 30, &max_tokens)) {
-                cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
         case OPT_FORMAT:
-            if (strcmp(optarg, "table") && strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
-                cli_error(prog, "--format %s: expected table, csv or jsonl", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            format = optarg;
+            if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
         case OPT_PROGRESS:
             if (strcmp(optarg, "auto") && strcmp(optarg, "always") && strcmp(optarg, "never")) {
@@ -154,12 +138,6 @@ int main(int argc, char **argv)
                 rc = CLI_USAGE; goto done;
             }
             prog_when = optarg;
-            break;
-        case OPT_THREADS:
-            if (cli_parse_long(optarg, 1, 4096, &threads)) {
-                cli_error(prog, "--threads %s: expected an integer 1..4096", optarg);
-                rc = CLI_USAGE; goto done;
-            }
             break;
         case OPT_SEED:
             if (cli_parse_u64(optarg, &seed)) {
@@ -174,15 +152,10 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
-    if (optind != argc - 1) {
-        cli_error(prog, "%s (usage: kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...; see --help)",
-                  optind >= argc ? "no model given" : "more than one model given");
-        rc = CLI_USAGE; goto done;
-    }
-    if (!text == !tokens) {
-        cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
-        rc = CLI_USAGE; goto done;
-    }
+    if (optind != argc - 1 || !mo.text == !mo.tokens) /* the usage errors first, before any file is read */
+        if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...",
+                                 &m, &ids, &T)))
+            goto done;
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
     if (nspecs == 0) /* kvq-analyze's default set */
         for (size_t i = 0; i < kvq_quantizer_count(); i++) {
@@ -197,8 +170,9 @@ int main(int argc, char **argv)
             cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
             rc = CLI_USAGE; goto done;
         }
-    if (kvq_model_open(argv[optind], tokenizer, &m, &err)) { rc = cli_fail(prog, &err); goto done; }
-    if ((rc = cli_model_tokens(prog, m, text, tokens, max_tokens, &ids, &T))) goto done;
+    if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...",
+                             &m, &ids, &T)))
+        goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
 
     int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];
@@ -210,17 +184,14 @@ int main(int argc, char **argv)
                 items[k++] = (kvq_eval_item){.spec = specs[s].q ? &specs[s] : NULL, .layer = per_layer ? l : -1,
                                              .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
 
-    kvq_format fmt;
-    if (format) fmt = !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
-    else if (output) fmt = ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
-    else fmt = isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+    kvq_format fmt = cli_pick_format(format, output);
     static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
                                        "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1"};
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(rep = kvq_rows_new(out.f, fmt, cols, 14, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
     progress_state ps = {!strcmp(prog_when, "always") || (!strcmp(prog_when, "auto") && isatty(STDERR_FILENO)), time(NULL)};
-    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)threads, .calib = cal,
+    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
                         .progress = progress, .ud = &ps};
     if (fmt == KVQ_FMT_TABLE)
         fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens\n", prog, argv[optind],
