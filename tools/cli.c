@@ -329,11 +329,8 @@ int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo)
     }
 }
 
-int cli_model_load(const char *prog, int argc, char **argv, int optind, const cli_model *mo, const char *synopsis,
-                   kvq_model **m, int **ids, int *T)
+int cli_model_check(const char *prog, int argc, int optind, const cli_model *mo, const char *synopsis)
 {
-    kvq_error err = {0};
-    *m = NULL, *ids = NULL;
     if (optind != argc - 1) {
         cli_error(prog, "%s (usage: %s; see --help)", optind >= argc ? "no model given" : "more than one model given", synopsis);
         return CLI_USAGE;
@@ -342,8 +339,47 @@ int cli_model_load(const char *prog, int argc, char **argv, int optind, const cl
         cli_error(prog, "give exactly one of --text FILE and --tokens FILE");
         return CLI_USAGE;
     }
+    return CLI_OK;
+}
+
+int cli_model_load(const char *prog, char **argv, int optind, const cli_model *mo, kvq_model **m, int **ids, int *T)
+{
+    kvq_error err = {0};
+    *m = NULL, *ids = NULL;
     if (kvq_model_open(argv[optind], mo->tokenizer, m, &err)) return cli_fail(prog, &err);
     return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, ids, T);
+}
+
+int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text)
+{
+    kvq_error err = {0};
+    kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof *ns);
+    if (!ns) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    *specs = ns;
+    if (kvq_spec_parse(text, &ns[*n], &err)) return cli_fail(prog, &err);
+    (*n)++;
+    return CLI_OK;
+}
+
+int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, int *n, char *skipped, size_t len)
+{
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        if (!q->in_default_set) continue;
+        if (q->needs_calib && !have_calib) {
+            size_t o = skipped ? strlen(skipped) : 0;
+            if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
+            continue;
+        }
+        char text[KVQ_SPEC_MAX];
+        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
+        int rc = cli_add_spec(prog, specs, n, text);
+        if (rc) return rc;
+    }
+    return CLI_OK;
 }
 
 int cli_format_option(const char *prog, const char *arg, const char **format)

@@ -72,10 +72,20 @@ typedef struct cli_model {
 /* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
  * after printing the error; -1 if `c` is not a model option. */
 int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo);
-/* After getopt: the one MODEL operand and one of --text/--tokens (usage
- * errors name `synopsis`), then the model opened and its tokens read. */
-int cli_model_load(const char *prog, int argc, char **argv, int optind, const cli_model *mo, const char *synopsis,
-                   kvq_model **m, int **ids, int *T);
+/* After getopt: exactly one MODEL operand and one of --text/--tokens; CLI_OK
+ * or CLI_USAGE after printing (the message names `synopsis`). */
+int cli_model_check(const char *prog, int argc, int optind, const cli_model *mo, const char *synopsis);
+/* Opens argv[optind] (checked by cli_model_check) and reads its tokens. */
+int cli_model_load(const char *prog, char **argv, int optind, const cli_model *mo, kvq_model **m, int **ids, int *T);
+
+/* Appends the parsed spec `text` to *specs (*n of them): CLI_OK or the exit
+ * code after printing. */
+int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text);
+/* Appends kvq-analyze's default set: one spec per registry family marked
+ * in_default_set, with its default_spec.  Without a calibration dump
+ * (have_calib 0) the families that need one are left out and named in
+ * `skipped` ("cluster, ..."; may be NULL). */
+int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, int *n, char *skipped, size_t len);
 
 /* --format: CLI_OK or CLI_USAGE after printing; the format of a run: the
  * one asked for, else JSON lines for -o NAME.jsonl or NAME.json, CSV for other files,

@@ -71,14 +71,9 @@ int main(int argc, char **argv)
             continue;
         }
         switch (c) {
-        case 'q': {
-            kvq_spec *ns = realloc(specs, (size_t)(nspecs + 1) * sizeof *specs);
-            if (!ns) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-            specs = ns;
-            if (kvq_spec_parse(optarg, &specs[nspecs], &err)) { rc = cli_fail(prog, &err); goto done; }
-            nspecs++;
+        case 'q':
+            if ((rc = cli_add_spec(prog, &specs, &nspecs, optarg))) goto done;
             break;
-        }
         case OPT_CALIB: calib = optarg; break;
         case OPT_FORMAT:
             if ((rc = cli_format_option(prog, optarg, &format))) goto done;
@@ -101,24 +96,9 @@ int main(int argc, char **argv)
     if (calib) {
         if (kvq_calib_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
     }
-    if (nspecs == 0) { /* the default set: one configuration per family */
-        for (size_t i = 0; i < kvq_quantizer_count(); i++) {
-            const kvq_quantizer *q = kvq_quantizer_at(i);
-            if (!q->in_default_set) continue;
-            if (q->needs_calib && !calib_dump) { /* said at the end of a successful run */
-                size_t o = strlen(skipped);
-                snprintf(skipped + o, sizeof skipped - o, "%s%s", o ? ", " : "", q->name);
-                continue;
-            }
-            char text[KVQ_SPEC_MAX];
-            snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
-            kvq_spec *ns = realloc(specs, (size_t)(nspecs + 1) * sizeof *specs);
-            if (!ns) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-            specs = ns;
-            if (kvq_spec_parse(text, &specs[nspecs], &err)) { rc = cli_fail(prog, &err); goto done; }
-            nspecs++;
-        }
-    }
+    /* the default set; families left out for want of --calib are said at the end of a successful run */
+    if (nspecs == 0 && (rc = cli_add_default_specs(prog, calib_dump != NULL, &specs, &nspecs, skipped, sizeof skipped)))
+        goto done;
     for (int s = 0; s < nspecs; s++)
         if (kvq_spec_needs_calib(&specs[s]) && !calib_dump) {
             cli_error(prog, "%s: needs --calib FILE (a calibration dump of the same model)", specs[s].text);

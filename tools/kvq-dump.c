@@ -63,13 +63,13 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
-    if (optind == argc - 1 && !output) {
+    if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5")))
+        goto done;
+    if (!output) {
         cli_error(prog, "no output given (-o OUT.h5)");
         rc = CLI_USAGE; goto done;
     }
-    if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5",
-                             &m, &ids, &T)))
-        goto done;
+    if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     double nll;
     if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) { rc = cli_fail(prog, &err); goto done; }

@@ -60,23 +60,20 @@ static void progress(void *ud, int pass, int npasses, int layer, int nlayers)
     fflush(stderr);
 }
 
-static int add_spec(kvq_spec **specs, int *n, const char *text, kvq_error *err)
+/* A -q value: `none` (the exact cache: a spec without quantizer) or a registry spec. */
+static int add_spec(kvq_spec **specs, int *n, const char *text)
 {
-    kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof **specs);
+    if (strcmp(text, "none")) return cli_add_spec(prog, specs, n, text);
+    kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof *ns);
     if (!ns) {
-        snprintf(err->msg, sizeof err->msg, "out of memory");
-        err->status = KVQ_ERR_NOMEM;
-        return -1;
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
     }
     *specs = ns;
     memset(&ns[*n], 0, sizeof ns[*n]);
-    if (!strcmp(text, "none")) { /* the exact cache: q stays NULL */
-        snprintf(ns[*n].text, sizeof ns[*n].text, "none");
-    } else if (kvq_spec_parse(text, &ns[*n], err)) {
-        return -1;
-    }
+    snprintf(ns[*n].text, sizeof ns[*n].text, "none");
     (*n)++;
-    return 0;
+    return CLI_OK;
 }
 
 int main(int argc, char **argv)
@@ -110,7 +107,7 @@ int main(int argc, char **argv)
         }
         switch (c) {
         case 'q':
-            if (add_spec(&specs, &nspecs, optarg, &err)) { rc = cli_fail(prog, &err); goto done; }
+            if ((rc = add_spec(&specs, &nspecs, optarg))) goto done;
             break;
         case OPT_CALIB: calib = optarg; break;
         case OPT_POLICY:
@@ -152,27 +149,16 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
-    if (optind != argc - 1 || !mo.text == !mo.tokens) /* the usage errors first, before any file is read */
-        if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...",
-                                 &m, &ids, &T)))
-            goto done;
+    if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
+        goto done;
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
-    if (nspecs == 0) /* kvq-analyze's default set */
-        for (size_t i = 0; i < kvq_quantizer_count(); i++) {
-            const kvq_quantizer *q = kvq_quantizer_at(i);
-            if (!q->in_default_set || (q->needs_calib && !cal)) continue;
-            char spec[KVQ_SPEC_MAX];
-            snprintf(spec, sizeof spec, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
-            if (add_spec(&specs, &nspecs, spec, &err)) { rc = cli_fail(prog, &err); goto done; }
-        }
+    if (nspecs == 0 && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
     for (int s = 0; s < nspecs; s++)
         if (specs[s].q && kvq_spec_needs_calib(&specs[s]) && !cal) {
             cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
             rc = CLI_USAGE; goto done;
         }
-    if ((rc = cli_model_load(prog, argc, argv, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...",
-                             &m, &ids, &T)))
-        goto done;
+    if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
 
     int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];

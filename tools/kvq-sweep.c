@@ -89,12 +89,6 @@ static void fmt_time(char *buf, size_t len, double s)
     else snprintf(buf, len, "%ld:%02ld", t / 60, t % 60);
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 static int push(const char ***v, int *n, const char *s)
 {
     const char **nv = realloc(*v, (size_t)(*n + 1) * sizeof *nv);
@@ -356,8 +350,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     ao.calib = calib;
 
     /* the header this sweep writes */
-    kvq_format fmt = o->format ? (!strcmp(o->format, "jsonl") ? KVQ_FMT_JSONL : KVQ_FMT_CSV)
-                     : ends_with(o->output, ".jsonl") || ends_with(o->output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
+    kvq_format fmt = cli_pick_format(o->format, o->output); /* csv or jsonl: --format takes no table, -o is given */
     if (!(ms = open_memstream(&header, &header_len)) || !(rep = kvq_report_new(ms, KVQ_FMT_CSV, extra_cols, nk + 1)) ||
         kvq_report_header(rep) || kvq_report_finish(rep) || fclose(ms)) {
         rep = NULL, ms = NULL;
