@@ -138,10 +138,10 @@ kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err
 static kvq_status attend(const float *Q, const float *K, const float *V, int ldt, int T, int Hq, int H, int D,
                          int r0, int r1, float *att, int nt, kvq_error *err)
 {
-    int G = Hq / H, rows = r1 - r0;
+    int G = Hq / H;
     int R = (int)((8u << 20) / sizeof(float) / (size_t)(r1 > 0 ? r1 : 1)); /* 8 MB of scores per thread */
     if (R < 1) R = 1;
-    if (R > rows) R = rows;
+    if (R > r1 - r0) R = r1 - r0;
     float *S = kvq_alloc_array((size_t)nt * R, (size_t)r1 * sizeof(float));
     if (!S) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention scores");
     float scale = 1.0f / sqrtf((float)D);
@@ -172,7 +172,6 @@ static kvq_status attend(const float *Q, const float *K, const float *V, int ldt
     }
     openblas_set_num_threads(nt);
     free(S);
-    (void)rows;
     return KVQ_OK;
 }
 
@@ -194,7 +193,9 @@ static void scratch_free(fw_scratch *s)
     memset(s, 0, sizeof *s);
 }
 
-static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, kvq_error *err)
+/* quantized: some stream quantizes its cache (the prefix and output buffers
+ * are needed); the exact model alone does without them. */
+static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, kvq_error *err)
 {
     size_t t = (size_t)T, qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
     memset(s, 0, sizeof *s);
@@ -204,15 +205,17 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
     s->k = kvq_alloc_array(t, kd * sizeof(float)), s->v = kvq_alloc_array(t, kd * sizeof(float));
     s->Kh = kvq_alloc_array(t, kd * sizeof(float)), s->Vh = kvq_alloc_array(t, kd * sizeof(float));
     s->Kpre = kvq_alloc_array(t, kd * sizeof(float));
-    s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
-    s->ppre = kvq_alloc_array(t, kd * sizeof(float));
-    s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
+    if (quantized) {
+        s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
+        s->ppre = kvq_alloc_array(t, kd * sizeof(float));
+        s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
+    }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->kb = calloc((size_t)in->n_kv_heads, sizeof(double)), s->vb = calloc((size_t)in->n_kv_heads, sizeof(double));
     s->sb = calloc((size_t)in->n_kv_heads, sizeof(double));
-    if (!s->xn || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh || !s->Kpre || !s->pk || !s->pv ||
-        !s->ppre || !s->kq || !s->vq || !s->g || !s->u || !s->kb || !s->vb || !s->sb) {
+    if (!s->xn || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh || !s->Kpre || !s->g || !s->u ||
+        !s->kb || !s->vb || !s->sb || (quantized && (!s->pk || !s->pv || !s->ppre || !s->kq || !s->vq))) {
         scratch_free(s);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the activations of %d tokens", T);
     }
@@ -420,7 +423,9 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     int T = o->T, dim = in->dim;
     fw_ctx c = {.m = m, .o = o, .nt = kvq_threads(o->nthreads)};
     kvq_status rc;
-    if ((rc = scratch_alloc(&c.s, in, T, err))) return rc;
+    int quantized = 0;
+    for (int i = 0; i < o->ns; i++) quantized |= o->s[i].item && o->s[i].item->spec;
+    if ((rc = scratch_alloc(&c.s, in, T, quantized, err))) return rc;
     if ((rc = kvq_model_rope(m, T, &c.rope, err))) goto done;
     c.qinfo = (kvq_dump_info){.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
                               .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
@@ -453,8 +458,6 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
         }
         if (o->progress) o->progress(o->progress_ud, l + 1, in->n_layers);
     }
-    for (int i = 1; i < o->ns; i++) /* a one-layer item whose layer does not exist never started */
-        if (!o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
     rc = output_head(&c, err);
 done:
     free(c.w.buf);

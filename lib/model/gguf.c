@@ -67,6 +67,19 @@ static char *dup_bytes(const uint8_t *s, uint64_t n)
     return d;
 }
 
+/* The name of the i-th key or tensor (`kind`), as a NUL-terminated copy. */
+static kvq_status take_name(cursor *c, const char *kind, uint64_t i, char **out)
+{
+    const uint8_t *s = NULL;
+    uint64_t len = 0;
+    char what[64];
+    snprintf(what, sizeof what, "%s %llu", kind, (unsigned long long)i);
+    kvq_status st = take_string(c, what, &s, &len);
+    if (st) return st;
+    if (!(*out = dup_bytes(s, len))) return kvq_fail(c->err, KVQ_ERR_NOMEM, "%s: out of memory", c->path);
+    return KVQ_OK;
+}
+
 void kvq_gguf_free(kvq_gguf *g)
 {
     if (!g) return;
@@ -104,10 +117,7 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
         gguf_kv *kv = &g->kv[i];
         const uint8_t *s = NULL;
         uint64_t len = 0;
-        char what[64];
-        snprintf(what, sizeof what, "metadata key %llu", (unsigned long long)i);
-        if ((st = take_string(&c, what, &s, &len))) goto fail;
-        if (!(kv->key = dup_bytes(s, len))) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path); goto fail; }
+        if ((st = take_name(&c, "metadata key", i, &kv->key))) goto fail;
         uint32_t type;
         if (take(&c, &type, 4)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated file (value type past the end)", path, kv->key); goto fail; }
         if (type >= GGUF_NTYPES) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: unknown GGUF value type %u", path, kv->key, type); goto fail; }
@@ -146,12 +156,7 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
     }
     for (uint64_t i = 0; i < g->ntensors; i++) {
         gguf_tensor *t = &g->tensors[i];
-        const uint8_t *s = NULL;
-        uint64_t len = 0;
-        char what[64];
-        snprintf(what, sizeof what, "tensor info %llu", (unsigned long long)i);
-        if ((st = take_string(&c, what, &s, &len))) goto fail;
-        if (!(t->name = dup_bytes(s, len))) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path); goto fail; }
+        if ((st = take_name(&c, "tensor info", i, &t->name))) goto fail;
         if (take(&c, &t->n_dims, 4)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name); goto fail; }
         if (t->n_dims < 1 || t->n_dims > 4) {
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: %u dimensions: expected 1 to 4", path, t->name, t->n_dims);

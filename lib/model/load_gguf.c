@@ -166,10 +166,10 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
     for (int l = 0; l < in->n_layers; l++) {
         kvq_layer_weights *w = &m->layer[l];
-        char n[13][64];
-        const char *suffix[13] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
+        char n[12][64];
+        const char *suffix[12] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
                                   "attn_k.bias", "attn_v.bias", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
-                                  "ffn_up.weight", "ffn_down.weight", ""};
+                                  "ffn_up.weight", "ffn_down.weight"};
         for (int i = 0; i < 12; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
         int bias = in->has_qkv_bias;
         if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->wq, n[1], dim, qd, 1, err)) ||

@@ -140,8 +140,9 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
                            .head_dim = in->head_dim, .seq_len = T};
     for (int i = 0; i < nitems; i++) {
         const kvq_spec *sp = items[i].spec;
-        if (items[i].layer >= in->n_layers)
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", m->path, items[i].layer, in->n_layers - 1);
+        if (items[i].layer < -1 || items[i].layer >= in->n_layers)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
+                            items[i].layer, in->n_layers - 1);
         if (!sp || !kvq_spec_needs_calib(sp)) continue;
         if (!o->calib) return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
@@ -156,26 +157,23 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     if (!s) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     eval_progress ep = {o, 0, npasses};
     for (int pass = 0; pass < npasses && !st; pass++) {
-        int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch;
-        if (n < 0) n = 0;
-        int ns = 0;
-        if ((st = stream_alloc(&s[ns++], NULL, T, in->dim, err))) break;
+        int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch, ns = 0;
+        st = stream_alloc(&s[ns++], NULL, T, in->dim, err); /* the exact model */
         for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
-        if (st) { ns--; goto pass_done; }
         ep.pass = pass;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
                           .seed = o->seed, .calib = o->calib, .progress = o->progress ? eval_tick : NULL,
                           .progress_ud = &ep};
-        if ((st = kvq_forward(m, &fo, err))) goto pass_done;
-        if (nll_ref) *nll_ref = s[0].nll / (T - 1);
-        for (int i = 1; i < ns; i++) {
-            kvq_eval_item *it = s[i].item;
-            it->nll = s[i].nll / (T - 1), it->kl = s[i].kl / (T - 1), it->top1 = s[i].top1 / (T - 1);
-            it->k_bits = s[i].n_elem ? s[i].k_bits / s[i].n_elem : NAN;
-            it->v_bits = s[i].n_elem ? s[i].v_bits / s[i].n_elem : NAN;
+        if (!st && !(st = kvq_forward(m, &fo, err))) {
+            if (nll_ref) *nll_ref = s[0].nll / (T - 1);
+            for (int i = 1; i < ns; i++) {
+                kvq_eval_item *it = s[i].item;
+                it->nll = s[i].nll / (T - 1), it->kl = s[i].kl / (T - 1), it->top1 = s[i].top1 / (T - 1);
+                it->k_bits = s[i].n_elem ? s[i].k_bits / s[i].n_elem : NAN;
+                it->v_bits = s[i].n_elem ? s[i].v_bits / s[i].n_elem : NAN;
+            }
         }
-    pass_done:
-        for (int i = 0; i < ns; i++) stream_free(&s[i]);
+        for (int i = 0; i < ns; i++) stream_free(&s[i]); /* a failed allocation left its stream zeroed */
     }
     free(s);
     return st;

@@ -68,7 +68,6 @@ int kvq_gguf_get_int(const kvq_gguf *g, const char *key, int64_t *out);
 int kvq_gguf_get_real(const kvq_gguf *g, const char *key, double *out);
 /* String value (not NUL-terminated): 1 and its bytes, 0 if absent/not a string. */
 int kvq_gguf_get_str(const kvq_gguf *g, const char *key, const char **s, uint64_t *len);
-/* String i of a string array (the array's elements are walked once and cached by the caller). */
 
 /* --------------------------------------------------------- tokenizer */
 

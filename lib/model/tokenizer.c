@@ -142,8 +142,8 @@ kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, in
     const char *sp = v->space_is_u2581 ? "\xe2\x96\x81" : " ";
     size_t spl = strlen(sp), cap = (n + 1) * spl + 1, tl = 0;
     char *t = malloc(cap);
-    symbol *sy = kvq_alloc_array(n + 2, sizeof *sy);
-    int *out = kvq_alloc_array(2 * (n + 1) * 4 + 1, sizeof *out); /* worst case: every byte a fallback */
+    symbol *sy = kvq_alloc_array(cap, sizeof *sy);  /* at most one symbol per byte of the normalised text */
+    int *out = kvq_alloc_array(cap + 1, sizeof *out); /* BOS + at most one token per byte (byte fallback) */
     heap h = {0};
     kvq_status st = KVQ_OK;
     if (!t || !sy || !out) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n); goto done; }
