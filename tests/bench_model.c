@@ -92,13 +92,13 @@ int main(int argc, char **argv)
         sg = t < sg ? t : sg;
     }
     double layer_f32 = 4.0 * ((double)dim * (qd + 2 * kd) + (double)qd * dim + 3.0 * dim * F);
-    /* what the forward pass allocates besides the layer: its activations (x, x̂, q, att, Q by
-     * head, k, v, K, V, pre-RoPE K, the decode prefixes and quantizer outputs, gate, up), the
+    /* what the forward pass of the exact model allocates besides the layer: its activations
+     * (x, x̂, q, att, Q by head, k, v, K, V, pre-RoPE K, gate, up), the
      * output head's chunk of weights, two chunks of logits and the normed states, and the
      * attention scores of each thread */
     size_t lim = (16u << 20) / (size_t)(T - 1 > dim ? T - 1 : dim);
     double vc = lim < 256 ? 256 : lim > (size_t)V ? V : (double)lim;
-    double act = 4.0 * T * (2.0 * dim + 3.0 * qd + 10.0 * kd + 2.0 * F) + 4.0 * vc * (dim + 2.0 * (T - 1)) +
+    double act = 4.0 * T * (2.0 * dim + 3.0 * qd + 5.0 * kd + 2.0 * F) + 4.0 * vc * (dim + 2.0 * (T - 1)) +
                  4.0 * (T - 1) * dim + (double)nt * (8 << 20);
     printf("kvq-bench-model: %s, %d layers, %d tokens, %d threads\n", in->format, in->n_layers, T, nt);
     printf("  prefill + output head: %.2f s (%.1f GFLOP/s of weight products; mean NLL %.3f)\n", best, flops / best * 1e-9, nll);
