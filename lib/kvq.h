@@ -183,6 +183,18 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
 kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
                                        kvq_scale_prec prec);
 
+/* FP8 (§3.4): the OCP formats.  kvq_fp8_cast_ref(y) is y rounded to the
+ * nearest finite value of the format (ties to the even code, |y| beyond
+ * the largest finite value saturating to it, subnormals kept, NaN kept);
+ * the definition, by integer bit manipulation. */
+typedef enum kvq_fp8_format { KVQ_FP8_E4M3 = 0, KVQ_FP8_E5M2 = 1 } kvq_fp8_format;
+float kvq_fp8_cast_ref(float y, kvq_fp8_format format);
+/* The largest finite value: 448 (e4m3) or 57344 (e5m2). */
+float kvq_fp8_max(kvq_fp8_format format);
+/* y[i] = fp8(x[i] / s) · s (float32 divide), the vectorised hot loop (s
+ * finite and > 0, x finite); equal to the reference. */
+void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8_format format);
+
 /* A quantizer of the uniform families written as steps over token ranges
  * (a "plan"): the definition both the CPU (kvq_plan_quantize_head) and the
  * CUDA kernels execute, so the two paths cannot drift apart.  Each tensor's

@@ -7,6 +7,9 @@
 
 /* 1 if the AVX-512 paths are in use (CPU support, not disabled). */
 int kvq_simd_active(void);
+/* 1 if loops compiled a second time for AVX2 (target attribute, the same C)
+ * may run: CPU support and not disabled. */
+int kvq_simd_avx2_active(void);
 /* Tests: 0 forces the portable paths, 1 re-enables SIMD where supported. */
 void kvq_simd_force(int on);
 

@@ -27,8 +27,21 @@ int kvq_simd_active(void)
     return simd_enabled;
 }
 
+static int simd_forced_off = 0;
+
+int kvq_simd_avx2_active(void)
+{
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2");
+    }
+    return avx2 && !simd_forced_off;
+}
+
 void kvq_simd_force(int on)
 {
+    simd_forced_off = !on;
     simd_enabled = -1;
     if (on && kvq_simd_active()) return;
     simd_enabled = 0;
@@ -406,6 +419,7 @@ AVX512 void kvq_row_compare_avx512(const float *s, const float *a, const float *
 #else /* not x86-64 GCC/Clang: the portable paths only */
 
 int kvq_simd_active(void) { return 0; }
+int kvq_simd_avx2_active(void) { return 0; }
 void kvq_simd_force(int on) { (void)on; }
 kvq_status kvq_u_rows_avx512(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16,
                              kvq_recon_acc *recon)

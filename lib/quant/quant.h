@@ -5,6 +5,13 @@
 
 #include "../kvq.h"
 
+/* Round half to even for |v| < 2^22 (callers clamp v to their code range
+ * first).  Adding and subtracting 1.5·2^23 rounds in the FPU's default mode
+ * (nearest, ties to even) — the same result as rintf/torch.round, but
+ * vectorisable on every x86-64 without SSE4.1.  Needs -ffp-contract=off and
+ * no -ffast-math. */
+static inline float kvq_rne(float v) { return (v + 12582912.0f) - 12582912.0f; /* 1.5·2^23 */ }
+
 /* s rounded to the scale precision. */
 float kvq_round_scale(float s, kvq_scale_prec prec);
 
@@ -86,6 +93,6 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
 
 /* Registry entries (one per family file). */
 extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt,
-    kvq_q_absmax, kvq_q_gear, kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax;
+    kvq_q_absmax, kvq_q_gear, kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax, kvq_q_fp8, kvq_q_tender;
 
 #endif

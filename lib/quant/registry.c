@@ -19,6 +19,8 @@ static const kvq_quantizer *const registry[] = {
     &kvq_q_gear_l,
     &kvq_q_cluster,
     &kvq_q_lloydmax,
+    &kvq_q_fp8,
+    &kvq_q_tender,
 };
 
 size_t kvq_quantizer_count(void) { return sizeof registry / sizeof registry[0]; }

@@ -13,13 +13,6 @@
 #include <math.h>
 #include <string.h>
 
-/* Round half to even for |v| < 2^22 (v is clamped to [-2^16, 2^16] before).
- * Adding and subtracting 1.5·2^23 rounds in the FPU's default mode (nearest,
- * ties to even) — the same result as rintf/torch.round, but vectorisable on
- * every x86-64 without SSE4.1.  Needs -ffp-contract=off and no -ffast-math. */
-#define rne_vec(v) (((v) + 12582912.0f) - 12582912.0f) /* 12582912 = 1.5·2^23 */
-static inline float rne(float v) { return rne_vec(v); }
-
 float kvq_round_scale(float s, kvq_scale_prec prec)
 {
     return prec == KVQ_SCALE_FP16 ? kvq_round_f16(s) : s;
@@ -51,7 +44,7 @@ kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t str
          * same integer because 0 and L are integers and rne is monotone */
         float v = (x[i * stride] - z) / s;
         v = v < 0.0f ? 0.0f : (v > L ? L : v);
-        float q = rne(v);
+        float q = kvq_rne(v);
         y[i * stride] = q * s + z; /* x' = q·s + z */
     }
     return KVQ_OK;
@@ -77,7 +70,7 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
     for (size_t i = 0; i < n; i++) {
         float v = x[i * stride] / s;
         v = v < qmin ? qmin : (v > qmax ? qmax : v);
-        y[i * stride] = rne(v) * s; /* x' = q·s */
+        y[i * stride] = kvq_rne(v) * s; /* x' = q·s */
     }
     return KVQ_OK;
 }
@@ -147,7 +140,7 @@ static kvq_status channels_portable(const float *restrict x, float *restrict y, 
                 float v = (row[c] - z[c]) / s[c];
                 v = v < lo[c] ? lo[c] : v;
                 v = v > hi[c] ? hi[c] : v;
-                out[c] = rne_vec(v) * s[c] + z[c];
+                out[c] = kvq_rne(v) * s[c] + z[c];
             }
         }
     }

@@ -1,0 +1,259 @@
+/* fp8.c — the FP8 KV cache of seed 003 (SPEC §3.4): x' = fp8(x / s) · s with
+ * the OCP formats e4m3 (no infinities, largest finite 448) and e5m2
+ * (IEEE-like, largest finite 57344), one float32 scale per tensor, head,
+ * token or channel (or none, vLLM's uncalibrated default).
+ *
+ * kvq_fp8_cast_ref is the definition: integer bit manipulation of the
+ * float32, round to nearest with ties to the even code, saturating to the
+ * largest finite value (CUDA's __NV_SATFINITE), subnormals kept.
+ * kvq_fp8_quantize_array is the hot loop: the same rounding written without
+ * branches so that it vectorises (compiled a second time for AVX2 and picked
+ * at run time); tests check it against the reference on every float16 value
+ * and on both sides of every rounding boundary. */
+#include "../internal.h"
+#include "quant.h"
+#include "../simd.h"
+
+#include <math.h>
+#include <string.h>
+
+/* --------------------------------------------------------------- the cast */
+
+typedef struct fp8_format {
+    int man_bits;       /* M: stored mantissa bits */
+    int emin;           /* exponent of the smallest normal (1 − bias) */
+    uint32_t fmax_bits; /* float32 bits of the largest finite value */
+    float fmax;
+} fp8_format;
+
+static const fp8_format formats[] = {
+    [KVQ_FP8_E4M3] = {.man_bits = 3, .emin = -6, .fmax_bits = 0x43E00000u, .fmax = 448.0f},
+    [KVQ_FP8_E5M2] = {.man_bits = 2, .emin = -14, .fmax_bits = 0x47600000u, .fmax = 57344.0f},
+};
+
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float kvq_fp8_max(kvq_fp8_format format) { return formats[format].fmax; }
+
+float kvq_fp8_cast_ref(float y, kvq_fp8_format format)
+{
+    const fp8_format *f = &formats[format];
+    uint32_t u = f32_bits(y), sign = u & 0x80000000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return y;                        /* NaN stays NaN */
+    if (a >= f->fmax_bits) return bits_f32(sign | f->fmax_bits); /* saturate (inf too) */
+    int e = (int)(a >> 23) - 127; /* exponent of |y| (float32 subnormals: -127) */
+    if (e >= f->emin) {
+        /* a normal of the format: keep M mantissa bits, round half to even
+         * (the code's last bit is the mantissa's); a carry moves to the next
+         * binade, and nothing below fmax rounds beyond it */
+        int drop = 23 - f->man_bits;
+        uint32_t q = a >> drop, rem = a & ((1u << drop) - 1u), half = 1u << (drop - 1);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return bits_f32(sign | (q << drop));
+    }
+    /* a subnormal of the format: q · 2^(emin − M) with q = m, the code's
+     * mantissa; |y| = full · 2^(e − 23) */
+    if (a < 0x00800000u) return bits_f32(sign); /* float32 subnormal: far below half a step */
+    uint32_t full = (a & 0x7fffffu) | 0x800000u;
+    int shift = f->emin - f->man_bits - e + 23; /* ≥ 24 − M */
+    if (shift > 24) return bits_f32(sign);      /* below half the smallest subnormal */
+    uint32_t q = full >> shift, rem = full & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u))) q++; /* q = 2^M: the smallest normal */
+    float v = (float)q * ldexpf(1.0f, f->emin - f->man_bits); /* exact */
+    return bits_f32(sign | f32_bits(v));
+}
+
+/* fp8(v) without branches, for the hot loops.  Normals round in the
+ * integer bits as above; below the smallest normal, adding 2^(emin − M + 23)
+ * rounds |v| to a multiple of 2^(emin − M) in the FPU (nearest, ties to
+ * even: the sum's last mantissa bit is q's), and subtracting it again is
+ * exact.  ±inf saturates; NaN cannot occur here (finite x, finite s > 0). */
+typedef struct fp8_consts {
+    int drop;                        /* 23 − M */
+    uint32_t keep, halfm1;           /* mantissa mask, half a step − 1 */
+    uint32_t fmax_bits, min_normal;  /* float32 bits of fmax and 2^emin */
+    float magic;                     /* 2^(emin − M + 23) */
+} fp8_consts;
+
+static fp8_consts fp8_consts_of(kvq_fp8_format format)
+{
+    const fp8_format *f = &formats[format];
+    int drop = 23 - f->man_bits;
+    return (fp8_consts){.drop = drop, .keep = ~((1u << drop) - 1u), .halfm1 = (1u << (drop - 1)) - 1u,
+                        .fmax_bits = f->fmax_bits, .min_normal = (uint32_t)(f->emin + 127) << 23,
+                        .magic = ldexpf(1.0f, f->emin - f->man_bits + 23)};
+}
+
+static inline __attribute__((always_inline)) float fp8_cast_fast(float v, const fp8_consts *k)
+{
+    uint32_t u = f32_bits(v), sign = u & 0x80000000u, a = u & 0x7fffffffu;
+    a = a < k->fmax_bits ? a : k->fmax_bits;
+    uint32_t normal = (a + k->halfm1 + ((a >> k->drop) & 1u)) & k->keep;
+    uint32_t sub = f32_bits((bits_f32(a) + k->magic) - k->magic);
+    return bits_f32(sign | (a < k->min_normal ? sub : normal));
+}
+
+/* The two hot loops, compiled plain and again for AVX2:
+ * y = fp8(x / s)·s over n values, and over rows of D with a scale per column. */
+#define FP8_LOOPS(suffix, attr)                                                                    \
+    attr static void fp8_scaled_##suffix(const float *x, float *y, size_t n, float s,             \
+                                         const fp8_consts *k)                                      \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i++) y[i] = fp8_cast_fast(x[i] / s, k) * s;                      \
+    }                                                                                              \
+    attr static void fp8_columns_##suffix(const float *x, float *y, size_t rows, size_t D,        \
+                                          const float *s, const fp8_consts *k)                     \
+    {                                                                                              \
+        for (size_t t = 0; t < rows; t++)                                                          \
+            for (size_t c = 0; c < D; c++)                                                         \
+                y[t * D + c] = fp8_cast_fast(x[t * D + c] / s[c], k) * s[c];                       \
+    }
+
+FP8_LOOPS(plain, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FP8_AVX2 1
+FP8_LOOPS(avx2, __attribute__((target("avx2"))))
+#endif
+
+void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8_format format)
+{
+    fp8_consts k = fp8_consts_of(format);
+#ifdef FP8_AVX2
+    if (kvq_simd_avx2_active()) {
+        fp8_scaled_avx2(x, y, n, s, &k);
+        return;
+    }
+#endif
+    fp8_scaled_plain(x, y, n, s, &k);
+}
+
+/* Rows x, y [rows][D]; column c scaled by s[c]. */
+static void fp8_quantize_columns(const float *x, float *y, size_t rows, size_t D, const float *s,
+                                 kvq_fp8_format format)
+{
+    fp8_consts k = fp8_consts_of(format);
+#ifdef FP8_AVX2
+    if (kvq_simd_avx2_active()) {
+        fp8_columns_avx2(x, y, rows, D, s, &k);
+        return;
+    }
+#endif
+    fp8_columns_plain(x, y, rows, D, s, &k);
+}
+
+/* ----------------------------------------------------------- the quantizer */
+
+enum { F8_FORMAT, F8_SCALE };
+enum { SC_NONE, SC_TENSOR, SC_HEAD, SC_TOKEN, SC_CHANNEL };
+static const kvq_param fp8_params[] = {
+    [F8_FORMAT] = {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "e4m3", .choices = "e4m3|e5m2",
+                   .help = "OCP FP8 format: e4m3 (max 448) or e5m2 (max 57344)"},
+    [F8_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "tensor",
+                  .choices = "none|tensor|head|token|channel",
+                  .help = "float32 scale max|x|/fmax per layer tensor, KV head, token or channel (none: 1)"},
+};
+
+/* s = max|x| / fmax in float32, 1 where that max is 0 (or where the
+ * quotient underflows to 0, which SPEC leaves open). */
+static float fp8_scale(float amax, float fmax)
+{
+    float s = amax / fmax;
+    return s > 0.0f ? s : 1.0f;
+}
+
+static float absmax_of(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* One head [T][D] of one tensor with its scale(s); returns the stored bits.
+ * tensor_amax: the layer tensor's max|x| (scale=tensor only). */
+static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int scale, kvq_fp8_format fmt,
+                           float tensor_amax, double *bits)
+{
+    const float fmax = kvq_fp8_max(fmt);
+    size_t n = (size_t)T * D;
+    double codes = 8.0 * (double)n;
+    switch (scale) {
+    case SC_NONE:
+        kvq_fp8_quantize_array(x, y, n, 1.0f, fmt);
+        *bits = codes;
+        break;
+    case SC_TENSOR: /* one scale for the H heads: a 1/H share of its 32 bits each */
+        kvq_fp8_quantize_array(x, y, n, fp8_scale(tensor_amax, fmax), fmt);
+        *bits = codes + 32.0 / H;
+        break;
+    case SC_HEAD:
+        kvq_fp8_quantize_array(x, y, n, fp8_scale(absmax_of(x, n), fmax), fmt);
+        *bits = codes + 32.0;
+        break;
+    case SC_TOKEN:
+        for (int t = 0; t < T; t++) {
+            const float *xt = x + (size_t)t * D;
+            kvq_fp8_quantize_array(xt, y + (size_t)t * D, (size_t)D, fp8_scale(absmax_of(xt, (size_t)D), fmax), fmt);
+        }
+        *bits = codes + 32.0 * T;
+        break;
+    case SC_CHANNEL: {
+        /* column maxima in one contiguous pass, then row by row with a scale per column */
+        float *s = malloc((size_t)D * sizeof *s);
+        if (!s) return KVQ_ERR_NOMEM;
+        for (int c = 0; c < D; c++) s[c] = 0.0f;
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < D; c++) {
+                float a = fabsf(x[(size_t)t * D + c]);
+                s[c] = a > s[c] ? a : s[c];
+            }
+        for (int c = 0; c < D; c++) s[c] = fp8_scale(s[c], fmax);
+        fp8_quantize_columns(x, y, (size_t)T, (size_t)D, s, fmt);
+        free(s);
+        *bits = codes + 32.0 * D;
+        break;
+    }
+    }
+    return KVQ_OK;
+}
+
+static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                               kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D, scale = (int)sp->val[F8_SCALE];
+    kvq_fp8_format fmt = (kvq_fp8_format)sp->val[F8_FORMAT];
+    size_t n = (size_t)T * D;
+    int nt = kvq_threads(ctx->nthreads);
+    /* scale=tensor: max|x| of K and of V over all heads, per head then reduced */
+    float amax[2] = {0.0f, 0.0f};
+    if (scale == SC_TENSOR) {
+        float *head_max = malloc((size_t)2 * H * sizeof *head_max);
+        if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int i = 0; i < 2 * H; i++) head_max[i] = absmax_of(kvq_head_in(in, i / H, i % H), n);
+        for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
+        free(head_max);
+    }
+    int failed = 0; /* the only failure is out of memory */
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : failed)
+    for (int i = 0; i < 2 * H; i++) {
+        int tensor = i / H, h = i % H;
+        failed |= fp8_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), H, T, D, scale, fmt,
+                           amax[tensor], kvq_head_bits(out, tensor, h)) != KVQ_OK;
+    }
+    if (failed) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+    return KVQ_OK;
+}
+
+const kvq_quantizer kvq_q_fp8 = {
+    .name = "fp8",
+    .description = "FP8 cast (e4m3/e5m2, round to nearest even, saturating) after a float32 scale",
+    .params = fp8_params,
+    .nparams = sizeof fp8_params / sizeof fp8_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .quantize = fp8_quantize,
+};
