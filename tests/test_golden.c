@@ -1,7 +1,7 @@
 /* test_golden.c — compares kvq with the golden values of an independent
  * implementation of SPEC.md (../shared/data/golden/) on data/stories260K.h5:
  * every column of every row whose quantizer is in the registry, per head
- * and per layer, within SPEC.md's tolerances.  Skips (exit 77) with a
+ * and per layer (the FP8/Tender file per head), within SPEC.md's tolerances.  Skips (exit 77) with a
  * message when ../shared is absent; quantizers not yet registered are
  * listed and skipped. */
 #include "testutil.h"
@@ -157,12 +157,16 @@ static void compare_file(const char *golden, int per_layer)
     kvq_analysis_free(&a);
 }
 
-static char golden_head[2048], golden_layer[2048];
+static char golden_head[2048], golden_layer[2048], golden_families[2048];
 
 START_TEST(golden_per_head) { compare_file(golden_head, 0); }
 END_TEST
 
 START_TEST(golden_per_layer) { compare_file(golden_layer, 1); }
+END_TEST
+
+/* FP8 and Tender (SPEC §3.4–3.5), per head */
+START_TEST(golden_families_per_head) { compare_file(golden_families, 0); }
 END_TEST
 
 int main(void)
@@ -173,6 +177,7 @@ int main(void)
     if (!dir) dir = def;
     snprintf(golden_head, sizeof golden_head, "%s/stories260K.golden.csv", dir);
     snprintf(golden_layer, sizeof golden_layer, "%s/stories260K.layer.golden.csv", dir);
+    snprintf(golden_families, sizeof golden_families, "%s/stories260K.families.golden.csv", dir);
     FILE *f = fopen(golden_head, "r");
     if (!f) {
         printf("SKIP: golden values not found at %s (../shared absent); set KVQ_GOLDEN_DIR\n", dir);
@@ -184,6 +189,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, golden_per_head);
     tcase_add_test(tc, golden_per_layer);
+    tcase_add_test(tc, golden_families_per_head);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

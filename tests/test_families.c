@@ -1,0 +1,401 @@
+/* test_families.c — the seed families FP8 (SPEC §3.4) and Tender (§3.5).
+ *
+ * FP8: every float16 value and both sides of every rounding boundary of
+ * both formats, cast by the reference and by the vectorised loop (AVX2 and
+ * portable), against the format's values built here independently from
+ * (exponent, mantissa) with ldexp; the scales of each `scale=` mode; bits.
+ * Tender: hand-worked blocks (group boundaries hit exactly, alpha = 4,
+ * TMax = 0, a short last chunk, chunk=0), span=head against span=layer,
+ * bit counts, thread invariance. */
+#include "testutil.h"
+#include "simd.h"
+
+#include <float.h>
+
+/* ------------------------------------------------------------------ FP8 */
+
+/* The non-negative finite values of a format, ascending, from its
+ * definition: exponent field e, mantissa m; e = 0 is subnormal. */
+typedef struct {
+    double v[256];
+    int code[256];
+    int n;
+} fp8_values;
+
+static void build_values(kvq_fp8_format f, fp8_values *out)
+{
+    int ebits = f == KVQ_FP8_E4M3 ? 4 : 5, mbits = 7 - ebits, bias = f == KVQ_FP8_E4M3 ? 7 : 15;
+    out->n = 0;
+    for (int e = 0; e < (1 << ebits); e++)
+        for (int m = 0; m < (1 << mbits); m++) {
+            int code = e << mbits | m;
+            if (f == KVQ_FP8_E4M3 && code == 0x7F) continue;    /* NaN */
+            if (f == KVQ_FP8_E5M2 && e == (1 << ebits) - 1) continue; /* inf, NaN */
+            double v = e == 0 ? ldexp((double)m, 1 - bias - mbits)
+                              : ldexp(1.0 + (double)m / (1 << mbits), e - bias);
+            out->v[out->n] = v, out->code[out->n] = code, out->n++;
+        }
+}
+
+/* The expected cast of y: nearest value (ties to the even code), saturating. */
+static float expected_cast(const fp8_values *fv, float y)
+{
+    if (isnan(y)) return y;
+    double a = fabs((double)y), r;
+    if (a >= fv->v[fv->n - 1]) {
+        r = fv->v[fv->n - 1];
+    } else {
+        int i = 0;
+        while (fv->v[i + 1] <= a) i++; /* v[i] <= a < v[i+1] */
+        double lo = a - fv->v[i], hi = fv->v[i + 1] - a;
+        r = lo < hi ? fv->v[i] : hi < lo ? fv->v[i + 1] : (fv->code[i] % 2 == 0 ? fv->v[i] : fv->v[i + 1]);
+    }
+    return signbit(y) ? -(float)r : (float)r;
+}
+
+static int same_float(float a, float b)
+{
+    return (isnan(a) && isnan(b)) || (a == b && signbit(a) == signbit(b));
+}
+
+/* Checks n values by the reference and by both array paths. */
+static void check_casts(kvq_fp8_format f, const fp8_values *fv, const float *y, size_t n, const char *what)
+{
+    float *arr = malloc(n * sizeof *arr), *arr_plain = malloc(n * sizeof *arr);
+    kvq_fp8_quantize_array(y, arr, n, 1.0f, f);
+    kvq_simd_force(0);
+    kvq_fp8_quantize_array(y, arr_plain, n, 1.0f, f);
+    kvq_simd_force(1);
+    for (size_t i = 0; i < n; i++) {
+        float e = expected_cast(fv, y[i]), r = kvq_fp8_cast_ref(y[i], f);
+        ck_assert_msg(same_float(r, e), "%s %s: fp8(%a) = %a, expected %a", what, f ? "e5m2" : "e4m3", y[i], r, e);
+        if (isnan(y[i])) continue; /* the array loop's contract: no NaN */
+        ck_assert_msg(same_float(arr[i], e) && same_float(arr_plain[i], e),
+                      "%s %s: array fp8(%a) = %a / %a (portable), expected %a", what, f ? "e5m2" : "e4m3", y[i],
+                      arr[i], arr_plain[i], e);
+    }
+    free(arr), free(arr_plain);
+}
+
+START_TEST(fp8_every_float16)
+{
+    float *y = malloc(65536 * sizeof *y);
+    for (int i = 0; i < 65536; i++) y[i] = kvq_f16_to_f32((uint16_t)i);
+    for (int f = 0; f < 2; f++) {
+        fp8_values fv;
+        build_values((kvq_fp8_format)f, &fv);
+        ck_assert_int_eq(fv.n, f ? 124 : 127);
+        ck_assert(fv.v[fv.n - 1] == kvq_fp8_max((kvq_fp8_format)f));
+        check_casts((kvq_fp8_format)f, &fv, y, 65536, "float16");
+    }
+    free(y);
+}
+END_TEST
+
+START_TEST(fp8_rounding_boundaries)
+{
+    for (int f = 0; f < 2; f++) {
+        fp8_values fv;
+        build_values((kvq_fp8_format)f, &fv);
+        float *y = malloc(4096 * sizeof *y);
+        size_t n = 0;
+        /* each value, each midpoint to the next, and their float32 neighbours */
+        for (int i = 0; i < fv.n; i++) {
+            float pts[2] = {(float)fv.v[i], i + 1 < fv.n ? (float)(0.5 * (fv.v[i] + fv.v[i + 1])) : (float)fv.v[i]};
+            for (int p = 0; p < 2; p++) {
+                ck_assert((double)pts[p] == (p ? 0.5 * (fv.v[i] + (i + 1 < fv.n ? fv.v[i + 1] : fv.v[i])) : fv.v[i]));
+                float c[3] = {nextafterf(pts[p], 0.0f), pts[p], nextafterf(pts[p], INFINITY)};
+                for (int k = 0; k < 3; k++) y[n++] = c[k], y[n++] = -c[k];
+            }
+        }
+        /* beyond the largest finite value, float32 subnormals, the extremes */
+        float fmax = kvq_fp8_max((kvq_fp8_format)f);
+        float extra[] = {fmax * 1.0625f, fmax * 1.125f, fmax * 2.0f, 1e30f, FLT_MAX, INFINITY, FLT_MIN,
+                         FLT_TRUE_MIN, 0x1p-140f, 0.0f, (float)(fv.v[1] / 2), (float)(fv.v[1] * 1.5)};
+        for (size_t k = 0; k < sizeof extra / sizeof extra[0]; k++) y[n++] = extra[k], y[n++] = -extra[k];
+        ck_assert(n <= 4096);
+        check_casts((kvq_fp8_format)f, &fv, y, n, "boundary");
+        free(y);
+    }
+    /* the facts of SPEC §3.4 written out */
+    ck_assert(kvq_fp8_cast_ref(464.0f, KVQ_FP8_E4M3) == 448.0f);      /* saturates, no 480 */
+    ck_assert(kvq_fp8_cast_ref(-1e9f, KVQ_FP8_E4M3) == -448.0f);
+    ck_assert(kvq_fp8_cast_ref(61440.0f, KVQ_FP8_E5M2) == 57344.0f);  /* IEEE would give inf */
+    ck_assert(kvq_fp8_cast_ref(INFINITY, KVQ_FP8_E5M2) == 57344.0f);
+    ck_assert(kvq_fp8_cast_ref(0x1p-9f, KVQ_FP8_E4M3) == 0x1p-9f);    /* smallest subnormal */
+    ck_assert(kvq_fp8_cast_ref(0x1p-10f, KVQ_FP8_E4M3) == 0.0f);      /* tie: code 0 is even */
+    ck_assert(kvq_fp8_cast_ref(0x3p-10f, KVQ_FP8_E4M3) == 0x1p-8f);   /* tie 1.5 units: code 2 */
+    ck_assert(kvq_fp8_cast_ref(0x1p-16f, KVQ_FP8_E5M2) == 0x1p-16f);
+    ck_assert(kvq_fp8_cast_ref(1.0625f, KVQ_FP8_E4M3) == 1.0f);       /* tie 1 | 1.125: even 1 */
+    ck_assert(kvq_fp8_cast_ref(1.1875f, KVQ_FP8_E4M3) == 1.25f);      /* tie 1.125 | 1.25: even 1.25 */
+    ck_assert(kvq_fp8_cast_ref(1.125f, KVQ_FP8_E5M2) == 1.0f);        /* tie 1 | 1.25 */
+    ck_assert(isnan(kvq_fp8_cast_ref(NAN, KVQ_FP8_E4M3)));
+}
+END_TEST
+
+/* Runs spec on layer L; returns the bits of each head in kb/vb [H]. */
+static void run_spec(const char *text, const kvq_layer *L, float *kq, float *vq, double *kb, double *vb, int nthreads)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_OK, "%s", err.msg);
+    double sb[16] = {0};
+    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = nthreads};
+    ck_assert_msg(kvq_quantize_layer(&sp, &ctx, L, &out, &err) == KVQ_OK, "%s: %s", text, err.msg);
+}
+
+static float absmax_strided(const float *x, size_t n, size_t stride)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) m = fabsf(x[i * stride]) > m ? fabsf(x[i * stride]) : m;
+    return m;
+}
+
+START_TEST(fp8_scales_and_bits)
+{
+    int H = 3, T = 7, D = 4;
+    size_t n = (size_t)H * T * D;
+    kvq_layer L;
+    kvq_error err;
+    ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, 0, &err), KVQ_OK);
+    fill_normal(L.key, n, 7, 3.0);
+    fill_normal(L.value, n, 8, 0.01); /* small values: scale=none lands in the subnormals */
+    L.key[5] = 1000.0f;                /* beyond e4m3's range: saturates without a scale */
+    float *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
+    const char *scales[] = {"none", "tensor", "head", "token", "channel"};
+    for (int f = 0; f < 2; f++)
+        for (int sc = 0; sc < 5; sc++) {
+            char spec[64];
+            snprintf(spec, sizeof spec, "fp8:format=%s,scale=%s", f ? "e5m2" : "e4m3", scales[sc]);
+            double kb[3], vb[3];
+            run_spec(spec, &L, kq, vq, kb, vb, 2);
+            float fmax = kvq_fp8_max((kvq_fp8_format)f);
+            for (int tensor = 0; tensor < 2; tensor++) {
+                const float *x = tensor ? L.value : L.key, *y = tensor ? vq : kq;
+                float tmax = absmax_strided(x, n, 1);
+                for (int h = 0; h < H; h++)
+                    for (int t = 0; t < T; t++)
+                        for (int c = 0; c < D; c++) {
+                            const float *xh = x + (size_t)h * T * D;
+                            float m = sc == 0 ? 0 : sc == 1 ? tmax : sc == 2 ? absmax_strided(xh, (size_t)T * D, 1)
+                                    : sc == 3 ? absmax_strided(xh + (size_t)t * D, (size_t)D, 1)
+                                              : absmax_strided(xh + c, (size_t)T, (size_t)D);
+                            float s = m > 0 ? m / fmax : 1.0f;
+                            size_t i = ((size_t)h * T + t) * D + c;
+                            float e = kvq_fp8_cast_ref(x[i] / s, (kvq_fp8_format)f) * s;
+                            ck_assert_msg(y[i] == e, "%s tensor %d [%d][%d][%d]: %a, expected %a", spec, tensor, h, t,
+                                          c, y[i], e);
+                        }
+                /* bits per head: 8 per element + 32 per scale (the tensor's shared by the H heads) */
+                double per_head = 8.0 * T * D + (sc == 0 ? 0 : sc == 1 ? 32.0 / H : sc == 2 ? 32 : sc == 3 ? 32.0 * T : 32.0 * D);
+                for (int h = 0; h < H; h++) ck_assert_double_eq((tensor ? vb : kb)[h], per_head);
+            }
+        }
+    /* without a scale the outlier saturates at 448 */
+    double kb[3], vb[3];
+    run_spec("fp8:scale=none", &L, kq, vq, kb, vb, 1);
+    ck_assert(kq[5] == 448.0f);
+    free(kq), free(vq);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+/* ---------------------------------------------------------------- Tender */
+
+/* A one-layer input with H heads of [T][D] given row-major per head. */
+static void layer_from(kvq_layer *L, int H, int T, int D, const float *k)
+{
+    kvq_error err;
+    ck_assert_int_eq(kvq_layer_alloc(L, H, H, T, D, 0, &err), KVQ_OK);
+    size_t n = (size_t)H * T * D;
+    memcpy(L->key, k, n * sizeof *k);
+    memcpy(L->value, k, n * sizeof *k);
+}
+
+/* x' of one value given its group's scale and its bias, as SPEC writes it. */
+static float tender_value(float x, float bias, float s, int Qm)
+{
+    float v = (x - bias) / s;
+    v = v > Qm ? (float)Qm : v < -Qm ? (float)-Qm : v;
+    return rintf(v) * s + bias;
+}
+
+START_TEST(tender_groups_on_boundaries)
+{
+    /* one head, 2 tokens, 4 channels; bits=4 (Qm = 7), groups=3, alpha=2.
+     * c0 {-8, 8}: bias 0, CMax 8 = TMax          -> group 1, s = 8/7
+     * c1 {1, 5}: bias 3, CMax 2 = TMax/4 exactly  -> group 3, s = 8/28
+     * c2 {10, 18}: bias 14, CMax 4 = TMax/2       -> group 2, s = 8/14
+     * c3 {0, 4.0039062}: bias 2.0019531, CMax just above TMax/4 -> group 2 */
+    const float k[] = {-8, 1, 10, 0, 8, 5, 18, 4.00390625f};
+    kvq_layer L;
+    layer_from(&L, 1, 2, 4, k);
+    float kq[8], vq[8];
+    double kb[1], vb[1];
+    run_spec("tender:bits=4,groups=3,alpha=2,chunk=0,span=head", &L, kq, vq, kb, vb, 1);
+    const float bias[4] = {0, 3, 14, 2.001953125f};
+    const int group[4] = {1, 3, 2, 2};
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 4; c++) {
+            float s = 8.0f / (float)((1 << (group[c] - 1)) * 7);
+            float e = tender_value(k[t * 4 + c], bias[c], s, 7);
+            ck_assert_msg(kq[t * 4 + c] == e && vq[t * 4 + c] == e, "[%d][%d] %a, expected %a (group %d)", t, c,
+                          kq[t * 4 + c], e, group[c]);
+        }
+    /* c1 comes back exact in group 3 (±2 = ±7 steps of 2/7), it would not in group 2 */
+    ck_assert(fabsf(kq[1] - 1.0f) < 1e-6f && fabsf(kq[5] - 5.0f) < 1e-6f);
+    kvq_layer_free(&L);
+
+    /* alpha = 4, groups = 3: boundaries TMax/4 and TMax/16 (TMax = 16) */
+    const float k4[] = {-16, 0, 0, 16, 8, 2};
+    layer_from(&L, 1, 2, 3, k4); /* c0 CMax 16; c1 {0,8} CMax 4 = 16/4 -> 2; c2 {0,2} CMax 1 = 16/16 -> 3 */
+    run_spec("tender:bits=3,groups=3,alpha=4,chunk=0,span=head", &L, kq, vq, kb, vb, 1);
+    const float b4[3] = {0, 4, 1};
+    const int g4[3] = {1, 2, 3};
+    for (int t = 0; t < 2; t++)
+        for (int c = 0; c < 3; c++) {
+            float s = 16.0f / (float)((g4[c] == 1 ? 1 : g4[c] == 2 ? 4 : 16) * 3);
+            ck_assert(kq[t * 3 + c] == tender_value(k4[t * 3 + c], b4[c], s, 3));
+        }
+    /* bits: 3·6 codes + 3 channels·(16 bias + 2 group bits) + 16 TMax */
+    ck_assert_double_eq(kb[0], 3.0 * 6 + 3 * 18 + 16);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+START_TEST(tender_tmax_zero_and_chunks)
+{
+    /* constant channels (fp16 values): TMax = 0, x' = bias = x */
+    float k[12];
+    for (int t = 0; t < 4; t++) k[t * 3] = 1.5f, k[t * 3 + 1] = -2.0f, k[t * 3 + 2] = 0.0f;
+    kvq_layer L;
+    layer_from(&L, 1, 4, 3, k);
+    float kq[30], vq[30];
+    double kb[2], vb[2];
+    run_spec("tender", &L, kq, vq, kb, vb, 1);
+    ck_assert(!memcmp(kq, k, sizeof k));
+    kvq_layer_free(&L);
+
+    /* T = 5, chunk = 2: chunks [0,2) [2,4) [4,5); the last, one token, comes
+     * back as rnd(x) (bias = x rounded, CMax = |x − bias|); chunks are independent */
+    float x[2][10];
+    fill_normal(x[0], 10, 21, 1.0);
+    memcpy(x[1], x[0], sizeof x[0]);
+    x[1][0] = 50.0f; x[1][1] = -7.0f; /* chunk 0 changes */
+    float out[2][10];
+    for (int r = 0; r < 2; r++) {
+        layer_from(&L, 1, 5, 2, x[r]);
+        run_spec("tender:chunk=2,span=head,bits=8", &L, out[r], vq, kb, vb, 1);
+        kvq_layer_free(&L);
+    }
+    ck_assert(memcmp(out[0], out[1], 4 * sizeof(float)) != 0);
+    ck_assert(!memcmp(out[0] + 4, out[1] + 4, 6 * sizeof(float)));
+    for (int c = 0; c < 2; c++) ck_assert(fabsf(out[0][8 + c] - x[0][8 + c]) <= fabsf(x[0][8 + c]) * 0x1p-9f);
+    /* bits: 8·10 + 3 chunks · (2·(16 + 3) + 16) */
+    ck_assert_double_eq(kb[0], 80.0 + 3 * (2 * 19 + 16));
+
+    /* chunk = 0, chunk = T and chunk > T are one chunk */
+    float y[3][40], in[40], yv[40];
+    fill_normal(in, 40, 22, 2.0);
+    const char *specs[3] = {"tender:chunk=0", "tender:chunk=10", "tender:chunk=999"};
+    for (int r = 0; r < 3; r++) {
+        layer_from(&L, 2, 10, 2, in);
+        run_spec(specs[r], &L, y[r], yv, kb, vb, 1);
+        kvq_layer_free(&L);
+    }
+    ck_assert(!memcmp(y[0], y[1], sizeof y[0]) && !memcmp(y[0], y[2], sizeof y[0]));
+}
+END_TEST
+
+START_TEST(tender_span_head_and_layer)
+{
+    /* head 1 = head 0 / 8: with alpha = 2 everything scales by 2^-3 under
+     * span=head; under span=layer head 1's channels sit 3 groups lower,
+     * which is the same unless the groups run out (groups=2) */
+    int H = 2, T = 16, D = 8;
+    float k[256];
+    fill_normal(k, 128, 31, 4.0);
+    for (int c = 0; c < D; c++) k[c] = 6.0f, k[D + c] = -6.0f; /* every CMax within 2^2 of TMax */
+    for (int i = 0; i < 128; i++) k[128 + i] = k[i] / 8.0f;
+    kvq_layer L;
+    layer_from(&L, H, T, D, k);
+    float y[4][256], vq[256];
+    double kb[4][2], vb[2];
+    run_spec("tender:span=head,groups=8", &L, y[0], vq, kb[0], vb, 2);
+    run_spec("tender:span=layer,groups=8", &L, y[1], vq, kb[1], vb, 2);
+    run_spec("tender:span=head,groups=2", &L, y[2], vq, kb[2], vb, 2);
+    run_spec("tender:span=layer,groups=2", &L, y[3], vq, kb[3], vb, 2);
+    for (int i = 0; i < 128; i++) {
+        ck_assert(y[0][128 + i] == y[0][i] / 8.0f);
+        ck_assert(y[2][128 + i] == y[2][i] / 8.0f);
+    }
+    ck_assert(!memcmp(y[0], y[1], sizeof y[0]));
+    /* groups=2 under span=layer: head 0 as span=head, head 1 coarser */
+    ck_assert(!memcmp(y[3], y[2], 128 * sizeof(float)));
+    double e_head = 0, e_layer = 0;
+    for (int i = 128; i < 256; i++) e_head += fabs(y[2][i] - k[i]), e_layer += fabs(y[3][i] - k[i]);
+    ck_assert_msg(e_layer > 2 * e_head, "span=layer %g, span=head %g", e_layer, e_head);
+    /* bits: one TMax per chunk per head, or shared by the 2 heads */
+    ck_assert_double_eq(kb[0][0], 4.0 * 128 + 8 * (16 + 3) + 16);
+    ck_assert_double_eq(kb[1][0], 4.0 * 128 + 8 * (16 + 3) + 8);
+    ck_assert_double_eq(kb[3][1], 4.0 * 128 + 8 * (16 + 1) + 8);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+START_TEST(families_thread_invariant)
+{
+    const char *specs[] = {"fp8", "fp8:scale=channel", "fp8:format=e5m2,scale=token", "tender",
+                           "tender:span=head,chunk=7", "tender:chunk=1,groups=64,alpha=3,scale=fp32"};
+    int H = 3, T = 40, D = 16;
+    size_t n = (size_t)H * T * D;
+    kvq_layer L;
+    kvq_error err;
+    ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, 0, &err), KVQ_OK);
+    fill_normal(L.key, n, 1, 2.0);
+    fill_normal(L.value, n, 2, 1.0);
+    float *k[2], *v[2];
+    for (int r = 0; r < 2; r++) k[r] = malloc(n * sizeof(float)), v[r] = malloc(n * sizeof(float));
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        double kb[2][3], vb[2][3];
+        for (int r = 0; r < 2; r++) run_spec(specs[i], &L, k[r], v[r], kb[r], vb[r], r + 1);
+        ck_assert_msg(!memcmp(k[0], k[1], n * sizeof(float)) && !memcmp(v[0], v[1], n * sizeof(float)), "%s", specs[i]);
+        ck_assert(!memcmp(kb[0], kb[1], sizeof kb[0]) && !memcmp(vb[0], vb[1], sizeof vb[0]));
+    }
+    for (int r = 0; r < 2; r++) free(k[r]), free(v[r]);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+START_TEST(families_usage_errors)
+{
+    const char *bad[][2] = {{"fp8:format=e3m4", "format"}, {"fp8:scale=block", "scale"}, {"tender:alpha=1", "alpha"},
+                            {"tender:groups=0", "groups"}, {"tender:groups=65", "groups"}, {"tender:bits=1", "bits"},
+                            {"tender:chunk=-1", "chunk"}, {"tender:span=token", "span"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvq_spec sp;
+        kvq_error err = {0};
+        ck_assert_int_eq(kvq_spec_parse(bad[i][0], &sp, &err), KVQ_ERR_USAGE);
+        ck_assert_msg(strstr(err.msg, bad[i][1]) != NULL, "%s: %s", bad[i][0], err.msg);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("families");
+    TCase *tc = tcase_create("fp8");
+    tcase_add_test(tc, fp8_every_float16);
+    tcase_add_test(tc, fp8_rounding_boundaries);
+    tcase_add_test(tc, fp8_scales_and_bits);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tender");
+    tcase_add_test(tc, tender_groups_on_boundaries);
+    tcase_add_test(tc, tender_tmax_zero_and_chunks);
+    tcase_add_test(tc, tender_span_head_and_layer);
+    tcase_add_test(tc, families_thread_invariant);
+    tcase_add_test(tc, families_usage_errors);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
