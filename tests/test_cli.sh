@@ -133,9 +133,21 @@ expect 2 "gear:lowrank=qr: lowrank=qr: expected one of power|svd" -- "$analyze" 
 expect 0 -- "$gen" --layers 1 --tokens 40 --head-dim 12 -o "$tmp/d12.h5"
 expect 2 "d12.h5" "rotate=hadamard: head_dim 12 is not a power of two" -- "$analyze" -q lloydmax:rotate=hadamard "$tmp/d12.h5"
 expect 1 "d12.h5: /num_layers: expected 5 as in" -- "$analyze" -q cluster --calib "$tmp/d12.h5" "$real"
+# --- the seed families (SPEC 3.4, 3.5): listed, in the default set, usage errors name the key
+expect 0 "fp8 " "format=e4m3" "none|tensor|head|token|channel" "tender " "alpha=2" "chunk=256" "span=layer" -- "$analyze" --list-quantizers
+expect 2 "fp8:format=e4m4: format=e4m4: expected one of e4m3|e5m2" -- "$analyze" -q fp8:format=e4m4 "$real"
+expect 2 "fp8:scale=block: scale=block: expected one of none|tensor|head|token|channel" -- "$analyze" -q fp8:scale=block "$real"
+expect 2 "tender:alpha=1: alpha=1: out of range 2..256" -- "$analyze" -q tender:alpha=1 "$real"
+expect 2 "tender:groups=65: groups=65: out of range 1..64" -- "$analyze" -q tender:groups=65 "$real"
+expect 2 "tender:groups=0: groups=0: out of range 1..64" -- "$analyze" -q tender:groups=0 "$real"
+expect 2 "tender:bits=1: bits=1: out of range 2..16" -- "$analyze" -q tender:bits=1 "$real"
+expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1e+09" -- "$analyze" -q tender:chunk=-1 "$real"
+expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q tender "$tmp/huge.h5"
+expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
 # default set: without --calib cluster is skipped with a note after the results, with it included
 "$analyze" --per model --format csv "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
 grep -q 'without cluster: needs --calib' "$tmp/def.err" && ! grep -q ',cluster,' "$tmp/def.csv" && grep -q ',gear,' "$tmp/def.csv" \
+    && grep -q ',fp8,fp8,8.001953125,' "$tmp/def.csv" && grep -q ',tender,tender,4.076171875,' "$tmp/def.csv" \
     && grep -q ',lloydmax,' "$tmp/def.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set without --calib"; }
 "$analyze" --per model --format csv --calib "$calib" "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
 grep -q ',cluster,' "$tmp/def.csv" && ! [ -s "$tmp/def.err" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set with --calib"; }

@@ -150,6 +150,17 @@ check "progress bar" grep -q $'\r''kvq-sweep \[#*\.*\] 1/2 points  0:0[0-9] elap
 "$sweep" "$real" --quant kivi --grid bits=2,3 --progress never -o "$tmp/p2.csv" 2>"$tmp/err"
 check "--progress never: only the summary" [ "$(wc -l <"$tmp/err")" = 1 ]
 
+# --- the seed families over their own keys: a choice key in a grid
+"$sweep" "$real" --quant fp8 --grid format=e4m3,e5m2 --grid scale=none,tensor,token --per model --progress never \
+    -o "$tmp/fp8.csv" 2>/dev/null
+check "fp8 format x scale: 6 rows" [ "$(tail -n +2 "$tmp/fp8.csv" | wc -l)" = 6 ]
+check "fp8 grid: choice values in the spec and key columns" grep -q ',"fp8:format=e5m2,scale=token",.*,e5m2,token,5$' "$tmp/fp8.csv"
+"$sweep" "$real" --quant tender --grid groups=1,4,8 --grid chunk=0,64 --per model --progress never -o "$tmp/tender.csv" 2>/dev/null
+check "tender groups x chunk: 6 rows" [ "$(tail -n +2 "$tmp/tender.csv" | wc -l)" = 6 ]
+"$analyze" -q tender:groups=4,chunk=64 --per model --format csv "$real" | tail -1 >"$tmp/t-an.csv"
+grep ',"tender:groups=4,chunk=64",' "$tmp/tender.csv" | sed -E 's/(,[^,]*){3}$//' >"$tmp/t-sw.csv"
+check "tender sweep row equals kvq-analyze's" cmp -s "$tmp/t-an.csv" "$tmp/t-sw.csv"
+
 # --- the Slurm example: a 3-task array then the merge, run here without Slurm
 export DUMPS=$real OUTDIR=$tmp/slurm KVQ_SWEEP=$sweep SWEEP_ARGS="${kivi[*]}"
 for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-sweep.slurm" 2>/dev/null; done

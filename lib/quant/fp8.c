@@ -250,7 +250,7 @@ static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 
 const kvq_quantizer kvq_q_fp8 = {
     .name = "fp8",
-    .description = "FP8 cast (e4m3/e5m2, round to nearest even, saturating) after a float32 scale",
+    .description = "FP8 cast e4m3/e5m2 after a float32 scale, round to nearest even, saturating (SPEC 3.4, seed 003)",
     .params = fp8_params,
     .nparams = sizeof fp8_params / sizeof fp8_params[0],
     .in_default_set = 1,
