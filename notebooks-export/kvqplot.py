@@ -29,8 +29,10 @@ FAMILY_STYLE = {
     "gear-l": ("#e377c2", "X"),
     "cluster": ("#7f7f7f", "*"),
     "lloydmax": ("#bcbd22", "h"),
+    "fp8": ("#17becf", "p"),
+    "tender": ("#393b79", "d"),
 }
-_EXTRA = ["#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896"]
+_EXTRA = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896"]
 
 METRIC_LABEL = {
     "k_rel_fro": "key error  ‖K−K'‖/‖K‖",
@@ -58,6 +60,11 @@ KEY_LABEL = {
     "centroids": "centroids per head",
     "window": "exact window (tokens)",
     "loop": "power-iteration passes",
+    "groups": "channel groups (Tender)",
+    "chunk": "chunk (tokens)",
+    "alpha": "scale ratio between groups",
+    "format": "FP8 format",
+    "scale": "scale granularity",
 }
 
 

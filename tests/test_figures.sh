@@ -25,6 +25,10 @@ rc=$?
 
 # bad inputs: one line naming the file and what is wrong, exit 1
 d=$out/data
+# the error-vs-bits table has every family, the seed families FP8 and Tender included
+for fam in per-token per-channel kivi kcvt absmax gear gear-l cluster lloydmax fp8 tender; do
+    grep -q "^stories260K.h5,all,all,$fam," "$d/analyze-model.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $fam not in analyze-model.csv"; }
+done
 sed 's/,attn_rel,/,attn_relx,/' "$d/analyze-model.csv" >"$tmp/no-attn.csv"
 sed 's/,point$/,pt/' "$d/sweep-kivi.csv" >"$tmp/no-point.csv"
 sed 's/,abs_max,/,absmax,/' "$d/channels.csv" >"$tmp/no-absmax.csv"
