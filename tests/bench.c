@@ -145,6 +145,30 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         printf("  %-40s %8.0f M elements/s\n", specs[i], bench_quant(specs[i], &L, kq, vq) / 1e6);
 
+    /* the seed families (SPEC 3.4, 3.5): the FP8 cast alone, then each
+     * quantizer beside per-token on the same layer, one core */
+    {
+        double best[2] = {1e30, 1e30};
+        for (int f = 0; f < 2; f++)
+            for (int rep = 0; rep < 5; rep++) {
+                double t1 = now();
+                kvq_fp8_quantize_array(L.key, kq, n, 0.01f, (kvq_fp8_format)f);
+                double dt = now() - t1;
+                if (dt < best[f]) best[f] = dt;
+            }
+        printf("\nFP8 cast x' = fp8(x/s)*s, one core (target >= 1000 M elements/s): e4m3 %.0f, e5m2 %.0f M elements/s\n",
+               n / best[0] / 1e6, n / best[1] / 1e6);
+        const char *fam[] = {"fp8", "fp8:scale=token", "fp8:scale=channel", "tender", "tender:span=head",
+                             "tender:chunk=0,groups=16"};
+        double pt = bench_quant("per-token:bits=4,group=128", &L, kq, vq);
+        printf("quantize + reconstruction error, one core, against per-token:bits=4,group=128 (%.0f M elements/s;"
+               " target for tender: within 2x):\n", pt / 1e6);
+        for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+            double r = bench_quant(fam[i], &L, kq, vq);
+            printf("  %-40s %8.0f M elements/s  (%.2fx the time of per-token)\n", fam[i], r / 1e6, pt / r);
+        }
+    }
+
     /* attention: all 8 KV heads, 5 quantizers, one core */
     const int nq = 5;
     float *kqs[5], *vqs[5];

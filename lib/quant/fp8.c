@@ -85,25 +85,26 @@ static fp8_consts fp8_consts_of(kvq_fp8_format format)
                         .magic = ldexpf(1.0f, f->emin - f->man_bits + 23)};
 }
 
-static inline __attribute__((always_inline)) float fp8_cast_fast(float v, const fp8_consts *k)
+static inline __attribute__((always_inline)) float fp8_cast_fast(float v, fp8_consts k)
 {
     uint32_t u = f32_bits(v), sign = u & 0x80000000u, a = u & 0x7fffffffu;
-    a = a < k->fmax_bits ? a : k->fmax_bits;
-    uint32_t normal = (a + k->halfm1 + ((a >> k->drop) & 1u)) & k->keep;
-    uint32_t sub = f32_bits((bits_f32(a) + k->magic) - k->magic);
-    return bits_f32(sign | (a < k->min_normal ? sub : normal));
+    a = a < k.fmax_bits ? a : k.fmax_bits;
+    uint32_t normal = (a + k.halfm1 + ((a >> k.drop) & 1u)) & k.keep;
+    uint32_t sub = f32_bits((bits_f32(a) + k.magic) - k.magic);
+    uint32_t below = -(uint32_t)(a < k.min_normal); /* a mask, not a branch: the loop vectorises */
+    return bits_f32(sign | (sub & below) | (normal & ~below));
 }
 
 /* The two hot loops, compiled plain and again for AVX2:
  * y = fp8(x / s)·s over n values, and over rows of D with a scale per column. */
 #define FP8_LOOPS(suffix, attr)                                                                    \
-    attr static void fp8_scaled_##suffix(const float *x, float *y, size_t n, float s,             \
-                                         const fp8_consts *k)                                      \
+    attr static void fp8_scaled_##suffix(const float *restrict x, float *restrict y, size_t n,    \
+                                         float s, fp8_consts k)                                    \
     {                                                                                              \
         for (size_t i = 0; i < n; i++) y[i] = fp8_cast_fast(x[i] / s, k) * s;                      \
     }                                                                                              \
-    attr static void fp8_columns_##suffix(const float *x, float *y, size_t rows, size_t D,        \
-                                          const float *s, const fp8_consts *k)                     \
+    attr static void fp8_columns_##suffix(const float *restrict x, float *restrict y, size_t rows, \
+                                          size_t D, const float *restrict s, fp8_consts k)         \
     {                                                                                              \
         for (size_t t = 0; t < rows; t++)                                                          \
             for (size_t c = 0; c < D; c++)                                                         \
@@ -121,11 +122,11 @@ void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8
     fp8_consts k = fp8_consts_of(format);
 #ifdef FP8_AVX2
     if (kvq_simd_avx2_active()) {
-        fp8_scaled_avx2(x, y, n, s, &k);
+        fp8_scaled_avx2(x, y, n, s, k);
         return;
     }
 #endif
-    fp8_scaled_plain(x, y, n, s, &k);
+    fp8_scaled_plain(x, y, n, s, k);
 }
 
 /* Rows x, y [rows][D]; column c scaled by s[c]. */
@@ -135,11 +136,11 @@ static void fp8_quantize_columns(const float *x, float *y, size_t rows, size_t D
     fp8_consts k = fp8_consts_of(format);
 #ifdef FP8_AVX2
     if (kvq_simd_avx2_active()) {
-        fp8_columns_avx2(x, y, rows, D, s, &k);
+        fp8_columns_avx2(x, y, rows, D, s, k);
         return;
     }
 #endif
-    fp8_columns_plain(x, y, rows, D, s, &k);
+    fp8_columns_plain(x, y, rows, D, s, k);
 }
 
 /* ----------------------------------------------------------- the quantizer */
