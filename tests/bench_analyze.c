@@ -1,0 +1,159 @@
+/* bench_analyze.c — kvq-bench-analyze: kvq-analyze against its floor.
+ * The attention metrics need, per layer and query head, two GEMMs for the
+ * exact cache (S = Q·Kᵀ, A·V) and three per quantizer (S', A·V', A'·V'),
+ * each 2·P·T·D FLOP for P query rows.  That is the floor; everything else
+ * (reading, converting, quantizing, softmax) should be small beside it.
+ * This runs the real tool (fork + exec, so start-up and loading count) on
+ *   A: one Llama-3-8B-shaped layer (32 query / 8 KV heads, D 128, 4096
+ *      tokens, float16), two 2-bit quantizers;
+ *   B: four such layers of 8192 tokens, kvq-analyze's default set;
+ * and prints the wall time (best of the runs), the floor (the FLOP count at
+ * the sgemm rate measured here, in this run, on the same shapes with the
+ * same threads: one single-threaded sgemm per thread, as kvq runs them),
+ * their ratio and the tool's peak RSS.
+ *   kvq-bench-analyze [BUILD_DIR]   (run by `meson test --benchmark`) */
+#include "kvq.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void make_dump(const char *path, int layers, int tokens)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0) return;
+    kvq_gen_opts o;
+    kvq_gen_defaults(&o);
+    o.num_layers = layers, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = tokens;
+    o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16;
+    kvq_error err = {0};
+    fprintf(stderr, "kvq-bench-analyze: writing %s (once)\n", path);
+    if (kvq_gen_write(path, &o, &err)) {
+        fprintf(stderr, "kvq-bench-analyze: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+/* Runs argv; returns the wall seconds and the child's peak RSS in MB. */
+static double run_tool(char *const *argv, double *rss_mb)
+{
+    double t0 = now();
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int status;
+    struct rusage ru;
+    if (pid < 0 || wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+        fprintf(stderr, "kvq-bench-analyze: %s failed\n", argv[0]);
+        exit(1);
+    }
+    *rss_mb = ru.ru_maxrss / 1024.0;
+    return now() - t0;
+}
+
+/* GFLOP/s of sgemm on one query head's shapes (P×D·D×T and P×T·T×D), one
+ * single-threaded sgemm per thread on its own buffers, nt threads at once. */
+static double sgemm_rate(int P, int T, int D, int nt)
+{
+    openblas_set_num_threads(1);
+    double best = 1e30;
+    int reps = 8;
+#pragma omp parallel num_threads(nt)
+    {
+        float *Q = malloc(sizeof(float) * P * D), *K = malloc(sizeof(float) * T * D);
+        float *S = malloc(sizeof(float) * P * T), *O = malloc(sizeof(float) * P * D);
+        for (int i = 0; i < P * D; i++) Q[i] = 1e-3f * (float)(i % 7);
+        for (long i = 0; i < (long)T * D; i++) K[i] = 1e-3f * (float)(i % 5);
+        for (int r = 0; r < 3; r++) {
+#pragma omp barrier
+            double t0 = now();
+            for (int k = 0; k < reps; k++) {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, P, T, D, 1.0f, Q, D, K, D, 0.0f, S, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, P, D, T, 1.0f, S, T, K, D, 0.0f, O, D);
+            }
+#pragma omp barrier
+#pragma omp single
+            {
+                double dt = now() - t0;
+                if (dt < best) best = dt;
+            }
+        }
+        free(Q), free(K), free(S), free(O);
+    }
+    return 2.0 * 2.0 * P * T * D * reps * nt / best / 1e9;
+}
+
+static void report(const char *name, int layers, int T, int nspecs, int P, int nt, double t, double rss)
+{
+    int Hq = 32, D = 128;
+    double flop = (double)layers * Hq * (2 + 3.0 * nspecs) * 2.0 * P * T * D;
+    double rate = sgemm_rate(P, T, D, nt);
+    double floor_s = flop / (rate * 1e9);
+    printf("%s: %.3f s; floor %.3f s (%.1f GFLOP at %.1f GFLOP/s, sgemm on the same shapes, %d threads); "
+           "ratio %.2fx (target <= 1.5x); peak RSS %.0f MB\n",
+           name, t, floor_s, flop / 1e9, rate, nt, t / floor_s, rss);
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : ".";
+    char a_path[4096], b_path[4096], tool[4096];
+    snprintf(a_path, sizeof a_path, "%s/bench-llama3-8b.h5", dir);
+    snprintf(b_path, sizeof b_path, "%s/bench-llama3-8b-8k.h5", dir);
+    snprintf(tool, sizeof tool, "%s/tools/kvq-analyze", dir);
+    make_dump(a_path, 4, 4096);
+    make_dump(b_path, 4, 8192);
+    int nt = omp_get_num_procs(), P = 64;
+    /* the default set without --calib (cluster needs one) */
+    int ndefault = 0;
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        ndefault += q->in_default_set && !q->needs_calib;
+    }
+    printf("kvq-bench-analyze: %d cores; kvq-analyze --per model, --queries last:%d (the default)\n", nt, P);
+
+    double rss, best = 1e30, best_rss = 0;
+    char *ver[] = {tool, "--version", NULL};
+    for (int r = 0; r < 3; r++) {
+        double t = run_tool(ver, &rss);
+        if (t < best) best = t, best_rss = rss;
+    }
+    printf("start-up: kvq-analyze --version %.3f s, peak RSS %.0f MB\n", best, best_rss);
+
+    char *a[] = {tool, "-q", "kivi:bits=2", "-q", "per-token:bits=2", "--layers", "0", "--per", "model",
+                 a_path, NULL};
+    best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t = run_tool(a, &rss);
+        if (t < best) best = t, best_rss = rss;
+    }
+    report("A  1 layer x 4096 tokens, kivi:bits=2 + per-token:bits=2", 1, 4096, 2, P, nt, best, best_rss);
+
+    char *b[] = {tool, "--per", "model", b_path, NULL};
+    best = 1e30;
+    for (int r = 0; r < 2; r++) {
+        double t = run_tool(b, &rss);
+        if (t < best) best = t, best_rss = rss;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "B  4 layers x 8192 tokens, default set (%d quantizers)", ndefault);
+    report(name, 4, 8192, ndefault, P, nt, best, best_rss);
+    return 0;
+}
