@@ -343,17 +343,19 @@ START_TEST(gear_outlier_rule)
     enum { N = 300 };
     float row[N], work[N];
     unsigned char sel[N], ref[N];
-    kvq_ranked r[N];
+    float r[N];
     kvq_rng g;
     kvq_rng_init(&g, 1, 2, 3, 4);
     const int ks[] = {1, 2, 5, 64, 65, 100, 150};
-    for (int trial = 0; trial < 4; trial++)
+    for (int trial = 0; trial < 6; trial++)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
             int n = trial == 3 ? 7 : N, k = ks[ki] > n / 2 ? n / 2 : ks[ki];
-            /* trial 0: distinct values; 1: many ties; 2: constant; 3: short row */
+            /* trial 0: distinct values; 1: many ties; 2: constant; 3: short row;
+             * 4: sorted ascending (a quickselect's bad case); 5: ±0 and few values */
             for (int i = 0; i < n; i++)
                 row[i] = trial == 0 ? (float)kvq_rng_normal(&g) : trial == 1 ? (float)kvq_rng_below(&g, 3) - 1.0f
-                         : trial == 2 ? 0.5f : (float)kvq_rng_below(&g, 2);
+                         : trial == 2 ? 0.5f : trial == 3 ? (float)kvq_rng_below(&g, 2) : trial == 4 ? (float)i
+                         : (float)kvq_rng_below(&g, 3) == 0 ? -0.0f : (float)kvq_rng_below(&g, 2);
             memcpy(work, row, sizeof row);
             kvq_gear_row_outliers(row, work, sel, n, k, r);
             outliers_ref(row, n, k, ref);

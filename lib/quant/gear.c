@@ -56,11 +56,57 @@ static kvq_status gear_l_check(const kvq_spec *sp, kvq_error *err)
 /* ------------------------------------------------------------ outliers */
 
 
-static int cmp_ranked(const void *a, const void *b)
+static int cmp_float(const void *a, const void *b)
 {
-    const kvq_ranked *x = a, *y = b;
-    if (x->v != y->v) return x->v < y->v ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The k-th smallest (0-based) of v[0..n) by value, reordering v: quickselect
+ * (median-of-three pivot, three-way partition), O(n) expected; after
+ * 2·log2(n) + 8 rounds without finishing, the range left is sorted instead,
+ * so no input costs more than O(n log n). */
+static float select_kth(float *v, int n, int k)
+{
+    int lo = 0, hi = n - 1, budget = 8;
+    for (int m = n; m > 1; m >>= 1) budget += 2;
+    while (hi > lo) {
+        if (budget-- == 0) {
+            qsort(v + lo, (size_t)(hi - lo + 1), sizeof *v, cmp_float);
+            return v[k];
+        }
+        float a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi];
+        float pivot = a < b ? (b < c ? b : a < c ? c : a) : (a < c ? a : b < c ? c : b);
+        /* v[lo..lt) < pivot, v[lt..i) == pivot, v(gt..hi] > pivot */
+        int lt = lo, i = lo, gt = hi;
+        while (i <= gt) {
+            float x = v[i];
+            if (x < pivot) v[i++] = v[lt], v[lt++] = x;
+            else if (x > pivot) v[i] = v[gt], v[gt--] = x;
+            else i++;
+        }
+        if (k < lt) hi = lt - 1;
+        else if (k > gt) lo = gt + 1;
+        else return pivot;
+    }
+    return v[k];
+}
+
+/* Marks in sel the `count` first of the unmarked values of row in the order
+ * (value, index) — ascending values (largest = 0) or descending (1): all
+ * beyond the threshold, then the lowest indices of the run equal to it.
+ * v: n floats of scratch. */
+static void mark_extreme(const float *row, int n, int count, int largest, unsigned char *sel, float *v)
+{
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (!sel[i]) v[m++] = row[i];
+    float th = select_kth(v, m, largest ? m - count : count - 1);
+    int beyond = 0;
+    for (int i = 0; i < n; i++)
+        if (!sel[i] && (largest ? row[i] > th : row[i] < th)) sel[i] = 1, beyond++;
+    for (int i = 0, need = count - beyond; i < n && need > 0; i++)
+        if (!sel[i] && row[i] == th) sel[i] = 1, need--;
 }
 
 /* The k best of row (largest or smallest) not in skip, best first, into
@@ -84,7 +130,7 @@ static void top_k_scan(const float *row, int n, int k, int largest, const unsign
 /* Row row[0..n): marks the k largest values, then the k smallest of the
  * rest (ties: lower index first) in sel, and replaces them by the row mean
  * in work (a copy of row).  r: n scratch entries. */
-void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, kvq_ranked *r)
+void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch)
 {
     memset(sel, 0, (size_t)n);
     if (k <= 0) return;
@@ -92,26 +138,15 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
     for (int i = 0; i < n; i++) sum += row[i];
     float mean = (float)(sum / n);
     if (k <= 64) { /* scans; r doubles as the value/index lists */
-        float *val = (float *)r;
-        int *idx = (int *)(r + k);
+        float *val = scratch;
+        int *idx = (int *)(scratch + k); /* 2k <= n */
         top_k_scan(row, n, k, 1, NULL, val, idx);
         for (int j = 0; j < k; j++) sel[idx[j]] = 1;
         top_k_scan(row, n, k, 0, sel, val, idx);
         for (int j = 0; j < k; j++) sel[idx[j]] = 1;
-    } else {
-        for (int i = 0; i < n; i++) r[i].v = row[i], r[i].i = i;
-        qsort(r, (size_t)n, sizeof *r, cmp_ranked); /* ascending value, then index */
-        /* largest k: everything above the k-th largest value, then the lowest
-         * indices of the run equal to it */
-        float vk = r[n - k].v;
-        int p = n - k, q = n - k;
-        while (p > 0 && r[p - 1].v == vk) p--;
-        while (q < n && r[q].v == vk) q++;
-        for (int j = q; j < n; j++) sel[r[j].i] = 1;
-        for (int j = p; j < p + (k - (n - q)); j++) sel[r[j].i] = 1;
-        /* smallest k of the rest: ascending order already breaks ties by index */
-        for (int j = 0, taken = 0; j < n && taken < k; j++)
-            if (!sel[r[j].i]) sel[r[j].i] = 1, taken++;
+    } else { /* selections, O(n): the largest k, then the smallest k of the rest */
+        mark_extreme(row, n, k, 1, sel, scratch);
+        mark_extreme(row, n, k, 0, sel, scratch);
     }
     for (int i = 0; i < n; i++)
         if (sel[i]) work[i] = mean;
@@ -151,7 +186,7 @@ static kvq_status mark_outliers(gear_job *j, int h)
     if (k <= 0) return KVQ_OK;
     float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
     unsigned char *sel = malloc((size_t)n);
-    kvq_ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    float *r = kvq_alloc_array((size_t)n, sizeof *r);
     kvq_status st = row && work && sel && r ? KVQ_OK : KVQ_ERR_NOMEM;
     for (int rw = 0; rw < nrows && !st; rw++) {
         for (int e = 0; e < n; e++) row[e] = work[e] = j->x[row_elem(j, h, rw, e)];

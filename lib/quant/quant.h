@@ -74,12 +74,9 @@ kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_r
 
 /* GEAR's outliers of one row (SPEC §3.1): sel[i] = 1 for the k largest
  * values, then the k smallest of the rest (ties: lower index first); those
- * positions of work (a copy of row) become the row mean.  r: n scratch. */
-typedef struct kvq_ranked {
-    float v;
-    int i;
-} kvq_ranked;
-void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, kvq_ranked *r);
+ * positions of work (a copy of row) become the row mean.  O(n): scans for
+ * small k, selections otherwise.  scratch: n floats. */
+void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch);
 
 /* Runs spec's plan (kvq_quantizer.plan) for one tensor of one head with
  * the helpers above; a tensor with a TOKEN_LAYER step runs whole in head 0's
