@@ -48,14 +48,19 @@ static row_stats softmax_row_ref(float *s, float *a, int p, int ncol, float scal
     return r;
 }
 
-/* The same with AVX-512 where the CPU has it: vector exp within 2 ulp of
- * expf, the other operations as the reference (tests compare the two). */
+/* The same with AVX-512 or AVX2 + FMA where the CPU has it: vector exp
+ * within 2 ulp of expf, the other operations as the reference (tests
+ * compare them). */
 static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, int prescaled)
 {
-    if (!kvq_simd_active()) return softmax_row_ref(s, a, p, ncol, scale, prescaled);
     row_stats r;
     double sum;
-    kvq_softmax_avx512(s, a, (size_t)p + 1, (size_t)ncol, scale, prescaled, &r.m, &sum, &r.argmax);
+    if (kvq_simd_active())
+        kvq_softmax_avx512(s, a, (size_t)p + 1, (size_t)ncol, scale, prescaled, &r.m, &sum, &r.argmax);
+    else if (kvq_simd_avx2_active())
+        kvq_softmax_avx2(s, a, (size_t)p + 1, (size_t)ncol, scale, prescaled, &r.m, &sum, &r.argmax);
+    else
+        return softmax_row_ref(s, a, p, ncol, scale, prescaled);
     r.lse = log(sum);
     return r;
 }
@@ -169,6 +174,9 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
             if (kvq_simd_active()) { /* one pass for the three sums */
                 kvq_row_compare_avx512(srow, arow, sqrow, aqrow, (size_t)p + 1, c->rs[i].m, c->rs[i].lse,
                                        w->rq[i].m, w->rq[i].lse, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+            } else if (kvq_simd_avx2_active()) {
+                kvq_row_compare_avx2(srow, arow, sqrow, aqrow, (size_t)p + 1, c->rs[i].m, c->rs[i].lse,
+                                     w->rq[i].m, w->rq[i].lse, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
             } else {
                 ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p + 1, NULL);
                 ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p + 1, NULL);

@@ -7,8 +7,8 @@
 
 /* 1 if the AVX-512 paths are in use (CPU support, not disabled). */
 int kvq_simd_active(void);
-/* 1 if loops compiled a second time for AVX2 (target attribute, the same C)
- * may run: CPU support and not disabled. */
+/* 1 if the AVX2 + FMA paths may run (loops compiled a second time with a
+ * target attribute, and simd_avx2.c): CPU support and not disabled. */
 int kvq_simd_avx2_active(void);
 /* Tests: 0 forces the portable paths, 1 re-enables SIMD where supported. */
 void kvq_simd_force(int on);
@@ -37,5 +37,14 @@ void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, 
 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n,
                             double m, double lse, double mq, double lseq, double *sd2, double *ad2,
                             double *kl);
+
+/* AVX2 + FMA versions of the three above (simd_avx2.c), for CPUs without
+ * AVX-512: the same arithmetic, so the same values. */
+void kvq_exp_avx2(const float *x, float *y, size_t n);
+void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                      float *m_out, double *sum_out, int *argmax_out);
+void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n,
+                          double m, double lse, double mq, double lseq, double *sd2, double *ad2,
+                          double *kl);
 
 #endif

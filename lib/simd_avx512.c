@@ -34,7 +34,7 @@ int kvq_simd_avx2_active(void)
     static int avx2 = -1;
     if (avx2 < 0) {
         __builtin_cpu_init();
-        avx2 = __builtin_cpu_supports("avx2");
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     }
     return avx2 && !simd_forced_off;
 }

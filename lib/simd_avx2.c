@@ -1,0 +1,151 @@
+/* simd_avx2.c — AVX2 + FMA versions of the attention metrics' row loops
+ * (exp, softmax, one row's comparison sums) for CPUs without AVX-512: the
+ * same arithmetic as simd_avx512.c (Cephes exp with the same constants and
+ * FMAs, so the same values; division as the reference), 8 lanes instead of
+ * 16.  Selected at run time (kvq_simd_avx2_active); tests/test_metrics.c
+ * checks them against expf and the plain C reference. */
+#include "simd.h"
+
+#include <math.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* exp(x) for x <= 0: Cody–Waite reduction by ln 2, degree-6 polynomial,
+ * then y·2^n as y·2^n1·2^n2 (n1 = floor(n/2)): the first product is exact,
+ * the second rounds once, so subnormal results equal AVX-512's scalef. */
+AVX2 static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-104.0f)); /* below: 0 after scaling */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+}
+
+/* All-ones in the lanes below rem (rem < 8: a tail). */
+AVX2 static inline __m256i lanes8(size_t rem)
+{
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(rem >= 8 ? 8 : (int)rem), idx);
+}
+
+AVX2 void kvq_exp_avx2(const float *x, float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        _mm256_maskstore_ps(y + i, k, exp256(_mm256_maskload_ps(x + i, k)));
+    }
+}
+
+AVX2 static inline float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+AVX2 static inline double hsum4(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+AVX2 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                           float *m_out, double *sum_out, int *argmax_out)
+{
+    /* scale (divide, as the reference) and the max; masked-off lanes load 0
+     * and are replaced by -inf before the max */
+    const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(scale);
+    __m256 vmax = ninf;
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        __m256 v = _mm256_maskload_ps(s + i, k);
+        if (!prescaled) {
+            v = _mm256_div_ps(v, vscale);
+            _mm256_maskstore_ps(s + i, k, v);
+        }
+        vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(k)));
+    }
+    float m = hmax8(vmax);
+    /* the first index holding it */
+    int am = 0;
+    __m256 vm = _mm256_set1_ps(m);
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        int eq = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(_mm256_maskload_ps(s + i, k), vm, _CMP_EQ_OQ),
+                                                  _mm256_castsi256_ps(k)));
+        if (eq) {
+            am = (int)i + __builtin_ctz((unsigned)eq);
+            break;
+        }
+    }
+    /* a = exp(s − m), Σ a in double, then a / Σ */
+    __m256d sum = _mm256_setzero_pd();
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(s + i, k), vm)), _mm256_castsi256_ps(k));
+        _mm256_maskstore_ps(a + i, k, e);
+        sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
+                                               _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
+    }
+    double total = hsum4(sum);
+    __m256 vf = _mm256_set1_ps((float)total);
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        _mm256_maskstore_ps(a + i, k, _mm256_div_ps(_mm256_maskload_ps(a + i, k), vf));
+    }
+    for (size_t u = n; u < ncol; u++) a[u] = 0.0f;
+    *m_out = m, *sum_out = total, *argmax_out = am;
+}
+
+/* Adds Σ (s − s')², Σ (a − a')² and KL(A‖A') of one row of n. */
+AVX2 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n,
+                               double m, double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
+{
+    __m256d vs = _mm256_setzero_pd(), va = vs, vk = vs;
+    const __m256d vm = _mm256_set1_pd(m), vl = _mm256_set1_pd(lse), vmq = _mm256_set1_pd(mq), vlq = _mm256_set1_pd(lseq);
+    const __m128i idx = _mm_setr_epi32(0, 1, 2, 3);
+    for (size_t i = 0; i < n; i += 4) {
+        __m128i k = _mm_cmpgt_epi32(_mm_set1_epi32(n - i >= 4 ? 4 : (int)(n - i)), idx);
+        __m256d x = _mm256_cvtps_pd(_mm_maskload_ps(s + i, k)), xq = _mm256_cvtps_pd(_mm_maskload_ps(sq + i, k));
+        __m256d y = _mm256_cvtps_pd(_mm_maskload_ps(a + i, k)), yq = _mm256_cvtps_pd(_mm_maskload_ps(aq + i, k));
+        __m256d ds = _mm256_sub_pd(x, xq), da = _mm256_sub_pd(y, yq);
+        vs = _mm256_add_pd(vs, _mm256_mul_pd(ds, ds));
+        va = _mm256_add_pd(va, _mm256_mul_pd(da, da));
+        /* a·((s − m − lse) − (s' − m' − lse')) where a != 0 (masked-off lanes load a = 0) */
+        __m256d la = _mm256_sub_pd(_mm256_sub_pd(x, vm), vl), lq = _mm256_sub_pd(_mm256_sub_pd(xq, vmq), vlq);
+        __m256d nz = _mm256_cmp_pd(y, _mm256_setzero_pd(), _CMP_NEQ_OQ);
+        vk = _mm256_add_pd(vk, _mm256_and_pd(nz, _mm256_mul_pd(y, _mm256_sub_pd(la, lq))));
+    }
+    *sd2 += hsum4(vs);
+    *ad2 += hsum4(va);
+    *kl += hsum4(vk);
+}
+
+#else /* not x86-64 GCC/Clang: never selected (kvq_simd_avx2_active is 0) */
+
+void kvq_exp_avx2(const float *x, float *y, size_t n) { (void)x, (void)y, (void)n; }
+void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
+                      double *sum_out, int *argmax_out)
+{ (void)s, (void)a, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m_out, (void)sum_out, (void)argmax_out; }
+void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
+                          double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
+{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
+
+#endif
