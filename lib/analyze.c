@@ -72,17 +72,6 @@ struct kvq_prepared {
     float **qsel;       /* [nl] query rows [Hq][npos][D] when cached for a device */
 };
 
-/* The query rows of the attention metrics, [Hq][npos][D]; NULL if out of memory. */
-static float *gather_queries(const kvq_layer *L, const int *pos, size_t npos)
-{
-    float *q = kvq_alloc_array((size_t)L->Hq * (npos ? npos : 1), (size_t)L->D * sizeof(float));
-    for (int j = 0; q && j < L->Hq; j++)
-        for (size_t i = 0; i < npos; i++)
-            memcpy(q + ((size_t)j * npos + i) * L->D, L->query + ((size_t)j * L->T + pos[i]) * L->D,
-                   (size_t)L->D * sizeof(float));
-    return q;
-}
-
 void kvq_prepared_free(kvq_prepared *p)
 {
     if (!p) return;
@@ -162,26 +151,24 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
     openblas_set_num_threads(1); /* parallelism is ours, over heads */
     for (int li = 0; li < nl && !st; li++) {
         kvq_layer *L = &p->L[li];
-        if ((st = kvq_dump_read_layer(d, p->layers[li], flags | KVQ_READ_QUERY, L, err))) break;
-        if (L->query && p->qsel) {
-            if (!(p->qsel[li] = gather_queries(L, p->pos, p->npos)))
-                st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the query rows", p->path);
-            free(L->query);
-            L->query = NULL;
-        } else if (L->query) {
+        float *rows = NULL; /* only the query rows the metrics use: [Hq][npos][D] */
+        if ((st = kvq_dump_read_layer(d, p->layers[li], flags & ~KVQ_READ_QUERY, L, err))) break;
+        if (info->has_query && (st = kvq_dump_read_query_rows(d, p->layers[li], p->pos, p->npos, &rows, err))) break;
+        if (rows && p->qsel) {
+            p->qsel[li] = rows;
+        } else if (rows) {
             int G = L->Hq / L->H;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
             for (int hi = 0; hi < nh; hi++) {
                 int h = p->heads[hi];
                 size_t off = (size_t)h * L->T * L->D;
-                hst[hi] = kvq_attn_ref_new(L->query + (size_t)h * G * L->T * L->D, G, L->key + off,
-                                           L->value + off, L->T, L->D, info->query_prescaled, p->pos,
-                                           p->npos, &p->ref[(size_t)li * nh + hi], &herr[hi]);
+                hst[hi] = kvq_attn_ref_new_rows(rows + (size_t)h * G * p->npos * L->D, G, L->key + off,
+                                                L->value + off, L->T, L->D, info->query_prescaled, p->pos,
+                                                p->npos, &p->ref[(size_t)li * nh + hi], &herr[hi]);
             }
             for (int hi = 0; hi < nh && !st; hi++)
                 if (hst[hi]) st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", p->path, p->layers[li], herr[hi].msg);
-            free(L->query); /* the references hold the query rows they need */
-            L->query = NULL;
+            free(rows); /* the references hold the query rows they need */
         }
     }
 done:
@@ -205,7 +192,7 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
 }
 
 static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h, int with_attn,
-                               const kvq_attn_ref *ref, int nspecs, float *const *kq,
+                               const kvq_attn_ref *ref, const float *qrows, int nspecs, float *const *kq,
                                float *const *vq, double *const *kbits, double *const *vbits,
                                double *const *sbytes, kvq_recon_acc *const *recon,
                                unsigned char *const *done, const int *pos, size_t npos,
@@ -226,7 +213,7 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         acc[s].v.bits += vbits[s][h];
         acc[s].static_bytes += sbytes[s][h];
     }
-    if (!with_attn || (!L->query && !ref)) return KVQ_OK;
+    if (!with_attn || (!qrows && !ref)) return KVQ_OK;
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);
     const float **Vh = kvq_alloc_array((size_t)nspecs, sizeof *Vh);
@@ -240,7 +227,7 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         if (ref)
             st = kvq_attn_ref_compare(ref, nspecs, Kh, Vh, aa, err);
         else
-            st = kvq_attention_head(L->query + (size_t)h * G * L->T * L->D, G, K, V, L->T, L->D,
+            st = kvq_attention_rows(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D,
                                     info->query_prescaled, pos, npos, nspecs, Kh, Vh, aa, err);
         if (!st) merge_attn(acc, aa, nspecs);
     }
@@ -278,14 +265,11 @@ static kvq_status plan_on_device(kvq_device *dev, const kvq_spec *spec, const kv
 }
 
 /* The attention metrics of the selected heads of a layer on the device,
- * whose slots 0..ns−1 hold the quantizers' K', V'.  qsel: cached query rows
- * or NULL (gathered from L->query). */
+ * whose slots 0..ns−1 hold the quantizers' K', V'.  qsel: the query rows
+ * [Hq][npos][D]. */
 static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, const kvq_layer *L,
                                       const float *qsel, int ns, kvq_acc *acc, kvq_error *err)
 {
-    float *own = NULL;
-    if (!qsel && !(qsel = own = gather_queries(L, p->pos, p->npos)))
-        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the query rows");
     kvq_attn_acc *aa = calloc((size_t)ns + 1, sizeof *aa);
     kvq_status st = aa ? kvq_device_set_queries(dev, qsel, L->Hq, p->pos, p->npos, p->info->query_prescaled, err)
                        : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
@@ -293,7 +277,7 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
         memset(aa, 0, ((size_t)ns + 1) * sizeof *aa);
         if (!(st = kvq_device_attention(dev, p->heads[hi], ns, aa, err))) merge_attn(acc + (size_t)hi * ns, aa, ns);
     }
-    free(aa), free(own);
+    free(aa);
     return st;
 }
 
@@ -320,6 +304,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
+    float *qrows = NULL; /* streamed: the layer's query rows */
     size_t bytes;
     if (!out->acc || !out->layers || !out->heads || !kq || !vq || !kb || !vb || !sb || !rc || !rd || !hst || !herr) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
@@ -367,7 +352,10 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     for (int li = 0; li < nl; li++) {
         int layer = p->layers[li];
         const kvq_layer *L = p->L ? &p->L[li] : &read;
-        if (!p->L && (st = kvq_dump_read_layer(p->d, layer, p->flags | KVQ_READ_QUERY, &read, err))) goto done;
+        if (!p->L && ((st = kvq_dump_read_layer(p->d, layer, p->flags & ~KVQ_READ_QUERY, &read, err)) ||
+                      (info->has_query && (st = kvq_dump_read_query_rows(p->d, layer, p->pos, p->npos, &qrows, err)))))
+            goto done;
+        const float *qr = p->qsel ? p->qsel[li] : qrows; /* [Hq][npos][D] when the dump has queries */
         if (o->device && (st = kvq_device_set_layer(o->device, L, ns, err))) {
             st = layer_error(err, st, path, layer);
             goto done;
@@ -396,23 +384,25 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
             hst[hi] = head_metrics(L, info, p->heads[hi], !o->device, p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
-                                   ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
+                                   qr, ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
                 st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", path, layer, herr[hi].msg);
                 goto done;
             }
-        if (o->device && (L->query || (p->qsel && p->qsel[li])) &&
-            (st = attention_on_device(o->device, p, L, p->qsel ? p->qsel[li] : NULL, ns,
-                                      out->acc + (size_t)li * nh * ns, err))) {
+        if (o->device && qr &&
+            (st = attention_on_device(o->device, p, L, qr, ns, out->acc + (size_t)li * nh * ns, err))) {
             st = layer_error(err, st, path, layer);
             goto done;
         }
         kvq_layer_free(&read);
+        free(qrows);
+        qrows = NULL;
     }
 done:
     kvq_layer_free(&read);
+    free(qrows);
     for (int s = 0; s < ns && kq && vq && kb && vb && sb && rc && rd; s++)
         free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]), free(rc[s]), free(rd[s]);
     free(kq), free(vq), free(kb), free(vb), free(sb), free(rc), free(rd), free(hst), free(herr);

@@ -113,12 +113,12 @@ typedef struct {
     double s_ref2, a_ref2, o_ref2;
 } ref_chunk;
 
-/* Fills c->Qc, S, A, O, rs and the norms from query head Qj [T][D]. */
-static void ref_chunk_compute(ref_chunk *c, const float *Qj, const float *K, const float *V, int D,
+/* Fills c->Qc, S, A, O, rs and the norms from the chunk's query rows [nc][D]. */
+static void ref_chunk_compute(ref_chunk *c, const float *Qrows, const float *K, const float *V, int D,
                               float scale, int prescaled)
 {
     int nc = c->nc, ncol = c->ncol;
-    for (int i = 0; i < nc; i++) memcpy(c->Qc + (size_t)i * D, Qj + (size_t)c->p[i] * D, (size_t)D * sizeof(float));
+    memcpy(c->Qc, Qrows, (size_t)nc * D * sizeof(float));
     /* S = Qc·Kᵀ, A = softmax, O = A·V */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, K, D, 0.0f, c->S, ncol);
     double s2 = 0, a2 = 0, o2 = 0;
@@ -196,7 +196,30 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
     }
 }
 
+/* The query rows at pos of G query heads [G][T][D], as [G][npos][D] (NULL: out of memory). */
+static float *gather_rows(const float *Q, int G, int T, int D, const int *pos, size_t npos)
+{
+    float *r = kvq_alloc_array((size_t)G * (npos ? npos : 1) * D, sizeof *r);
+    if (!r) return NULL;
+    for (int j = 0; j < G; j++)
+        for (size_t i = 0; i < npos; i++)
+            memcpy(r + ((size_t)j * npos + i) * D, Q + ((size_t)j * T + pos[i]) * D, (size_t)D * sizeof *r);
+    return r;
+}
+
 kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float *V, int T, int D,
+                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
+                              kvq_error *err)
+{
+    float *rows = gather_rows(Q, G, T, D, pos, npos);
+    if (!rows) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu query rows", npos);
+    kvq_status st = kvq_attention_rows(rows, G, K, V, T, D, query_prescaled, pos, npos, nquant, Kq, Vq, acc, err);
+    free(rows);
+    return st;
+}
+
+kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
                               int query_prescaled, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err)
@@ -215,12 +238,12 @@ kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float
     if (!st && !(c.Qc && c.S && c.A && c.O && c.rs))
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
     for (int j = 0; j < G && !st; j++) {
-        const float *Qj = Q + (size_t)j * T * D;
+        const float *Qj = Qrows + (size_t)j * npos * D;
         for (size_t r0 = 0; r0 < npos; r0 += chunk) {
             c.nc = (int)(npos - r0 < chunk ? npos - r0 : chunk);
             c.p = pos + r0;
             c.ncol = c.p[c.nc - 1] + 1; /* positions ascend: the last row sees the most keys */
-            ref_chunk_compute(&c, Qj, K, V, D, scale, query_prescaled);
+            ref_chunk_compute(&c, Qj + r0 * D, K, V, D, scale, query_prescaled);
             ref_chunk_compare(&c, D, scale, query_prescaled, nquant, Kq, Vq, acc, &w);
         }
     }
@@ -271,6 +294,18 @@ kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *
                             int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
                             kvq_error *err)
 {
+    float *rows = gather_rows(Q, G, T, D, pos, npos);
+    *out = NULL;
+    if (!rows) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu query rows", npos);
+    kvq_status st = kvq_attn_ref_new_rows(rows, G, K, V, T, D, query_prescaled, pos, npos, out, err);
+    free(rows);
+    return st;
+}
+
+kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                 int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                                 kvq_error *err)
+{
     kvq_attn_ref *r = calloc(1, sizeof *r);
     *out = NULL;
     if (!r) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
@@ -294,7 +329,7 @@ kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *
     const float scale = sqrtf((float)D);
     float *m = r->mem;
     for (int j = 0; j < G; j++) {
-        const float *Qj = Q + (size_t)j * T * D;
+        const float *Qj = Qrows + (size_t)j * npos * D;
         for (size_t k = 0; k < r->nchunk; k++) {
             ref_chunk *c = &r->c[(size_t)j * r->nchunk + k];
             size_t r0 = k * r->chunk;
@@ -306,7 +341,7 @@ kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *
             c->O = m, m += (size_t)c->nc * D;
             c->S = m, m += (size_t)c->nc * c->ncol;
             c->A = m, m += (size_t)c->nc * c->ncol;
-            ref_chunk_compute(c, Qj, K, V, D, scale, query_prescaled);
+            ref_chunk_compute(c, Qj + r0 * D, K, V, D, scale, query_prescaled);
         }
     }
     *out = r;

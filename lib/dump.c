@@ -284,18 +284,37 @@ out:
     return st;
 }
 
-/* Reads dataset `obj` (absolute path) of n elements into dst as float32 and
- * checks every value is finite.  shape[] only serves the error message. */
+/* Reads dataset `obj` (absolute path, shape[0] × shape[1] × shape[2]) into
+ * dst as float32 and checks every value is finite.  rows (ascending, unique,
+ * < shape[1]) selects the rows of the middle axis to read: dst is then
+ * [shape[0]][nrows][shape[2]] (a hyperslab: only those rows leave the file);
+ * rows == NULL reads everything. */
 static kvq_status read_floats(const char *path, hid_t file, const char *obj, float *dst,
-                              size_t n, const int shape[3], kvq_error *err)
+                              const int shape[3], const int *rows, size_t nrows, kvq_error *err)
 {
     char det[256];
     kvq_status st = KVQ_OK;
-    hid_t ds = -1, t = -1;
+    hid_t ds = -1, t = -1, fspace = H5S_ALL, mspace = H5S_ALL;
     uint16_t *half = NULL;
+    size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
     if ((ds = H5Dopen2(file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
         st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, h5_detail(det, sizeof det));
         goto out;
+    }
+    if (rows) { /* one block per run of consecutive rows */
+        hsize_t mdims[3] = {(hsize_t)shape[0], nrows, (hsize_t)shape[2]};
+        herr_t h = (fspace = H5Dget_space(ds)) < 0 || (mspace = H5Screate_simple(3, mdims, NULL)) < 0 ? -1 : 0;
+        for (size_t i = 0; i < nrows && h >= 0;) {
+            size_t j = i + 1;
+            while (j < nrows && rows[j] == rows[j - 1] + 1) j++;
+            hsize_t start[3] = {0, (hsize_t)rows[i], 0}, count[3] = {(hsize_t)shape[0], j - i, (hsize_t)shape[2]};
+            h = H5Sselect_hyperslab(fspace, i ? H5S_SELECT_OR : H5S_SELECT_SET, start, NULL, count, NULL);
+            i = j;
+        }
+        if (h < 0) {
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select %zu rows: %s", path, obj, nrows, h5_detail(det, sizeof det));
+            goto out;
+        }
     }
     kvq_dtype dt;
     if ((st = float_kind(path, obj, t, &dt, err))) goto out;
@@ -303,14 +322,14 @@ static kvq_status read_floats(const char *path, hid_t file, const char *obj, flo
         half = kvq_alloc_array(n, sizeof *half);
         if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, n); goto out; }
         /* memory type = file type: HDF5 copies the bytes, no conversion */
-        if (H5Dread(ds, t, H5S_ALL, H5S_ALL, H5P_DEFAULT, half) < 0) {
+        if (H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
             st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
             goto out;
         }
         if (H5Tget_order(t) == H5T_ORDER_BE)
             for (size_t i = 0; i < n; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
         kvq_f16_to_f32_array(half, dst, n);
-    } else if (H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst) < 0) {
+    } else if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst) < 0) {
         st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
         goto out;
     }
@@ -318,13 +337,17 @@ static kvq_status read_floats(const char *path, hid_t file, const char *obj, flo
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(dst[i])) {
             size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
-            size_t b = r % (size_t)shape[1], a = r / (size_t)shape[1];
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]", path, obj, isnan(dst[i]) ? "nan" : "inf", a, b, c);
+            size_t b = r % mid, a = r / mid;
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]",
+                          path, obj, isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a,
+                          rows ? (size_t)rows[b] : b, c);
             goto out;
         }
     }
 out:
     free(half);
+    if (fspace != H5S_ALL) h5_close_id(fspace);
+    if (mspace != H5S_ALL) h5_close_id(mspace);
     h5_close_id(t);
     h5_close_id(ds);
     return st;
@@ -528,24 +551,48 @@ kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer
     int H = in->num_kv_heads, Hq = in->num_heads, T = in->seq_len, D = in->head_dim;
     kvq_status st = kvq_layer_alloc(out, H, Hq, T, D, flags, err);
     if (st) return st;
-    size_t nkv = (size_t)H * T * D, nq = (size_t)Hq * T * D;
     int skv[3] = {H, T, D}, sq[3] = {Hq, T, D};
     char obj[64];
-    struct { const char *name; float *dst; size_t n; const int *shape; } items[] = {
-        {"key", out->key, nkv, skv},
-        {"value", out->value, nkv, skv},
-        {"query", out->query, nq, sq},
-        {"key_pre_rope", out->key_pre_rope, nkv, skv},
+    struct { const char *name; float *dst; const int *shape; } items[] = {
+        {"key", out->key, skv},
+        {"value", out->value, skv},
+        {"query", out->query, sq},
+        {"key_pre_rope", out->key_pre_rope, skv},
     };
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (!items[i].dst) continue;
         snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
-        if ((st = read_floats(d->path, d->file, obj, items[i].dst, items[i].n, items[i].shape, err))) {
+        if ((st = read_floats(d->path, d->file, obj, items[i].dst, items[i].shape, NULL, 0, err))) {
             kvq_layer_free(out);
             return st;
         }
     }
     return KVQ_OK;
+}
+
+kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size_t npos, float **out,
+                                    kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    *out = NULL;
+    if (layer < 0 || layer >= in->num_layers)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", d->path, layer, in->num_layers - 1);
+    if (!in->has_query) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/query: the dump has no queries", d->path, layer);
+    for (size_t i = 0; i < npos; i++)
+        if (pos[i] < 0 || pos[i] >= in->seq_len || (i && pos[i] <= pos[i - 1]))
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: query rows: expected ascending positions below %d", d->path, in->seq_len);
+    h5_quiet();
+    size_t bytes;
+    if (!kvq_tensor_bytes((size_t)in->num_heads, npos ? npos : 1, (size_t)in->head_dim, &bytes) ||
+        !(*out = malloc(bytes)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %zu query rows", d->path, npos);
+    if (npos == 0) return KVQ_OK;
+    int shape[3] = {in->num_heads, in->seq_len, in->head_dim};
+    char obj[64];
+    snprintf(obj, sizeof obj, "/layer_%03d/query", layer);
+    kvq_status st = read_floats(d->path, d->file, obj, *out, shape, pos, npos, err);
+    if (st) free(*out), *out = NULL;
+    return st;
 }
 
 kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
@@ -570,8 +617,8 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     } else {
         int shape[3] = {1, T, half};
         h5_quiet();
-        if (!(st = read_floats(d->path, d->file, "/rope_cos", c, n, shape, err)) &&
-            !(st = read_floats(d->path, d->file, "/rope_sin", s, n, shape, err)))
+        if (!(st = read_floats(d->path, d->file, "/rope_cos", c, shape, NULL, 0, err)) &&
+            !(st = read_floats(d->path, d->file, "/rope_sin", s, shape, NULL, 0, err)))
             for (size_t i = 0; i < n; i++) out->cos[i] = c[i], out->sin[i] = s[i];
     }
     free(c), free(s);

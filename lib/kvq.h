@@ -121,6 +121,10 @@ const char *kvq_dump_path(const kvq_dump *d);
  * optional tensors; those the dump lacks are left NULL. */
 kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
                                kvq_error *err);
+/* Only the query rows at positions pos (ascending, < seq_len) of one layer:
+ * *out (malloc'ed) = [Hq][npos][D], read as a hyperslab and checked finite. */
+kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size_t npos, float **out,
+                                    kvq_error *err);
 /* The root `tokens` attribute (kvq-dump's token ids; *tokens malloc'ed). */
 kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err);
 void kvq_dump_close(kvq_dump *d);
@@ -496,6 +500,12 @@ kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float
                               int query_prescaled, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err);
+/* The same with only the query rows at pos: Qrows [G][npos][D] (what
+ * kvq_dump_read_query_rows reads, one KV head's G query heads). */
+kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
+                              kvq_error *err);
 /* The exact side of one KV head's attention (query rows, S, A, O in the
  * chunks kvq_attention_head uses), computed once and kept, so that any number
  * of later quantizers are compared against it with bit-identical sums. */
@@ -503,6 +513,10 @@ typedef struct kvq_attn_ref kvq_attn_ref;
 kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *V, int T, int D,
                             int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
                             kvq_error *err);
+/* The same from the query rows at pos, Qrows [G][npos][D]. */
+kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                 int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                                 kvq_error *err);
 /* Same sums as kvq_attention_head with the K, V, Q the reference was built from. */
 kvq_status kvq_attn_ref_compare(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
                                 const float *const *Vq, kvq_attn_acc *acc, kvq_error *err);

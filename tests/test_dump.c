@@ -56,6 +56,18 @@ static void write_read(kvq_dtype dt)
             ck_assert_msg(t[i].got[k] == e, "tensor %d [%zu]: %g vs %g", i, k, t[i].got[k], e);
         }
     }
+    /* query rows alone (a hyperslab of runs of positions) equal the full read's rows */
+    const int pos[] = {0, 1, 2, 5, 8};
+    float *rows;
+    ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, pos, 5, &rows, &err), KVQ_OK);
+    for (int j = 0; j < Hq; j++)
+        for (int i = 0; i < 5; i++)
+            ck_assert(!memcmp(rows + ((size_t)j * 5 + i) * D, r.query + ((size_t)j * T + pos[i]) * D, D * sizeof(float)));
+    free(rows);
+    const int unsorted[] = {3, 2}, beyond[] = {9};
+    ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, unsorted, 2, &rows, &err), KVQ_ERR_USAGE);
+    ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, beyond, 1, &rows, &err), KVQ_ERR_USAGE);
+    ck_assert_ptr_null(rows);
     kvq_layer_free(&r);
     /* without the flags the optional tensors are not read */
     ck_assert_int_eq(kvq_dump_read_layer(d, 0, 0, &r, &err), KVQ_OK);
