@@ -1,5 +1,8 @@
-/* kvq_cuda.h — host interface of the CUDA path (kernels/), compiled into
- * libkvq only with the meson `cuda` feature.  lib/device.c is its one caller.
+/* kvq_cuda.h — host interface of the CUDA path (kernels/), built with the
+ * meson `cuda` feature as a separate module, libkvq-cuda.so, which
+ * lib/device.c opens with dlopen only when a device is asked for: CPU runs
+ * never load the CUDA runtime.  The module exports one symbol,
+ * kvq_cuda_module_api, the table of the functions below.
  *
  * The device holds one layer at a time: the exact K, V [H][T][D], `nslots`
  * reconstructions K', V' (one per quantizer, produced on the device from a
@@ -61,6 +64,30 @@ kvq_status kvq_cuda_time_plan(kvq_cuda *c, const kvq_plan *plan, int reps, doubl
 /* Seconds of one cuBLAS sgemm of [m][k]·[k][n]ᵀ (float32), averaged over reps. */
 kvq_status kvq_cuda_time_sgemm(kvq_cuda *c, int m, int n, int k, int reps, double *seconds,
                                kvq_error *err);
+
+/* The module's table of the functions above (ABI checked by the loader). */
+#define KVQ_CUDA_ABI 1
+#define KVQ_CUDA_MODULE_SYMBOL "kvq_cuda_module_api"
+typedef struct kvq_cuda_api {
+    int abi;     /* KVQ_CUDA_ABI */
+    size_t size; /* sizeof(kvq_cuda_api) */
+    int (*device_count)(char *msg, int len);
+    kvq_status (*open)(kvq_cuda **out, char *name, size_t name_len, kvq_error *err);
+    void (*close)(kvq_cuda *c);
+    kvq_status (*set_layer)(kvq_cuda *c, const float *key, const float *value, int H, int T, int D, int nslots,
+                            kvq_error *err);
+    kvq_status (*quantize_plan)(kvq_cuda *c, int slot, const kvq_plan *plan, kvq_recon_acc *recon, int *bad,
+                                kvq_error *err);
+    kvq_status (*upload_slot)(kvq_cuda *c, int slot, const float *key, const float *value, kvq_error *err);
+    kvq_status (*download_slot)(kvq_cuda *c, int slot, float *key, float *value, kvq_error *err);
+    kvq_status (*set_queries)(kvq_cuda *c, const float *q, int Hq, const int *pos, size_t npos,
+                              int query_prescaled, kvq_error *err);
+    kvq_status (*attention)(kvq_cuda *c, int h, int nslots, kvq_attn_acc *acc, kvq_error *err);
+    kvq_status (*copy_bandwidth)(kvq_cuda *c, size_t n, double *gbs, kvq_error *err);
+    kvq_status (*time_plan)(kvq_cuda *c, const kvq_plan *plan, int reps, double *seconds, kvq_error *err);
+    kvq_status (*time_sgemm)(kvq_cuda *c, int m, int n, int k, int reps, double *seconds, kvq_error *err);
+} kvq_cuda_api;
+const kvq_cuda_api *kvq_cuda_module_api(void);
 
 #ifdef __cplusplus
 }

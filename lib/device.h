@@ -26,8 +26,10 @@ kvq_status kvq_device_attention(kvq_device *dev, int h, int nslots, kvq_attn_acc
 #include "kvq_config.h"
 #if KVQ_HAVE_CUDA
 #include "kvq_cuda.h"
-/* The CUDA context of an open device (benchmarks time its kernels). */
+/* The CUDA context of an open device and the module's functions
+ * (benchmarks time its kernels). */
 kvq_cuda *kvq_device_cuda(kvq_device *dev);
+const kvq_cuda_api *kvq_device_cuda_api(kvq_device *dev);
 #endif
 
 #endif

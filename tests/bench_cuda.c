@@ -44,6 +44,7 @@ static void bench_plans(kvq_device *dev, const kvq_layer *L, double copy_gbs)
 {
     kvq_error err = {0};
     kvq_cuda *c = kvq_device_cuda(dev);
+    const kvq_cuda_api *api = kvq_device_cuda_api(dev);
     if (kvq_device_set_layer(dev, L, 1, &err)) die(&err);
     double n = 2.0 * L->H * L->T * L->D; /* K and V */
     for (int s = 0; s < NSPEC; s++) {
@@ -52,7 +53,7 @@ static void bench_plans(kvq_device *dev, const kvq_layer *L, double copy_gbs)
         double sec;
         if (kvq_spec_parse(specs[s], &sp, &err)) die(&err);
         sp.q->plan(&sp, L->T, L->D, &plan);
-        if (kvq_cuda_time_plan(c, &plan, 50, &sec, &err)) die(&err);
+        if (api->time_plan(c, &plan, 50, &sec, &err)) die(&err);
         double gbs = 8.0 * n / sec / 1e9;
         printf("  %-36s %9.0f M elements/s  %7.1f GB/s  %5.1f %% of copy bandwidth\n", specs[s], n / sec / 1e6, gbs,
                100 * gbs / copy_gbs);
@@ -71,6 +72,7 @@ int main(int argc, char **argv)
         return 77;
     }
     kvq_cuda *c = kvq_device_cuda(dev);
+    const kvq_cuda_api *api = kvq_device_cuda_api(dev);
     printf("device: %s\n", kvq_device_name(dev));
     if (access(path, R_OK) != 0) { /* the same dump as kvq-bench */
         kvq_gen_opts o;
@@ -86,7 +88,7 @@ int main(int argc, char **argv)
     int H = L.H, T = L.T, D = L.D, Hq = L.Hq, G = Hq / H;
 
     double copy_gbs;
-    if (kvq_cuda_copy_bandwidth(c, (size_t)1 << 28, &copy_gbs, &err)) die(&err);
+    if (api->copy_bandwidth(c, (size_t)1 << 28, &copy_gbs, &err)) die(&err);
     printf("device-to-device copy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
 
     printf("\nquantize + reconstruction error, kernels only, layer 0 [%d][%d][%d] (target >= 60 %% of bandwidth):\n", H, T, D);
@@ -141,7 +143,7 @@ int main(int argc, char **argv)
         }
         /* as kvq-bench: exact S and O, per quantizer S', A·V', A'·V' */
         double flops = (double)H * G * 2.0 * np * T * D * (2 + 3 * NSPEC), sg;
-        if (kvq_cuda_time_sgemm(c, G * np, T, D, 20, &sg, &err)) die(&err);
+        if (api->time_sgemm(c, G * np, T, D, 20, &sg, &err)) die(&err);
         double g_attn = flops / best / 1e9, g_gemm = 2.0 * G * np * T * D / sg / 1e9;
         printf("  last:%-4d  attention %8.1f GFLOP/s (%.4f s)   sgemm alone %8.1f GFLOP/s   ratio %3.0f%%\n", np,
                g_attn, best, g_gemm, 100 * g_attn / g_gemm);

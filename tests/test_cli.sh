@@ -85,6 +85,17 @@ else
     expect 1 "--device cuda: " -- "$sweep" --device cuda -q kivi -g bits=2,4 -o "$tmp/gpu-sweep.csv" "$real"
     [ ! -e "$tmp/gpu-sweep.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-sweep left an output without a GPU"; }
 fi
+# a CUDA build loads its module (libkvq-cuda.so) only for --device cuda: a
+# missing module is one clear line, and a CPU run never maps the CUDA runtime
+if KVQ_CUDA_MODULE=$tmp/no-such-module.so "$analyze" --device cuda "$real" 2>"$tmp/mod.err" >/dev/null; then
+    fail=$((fail + 1)); echo "FAIL: --device cuda with a missing module succeeded"
+else
+    grep -qE "cannot load the CUDA module \($tmp/no-such-module.so: .*\); set KVQ_CUDA_MODULE|built without CUDA" "$tmp/mod.err" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: missing CUDA module message"; cat "$tmp/mod.err"; }
+fi
+if command -v ldd >/dev/null; then
+    ! ldd "$analyze" | grep -qE 'libcudart|libcublas' && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-analyze links the CUDA runtime"; }
+fi
 expect 2 "--device gpu: expected cpu or cuda" -- "$sweep" --device gpu -q kivi -g bits=2,4 -o "$tmp/x.csv" "$real"
 expect 2 "unknown key 'nope'" -- "$sweep" --device cuda -q kivi -g nope=1 -o "$tmp/x.csv" "$real"
 expect 2 "unknown option --bogus" -- "$info" --bogus "$real"
