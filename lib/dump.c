@@ -674,18 +674,15 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     *out = NULL;
     h5_quiet();
     kvq_dump_writer *w = calloc(1, sizeof *w);
-    size_t plen = strlen(path);
-    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(plen + 16))) {
-        if (w) free(w->path);
-        free(w);
-        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
-    }
-    snprintf(w->tmp, plen + 16, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(w->tmp);
-    if (fd < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-        free(w->tmp), free(w->path), free(w);
-        return st;
+    if (!w) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+    int special = 0, fd = -1;
+    kvq_status st0 = kvq_output_target(path, &w->path, &special, err);
+    if (!st0 && special)
+        st0 = kvq_fail(err, KVQ_ERR_IO, "%s: expected a regular file for an HDF5 dump (it is a FIFO or a device)", path);
+    if (!st0) st0 = kvq_output_temp(w->path, &w->tmp, &fd, err);
+    if (st0) {
+        free(w->path), free(w);
+        return st0;
     }
     close(fd);
     w->info = *info;
@@ -854,6 +851,8 @@ kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
     free(w->tmp), free(w->path), free(w);
     return st;
 }
+
+const char *kvq_dump_writer_temp(const kvq_dump_writer *w) { return w->tmp; }
 
 void kvq_dump_writer_abort(kvq_dump_writer *w)
 {

@@ -150,6 +150,15 @@ void kvq_rope_rotate(const kvq_rope *r, float *x, int t, int inverse);
 kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned flags,
                            kvq_error *err);
 
+/* Result files (every writer of kvq): *target (malloc'ed) is path with its
+ * symlinks followed, so that a temporary + rename replaces the link's target;
+ * *special = 1 when the target exists and is a FIFO or a device (written in
+ * place, never replaced).  A directory is KVQ_ERR_IO. */
+kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_error *err);
+/* Creates "target.tmp.XXXXXX" (*tmp malloc'ed, *fd open) with the mode the
+ * file keeps after the rename: an existing target's, else 0666 & ~umask. */
+kvq_status kvq_output_temp(const char *target, char **tmp, int *fd, kvq_error *err);
+
 /* Writer: the file is built under a temporary name and renamed into place by
  * kvq_dump_writer_finish, so a crash never leaves a half-written dump. */
 typedef struct kvq_dump_writer kvq_dump_writer;
@@ -168,6 +177,8 @@ kvq_status kvq_dump_writer_attr_real(kvq_dump_writer *w, const char *name, doubl
 kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, const char *v,
                                        kvq_error *err);
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
+/* The temporary file's name (a tool removes it if a signal ends the run). */
+const char *kvq_dump_writer_temp(const kvq_dump_writer *w);
 void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
 
 /* ---------------------------------------------- group quantization (§2.1) */

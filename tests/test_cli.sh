@@ -181,5 +181,48 @@ expect 2 "--values 1: expected LAYER:HEAD" -- "$info" --values 1 "$real"
 expect 2 "--channels and --values write different tables" -- "$info" --channels --values 0:0 "$real"
 expect 1 "f16.h5: /head_dim: expected 8 like the first dump" -- "$info" --values 0:0 "$real" "$tmp/f16.h5"
 
+# --- output targets (issue 16): atomic replace is for regular files only
+check() { # 'what' command...: one pass or fail for a shell condition
+    local what=$1
+    shift
+    if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $what"; fi
+}
+o=$tmp/outs
+mkdir -p "$o/sub"
+echo old >"$o/real.csv"
+chmod 640 "$o/real.csv"
+ln -s real.csv "$o/link.csv"
+expect 0 -- "$analyze" -q kivi -o "$o/link.csv" "$real"
+check "-o a symlink: the link stays, its target is written" [ -L "$o/link.csv" ]
+check "-o a symlink: target has the table" grep -q '^dump,layer' "$o/real.csv"
+check "-o an existing file keeps its mode" [ "$(stat -c %a "$o/real.csv")" = 640 ]
+ln -s sub/new.csv "$o/dangling.csv"
+expect 0 -- "$analyze" -q kivi -o "$o/dangling.csv" "$real"
+check "-o a dangling symlink: written where it points" [ -L "$o/dangling.csv" -a -s "$o/sub/new.csv" ]
+(umask 027 && "$analyze" -q kivi -o "$o/masked.csv" "$real")
+check "a new result gets 0666 & ~umask" [ "$(stat -c %a "$o/masked.csv")" = 640 ]
+(umask 002 && "$analyze" -q kivi -o "$o/open.csv" "$real")
+check "a new result gets 0666 & ~umask (002)" [ "$(stat -c %a "$o/open.csv")" = 664 ]
+mkfifo "$o/fifo"
+cat "$o/fifo" >"$o/from-fifo" &
+reader=$!
+expect 0 -- "$analyze" -q kivi -o "$o/fifo" "$real"
+wait $reader
+check "-o a FIFO: written through, still a FIFO" [ -p "$o/fifo" -a "$(wc -l <"$o/from-fifo")" = 6 ]
+if [ -w /dev/full ]; then
+    expect 1 "/dev/full: write failed: No space left on device" -- "$analyze" -q kivi -o /dev/full "$real"
+    check "-o /dev/full: still a device" [ -c /dev/full ]
+fi
+expect 1 "cannot write the output: it is a directory" -- "$analyze" -q kivi -o "$o/sub" "$real"
+# SIGTERM part-way: the temporary is removed, nothing is left
+"$gen" --layers 2 --tokens 4096 --heads 8 --kv-heads 4 --head-dim 64 -o "$tmp/big.h5" 2>/dev/null
+"$analyze" -q gear:lowrank=svd -q gear -q lloydmax -o "$o/term.csv" "$tmp/big.h5" 2>/dev/null &
+victim=$!
+for _ in $(seq 50); do ls "$o" | grep -q 'term.csv.tmp' && break; sleep 0.1; done
+kill -TERM $victim
+wait $victim
+check "SIGTERM: exit 143" [ $? = 143 ]
+check "SIGTERM: no temporary, no result left" [ -z "$(ls "$o" | grep term.csv)" ]
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

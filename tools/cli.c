@@ -3,6 +3,7 @@
 #include "kvq_config.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -160,6 +161,57 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
     }
 }
 
+int cli_write_error(const char *prog, const char *output, kvq_status st, int saved_errno)
+{
+    const char *what = output && strcmp(output, "-") ? output : "<stdout>";
+    if (st == KVQ_ERR_IO && saved_errno) /* e.g. ENOSPC: "No space left on device" */
+        cli_error(prog, "%s: write failed: %s", what, strerror(saved_errno));
+    else
+        cli_error(prog, "%s: %s", what, st == KVQ_ERR_IO ? "write failed" : kvq_strerror(st));
+    return CLI_RUNTIME;
+}
+
+/* Temporaries to remove if SIGINT, SIGTERM or SIGHUP ends the run (SIGKILL
+ * cannot be caught).  The handler only unlinks (async-signal-safe), then
+ * re-raises the signal with its default action. */
+#define CLI_MAX_TEMPS 8
+static const char *volatile cli_temps[CLI_MAX_TEMPS];
+
+static void cli_on_signal(int sig)
+{
+    for (int i = 0; i < CLI_MAX_TEMPS; i++)
+        if (cli_temps[i]) unlink(cli_temps[i]);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void cli_temp_register(const char *tmp)
+{
+    static int installed;
+    if (!installed) {
+        const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = cli_on_signal;
+            sigemptyset(&sa.sa_mask);
+            sigaction(sigs[i], &sa, NULL);
+        }
+        installed = 1;
+    }
+    for (int i = 0; i < CLI_MAX_TEMPS; i++)
+        if (!cli_temps[i]) {
+            cli_temps[i] = tmp;
+            return;
+        }
+}
+
+void cli_temp_unregister(const char *tmp)
+{
+    for (int i = 0; i < CLI_MAX_TEMPS; i++)
+        if (cli_temps[i] == tmp) cli_temps[i] = NULL;
+}
+
 int cli_out_open(cli_out *o, const char *path, const char *prog)
 {
     memset(o, 0, sizeof *o);
@@ -167,38 +219,63 @@ int cli_out_open(cli_out *o, const char *path, const char *prog)
         o->f = stdout;
         return 0;
     }
-    size_t len = strlen(path) + 16;
-    o->path = strdup(path);
-    o->tmp = malloc(len);
-    if (!o->path || !o->tmp) {
+    kvq_error err = {0};
+    int special = 0, fd = -1;
+    if (!(o->path = strdup(path))) {
         cli_error(prog, "%s: out of memory", path);
+        return -1;
+    }
+    if (kvq_output_target(path, &o->target, &special, &err)) {
+        cli_error(prog, "%s", err.msg);
         cli_out_abort(o);
         return -1;
     }
-    snprintf(o->tmp, len, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(o->tmp);
-    if (fd < 0 || !(o->f = fdopen(fd, "w"))) {
+    if (special) { /* a FIFO or a device: write it in place, never replace it */
+        if (!(o->f = fopen(o->target, "w"))) {
+            cli_error(prog, "%s: cannot open output: %s", path, strerror(errno));
+            cli_out_abort(o);
+            return -1;
+        }
+        return 0;
+    }
+    if (kvq_output_temp(o->target, &o->tmp, &fd, &err)) {
+        cli_error(prog, "%s", err.msg);
+        cli_out_abort(o);
+        return -1;
+    }
+    if (!(o->f = fdopen(fd, "w"))) {
         cli_error(prog, "%s: cannot create output: %s", path, strerror(errno));
-        if (fd >= 0) close(fd), unlink(o->tmp);
-        free(o->tmp), o->tmp = NULL;
+        close(fd);
         cli_out_abort(o);
         return -1;
     }
+    cli_temp_register(o->tmp);
     return 0;
+}
+
+/* Flushes o->f (and fsyncs a regular file); 0, or -1 with errno kept. */
+static int flush_out(FILE *f, int sync)
+{
+    if (fflush(f) != 0) return -1;
+    if (ferror(f)) {
+        errno = EIO;
+        return -1;
+    }
+    return sync && fsync(fileno(f)) != 0 ? -1 : 0;
 }
 
 int cli_out_commit(cli_out *o, const char *prog)
 {
     int rc = 0;
-    if (!o->tmp) { /* stdout */
-        if (fflush(stdout) != 0 || ferror(stdout)) {
+    if (o->f == stdout) {
+        if (flush_out(stdout, 0)) {
             cli_error(prog, "<stdout>: write failed: %s", strerror(errno));
             rc = -1;
         }
         memset(o, 0, sizeof *o);
         return rc;
     }
-    if (fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0) {
+    if (flush_out(o->f, o->tmp != NULL)) { /* ENOSPC says "No space left on device" */
         cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
         rc = -1;
     }
@@ -207,12 +284,13 @@ int cli_out_commit(cli_out *o, const char *prog)
         rc = -1;
     }
     o->f = NULL;
-    if (rc == 0 && rename(o->tmp, o->path) != 0) {
+    if (rc == 0 && o->tmp && rename(o->tmp, o->target) != 0) {
         cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
         rc = -1;
     }
-    if (rc) unlink(o->tmp);
-    free(o->tmp), free(o->path);
+    if (rc && o->tmp) unlink(o->tmp);
+    if (o->tmp) cli_temp_unregister(o->tmp);
+    free(o->tmp), free(o->path), free(o->target);
     memset(o, 0, sizeof *o);
     return rc;
 }
@@ -220,8 +298,8 @@ int cli_out_commit(cli_out *o, const char *prog)
 void cli_out_abort(cli_out *o)
 {
     if (o->f && o->f != stdout) fclose(o->f);
-    if (o->tmp) unlink(o->tmp);
-    free(o->tmp), free(o->path);
+    if (o->tmp) unlink(o->tmp), cli_temp_unregister(o->tmp);
+    free(o->tmp), free(o->path), free(o->target);
     memset(o, 0, sizeof *o);
 }
 

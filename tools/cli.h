@@ -49,15 +49,25 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
 int cli_analysis_device(const char *prog, cli_analysis *a);
 void cli_analysis_free(cli_analysis *a);
 
-/* Output: stdout when path is NULL or "-", else a temporary file in the
- * same directory that cli_out_commit renames into place. */
+/* Output: stdout when path is NULL or "-"; a FIFO or a device written in
+ * place; else a temporary file beside the target (a symlink followed) that
+ * cli_out_commit renames into place, with the mode a new file gets (or the
+ * existing file's), removed if SIGINT/SIGTERM/SIGHUP end the run. */
 typedef struct cli_out {
     FILE *f;
-    char *path, *tmp;
+    char *path, *target, *tmp; /* as given; symlinks followed; NULL when written in place */
 } cli_out;
 int cli_out_open(cli_out *o, const char *path, const char *prog);
 int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
 void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
+/* One line for a failed report write (st from kvq_report_* / kvq_rows_*),
+ * naming the output and, for KVQ_ERR_IO, the system's reason (errno saved
+ * right after the failing call, 0 if unknown).  Returns CLI_RUNTIME. */
+int cli_write_error(const char *prog, const char *output, kvq_status st, int saved_errno);
+/* A temporary (e.g. a dump writer's) removed if a signal ends the run; the
+ * string must live until cli_temp_unregister.  At most 8 at once. */
+void cli_temp_register(const char *tmp);
+void cli_temp_unregister(const char *tmp);
 
 /* The options kvq-dump and kvq-eval share: the model's input and threads. */
 enum { CLI_OPT_TEXT = 640, CLI_OPT_TOKENS, CLI_OPT_TOKENIZER, CLI_OPT_MAX_TOKENS, CLI_OPT_MODEL_THREADS };

@@ -3,6 +3,7 @@
  * dumps, call kvq_analyze_dump, write the report atomically. */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <libgen.h>
 #include <stdlib.h>
@@ -126,16 +127,19 @@ int main(int argc, char **argv)
                     info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
         if (kvq_analyze_dump(dump, &opts, &a, &err)) { rc = cli_fail(prog, &err); goto done; }
         char *pathcopy = strdup(argv[i]);
+        errno = 0;
         kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;
+        int werr = errno;
         free(pathcopy);
         kvq_analysis_free(&a);
         kvq_dump_close(dump);
         dump = NULL;
-        if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+        if (st) { rc = cli_write_error(prog, output, st, werr); goto done; }
     }
+    errno = 0;
     kvq_status st = kvq_report_finish(report);
     report = NULL;
-    if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+    if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
     if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
     if (!rc && skipped[0])
         fprintf(stderr, "%s: note: default set without %s: needs --calib FILE (a calibration dump of the same model)\n",

@@ -5,6 +5,7 @@
  * reported per quantizer (and per layer with --per-layer). */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -202,11 +203,14 @@ int main(int argc, char **argv)
                             {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
                             {.num = nll_ref, .is_num = 1}, {.num = it->nll, .is_num = 1}, {.num = dnll, .is_num = 1},
                             {.num = exp(dnll), .is_num = 1}, {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
-        if (kvq_rows_add(rep, row)) { cli_error(prog, "%s: write failed", output ? output : "<stdout>"); rc = CLI_RUNTIME; goto done; }
+        errno = 0;
+        kvq_status wst = kvq_rows_add(rep, row);
+        if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }
     }
+    errno = 0;
     kvq_status st = kvq_report_finish(rep);
     rep = NULL;
-    if (st) { cli_error(prog, "%s: %s", output ? output : "<stdout>", kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
+    if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
     if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
 done:
     kvq_report_discard(rep);
