@@ -101,8 +101,15 @@ static kvq_status prepare_common(kvq_dump *d, const kvq_analysis_opts *o, unsign
         return st;
     }
     /* quantizers that read pre-RoPE keys may re-apply RoPE: give them the
-     * dump's RoPE if it has one (they report its absence if they need it) */
-    if (flags & KVQ_READ_KEY_PRE_ROPE) kvq_dump_read_rope(d, &p->rope, NULL);
+     * dump's RoPE if it has one (they report its absence if they need it);
+     * a RoPE the dump declares but that cannot be used (a NaN in its tables,
+     * an odd head_dim) is an error here, named as what it is */
+    const kvq_dump_info *di = p->info;
+    if ((flags & KVQ_READ_KEY_PRE_ROPE) && di->has_key_pre_rope && di->rope_style != KVQ_ROPE_UNSET &&
+        (di->has_rope_table || di->has_rope_theta) && (st = kvq_dump_read_rope(d, &p->rope, err))) {
+        kvq_prepared_free(p);
+        return st;
+    }
     *out = p;
     return KVQ_OK;
 }
@@ -352,6 +359,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     for (int li = 0; li < nl; li++) {
         int layer = p->layers[li];
         const kvq_layer *L = p->L ? &p->L[li] : &read;
+        if (o->progress && !p->L) o->progress(o->ud, li, nl, "read");
         if (!p->L && ((st = kvq_dump_read_layer(p->d, layer, p->flags & ~KVQ_READ_QUERY, &read, err)) ||
                       (info->has_query && (st = kvq_dump_read_query_rows(p->d, layer, p->pos, p->npos, &qrows, err)))))
             goto done;
@@ -361,6 +369,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             goto done;
         }
         for (int s = 0; s < ns; s++) {
+            if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
                                  .rope = p->rope.cos ? &p->rope : NULL};
             kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
@@ -381,6 +390,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                 goto done;
             }
         }
+        if (o->progress) o->progress(o->ud, li, nl, "metrics");
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
             hst[hi] = head_metrics(L, info, p->heads[hi], !o->device, p->ref ? p->ref[(size_t)li * nh + hi] : NULL,

@@ -200,8 +200,10 @@ static kvq_status attr_dim(const char *path, hid_t root, const char *name, int *
     int present;
     kvq_status st = attr_number(path, root, name, 1, 1, NULL, &v, &present, err);
     if (st) return st;
-    if (v <= 0 || v > INT_MAX)
+    if (v <= 0)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a positive integer, got %lld", path, name, v);
+    if (v > INT_MAX)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected at most %d, got %lld", path, name, INT_MAX, v);
     *out = (int)v;
     return KVQ_OK;
 }
@@ -550,7 +552,11 @@ kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer
     h5_quiet();
     int H = in->num_kv_heads, Hq = in->num_heads, T = in->seq_len, D = in->head_dim;
     kvq_status st = kvq_layer_alloc(out, H, Hq, T, D, flags, err);
-    if (st) return st;
+    if (st) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err ? err->msg : "out of memory");
+        return kvq_fail(err, st, "%s: /layer_%03d: %s", d->path, layer, msg);
+    }
     int skv[3] = {H, T, D}, sq[3] = {Hq, T, D};
     char obj[64];
     struct { const char *name; float *dst; const int *shape; } items[] = {
@@ -602,6 +608,9 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     memset(out, 0, sizeof *out);
     if (in->rope_style == KVQ_ROPE_UNSET)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\" (needed to re-apply RoPE)", d->path);
+    if (D % 2)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /head_dim: expected an even head_dim to re-apply RoPE (it rotates channel pairs), got %d",
+                        d->path, D);
     if (!in->has_rope_table) {
         if (!in->has_rope_theta)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_theta: expected the RoPE base or /rope_cos, /rope_sin tables (needed to re-apply RoPE)", d->path);

@@ -570,6 +570,11 @@ typedef struct kvq_analysis_opts {
     int nthreads;      /* <= 0: all cores */
     kvq_calib *calib;  /* needed by specs for which kvq_spec_needs_calib() */
     kvq_device *device; /* NULL: everything on the CPU */
+    /* progress (may be NULL): called as each stage of a layer starts, with
+     * the index of the selected layer, their count and what runs ("read",
+     * a spec's text, "metrics") */
+    void (*progress)(void *ud, int layer_index, int nlayers, const char *stage);
+    void *ud;
 } kvq_analysis_opts;
 
 /* Result accumulators of one dump: acc[(li * nheads + hi) * nspecs + s] for

@@ -29,6 +29,10 @@ typedef struct {
     int query_first_only;     /* query only in layer_000 */
     const char *rope_style;
     long long prescaled;
+    int query_inf_layer;      /* layer whose query holds a -inf (-1 none) */
+    int pre_rope;             /* key_pre_rope in every layer, rope_theta set; 2: a NaN in layer 0's */
+    int rope_table_nan;       /* rope_cos/rope_sin tables, rope_cos holding a NaN */
+    int dim;                  /* head_dim (0: D) */
 } variant;
 
 static hid_t f16_type(int be)
@@ -77,6 +81,7 @@ static void tensor(hid_t g, const char *name, int a, int b, int c, const variant
     for (size_t i = 0; i < n; i++) x[i] = sin(0.37 * (double)i) * (1 + (i % D == 3) * 4);
     if (poison == 1) x[n / 2 + 3] = NAN;
     if (poison == 2) x[5] = 1e300;
+    if (poison == 3) x[7] = -INFINITY;
     hid_t sp = H5Screate_simple(3, dims, NULL), ft, ds;
     if (v->int_key && !strcmp(name, "key")) {
         ft = H5Tcopy(H5T_STD_I32LE);
@@ -110,7 +115,31 @@ static void write_variant(const char *dir, const variant *v)
     if (v->dim_as_string) attr_str(f, "num_heads", "8", v->vlen);
     else attr_int(f, "num_heads", v->num_heads_attr ? v->num_heads_attr : HQ, H5T_STD_U8LE);
     attr_int(f, "num_kv_heads", H, H5T_STD_I16BE);
-    if (!v->skip_attr) attr_int(f, "head_dim", D, H5T_STD_I64LE);
+    int dim = v->dim ? v->dim : D;
+    if (!v->skip_attr) attr_int(f, "head_dim", dim, H5T_STD_I64LE);
+    if (v->pre_rope) {
+        hid_t sp = H5Screate(H5S_SCALAR);
+        hid_t a = H5Acreate2(f, "rope_theta", H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT);
+        double theta = 10000.0;
+        H5Awrite(a, H5T_NATIVE_DOUBLE, &theta);
+        H5Aclose(a);
+        H5Sclose(sp);
+    }
+    if (v->rope_table_nan) { /* [T][dim/2] tables; cos holds a NaN */
+        hsize_t dims[2] = {T, (hsize_t)dim / 2};
+        size_t n = (size_t)T * (dim / 2);
+        double *c = malloc(n * sizeof *c);
+        for (int k = 0; k < 2; k++) {
+            for (size_t i = 0; i < n; i++) c[i] = k ? sin(0.1 * (double)i) : cos(0.1 * (double)i);
+            if (!k) c[n - 1] = NAN;
+            hid_t sp = H5Screate_simple(2, dims, NULL);
+            hid_t ds = H5Dcreate2(f, k ? "rope_sin" : "rope_cos", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, c);
+            H5Dclose(ds);
+            H5Sclose(sp);
+        }
+        free(c);
+    }
     attr_int(f, "seq_len", v->seq_len_attr ? v->seq_len_attr : T, H5T_STD_I64LE);
     attr_int(f, "query_prescaled", v->prescaled, H5T_STD_I64LE);
     attr_str(f, "rope_style", v->rope_style ? v->rope_style : "interleaved", v->vlen);
@@ -120,9 +149,10 @@ static void write_variant(const char *dir, const variant *v)
         snprintf(g, sizeof g, "layer_%03d", l);
         hid_t gr = H5Gcreate2(f, g, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
         if (l != v->missing_key_layer)
-            tensor(gr, "key", H, l == v->short_layer ? T - 1 : T, D, v, v->f64_overflow ? 2 : 0);
-        tensor(gr, "value", H, T, D, v, l == v->nan_layer);
-        if (!v->query_first_only || l == 0) tensor(gr, "query", HQ, T, D, v, 0);
+            tensor(gr, "key", H, l == v->short_layer ? T - 1 : T, dim, v, v->f64_overflow ? 2 : 0);
+        tensor(gr, "value", H, T, dim, v, l == v->nan_layer);
+        if (!v->query_first_only || l == 0) tensor(gr, "query", HQ, T, dim, v, l == v->query_inf_layer ? 3 : 0);
+        if (v->pre_rope) tensor(gr, "key_pre_rope", H, T, dim, v, v->pre_rope == 2 && l == 0);
         H5Gclose(gr);
     }
     H5Fclose(f);
@@ -134,7 +164,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: make-dumps OUTDIR\n");
         return 2;
     }
-#define V(...) {.missing_key_layer = -1, .short_layer = -1, .nan_layer = -1, __VA_ARGS__}
+#define V(...) {.missing_key_layer = -1, .short_layer = -1, .nan_layer = -1, .query_inf_layer = -1, __VA_ARGS__}
     const variant vs[] = {
         V(.name = "ok-fixed.h5"),
         V(.name = "ok-vlen-f16.h5", .vlen = 1, .f16 = 1),
@@ -153,6 +183,13 @@ int main(int argc, char **argv)
         V(.name = "query-partial.h5", .query_first_only = 1),
         V(.name = "bad-style.h5", .rope_style = "sideways"),
         V(.name = "bad-prescaled.h5", .prescaled = 2),
+        V(.name = "query-inf.h5", .query_inf_layer = 1),
+        V(.name = "nan-late.h5", .nan_layer = 3),
+        V(.name = "huge-seq.h5", .seq_len_attr = 68719476736LL),
+        V(.name = "pre-rope.h5", .pre_rope = 1),
+        V(.name = "pre-rope-nan.h5", .pre_rope = 2),
+        V(.name = "rope-table-nan.h5", .pre_rope = 1, .rope_table_nan = 1),
+        V(.name = "odd-dim.h5", .pre_rope = 1, .dim = 7),
     };
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) write_variant(argv[1], &vs[i]);

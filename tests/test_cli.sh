@@ -42,6 +42,28 @@ for f in not-hdf5 truncated bad-shape nan; do
 done
 expect 1 "nan.h5: /layer_002/value" -- "$info" --channels "$tmp/nan.h5"
 expect 1 "not-hdf5.h5: not an HDF5 file" -- "$analyze" --calib "$tmp/not-hdf5.h5" "$real"
+# hostile-input audit (issue 16): every dataset read is checked when it is read, with the
+# standard message (the sign of an infinity kept); a failing kvq-info prints no partial report
+expect 1 "query-inf.h5: /layer_001/query: expected finite float32 values, got -inf at [0,0,7]" -- "$info" "$tmp/query-inf.h5"
+[ ! -s "$tmp/out" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-info printed a report for a bad dump"; }
+expect 1 "query-inf.h5: /layer_001/query: expected finite float32 values, got -inf" -- "$analyze" "$tmp/query-inf.h5"
+expect 1 "nan-late.h5: /layer_003/value: expected finite float32 values, got nan" -- "$info" "$tmp/nan-late.h5"
+[ ! -s "$tmp/out" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-info printed layers 0-2 before failing at layer 3"; }
+expect 1 "huge-seq.h5: /seq_len: expected at most 2147483647, got 68719476736" -- "$info" "$tmp/huge-seq.h5"
+expect 0 "dump,layer" -- "$analyze" -q kivi --format csv "$tmp/pre-rope-nan.h5" # key_pre_rope not read: fine
+expect 1 "pre-rope-nan.h5: /layer_000/key_pre_rope: expected finite float32 values, got nan" -- "$info" "$tmp/pre-rope-nan.h5"
+expect 1 "pre-rope-nan.h5: /layer_000/key_pre_rope: expected finite float32 values, got nan" -- \
+    "$analyze" -q cluster --calib "$tmp/pre-rope.h5" "$tmp/pre-rope-nan.h5"
+expect 1 "rope-table-nan.h5: /rope_cos: expected finite float32 values, got nan" -- \
+    "$analyze" -q cluster --calib "$tmp/pre-rope.h5" "$tmp/rope-table-nan.h5"
+expect 0 "dump,layer" -- "$analyze" -q kivi --format csv "$tmp/rope-table-nan.h5" # RoPE not needed: fine
+expect 1 "odd-dim.h5: /head_dim: expected an even head_dim to re-apply RoPE (it rotates channel pairs), got 7" -- \
+    "$analyze" -q cluster --calib "$tmp/odd-dim.h5" "$tmp/odd-dim.h5"
+# a progress line for long analyses: on a terminal after a second, or when asked
+expect 0 "kvq-analyze: $real: layer 5/5, metrics" -- "$analyze" --progress always -q kivi -o "$tmp/p.csv" "$real"
+expect 2 "--progress sometimes: expected auto, always or never" -- "$analyze" --progress sometimes "$real"
+"$analyze" -q kivi -o "$tmp/p.csv" "$real" 2>"$tmp/p.err" # not a terminal: no progress line
+[ ! -s "$tmp/p.err" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: progress line without a terminal"; }
 
 # --- valid variants: fixed/variable strings, any integer width, float16 LE/BE
 expect 0 "dump,layer" -- "$analyze" --format csv "$tmp/ok-fixed.h5"

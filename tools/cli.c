@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void cli_error(const char *prog, const char *fmt, ...)
@@ -169,6 +170,51 @@ int cli_write_error(const char *prog, const char *output, kvq_status st, int sav
     else
         cli_error(prog, "%s: %s", what, st == KVQ_ERR_IO ? "write failed" : kvq_strerror(st));
     return CLI_RUNTIME;
+}
+
+static double cli_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int cli_progress_option(const char *prog, const char *arg, int *mode)
+{
+    if (!strcmp(arg, "auto")) *mode = isatty(STDERR_FILENO) ? CLI_PROGRESS_LATE : CLI_PROGRESS_NEVER;
+    else if (!strcmp(arg, "always")) *mode = CLI_PROGRESS_ALWAYS;
+    else if (!strcmp(arg, "never")) *mode = CLI_PROGRESS_NEVER;
+    else {
+        cli_error(prog, "--progress %s: expected auto, always or never", arg);
+        return CLI_USAGE;
+    }
+    return CLI_OK;
+}
+
+void cli_progress_start(cli_progress *p, const char *prog, int mode, const char *name)
+{
+    p->prog = prog, p->mode = mode, p->name = name, p->t0 = cli_now();
+    if (p->width < 0) p->width = 0;
+}
+
+void cli_progress_stage(void *ud, int layer_index, int nlayers, const char *stage)
+{
+    cli_progress *p = ud;
+    double t = cli_now() - p->t0;
+    if (p->mode == CLI_PROGRESS_NEVER || (p->mode == CLI_PROGRESS_LATE && t < 1.0)) return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s: %s: layer %d/%d, %s, %.0f s", p->prog, p->name, layer_index + 1, nlayers,
+                     stage, t);
+    if (n < 0) return;
+    fprintf(stderr, "\r%s%*s", line, p->width > n ? p->width - n : 0, "");
+    p->width = n;
+    fflush(stderr);
+}
+
+void cli_progress_end(cli_progress *p)
+{
+    if (p->width > 0) fputc('\n', stderr);
+    p->width = 0;
 }
 
 /* Temporaries to remove if SIGINT, SIGTERM or SIGHUP ends the run (SIGKILL

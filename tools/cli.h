@@ -60,6 +60,20 @@ typedef struct cli_out {
 int cli_out_open(cli_out *o, const char *path, const char *prog);
 int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
 void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
+/* A progress line on stderr for long analyses (kvq_analysis_opts.progress):
+ * "\rPROG: NAME: layer i/n, STAGE, T s", rewritten in place.  --progress
+ * auto shows it on a terminal once a run has taken a second; always, from
+ * the start; never, not at all. */
+enum { CLI_PROGRESS_NEVER, CLI_PROGRESS_LATE, CLI_PROGRESS_ALWAYS };
+typedef struct cli_progress {
+    const char *prog, *name;
+    int mode, width;
+    double t0;
+} cli_progress;
+int cli_progress_option(const char *prog, const char *arg, int *mode); /* CLI_OK or CLI_USAGE */
+void cli_progress_start(cli_progress *p, const char *prog, int mode, const char *name);
+void cli_progress_stage(void *ud, int layer_index, int nlayers, const char *stage);
+void cli_progress_end(cli_progress *p); /* ends the line if one was shown */
 /* One line for a failed report write (st from kvq_report_* / kvq_rows_*),
  * naming the output and, for KVQ_ERR_IO, the system's reason (errno saved
  * right after the failing call, 0 if unknown).  Returns CLI_RUNTIME. */

@@ -33,13 +33,15 @@ static void usage(FILE *f)
         "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
         "                        per-channel, kivi, kcvt, absmax) and every attention\n"
         "                        metric on the GPU; the other quantizers on the CPU\n"
+        "      --progress WHEN   auto (default: a line on a terminal once a run takes\n"
+        "                        over a second), always or never\n"
         "      --list-quantizers list quantizers, their keys and defaults\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n\n"
         "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model data/stories260K.h5\n");
 }
 
-enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST };
+enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
 int main(int argc, char **argv)
 {
@@ -47,7 +49,7 @@ int main(int argc, char **argv)
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         CLI_ANALYSIS_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
-        {"list-quantizers", no_argument, 0, OPT_LIST},
+        {"list-quantizers", no_argument, 0, OPT_LIST}, {"progress", required_argument, 0, OPT_PROGRESS},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
 
     int rc = CLI_OK;
@@ -61,7 +63,8 @@ int main(int argc, char **argv)
     kvq_calib *calib_dump = NULL;
     kvq_report *report = NULL;
     cli_out out = {0};
-    int c;
+    cli_progress progress = {0};
+    int c, progress_mode = -1;
 
     cli_analysis_init(&an);
     opterr = 0;
@@ -80,6 +83,9 @@ int main(int argc, char **argv)
             if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
         case 'o': output = optarg; break;
+        case OPT_PROGRESS:
+            if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
+            break;
         case OPT_LIST: kvq_registry_describe(stdout); goto done;
         case 'h': usage(stdout); goto done;
         case 'V': printf("kvq-analyze %s\n", kvq_version()); goto done;
@@ -115,7 +121,8 @@ int main(int argc, char **argv)
     kvq_analysis_opts opts = {
         .specs = specs, .nspecs = nspecs, .layers = an.layers, .nlayers = an.nlayers,
         .heads = an.heads, .nheads = an.nheads, .queries = an.queries, .seed = an.seed, .nthreads = (int)an.threads,
-        .calib = calib_dump, .device = an.device};
+        .calib = calib_dump, .device = an.device, .progress = cli_progress_stage, .ud = &progress};
+    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
     if (an.device && fmt == KVQ_FMT_TABLE) fprintf(stderr, "%s: device: %s\n", prog, kvq_device_name(an.device));
     for (int i = optind; i < argc; i++) {
         kvq_analysis a;
@@ -125,7 +132,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s: %s: model %s, %d layers, %d KV heads (%d query heads), head_dim %d, %d tokens%s\n",
                     prog, argv[i], info->model, info->num_layers, info->num_kv_heads, info->num_heads,
                     info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
-        if (kvq_analyze_dump(dump, &opts, &a, &err)) { rc = cli_fail(prog, &err); goto done; }
+        cli_progress_start(&progress, prog, progress_mode, argv[i]);
+        kvq_status ast = kvq_analyze_dump(dump, &opts, &a, &err);
+        cli_progress_end(&progress);
+        if (ast) { rc = cli_fail(prog, &err); goto done; }
         char *pathcopy = strdup(argv[i]);
         errno = 0;
         kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;

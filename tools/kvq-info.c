@@ -4,6 +4,7 @@
  * KV head's keys and values token by token (for magnitude maps). */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -126,11 +127,13 @@ static int describe(FILE *f, const char *path, int channels)
                 in->query_prescaled);
         fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
                    "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
-        fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
-                "V absmax max/med", "V kurt", "V rms", in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "");
+        fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
+                "V absmax max/med", "V kurt", "V rms", in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
+                in->has_query ? "      Q rms" : "");
     }
     for (int l = 0; l < in->num_layers; l++) {
-        if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
+        /* every tensor is read, so every one is checked (finite, as kvq-analyze requires) */
+        if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE | KVQ_READ_QUERY, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
         if (channels) {
             channels_csv(f, base, l, "key", L.key, L.H, L.T, L.D, st);
             channels_csv(f, base, l, "value", L.value, L.H, L.T, L.D, st);
@@ -140,6 +143,12 @@ static int describe(FILE *f, const char *path, int channels)
             tensor_summary(f, L.key, L.H, L.T, L.D, st);
             tensor_summary(f, L.value, L.H, L.T, L.D, st);
             if (L.key_pre_rope) tensor_summary(f, L.key_pre_rope, L.H, L.T, L.D, st);
+            if (L.query) {
+                double ss = 0;
+                size_t nq = (size_t)L.Hq * L.T * L.D;
+                for (size_t i = 0; i < nq; i++) ss += (double)L.query[i] * L.query[i];
+                fprintf(f, "  %10.4g", sqrt(ss / (double)nq));
+            }
             fputc('\n', f);
         }
         kvq_layer_free(&L);
@@ -192,13 +201,31 @@ int main(int argc, char **argv)
         return CLI_USAGE;
     }
     if (cli_out_open(&out, output, prog)) return CLI_RUNTIME;
-    if (channels) fprintf(out.f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
+    /* the report is built in memory and written only when every dump
+     * succeeded: a failing run leaves nothing that looks like a result */
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = open_memstream(&text, &text_len);
+    if (!f) {
+        cli_error(prog, "out of memory");
+        cli_out_abort(&out);
+        return CLI_RUNTIME;
+    }
+    if (channels) fprintf(f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
     for (int i = optind; i < argc && rc == CLI_OK; i++)
-        rc = vlayer >= 0 ? dump_values(out.f, argv[i], vlayer, vhead, &D) : describe(out.f, argv[i], channels);
-    if (rc == CLI_OK) {
+        rc = vlayer >= 0 ? dump_values(f, argv[i], vlayer, vhead, &D) : describe(f, argv[i], channels);
+    if (fclose(f) != 0 && rc == CLI_OK) {
+        cli_error(prog, "out of memory for the report");
+        rc = CLI_RUNTIME;
+    }
+    if (rc == CLI_OK && fwrite(text, 1, text_len, out.f) != text_len) {
+        rc = cli_write_error(prog, output, KVQ_ERR_IO, errno);
+        cli_out_abort(&out);
+    } else if (rc == CLI_OK) {
         if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
     } else {
         cli_out_abort(&out);
     }
+    free(text);
     return rc;
 }
