@@ -105,7 +105,7 @@ static kvq_status prepare_common(kvq_dump *d, const kvq_analysis_opts *o, unsign
      * a RoPE the dump declares but that cannot be used (a NaN in its tables,
      * an odd head_dim) is an error here, named as what it is */
     const kvq_dump_info *di = p->info;
-    if ((flags & KVQ_READ_KEY_PRE_ROPE) && di->has_key_pre_rope && di->rope_style != KVQ_ROPE_UNSET &&
+    if ((flags & KVQ_READ_KEY_PRE_ROPE) && di->rope_style != KVQ_ROPE_UNSET &&
         (di->has_rope_table || di->has_rope_theta) && (st = kvq_dump_read_rope(d, &p->rope, err))) {
         kvq_prepared_free(p);
         return st;
