@@ -723,7 +723,7 @@ double kvq_kurtosis(const float *x, size_t n);
 typedef enum kvq_ggml_type {
     KVQ_GGML_F32 = 0, KVQ_GGML_F16 = 1, KVQ_GGML_Q4_0 = 2, KVQ_GGML_Q4_1 = 3, KVQ_GGML_Q5_0 = 6,
     KVQ_GGML_Q5_1 = 7, KVQ_GGML_Q8_0 = 8, KVQ_GGML_Q2_K = 10, KVQ_GGML_Q3_K = 11, KVQ_GGML_Q4_K = 12,
-    KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_BF16 = 30
+    KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_IQ4_NL = 20, KVQ_GGML_BF16 = 30
 } kvq_ggml_type;
 
 /* Values and bytes per block of `type`; 0 if kvq does not read the type. */
@@ -732,6 +732,11 @@ const char *kvq_ggml_type_name(int type); /* "q4_K", ...; NULL if unknown */
 /* n values (a multiple of the block) of `type` at src, as ggml's
  * dequantize_row_<type> computes them, bit for bit. */
 void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
+/* n values (a multiple of 32 for block types) of x to `type` at dst, as
+ * ggml's quantize_row_<type>_ref (f16, bf16: round to nearest even), bit for
+ * bit: the KV-cache types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, f16, bf16.
+ * Returns 0 for any other type. */
+int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n);
 
 typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2 } kvq_arch;
 

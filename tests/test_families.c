@@ -6,7 +6,9 @@
  * (exponent, mantissa) with ldexp; the scales of each `scale=` mode; bits.
  * Tender: hand-worked blocks (group boundaries hit exactly, alpha = 4,
  * TMax = 0, a short last chunk, chunk=0), span=head against span=layer,
- * bit counts, thread invariance. */
+ * bit counts, thread invariance.
+ * ggml (§3.6): hand-worked blocks of every cache type (all zero, one huge
+ * value, negative only), the row layout across heads, bits, idempotence. */
 #include "testutil.h"
 #include "simd.h"
 
@@ -382,6 +384,117 @@ START_TEST(families_usage_errors)
 }
 END_TEST
 
+/* ---------------------------------------------------------------- ggml */
+
+static void ggml_round_trip(int type, const float *x, float *y, size_t n)
+{
+    uint8_t blk[4 * 64];
+    ck_assert(n <= 64 && kvq_ggml_quantize_ref(type, x, blk, n));
+    kvq_ggml_dequantize(type, blk, y, n);
+}
+
+START_TEST(ggml_hand_blocks)
+{
+    const int types[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
+                         KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
+    float x[32], y[32];
+    /* an all-zero block comes back zero (d = 0, no division by it) */
+    memset(x, 0, sizeof x);
+    for (int i = 0; i < 8; i++) {
+        ggml_round_trip(types[i], x, y, 32);
+        for (int j = 0; j < 32; j++) ck_assert_msg(y[j] == 0.0f, "%s", kvq_ggml_type_name(types[i]));
+    }
+    /* q8_0, one huge value: d = fp16(1000/127) = 7.875; 1000 -> 127·7.875, 0.5 -> 0 */
+    for (int j = 0; j < 32; j++) x[j] = j ? 0.5f : 1000.0f;
+    ggml_round_trip(KVQ_GGML_Q8_0, x, y, 32);
+    ck_assert(y[0] == 127 * 7.875f);
+    for (int j = 1; j < 32; j++) ck_assert(y[j] == 0.0f);
+    /* q4_0, negative only: max = -32, d = -32/-8 = 4; trunc(x/4 + 8.5) - 8 steps of 4 */
+    for (int j = 0; j < 32; j++) x[j] = -(float)(j + 1);
+    ggml_round_trip(KVQ_GGML_Q4_0, x, y, 32);
+    ck_assert(y[0] == 0.0f && y[1] == 0.0f && y[2] == -4.0f && y[5] == -4.0f && y[6] == -8.0f && y[31] == -32.0f);
+    /* q4_1, negative only: min -2 stored exactly, d = fp16(1/15); -1 -> 15 steps */
+    for (int j = 0; j < 32; j++) x[j] = -1.0f - (float)j / 31.0f;
+    ggml_round_trip(KVQ_GGML_Q4_1, x, y, 32);
+    ck_assert(y[31] == -2.0f);
+    ck_assert(y[0] == 15.0f * kvq_round_f16(1.0f / 15.0f) + -2.0f);
+    /* q5_0 and q5_1 on their own grids: exact */
+    for (int j = 0; j < 32; j++) x[j] = (float)(j - 16);
+    ggml_round_trip(KVQ_GGML_Q5_0, x, y, 32);
+    ck_assert(!memcmp(x, y, sizeof x));
+    for (int j = 0; j < 32; j++) x[j] = (float)j;
+    ggml_round_trip(KVQ_GGML_Q5_1, x, y, 32);
+    ck_assert(!memcmp(x, y, sizeof x));
+    /* iq4_nl on its own levels times 1/64: d0 = max/-127 = 1/64 picks them,
+     * the least-squares d is 1/64 again (exact in fp16): exact */
+    static const int lv[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+    for (int j = 0; j < 32; j++) x[j] = (float)lv[(j * 7) % 16] / 64.0f;
+    ggml_round_trip(KVQ_GGML_IQ4_NL, x, y, 32);
+    for (int j = 0; j < 32; j++) ck_assert_msg(y[j] == x[j], "iq4_nl [%d] %a vs %a", j, y[j], x[j]);
+    /* f16 and bf16: round to nearest even */
+    x[0] = 1.0f + 0x1p-11f, x[1] = 1.0f + 0x3p-11f, x[2] = 1.0f + 0x1p-8f, x[3] = 1.0f + 0x3p-8f;
+    ggml_round_trip(KVQ_GGML_F16, x, y, 2);
+    ck_assert(y[0] == 1.0f && y[1] == 1.0f + 0x1p-9f);
+    ggml_round_trip(KVQ_GGML_BF16, x + 2, y, 2);
+    ck_assert(y[0] == 1.0f && y[1] == 1.0f + 0x1p-6f);
+    /* idempotent: a second round trip changes nothing (as ggml's) */
+    for (int i = 0; i < 8; i++)
+        for (int rep = 0; rep < 50; rep++) {
+            float z[32], w[32];
+            fill_normal(x, 32, 100 + rep, rep % 5 ? 1.0 : 1e-3);
+            ggml_round_trip(types[i], x, y, 32);
+            ggml_round_trip(types[i], y, z, 32);
+            ggml_round_trip(types[i], z, w, 32);
+            ck_assert_msg(!memcmp(y, z, sizeof y) && !memcmp(z, w, sizeof z), "%s", kvq_ggml_type_name(types[i]));
+        }
+}
+END_TEST
+
+START_TEST(ggml_rows_bits_and_errors)
+{
+    /* H = 2, D = 16: a token's row is one 32-value block across both heads */
+    int H = 2, T = 3, D = 16;
+    size_t n = (size_t)H * T * D;
+    float k[96], kq[96], vq[96];
+    fill_normal(k, n, 41, 2.0);
+    kvq_layer L;
+    layer_from(&L, H, T, D, k);
+    const char *names[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16", "bf16"};
+    const int types[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
+                         KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
+    const double bpe[] = {8.5, 4.5, 5, 5.5, 6, 4.5, 16, 16};
+    for (int i = 0; i < 8; i++) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "ggml:ktype=%s,vtype=%s", names[i], names[(i + 3) % 8]);
+        double kb[2], vb[2];
+        run_spec(spec, &L, kq, vq, kb, vb, 2);
+        ck_assert_double_eq(kb[0], bpe[i] * T * D);
+        ck_assert_double_eq(vb[1], bpe[(i + 3) % 8] * T * D);
+        for (int t = 0; t < T; t++) { /* x' = dequantize(quantize(row of both heads)) */
+            float row[32], back[32];
+            for (int h = 0; h < H; h++) memcpy(row + h * D, k + ((size_t)h * T + t) * D, D * sizeof(float));
+            ggml_round_trip(types[i], row, back, 32);
+            for (int h = 0; h < H; h++)
+                ck_assert(!memcmp(back + h * D, kq + ((size_t)h * T + t) * D, D * sizeof(float)));
+        }
+    }
+    kvq_layer_free(&L);
+    /* H·D = 24: block types refuse with a clear message, f16 and bf16 take it */
+    layer_from(&L, 3, 2, 8, k);
+    kvq_spec sp;
+    kvq_error err = {0};
+    double sb[3] = {0}, kb[3], vb[3];
+    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = 1};
+    ck_assert_int_eq(kvq_spec_parse("ggml:ktype=q4_0", &sp, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "ktype=q4_0") && strstr(err.msg, "24 values is not a multiple of the 32-value blocks"),
+                  "%s", err.msg);
+    run_spec("ggml:ktype=f16,vtype=bf16", &L, kq, vq, kb, vb, 1);
+    kvq_layer_free(&L);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("families");
@@ -396,6 +509,10 @@ int main(void)
     tcase_add_test(tc, tender_span_head_and_layer);
     tcase_add_test(tc, families_thread_invariant);
     tcase_add_test(tc, families_usage_errors);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("ggml");
+    tcase_add_test(tc, ggml_hand_blocks);
+    tcase_add_test(tc, ggml_rows_bits_and_errors);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -21,6 +21,7 @@ static const kvq_quantizer *const registry[] = {
     &kvq_q_lloydmax,
     &kvq_q_fp8,
     &kvq_q_tender,
+    &kvq_q_ggml,
 };
 
 size_t kvq_quantizer_count(void) { return sizeof registry / sizeof registry[0]; }

@@ -1,8 +1,10 @@
-/* ggml_types.c — the ggml weight formats kvq reads from GGUF files (SPEC §8):
- * block geometry and dequantization, written from the block layouts of
- * ggml's ggml-common.h and the formulas of its dequantize_row_* functions,
- * evaluated in the same float order (no FMA: meson sets -ffp-contract=off),
- * so the values are ggml's bit for bit.
+/* ggml_types.c — the ggml block formats, shared by the GGUF weights of the
+ * models in the loop (SPEC §8) and llama.cpp's KV-cache types (the `ggml`
+ * quantizer, §3.6): block geometry, dequantization and, for the cache
+ * types, quantization.  Written from the block layouts of ggml's
+ * ggml-common.h and the formulas of its dequantize_row_* and
+ * quantize_row_*_ref functions, evaluated in the same float order (no FMA:
+ * meson sets -ffp-contract=off), so the values are ggml's bit for bit.
  *
  * Layouts (little-endian, packed; d/m/dmin are IEEE half):
  *   q4_0  {d; qs[16]}                    32 values, 18 bytes
@@ -10,13 +12,16 @@
  *   q5_0  {d; qh[4]; qs[16]}             32 values, 22 bytes
  *   q5_1  {d; m; qh[4]; qs[16]}          32 values, 24 bytes
  *   q8_0  {d; int8 qs[32]}               32 values, 34 bytes
+ *   iq4_nl {d; qs[16]}                   32 values, 18 bytes (4-bit indices into kvalues_iq4nl)
  *   q2_K  {scales[16]; qs[64]; d; dmin}  256 values, 84 bytes
  *   q3_K  {hmask[32]; qs[64]; scales[12]; d}          256 values, 110 bytes
  *   q4_K  {d; dmin; scales[12]; qs[128]}              256 values, 144 bytes
  *   q5_K  {d; dmin; scales[12]; qh[32]; qs[128]}      256 values, 176 bytes
  *   q6_K  {ql[128]; qh[64]; int8 scales[16]; d}       256 values, 210 bytes */
-#include "model.h"
+#include "../internal.h"
 
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 typedef struct ggml_type_row {
@@ -33,8 +38,11 @@ static const ggml_type_row types[] = {
     {KVQ_GGML_Q8_0, "q8_0", 32, 34},    {KVQ_GGML_Q2_K, "q2_K", 256, 84},
     {KVQ_GGML_Q3_K, "q3_K", 256, 110},  {KVQ_GGML_Q4_K, "q4_K", 256, 144},
     {KVQ_GGML_Q5_K, "q5_K", 256, 176},  {KVQ_GGML_Q6_K, "q6_K", 256, 210},
-    {KVQ_GGML_BF16, "bf16", 1, 2},
+    {KVQ_GGML_BF16, "bf16", 1, 2},      {KVQ_GGML_IQ4_NL, "iq4_nl", 32, 18},
 };
+
+/* ggml-common.h's kvalues_iq4nl: the 16 non-linear levels of iq4_nl */
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 static const ggml_type_row *type_row(int type)
 {
@@ -117,6 +125,16 @@ static void deq_q8_0(const uint8_t *b, float *y)
 {
     float d = half_at(b);
     for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
+}
+
+static void deq_iq4_nl(const uint8_t *b, float *y)
+{
+    float d = half_at(b);
+    const uint8_t *qs = b + 2;
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (float)kvalues_iq4nl[qs[j] & 0xF];
+        y[j + 16] = d * (float)kvalues_iq4nl[qs[j] >> 4];
+    }
 }
 
 static void deq_q2_K(const uint8_t *b, float *y)
@@ -236,6 +254,7 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
     for (size_t i = 0; i < nb; i++, p += r->bytes, dst += r->block) {
         switch (type) {
         case KVQ_GGML_Q4_0: deq_q4_0(p, dst); break;
+        case KVQ_GGML_IQ4_NL: deq_iq4_nl(p, dst); break;
         case KVQ_GGML_Q4_1: deq_q4_1(p, dst); break;
         case KVQ_GGML_Q5_0: deq_q5(p, dst, 0); break;
         case KVQ_GGML_Q5_1: deq_q5(p, dst, 1); break;
@@ -248,4 +267,166 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
         default: break;
         }
     }
+}
+
+/* ------------------------------------------------ quantization (§3.6) */
+
+static inline void put_half(uint8_t *p, float v)
+{
+    uint16_t h = kvq_f32_to_f16(v); /* GGML_FP32_TO_FP16: round to nearest even */
+    p[0] = (uint8_t)(h & 0xFF), p[1] = (uint8_t)(h >> 8);
+}
+
+/* quantize_row_q8_0_ref, one block */
+static void q_q8_0(const float *x, uint8_t *b)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        float v = fabsf(x[j]);
+        amax = amax > v ? amax : v; /* MAX(amax, fabsf(v)) */
+    }
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    put_half(b, d);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+}
+
+/* quantize_row_q4_0_ref / q5_0_ref: d = max / −2^(bits−1), the signed value of largest magnitude */
+static void q_q4_0_q5_0(const float *x, uint8_t *b, int five)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        const float v = x[j];
+        if (amax < fabsf(v)) amax = fabsf(v), max = v;
+    }
+    const float d = max / (five ? -16 : -8);
+    const float id = d ? 1.0f / d : 0.0f;
+    put_half(b, d);
+    uint8_t *qs = b + (five ? 6 : 2);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        const float x0 = x[j] * id, x1 = x[16 + j] * id;
+        int8_t t0 = (int8_t)(x0 + (five ? 16.5f : 8.5f)), t1 = (int8_t)(x1 + (five ? 16.5f : 8.5f));
+        const uint8_t xi0 = (uint8_t)(t0 < (five ? 31 : 15) ? t0 : (five ? 31 : 15)); /* MIN(15|31, ...) */
+        const uint8_t xi1 = (uint8_t)(t1 < (five ? 31 : 15) ? t1 : (five ? 31 : 15));
+        qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << (j + 0);
+        qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+    }
+    if (five) b[2] = (uint8_t)qh, b[3] = (uint8_t)(qh >> 8), b[4] = (uint8_t)(qh >> 16), b[5] = (uint8_t)(qh >> 24);
+}
+
+/* quantize_row_q4_1_ref / q5_1_ref: d = (max − min) / (2^bits − 1), m = min */
+static void q_q4_1_q5_1(const float *x, uint8_t *b, int five)
+{
+    float min = FLT_MAX, max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        const float v = x[j];
+        if (v < min) min = v;
+        if (v > max) max = v;
+    }
+    const float d = (max - min) / ((1 << (five ? 5 : 4)) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    put_half(b, d);
+    put_half(b + 2, min);
+    uint8_t *qs = b + (five ? 8 : 4);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        const float x0 = (x[j] - min) * id, x1 = (x[16 + j] - min) * id;
+        uint8_t xi0, xi1;
+        if (five) { /* (uint8_t)(x0 + 0.5f), no clamp */
+            xi0 = (uint8_t)(x0 + 0.5f), xi1 = (uint8_t)(x1 + 0.5f);
+        } else { /* MIN(15, (int8_t)(x0 + 0.5f)) */
+            int8_t t0 = (int8_t)(x0 + 0.5f), t1 = (int8_t)(x1 + 0.5f);
+            xi0 = (uint8_t)(t0 < 15 ? t0 : 15), xi1 = (uint8_t)(t1 < 15 ? t1 : 15);
+        }
+        qs[j] = (uint8_t)((xi0 & 0x0F) | ((xi1 & 0x0F) << 4));
+        qh |= ((xi0 & 0x10u) >> 4) << (j + 0);
+        qh |= ((xi1 & 0x10u) >> 4) << (j + 16);
+    }
+    if (five) b[4] = (uint8_t)qh, b[5] = (uint8_t)(qh >> 8), b[6] = (uint8_t)(qh >> 16), b[7] = (uint8_t)(qh >> 24);
+}
+
+/* ggml's best_index_int8: the level nearest to x (ties to the upper one) */
+static int best_index_int8(int n, const int8_t *val, float x)
+{
+    if (x <= val[0]) return 0;
+    if (x >= val[n - 1]) return n - 1;
+    int ml = 0, mu = n - 1;
+    while (mu - ml > 1) {
+        int mav = (ml + mu) / 2;
+        if (x < val[mav]) mu = mav;
+        else ml = mav;
+    }
+    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/* quantize_row_iq4_nl_ref, one block: quantize_row_iq4_nl_impl with
+ * super_block_size = block_size = 32, no importance weights (w = x²) and
+ * ntry = −1, so no scale search: d0 = max/−127 picks the levels, then the
+ * least-squares d = Σw·q·x / Σw·q² is stored.  A block below 1e-15 stores
+ * d = 0 (ggml leaves its indices unset; kvq writes 0, x' = 0 either way). */
+static void q_iq4_nl(const float *x, uint8_t *b)
+{
+    uint8_t L[32] = {0};
+    float weight[32];
+    for (int j = 0; j < 32; j++) weight[j] = x[j] * x[j];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) amax = ax, max = x[j];
+    }
+    float d = 0.0f;
+    if (!(amax < 1e-15f)) { /* GROUP_MAX_EPS */
+        d = max / kvalues_iq4nl[0];
+        float id = 1 / d;
+        float sumqx = 0, sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            float al = id * x[j];
+            int l = best_index_int8(16, kvalues_iq4nl, al);
+            L[j] = (uint8_t)l;
+            float q = kvalues_iq4nl[l];
+            float w = weight[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+    }
+    put_half(b, d);
+    for (int j = 0; j < 16; j++) b[2 + j] = (uint8_t)(L[j] | (L[16 + j] << 4));
+}
+
+int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n)
+{
+    uint8_t *p = dst;
+    switch (type) {
+    case KVQ_GGML_F16:
+        for (size_t i = 0; i < n; i++) put_half(p + 2 * i, x[i]);
+        return 1;
+    case KVQ_GGML_BF16: /* ggml_compute_fp32_to_bf16 for finite x: round to nearest even */
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            uint16_t h = (uint16_t)((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+            p[2 * i] = (uint8_t)(h & 0xFF), p[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+        return 1;
+    case KVQ_GGML_Q8_0: case KVQ_GGML_Q4_0: case KVQ_GGML_Q4_1: case KVQ_GGML_Q5_0: case KVQ_GGML_Q5_1:
+    case KVQ_GGML_IQ4_NL:
+        break;
+    default:
+        return 0;
+    }
+    const ggml_type_row *r = type_row(type);
+    for (size_t i = 0; i + 32 <= n; i += 32, p += r->bytes) {
+        switch (type) {
+        case KVQ_GGML_Q8_0: q_q8_0(x + i, p); break;
+        case KVQ_GGML_Q4_0: q_q4_0_q5_0(x + i, p, 0); break;
+        case KVQ_GGML_Q5_0: q_q4_0_q5_0(x + i, p, 1); break;
+        case KVQ_GGML_Q4_1: q_q4_1_q5_1(x + i, p, 0); break;
+        case KVQ_GGML_Q5_1: q_q4_1_q5_1(x + i, p, 1); break;
+        case KVQ_GGML_IQ4_NL: q_iq4_nl(x + i, p); break;
+        }
+    }
+    return 1;
 }

@@ -1,0 +1,87 @@
+/* ggml.c — llama.cpp's KV-cache types (SPEC §3.6, `-ctk`/`-ctv`): each
+ * token's K (and V) row of all heads, head-major (H·D values), goes through
+ * ggml's quantize_row_<type>_ref and dequantize_row_<type>, bit for bit
+ * (formats/ggml_types.c).  Block types need H·D to be a multiple of 32.
+ * Bits: block bytes · 8 / 32 per element (8.5, 4.5, 5, 5.5, 6, 4.5; 16 for
+ * f16 and bf16). */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { GG_KTYPE, GG_VTYPE };
+#define GGML_CACHE_TYPES "q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|f16|bf16"
+static const int cache_type[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
+                                 KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
+
+static const kvq_param ggml_params[] = {
+    [GG_KTYPE] = {.key = "ktype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
+                  .help = "llama.cpp cache type of K (-ctk)"},
+    [GG_VTYPE] = {.key = "vtype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
+                  .help = "llama.cpp cache type of V (-ctv)"},
+};
+
+/* One tensor [H][T][D]: token rows of H·D values, gathered head-major,
+ * through the type and back.  Returns KVQ_ERR_NUMERIC if a block's fp16
+ * scale overflowed (a non-finite x'). */
+static kvq_status ggml_tensor(const float *x, float *y, int H, int T, int D, int type, int nt)
+{
+    int vals;
+    size_t bytes;
+    kvq_ggml_type_size(type, &vals, &bytes);
+    size_t W = (size_t)H * D, nblk = W / (size_t)vals;
+    int bad = 0, nomem = 0;
+#pragma omp parallel num_threads(nt) reduction(| : bad, nomem)
+    {
+        float *row = malloc(2 * W * sizeof *row);
+        uint8_t *blk = malloc(nblk * bytes);
+        nomem |= !row || !blk;
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            if (!row || !blk) continue;
+            float *back = row + W;
+            for (int h = 0; h < H; h++) memcpy(row + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
+            kvq_ggml_quantize_ref(type, row, blk, W);
+            kvq_ggml_dequantize(type, blk, back, W);
+            for (size_t i = 0; i < W; i++) bad |= !isfinite(back[i]);
+            for (int h = 0; h < H; h++) memcpy(y + ((size_t)h * T + t) * D, back + (size_t)h * D, (size_t)D * sizeof *y);
+        }
+        free(row), free(blk);
+    }
+    return nomem ? KVQ_ERR_NOMEM : bad ? KVQ_ERR_NUMERIC : KVQ_OK;
+}
+
+static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D, nt = kvq_threads(ctx->nthreads);
+    for (int tensor = 0; tensor < 2; tensor++) {
+        int type = cache_type[(int)sp->val[tensor ? GG_VTYPE : GG_KTYPE]], vals;
+        size_t bytes;
+        kvq_ggml_type_size(type, &vals, &bytes);
+        if (((size_t)H * D) % (size_t)vals)
+            return kvq_fail(err, KVQ_ERR_USAGE,
+                            "%s: %s=%s: a token's row of %d KV heads x head_dim %d = %d values is not a multiple "
+                            "of the %d-value blocks", sp->text, tensor ? "vtype" : "ktype", kvq_ggml_type_name(type),
+                            H, D, H * D, vals);
+        kvq_status st = ggml_tensor(tensor ? in->value : in->key, tensor ? out->value : out->key, H, T, D, type, nt);
+        if (st == KVQ_ERR_NUMERIC)
+            return kvq_fail(err, st, "/layer_%03d, %s: %s: a block's fp16 scale overflows (values too large for %s)",
+                            ctx->layer, tensor ? "value" : "key", sp->text, kvq_ggml_type_name(type));
+        if (st) return kvq_fail(err, st, "%s: out of memory", sp->text);
+        double bits = (double)bytes * 8.0 / vals * (double)T * D; /* per head */
+        for (int h = 0; h < H; h++) (tensor ? out->v_bits : out->k_bits)[h] = bits;
+    }
+    return KVQ_OK;
+}
+
+const kvq_quantizer kvq_q_ggml = {
+    .name = "ggml",
+    .description = "llama.cpp KV-cache types (-ctk/-ctv), bit-exact ggml quantize_row_*_ref + dequantize (SPEC 3.6)",
+    .params = ggml_params,
+    .nparams = sizeof ggml_params / sizeof ggml_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .quantize = ggml_quantize,
+};
