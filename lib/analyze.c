@@ -381,7 +381,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             memset(rd[s], 0, 2 * (size_t)H);
             if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
-            if (o->device && o->specs[s].q->plan)
+            if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
                 st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, &qo, err);
             else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err)) && o->device)
                 st = kvq_device_upload_slot(o->device, s, kq[s], vq[s], err);

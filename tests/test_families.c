@@ -495,6 +495,93 @@ START_TEST(ggml_rows_bits_and_errors)
 }
 END_TEST
 
+/* ------------------------------------------------------------ prerotate */
+
+START_TEST(prerotate_wrapper)
+{
+    /* a kvq-gen layer with an outlier key channel */
+    char *path = gen_dump(1, 4, 2, 16, 64, 9);
+    kvq_dump *d;
+    kvq_error err = {0};
+    kvq_layer L;
+    ck_assert_int_eq(kvq_dump_open(path, &d, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_dump_read_layer(d, 0, 0, &L, &err), KVQ_OK);
+    size_t n = (size_t)L.H * L.T * L.D;
+    float *kq[3], *vq[3];
+    double kb[3][2], vb[3][2], sb[3][2];
+    const char *specs[3] = {"per-token:bits=3,group=16", "per-token:bits=3,group=16,prerotate=none",
+                            "per-token:bits=3,group=16,prerotate=hadamard"};
+    double ke[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        kq[i] = malloc(n * sizeof(float)), vq[i] = malloc(n * sizeof(float));
+        kvq_spec sp;
+        ck_assert_int_eq(kvq_spec_parse(specs[i], &sp, &err), KVQ_OK);
+        memset(sb[i], 0, sizeof sb[i]);
+        kvq_quant_out out = {.key = kq[i], .value = vq[i], .k_bits = kb[i], .v_bits = vb[i], .static_bytes = sb[i]};
+        kvq_quant_ctx ctx = {.nthreads = 2, .seed = 4, .layer = 0};
+        ck_assert_msg(kvq_quantize_layer(&sp, &ctx, &L, &out, &err) == KVQ_OK, "%s", err.msg);
+        for (size_t e = 0; e < n; e++) ke[i] += ((double)kq[i][e] - L.key[e]) * ((double)kq[i][e] - L.key[e]);
+    }
+    /* none is the plain quantizer; the bits do not change; Hadamard lowers per-token key error */
+    ck_assert(!memcmp(kq[0], kq[1], n * sizeof(float)) && !memcmp(vq[0], vq[1], n * sizeof(float)));
+    ck_assert(!memcmp(kb[0], kb[2], sizeof kb[0]) && !memcmp(vb[0], vb[2], sizeof vb[0]));
+    ck_assert_msg(ke[2] < 0.8 * ke[0], "hadamard %g, none %g", ke[2], ke[0]);
+    /* static: D sign bits per head and tensor (16 channels: 2 bytes, K and V) */
+    ck_assert(sb[0][0] == 0 && sb[2][0] == 4 && sb[2][1] == 4);
+    /* x' = Πᵀ·Q(Π·x), by hand with the same rotations */
+    kvq_layer R = L;
+    R.key = malloc(n * sizeof(float)), R.value = malloc(n * sizeof(float));
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < L.H; h++) {
+            kvq_rotation r;
+            size_t off = (size_t)h * L.T * L.D;
+            ck_assert_int_eq(kvq_rotation_init(&r, KVQ_ROT_HADAMARD, L.D, 4, 0, h, t, &err), KVQ_OK);
+            ck_assert_int_eq(kvq_rotation_apply(&r, (t ? L.value : L.key) + off, (t ? R.value : R.key) + off, L.T, 0, &err), KVQ_OK);
+            kvq_rotation_free(&r);
+        }
+    kvq_spec plain;
+    ck_assert_int_eq(kvq_spec_parse(specs[0], &plain, &err), KVQ_OK);
+    float *yk = malloc(n * sizeof(float)), *yv = malloc(n * sizeof(float));
+    double b1[2], b2[2], s3[2] = {0};
+    kvq_quant_out out = {.key = yk, .value = yv, .k_bits = b1, .v_bits = b2, .static_bytes = s3};
+    kvq_quant_ctx ctx = {.nthreads = 1, .seed = 4, .layer = 0};
+    ck_assert_int_eq(kvq_quantize_layer(&plain, &ctx, &R, &out, &err), KVQ_OK);
+    for (int t = 0; t < 2; t++)
+        for (int h = 0; h < L.H; h++) {
+            kvq_rotation r;
+            size_t off = (size_t)h * L.T * L.D;
+            ck_assert_int_eq(kvq_rotation_init(&r, KVQ_ROT_HADAMARD, L.D, 4, 0, h, t, &err), KVQ_OK);
+            ck_assert_int_eq(kvq_rotation_apply(&r, (t ? yv : yk) + off, (t ? R.value : R.key) + off, L.T, 1, &err), KVQ_OK);
+            kvq_rotation_free(&r);
+        }
+    ck_assert(!memcmp(R.key, kq[2], n * sizeof(float)) && !memcmp(R.value, vq[2], n * sizeof(float)));
+    free(R.key), free(R.value), free(yk), free(yv);
+    for (int i = 0; i < 3; i++) free(kq[i]), free(vq[i]);
+    kvq_layer_free(&L);
+    kvq_dump_close(d);
+    unlink(path);
+    free(path);
+
+    /* every family that declares the key takes it; hadamard needs a power-of-two head_dim */
+    const char *fams[] = {"per-token", "per-channel", "kivi", "kcvt", "absmax", "fp8", "ggml"};
+    for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++)
+        ck_assert_msg(kvq_spec_param_index(kvq_quantizer_find(fams[i]), "prerotate") >= 0, "%s", fams[i]);
+    float k[3 * 4 * 12];
+    fill_normal(k, 3 * 4 * 12, 3, 1.0);
+    layer_from(&L, 3, 4, 12, k);
+    kvq_spec sp;
+    ck_assert_int_eq(kvq_spec_parse("absmax:prerotate=hadamard", &sp, &err), KVQ_OK);
+    float o1[144], o2[144];
+    double kb1[3], vb1[3], sb1[3] = {0};
+    kvq_quant_out o = {.key = o1, .value = o2, .k_bits = kb1, .v_bits = vb1, .static_bytes = sb1};
+    kvq_quant_ctx c1 = {.nthreads = 1};
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &c1, &L, &o, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "not a power of two"), "%s", err.msg);
+    run_spec("absmax:prerotate=qr", &L, o1, o2, kb1, vb1, 1);
+    kvq_layer_free(&L);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("families");
@@ -513,6 +600,7 @@ int main(void)
     tc = tcase_create("ggml");
     tcase_add_test(tc, ggml_hand_blocks);
     tcase_add_test(tc, ggml_rows_bits_and_errors);
+    tcase_add_test(tc, prerotate_wrapper);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

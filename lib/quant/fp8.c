@@ -153,6 +153,7 @@ static const kvq_param fp8_params[] = {
     [F8_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "tensor",
                   .choices = "none|tensor|head|token|channel",
                   .help = "float32 scale max|x|/fmax per layer tensor, KV head, token or channel (none: 1)"},
+    KVQ_PARAM_PREROTATE,
 };
 
 /* s = max|x| / fmax in float32, 1 where that max is 0 (or where the

@@ -20,6 +20,7 @@ static const kvq_param ggml_params[] = {
                   .help = "llama.cpp cache type of K (-ctk)"},
     [GG_VTYPE] = {.key = "vtype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
                   .help = "llama.cpp cache type of V (-ctv)"},
+    KVQ_PARAM_PREROTATE,
 };
 
 /* One tensor [H][T][D]: token rows of H·D values, gathered head-major,

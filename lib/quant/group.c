@@ -21,6 +21,7 @@ static const kvq_param per_token_params[] = {
     [PT_GROUP] = P_GROUP("32", "channels per group (clamped to the axis)"),
     [PT_SPAN] = P_SPAN("group within one head, or along all heads of the token"),
     [PT_SCALE] = P_SCALE,
+    KVQ_PARAM_PREROTATE,
 };
 
 /* One step per tensor: U per token over all T tokens. */
@@ -50,6 +51,7 @@ static const kvq_param per_channel_params[] = {
     [PC_BITS] = P_BITS("2"),
     [PC_GROUP] = P_GROUP("32", "tokens per group, aligned at t = 0"),
     [PC_SCALE] = P_SCALE,
+    KVQ_PARAM_PREROTATE,
 };
 
 static void per_channel_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
@@ -81,6 +83,7 @@ static const kvq_param kivi_params[] = {
                      .help = "full-precision window R (multiple of group; 0 = none)"},
     [KV_KBITS] = {.key = "kbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "key bits (default: bits)"},
     [KV_VBITS] = {.key = "vbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "value bits (default: bits)"},
+    KVQ_PARAM_PREROTATE,
 };
 
 static kvq_status kivi_check(const kvq_spec *sp, kvq_error *err)
@@ -132,6 +135,7 @@ enum { KC_BITS, KC_SPAN };
 static const kvq_param kcvt_params[] = {
     [KC_BITS] = P_BITS("4"),
     [KC_SPAN] = P_SPAN("V groups: one head's D channels, or all H*D of the token"),
+    KVQ_PARAM_PREROTATE,
 };
 
 /* K: one group per channel (G = T); V: one group per token and head

@@ -84,6 +84,21 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
 kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                   kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
+/* Pre-rotation (SPEC 2.3): the `prerotate` key a family adds to its table
+ * with one line; kvq_quantize_layer then runs the family on Π·x and returns
+ * Πᵀ·y' (prerotate.c). */
+#define KVQ_PARAM_PREROTATE                                                                          \
+    {.key = "prerotate", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|hadamard|qr",     \
+     .help = "rotate each head vector first (QuaRot): x' = P^T Q(P x) (SPEC 2.3)"}
+/* The spec's prerotate choice: 0 none (or no such key), 1 hadamard, 2 qr. */
+int kvq_spec_prerotate(const kvq_spec *spec);
+/* Runs `run` (the family's whole-layer quantizer) on the rotated layer and
+ * rotates its output back; adds the rotations' bytes to out->static_bytes. */
+kvq_status kvq_prerotate_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                  kvq_quant_out *out, kvq_error *err,
+                                  kvq_status (*run)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *,
+                                                    kvq_quant_out *, kvq_error *));
+
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);

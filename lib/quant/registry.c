@@ -228,8 +228,18 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
 /* Per-head quantizers: tensor 0 (K) and 1 (V) of every head spread over
  * ctx->nthreads threads; the first failure in task order (independent of
  * scheduling) becomes the error. */
+static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err);
+
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                               kvq_quant_out *out, kvq_error *err)
+{
+    if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
+    return quantize_layer_direct(spec, ctx, in, out, err);
+}
+
+static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err)
 {
     if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
     kvq_status (*fn)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *, kvq_quant_out *, int,
