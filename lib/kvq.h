@@ -337,6 +337,7 @@ typedef struct kvq_param {
     double min, max;     /* inclusive range of INT/REAL values */
     const char *choices; /* CHOICE: "head|layer" */
     const char *help;
+    int quiet_default;   /* left out of kvq_spec_format_full at its default (an option, e.g. prerotate) */
 } kvq_param;
 
 #define KVQ_MAX_PARAMS 16

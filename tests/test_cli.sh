@@ -76,7 +76,7 @@ expect 0 "float16" -- "$info" "$tmp/ok-vlen-f16.h5"
 
 # --- usage errors: exit 2
 expect 2 "unknown quantizer 'nope'" -- "$analyze" -q nope "$real"
-expect 2 "kivi:foo=1: unknown key 'foo' for kivi (keys: bits, group, residual, kbits, vbits)" -- "$analyze" -q kivi:foo=1 "$real"
+expect 2 "kivi:foo=1: unknown key 'foo' for kivi (keys: bits, group, residual, kbits, vbits, prerotate)" -- "$analyze" -q kivi:foo=1 "$real"
 expect 2 "kivi:bits=99: bits=99: out of range 1..16" -- "$analyze" -q kivi:bits=99 "$real"
 expect 2 "residual=100 must be a multiple of group=32" -- "$analyze" -q kivi:residual=100 "$real"
 expect 2 "span=x: expected one of head|layer" -- "$analyze" -q per-token:span=x "$real"

@@ -89,7 +89,7 @@ kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx
  * Πᵀ·y' (prerotate.c). */
 #define KVQ_PARAM_PREROTATE                                                                          \
     {.key = "prerotate", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|hadamard|qr",     \
-     .help = "rotate each head vector first (QuaRot): x' = P^T Q(P x) (SPEC 2.3)"}
+     .help = "rotate each head vector first (QuaRot): x' = P^T Q(P x) (SPEC 2.3)", .quiet_default = 1}
 /* The spec's prerotate choice: 0 none (or no such key), 1 hadamard, 2 qr. */
 int kvq_spec_prerotate(const kvq_spec *spec);
 /* Runs `run` (the family's whole-layer quantizer) on the rotated layer and

@@ -185,6 +185,7 @@ void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len)
     for (int i = 0; i < q->nparams && o < len; i++) {
         const kvq_param *p = &q->params[i];
         if (isnan(spec->val[i])) continue;
+        if (p->quiet_default && !spec->given[i]) continue;
         char v[64];
         if (p->type == KVQ_PARAM_CHOICE) choice_name(p->choices, (int)spec->val[i], v, sizeof v);
         else snprintf(v, sizeof v, "%.17g", spec->val[i]);
