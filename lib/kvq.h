@@ -74,7 +74,8 @@ enum {
     KVQ_STREAM_KEY = 0, KVQ_STREAM_VALUE = 1, KVQ_STREAM_QUERIES = 2, KVQ_STREAM_GEN = 3,
     KVQ_STREAM_ROTATE = 4,  /* rotation of (layer, head, K/V): 4, 5 */
     KVQ_STREAM_LOWRANK = 6, /* GEAR power-iteration start of (layer, head, K/V): 6, 7 */
-    KVQ_STREAM_KMEANS = 8   /* k-means++ seeding of (layer, head, K/V): 8, 9 */
+    KVQ_STREAM_KMEANS = 8,  /* k-means++ seeding of (layer, head, K/V): 8, 9 */
+    KVQ_STREAM_QJL = 10     /* TurboQuant's QJL matrix S of (layer, head, K/V): 10, 11 */
 };
 
 /* ------------------------------------------------------------- dumps (§1) */

@@ -1,0 +1,110 @@
+/* turboquant.c — TurboQuant (SPEC §3.8).  variant=mse is lloydmax at `bits`
+ * (the same rotation, sphere codebook and fp16 norm: bit for bit).
+ * variant=prod makes attention scores unbiased: per token and head, stage 1
+ * is lloydmax at b − 1 bits, giving x̂₁; the residual r = x − x̂₁ is coded by
+ * QJL — S a D×D matrix of i.i.d. N(0,1) from the seeded generator (per
+ * layer, head, K/V), z = sign(S·r) (sign 0 = +1), γ = fp16(‖r‖) — and
+ *   x' = x̂₁ + (sqrt(π/2) / D) · γ · Sᵀ·z,
+ * so that E_S⟨q, x'⟩ = ⟨q, x⟩.  Both products with S are sgemm calls.
+ * Bits per token and head: (b−1)·D + 16 + D + 16 (prod), b·D + 16 (mse);
+ * static: the rotations, codebooks and S (D·D·4 bytes per head and tensor). */
+#include "../internal.h"
+#include "quant.h"
+
+#include <cblas.h>
+#include <math.h>
+
+enum { TQ_BITS, TQ_VARIANT, TQ_ROTATE };
+enum { TQ_MSE, TQ_PROD };
+static const kvq_param turboquant_params[] = {
+    [TQ_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+                 .help = "bits per coordinate (prod: b-1 for Lloyd-Max + 1 for the QJL signs)"},
+    [TQ_VARIANT] = {.key = "variant", .type = KVQ_PARAM_CHOICE, .def = "prod", .choices = "mse|prod",
+                    .help = "mse: Lloyd-Max only (= lloydmax); prod: + 1-bit QJL residual, unbiased scores"},
+    [TQ_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
+                   .help = "seeded rotation before Lloyd-Max (SPEC 2.3)"},
+};
+
+static kvq_status turboquant_check(const kvq_spec *sp, kvq_error *err)
+{
+    if ((int)sp->val[TQ_VARIANT] == TQ_PROD && sp->val[TQ_BITS] < 2)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: bits=%g: variant=prod needs bits >= 2 (b-1 for Lloyd-Max, 1 for QJL)",
+                        sp->text, sp->val[TQ_BITS]);
+    return KVQ_OK;
+}
+
+/* The QJL stage on T residuals r [T][D], in place: r_t becomes the
+ * correction (sqrt(π/2)/D)·γ_t·Sᵀ·z_t.  S [D][D]; z: [T][D] scratch;
+ * scale: [T] scratch. */
+static void qjl_rows(float *r, float *z, float *scale, const float *S, int T, int D)
+{
+    /* z = r·Sᵀ (z[t][i] = Σ_j S[i][j]·r[t][j]), then its signs */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, D, 1.0f, r, D, S, D, 0.0f, z, D);
+    const float coef = (float)(sqrt(M_PI / 2.0) / D);
+    for (int t = 0; t < T; t++) {
+        const float *rt = r + (size_t)t * D;
+        float *zt = z + (size_t)t * D;
+        double ss = 0.0;
+        for (int c = 0; c < D; c++) ss += (double)rt[c] * rt[c];
+        scale[t] = coef * kvq_round_f16((float)sqrt(ss)); /* γ = fp16(‖r‖) */
+        for (int i = 0; i < D; i++) zt[i] = zt[i] >= 0.0f ? 1.0f : -1.0f; /* sign 0 = +1 */
+    }
+    /* r_t = scale_t · Sᵀ·z_t (the rows of z·S) */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, D, 1.0f, z, D, S, D, 0.0f, r, D);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < D; c++) r[(size_t)t * D + c] = scale[t] * r[(size_t)t * D + c];
+}
+
+static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                  kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    int T = in->T, D = in->D, b = (int)sp->val[TQ_BITS], prod = (int)sp->val[TQ_VARIANT] == TQ_PROD;
+    int stage_bits = prod ? b - 1 : b;
+    const kvq_codebook *cb;
+    kvq_rotation rot;
+    kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
+    if (st) return st;
+    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[TQ_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
+        return st;
+    const float *x = kvq_head_in(in, tensor, h);
+    float *y = kvq_head_out(out, in, tensor, h); /* [T][D] */
+    size_t n = (size_t)T * D;
+    float *work = kvq_alloc_array(n, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
+    float *S = prod ? kvq_alloc_array((size_t)D * D, sizeof *S) : NULL;
+    if (!work || !norm || (prod && !S)) st = KVQ_ERR_NOMEM;
+    /* stage 1: Lloyd–Max, x̂₁ into y */
+    if (!st) st = kvq_lloydmax_rows(x, y, T, D, &rot, cb, work, norm, err);
+    if (!st && prod) {
+        kvq_rng rng; /* S row by row from the (layer, head, K/V) stream */
+        kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_QJL + tensor));
+        for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
+        float *r = kvq_alloc_array(n, sizeof *r);
+        if (!r) {
+            st = KVQ_ERR_NOMEM;
+        } else {
+            for (size_t i = 0; i < n; i++) r[i] = x[i] - y[i];
+            qjl_rows(r, work, norm, S, T, D);
+            for (size_t i = 0; i < n; i++) y[i] = y[i] + r[i];
+            free(r);
+        }
+    }
+    if (!st) {
+        *kvq_head_bits(out, tensor, h) = (double)T * ((double)stage_bits * D + 16.0 + (prod ? D + 16.0 : 0.0));
+        if (tensor == 1) /* K's and V's rotation, codebook and S (same sizes), by one task */
+            out->static_bytes[h] = 2.0 * (kvq_rotation_bytes(&rot) + 4.0 * cb->n + (prod ? 4.0 * D * D : 0.0));
+    }
+    free(work), free(norm), free(S);
+    kvq_rotation_free(&rot);
+    return st;
+}
+
+const kvq_quantizer kvq_q_turboquant = {
+    .name = "turboquant",
+    .description = "TurboQuant: rotation + Lloyd-Max (b-1 bits) + 1-bit QJL residual, unbiased scores (SPEC 3.8)",
+    .params = turboquant_params,
+    .nparams = sizeof turboquant_params / sizeof turboquant_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .check = turboquant_check,
+    .quantize_head = turboquant_head,
+};
