@@ -177,9 +177,21 @@ expect 2 "tender:bits=1: bits=1: out of range 2..16" -- "$analyze" -q tender:bit
 expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1e+09" -- "$analyze" -q tender:chunk=-1 "$real"
 expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q tender "$tmp/huge.h5"
 expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
+# --- the frontier families (SPEC 2.3, 3.6-3.8)
+expect 0 "ggml " "ktype=q8_0" "iq4_nl" "kvquant " "codebook=nuq" "turboquant " "variant=prod" "prerotate=none" -- "$analyze" --list-quantizers
+expect 2 "kvquant: needs --calib FILE" -- "$analyze" -q kvquant "$real"
+expect 0 "kvquant" -- "$analyze" -q kvquant --calib "$calib" --per model "$real"
+expect 0 "kvquant:codebook=uniform" -- "$analyze" -q kvquant:codebook=uniform --per model "$real"
+expect 2 "turboquant:bits=1: bits=1: variant=prod needs bits >= 2" -- "$analyze" -q turboquant:bits=1 "$real"
+expect 2 "ggml:ktype=q3_K: ktype=q3_K: expected one of q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|f16|bf16" -- "$analyze" -q ggml:ktype=q3_K "$real"
+expect 2 "per-token:prerotate=fwht: prerotate=fwht: expected one of none|hadamard|qr" -- "$analyze" -q per-token:prerotate=fwht "$real"
+expect 2 "d12.h5" "not a power of two" -- "$analyze" -q kivi:prerotate=hadamard "$tmp/d12.h5"
+# ggml on a head_dim-12 dump with 4 KV heads: 48 values per token row, not a multiple of 32
+expect 2 "ggml: ktype=q8_0: a token's row of 4 KV heads x head_dim 12 = 48 values is not a multiple of the 32-value blocks" -- \
+    "$analyze" -q ggml "$tmp/d12.h5"
 # default set: without --calib cluster is skipped with a note after the results, with it included
 "$analyze" --per model --format csv "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
-grep -q 'without cluster: needs --calib' "$tmp/def.err" && ! grep -q ',cluster,' "$tmp/def.csv" && grep -q ',gear,' "$tmp/def.csv" \
+grep -q 'without cluster, kvquant: needs --calib' "$tmp/def.err" && ! grep -q ',cluster,' "$tmp/def.csv" && ! grep -q ',kvquant,' "$tmp/def.csv" && grep -q ',gear,' "$tmp/def.csv" \
     && grep -q ',fp8,fp8,8.001953125,' "$tmp/def.csv" && grep -q ',tender,tender,4.076171875,' "$tmp/def.csv" \
     && grep -q ',lloydmax,' "$tmp/def.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set without --calib"; }
 "$analyze" --per model --format csv --calib "$calib" "$real" >"$tmp/def.csv" 2>"$tmp/def.err"

@@ -10,7 +10,9 @@
  * ggml (§3.6): hand-worked blocks of every cache type (all zero, one huge
  * value, negative only), the row layout across heads, bits, idempotence.
  * turboquant (§3.8): mse equals lloydmax bit for bit; prod's bits; prod's
- * scores unbiased where mse's shrink (a statistical check, fixed seeds). */
+ * scores unbiased where mse's shrink (a statistical check, fixed seeds).
+ * kvquant (§3.7): bits by hand, sinks and outliers exact, r = 0, nuq needs
+ * its calibration state, prerope refuses a dump without RoPE. */
 #include "testutil.h"
 #include "simd.h"
 
@@ -560,6 +562,62 @@ START_TEST(turboquant_mse_prod)
 }
 END_TEST
 
+/* -------------------------------------------------------------- kvquant */
+
+START_TEST(kvquant_rows)
+{
+    int H = 2, T = 40, D = 8;
+    size_t n = (size_t)H * T * D;
+    float k[640], kq[640], vq[640];
+    fill_normal(k, n, 12, 1.0);
+    for (size_t i = 0; i < n; i++) k[i] = roundf(k[i] * 64.0f) / 64.0f; /* fp16 values: outliers exact */
+    kvq_layer L;
+    layer_from(&L, H, T, D, k);
+    double kb[2], vb[2];
+    /* no outliers, no sink, uniform, post-RoPE: b + 32/T for K, b + 32/D for V */
+    run_spec("kvquant:bits=3,outliers=0,sink=0,codebook=uniform,prerope=0", &L, kq, vq, kb, vb, 2);
+    ck_assert_double_eq(kb[0] / (T * D), 3.0 + 32.0 / T);
+    ck_assert_double_eq(vb[1] / (T * D), 3.0 + 32.0 / D);
+    /* sink=2, outliers=0.06: K rows of n = 38 keep k = 1 each way, V rows (n = 8) none */
+    run_spec("kvquant:bits=2,outliers=0.06,sink=2,codebook=uniform", &L, kq, vq, kb, vb, 2);
+    ck_assert_double_eq(kb[0], 16.0 * 2 * D + D * (32.0 + 48.0 * 2 + 2.0 * 36));
+    ck_assert_double_eq(vb[0], 16.0 * 2 * D + 38 * (32.0 + 2.0 * D));
+    for (int h = 0; h < H; h++) {
+        const float *x = k + (size_t)h * T * D, *y = kq + (size_t)h * T * D, *yv = vq + (size_t)h * T * D;
+        ck_assert(!memcmp(x, y, 2 * D * sizeof(float)) && !memcmp(x, yv, 2 * D * sizeof(float))); /* sinks */
+        for (int c = 0; c < D; c++) { /* the largest and (of the rest) the smallest come back exact */
+            int imax = 2, imin = -1;
+            for (int t = 2; t < T; t++) if (x[t * D + c] > x[imax * D + c]) imax = t;
+            for (int t = 2; t < T; t++)
+                if (t != imax && (imin < 0 || x[t * D + c] < x[imin * D + c])) imin = t;
+            ck_assert(y[imax * D + c] == x[imax * D + c] && y[imin * D + c] == x[imin * D + c]);
+        }
+    }
+    /* a constant rest (r = 0) comes back as o, exactly */
+    for (size_t i = 0; i < n; i++) k[i] = 0.75f;
+    kvq_layer_free(&L);
+    layer_from(&L, H, T, D, k);
+    run_spec("kvquant:codebook=uniform,prerope=0", &L, kq, vq, kb, vb, 1);
+    for (size_t i = 0; i < n; i++) ck_assert(kq[i] == 0.75f && vq[i] == 0.75f);
+    kvq_layer_free(&L);
+    /* the default (nuq) needs --calib; prerope=1 on pre-RoPE keys needs the dump's RoPE */
+    kvq_spec sp;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_spec_parse("kvquant", &sp, &err), KVQ_OK);
+    ck_assert(kvq_spec_needs_calib(&sp));
+    ck_assert_int_eq(kvq_spec_parse("kvquant:codebook=uniform", &sp, &err), KVQ_OK);
+    ck_assert(!kvq_spec_needs_calib(&sp));
+    ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, KVQ_READ_KEY_PRE_ROPE, &err), KVQ_OK);
+    fill_normal(L.key_pre_rope, n, 13, 1.0);
+    double sb[2] = {0};
+    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = 1}; /* no ctx.rope: the dump has none */
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "prerope=1") && strstr(err.msg, "rope_theta"), "%s", err.msg);
+    kvq_layer_free(&L);
+}
+END_TEST
+
 /* ------------------------------------------------------------ prerotate */
 
 START_TEST(prerotate_wrapper)
@@ -667,6 +725,7 @@ int main(void)
     tcase_add_test(tc, ggml_rows_bits_and_errors);
     tcase_add_test(tc, prerotate_wrapper);
     tcase_add_test(tc, turboquant_mse_prod);
+    tcase_add_test(tc, kvquant_rows);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -493,13 +493,15 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
         const kvq_quantizer *q = kvq_quantizer_at(i);
         if (!q->in_default_set) continue;
-        if (q->needs_calib && !have_calib) {
+        char text[KVQ_SPEC_MAX];
+        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
+        kvq_spec probe; /* the default spec may need a calibration (kvquant's nuq) */
+        kvq_error err = {0};
+        if (!have_calib && (q->needs_calib || (!kvq_spec_parse(text, &probe, &err) && kvq_spec_needs_calib(&probe)))) {
             size_t o = skipped ? strlen(skipped) : 0;
             if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
             continue;
         }
-        char text[KVQ_SPEC_MAX];
-        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
         int rc = cli_add_spec(prog, specs, n, text);
         if (rc) return rc;
     }

@@ -22,6 +22,7 @@ static const kvq_quantizer *const registry[] = {
     &kvq_q_fp8,
     &kvq_q_tender,
     &kvq_q_ggml,
+    &kvq_q_kvquant,
     &kvq_q_turboquant,
 };
 

@@ -1,0 +1,225 @@
+/* kvquant.c — KVQuant-style quantization (Hooper et al. 2024; SPEC §3.7).
+ * Rows are the channels of one head over its tokens for K (per-channel),
+ * the tokens of one head for V (per-token).  The first `sink` tokens are
+ * exact (attention sinks, the dump's values).  In each row of the rest, the
+ * k = floor(outliers·n/2) largest and k smallest values are exact outliers
+ * (GEAR's rule, §3.1 step 1, without replacement; values at fp16); the other
+ * values are normalised, u = (x − o)/r with o = fp16((mx + mn)/2) and
+ * r = fp16((mx − mn)/2) over them, and snapped to the nearest of 2^b
+ * levels: `uniform` (−1 + 2i/(2^b − 1)) or `nuq` (1-D k-means, §2.4 `data`,
+ * fitted per layer and K/V on the calibration dump's u values, computed the
+ * same way).  x' = û·r + o (o when r = 0).  With prerope=1 and key_pre_rope
+ * in the dump, K is quantized before RoPE and the dump's RoPE is applied to
+ * the reconstruction.  Bits: b per element, 32 per row (o, r), 48 per
+ * outlier (value + index), 16 per sink element; codebooks are static. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { KQ_BITS, KQ_OUTLIERS, KQ_SINK, KQ_CODEBOOK, KQ_PREROPE };
+enum { CB_NUQ, CB_UNIFORM };
+static const kvq_param kvquant_params[] = {
+    [KQ_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+                 .help = "bits per code (2^bits levels)"},
+    [KQ_OUTLIERS] = {.key = "outliers", .type = KVQ_PARAM_REAL, .def = "0.01", .min = 0, .max = 1,
+                     .help = "fraction of each row kept exact (both tails)"},
+    [KQ_SINK] = {.key = "sink", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1e9,
+                 .help = "first tokens kept exact (attention sinks)"},
+    [KQ_CODEBOOK] = {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "nuq", .choices = "nuq|uniform",
+                     .help = "levels: k-means fitted on --calib (nuq) or uniform on [-1, 1]"},
+    [KQ_PREROPE] = {.key = "prerope", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1,
+                    .help = "quantize keys before RoPE (needs key_pre_rope and the dump's RoPE)"},
+};
+
+typedef struct kq_cfg {
+    int bits, sink, prerope;
+    double outliers;
+} kq_cfg;
+
+static kq_cfg cfg_of(const kvq_spec *sp, int T)
+{
+    kq_cfg c = {(int)sp->val[KQ_BITS], (int)sp->val[KQ_SINK], (int)sp->val[KQ_PREROPE], sp->val[KQ_OUTLIERS]};
+    if (c.sink > T) c.sink = T;
+    return c;
+}
+
+/* The uniform levels −1 + 2i/(2^b − 1) as a codebook (midpoints as bounds). */
+static void uniform_codebook(int bits, kvq_codebook *cb)
+{
+    memset(cb, 0, sizeof *cb);
+    cb->bits = bits, cb->n = 1 << bits;
+    for (int i = 0; i < cb->n; i++) {
+        cb->level[i] = -1.0 + 2.0 * i / (cb->n - 1);
+        cb->levelf[i] = (float)cb->level[i];
+    }
+    for (int i = 0; i + 1 < cb->n; i++) cb->bound[i] = (float)(0.5 * (cb->level[i] + cb->level[i + 1]));
+}
+
+/* One row of n values: marks the outliers in sel, returns o and r over the
+ * rest (r = −1 when every value is an outlier). */
+static void row_stats(const float *row, int n, int k, unsigned char *sel, float *work, float *scratch, float *o,
+                      float *r)
+{
+    memcpy(work, row, (size_t)n * sizeof *work);
+    kvq_gear_row_outliers(row, work, sel, n, k, scratch); /* work: a copy GEAR would quantize; unused here */
+    float mn = INFINITY, mx = -INFINITY;
+    for (int i = 0; i < n; i++)
+        if (!sel[i]) mn = row[i] < mn ? row[i] : mn, mx = row[i] > mx ? row[i] : mx;
+    if (mn > mx) { /* no value left to normalise */
+        *o = 0.0f, *r = -1.0f;
+        return;
+    }
+    *o = kvq_round_f16((mx + mn) / 2.0f);
+    *r = kvq_round_f16((mx - mn) / 2.0f);
+}
+
+/* Quantizes one row into out (codebook cb); the u values go to u (if not NULL, *nu counts them). */
+static void row_quantize(const float *row, float *out, int n, int k, const kvq_codebook *cb, unsigned char *sel,
+                         float *work, float *scratch, float *u, size_t *nu)
+{
+    float o, r;
+    row_stats(row, n, k, sel, work, scratch, &o, &r);
+    for (int i = 0; i < n; i++) {
+        if (sel[i]) { /* an exact outlier, stored at fp16 */
+            if (out) out[i] = kvq_round_f16(row[i]);
+            continue;
+        }
+        if (r <= 0.0f) { /* r = 0: a constant rest, x' = o */
+            if (out) out[i] = o;
+            continue;
+        }
+        float ui = (row[i] - o) / r;
+        if (u) u[(*nu)++] = ui;
+        if (out) out[i] = cb->levelf[kvq_codebook_index(cb, ui)] * r + o;
+    }
+}
+
+/* The rows of one head's tensor x [T][D] (K: channels over tokens ≥ sink;
+ * V: tokens ≥ sink), quantized into y (NULL: only collect u).  Returns the
+ * number of outliers per row through *k_out. */
+static kvq_status head_rows(const float *x, float *y, int T, int D, int tensor, const kq_cfg *c,
+                            const kvq_codebook *cb, float *u, size_t *nu, int *k_out)
+{
+    int rows = tensor ? T - c->sink : D, n = tensor ? D : T - c->sink;
+    int k = (int)floor(c->outliers * n / 2.0);
+    *k_out = k;
+    if (rows <= 0 || n <= 0) return KVQ_OK;
+    float *buf = malloc((size_t)n * 4 * sizeof *buf);
+    unsigned char *sel = malloc((size_t)n);
+    if (!buf || !sel) {
+        free(buf), free(sel);
+        return KVQ_ERR_NOMEM;
+    }
+    float *row = buf, *out = buf + n, *work = buf + 2 * (size_t)n, *scratch = buf + 3 * (size_t)n;
+    for (int rw = 0; rw < rows; rw++) {
+        if (tensor) { /* V: token sink + rw, contiguous */
+            const float *xr = x + (size_t)(c->sink + rw) * D;
+            row_quantize(xr, y ? y + (size_t)(c->sink + rw) * D : NULL, n, k, cb, sel, work, scratch, u, nu);
+        } else { /* K: channel rw over tokens sink..T−1 */
+            for (int i = 0; i < n; i++) row[i] = x[(size_t)(c->sink + i) * D + rw];
+            row_quantize(row, y ? out : NULL, n, k, cb, sel, work, scratch, u, nu);
+            if (y)
+                for (int i = 0; i < n; i++) y[(size_t)(c->sink + i) * D + rw] = out[i];
+        }
+    }
+    free(buf), free(sel);
+    return KVQ_OK;
+}
+
+/* K's rows come from key_pre_rope with prerope=1 when the dump has it. */
+static const float *key_source(const kq_cfg *c, const kvq_layer *in, int h)
+{
+    if (c->prerope && in->key_pre_rope) return in->key_pre_rope + (size_t)h * in->T * in->D;
+    return kvq_head_in(in, 0, h);
+}
+
+static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                               kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    int T = in->T, D = in->D;
+    kq_cfg c = cfg_of(sp, T);
+    int pre = !tensor && c.prerope && in->key_pre_rope;
+    if (pre && !ctx->rope)
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "prerope=1: the keys are quantized before RoPE, which must then be re-applied: expected "
+                        "rope_style and rope_theta (or /rope_cos, /rope_sin) in the dump (or use prerope=0)");
+    kvq_codebook uni;
+    const kvq_codebook *cb = &uni;
+    if ((int)sp->val[KQ_CODEBOOK] == CB_UNIFORM) uniform_codebook(c.bits, &uni);
+    else cb = (const kvq_codebook *)ctx->calib + tensor; /* nuq: [K, V] of this layer */
+    const float *x = tensor ? kvq_head_in(in, 1, h) : key_source(&c, in, h);
+    float *y = kvq_head_out(out, in, tensor, h);
+    int k = 0;
+    kvq_status st = head_rows(x, y, T, D, tensor, &c, cb, NULL, NULL, &k);
+    if (st) return st;
+    if (pre) /* K' = RoPE_t(Q(K_pre)) */
+        for (int t = c.sink; t < T; t++) kvq_rope_rotate(ctx->rope, y + (size_t)t * D, t, 0);
+    /* sink tokens: the dump's (post-RoPE) values */
+    memcpy(y, kvq_head_in(in, tensor, h), (size_t)c.sink * D * sizeof *y);
+    int rows = tensor ? T - c.sink : D, n = tensor ? D : T - c.sink;
+    double bits = 16.0 * c.sink * D;
+    if (rows > 0 && n > 0) bits += (double)rows * (32.0 + 48.0 * 2 * k + (double)c.bits * (n - 2 * k));
+    *kvq_head_bits(out, tensor, h) = bits;
+    if (tensor == 1 && (int)sp->val[KQ_CODEBOOK] == CB_NUQ) /* the layer's two codebooks, shared by the heads */
+        out->static_bytes[h] = 2.0 * 4.0 * cb->n / in->H;
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------- nuq: the calibration */
+
+static int kvquant_calib_key(const kvq_spec *sp, char *buf, size_t len)
+{
+    if ((int)sp->val[KQ_CODEBOOK] != CB_NUQ) return 0;
+    snprintf(buf, len, "bits=%d,outliers=%.17g,sink=%d,prerope=%d", (int)sp->val[KQ_BITS], sp->val[KQ_OUTLIERS],
+             (int)sp->val[KQ_SINK], (int)sp->val[KQ_PREROPE]);
+    return 1;
+}
+
+/* Per layer, K and V: the u values of every head of the calibration layer
+ * (the same sinks, outliers and normalisation), 1-D k-means at `bits`.
+ * State: kvq_codebook [2]. */
+static kvq_status kvquant_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *cal,
+                                    void **state, kvq_error *err)
+{
+    (void)ctx;
+    int H = cal->H, T = cal->T, D = cal->D;
+    kq_cfg c = cfg_of(sp, T);
+    kvq_codebook *cbs = kvq_alloc_array(2, sizeof *cbs);
+    float *u = kvq_alloc_array((size_t)H * T * D, sizeof *u);
+    kvq_status st = cbs && u ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int tensor = 0; tensor < 2 && !st; tensor++) {
+        size_t nu = 0;
+        for (int h = 0; h < H && !st; h++) {
+            int k;
+            const float *x = tensor ? kvq_head_in(cal, 1, h) : key_source(&c, cal, h);
+            if (head_rows(x, NULL, T, D, tensor, &c, NULL, u, &nu, &k))
+                st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        }
+        if (!st && nu == 0)
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: no value left to fit after the sinks and outliers", tensor ? "value" : "key");
+        if (!st) st = kvq_codebook_fit_data(u, nu, c.bits, &cbs[tensor], err);
+    }
+    free(u);
+    if (st) {
+        free(cbs);
+        return st;
+    }
+    *state = cbs;
+    return KVQ_OK;
+}
+
+const kvq_quantizer kvq_q_kvquant = {
+    .name = "kvquant",
+    .description = "KVQuant: pre-RoPE per-channel K / per-token V, NUQ levels, sparse outliers, sinks (SPEC 3.7)",
+    .params = kvquant_params,
+    .nparams = sizeof kvquant_params / sizeof kvquant_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .quantize_head = kvquant_head,
+    .read_flags = KVQ_READ_KEY_PRE_ROPE,
+    .calib_key = kvquant_calib_key,
+    .calibrate = kvquant_calibrate,
+    .calib_free = free,
+};
