@@ -31,6 +31,9 @@ FAMILY_STYLE = {
     "lloydmax": ("#bcbd22", "h"),
     "fp8": ("#17becf", "p"),
     "tender": ("#393b79", "d"),
+    "ggml": ("#637939", "<"),
+    "kvquant": ("#843c39", ">"),
+    "turboquant": ("#7b4173", "8"),
 }
 _EXTRA = ["#aec7e8", "#ffbb78", "#98df8a", "#ff9896"]
 
@@ -65,6 +68,11 @@ KEY_LABEL = {
     "alpha": "scale ratio between groups",
     "format": "FP8 format",
     "scale": "scale granularity",
+    "ktype": "llama.cpp K cache type",
+    "vtype": "llama.cpp V cache type",
+    "outliers": "outlier fraction per row",
+    "sink": "sink tokens",
+    "prerotate": "pre-rotation",
 }
 
 

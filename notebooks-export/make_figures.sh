@@ -53,6 +53,8 @@ for b in 1 2 3 4; do specs+=(-q "lloydmax:bits=$b"); done
 for c in 4 16 64; do specs+=(-q "cluster:centroids=$c"); done
 for f in e4m3 e5m2; do specs+=(-q "fp8:format=$f" -q "fp8:format=$f,scale=token"); done
 for b in 3 4 8; do specs+=(-q "tender:bits=$b"); done
+for t in q8_0 q5_1 q4_0 iq4_nl; do specs+=(-q "ggml:ktype=$t,vtype=$t"); done
+for b in 2 3 4; do specs+=(-q "kvquant:bits=$b" -q "turboquant:bits=$b"); done
 "$bin/kvq-analyze" "${specs[@]}" --calib "$calib" --per model -o "$data/analyze-model.csv" "$dump"
 "$bin/kvq-analyze" -q per-token:bits=4 -q kivi:bits=2,group=32,residual=32 -q kcvt:bits=2 \
     -q gear:bits=2,rank=2,lowrank=svd -q lloydmax:bits=2 -q cluster:centroids=16 \
