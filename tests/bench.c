@@ -159,9 +159,11 @@ int main(int argc, char **argv)
         printf("\nFP8 cast x' = fp8(x/s)*s, one core (target >= 1000 M elements/s): e4m3 %.0f, e5m2 %.0f M elements/s\n",
                n / best[0] / 1e6, n / best[1] / 1e6);
         const char *fam[] = {"fp8", "fp8:scale=token", "fp8:scale=channel", "tender", "tender:span=head",
-                             "tender:chunk=0,groups=16"};
+                             "tender:chunk=0,groups=16", "ggml", "ggml:ktype=q4_0,vtype=q4_0",
+                             "ggml:ktype=iq4_nl,vtype=iq4_nl", "kvquant:codebook=uniform,prerope=0",
+                             "turboquant", "turboquant:variant=mse", "per-token:bits=4,group=128,prerotate=hadamard"};
         double pt = bench_quant("per-token:bits=4,group=128", &L, kq, vq);
-        printf("quantize + reconstruction error, one core, against per-token:bits=4,group=128 (%.0f M elements/s;"
+        printf("quantize + reconstruction error, one core, the families beside per-token:bits=4,group=128 (%.0f M elements/s;"
                " target for tender: within 2x):\n", pt / 1e6);
         for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
             double r = bench_quant(fam[i], &L, kq, vq);
