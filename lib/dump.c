@@ -33,6 +33,9 @@ struct kvq_dump_writer {
     kvq_dtype dtype;
 };
 
+/* kvq_set_temp_hooks: a tool's bookkeeping of the writers' temporaries */
+static void (*temp_created)(const char *), (*temp_gone)(const char *);
+
 /* ------------------------------------------------------------ HDF5 errors */
 
 static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
@@ -694,6 +697,7 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
         return st0;
     }
     close(fd);
+    if (temp_created) temp_created(w->tmp);
     w->info = *info;
     w->dtype = dtype;
     w->file = H5Fcreate(w->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
@@ -857,11 +861,17 @@ kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
     }
     w->file = -1;
     if (st) unlink(w->tmp);
+    if (temp_gone) temp_gone(w->tmp);
     free(w->tmp), free(w->path), free(w);
     return st;
 }
 
 const char *kvq_dump_writer_temp(const kvq_dump_writer *w) { return w->tmp; }
+
+void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const char *tmp))
+{
+    temp_created = created, temp_gone = gone;
+}
 
 void kvq_dump_writer_abort(kvq_dump_writer *w)
 {
@@ -869,5 +879,6 @@ void kvq_dump_writer_abort(kvq_dump_writer *w)
     if (w->file >= 0) H5Fclose(w->file);
     H5Eclear2(H5E_DEFAULT);
     unlink(w->tmp);
+    if (temp_gone) temp_gone(w->tmp);
     free(w->tmp), free(w->path), free(w);
 }

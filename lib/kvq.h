@@ -180,6 +180,10 @@ kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, con
 kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
 /* The temporary file's name (a tool removes it if a signal ends the run). */
 const char *kvq_dump_writer_temp(const kvq_dump_writer *w);
+/* A tool's hooks told of every dump writer's temporary as it is created and
+ * when it is renamed or removed (so that a signal handler can remove it);
+ * NULL: none.  Process-wide; set before writing. */
+void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const char *tmp));
 void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
 
 /* ---------------------------------------------- group quantization (§2.1) */

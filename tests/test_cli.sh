@@ -257,6 +257,14 @@ kill -TERM $victim
 wait $victim
 check "SIGTERM: exit 143" [ $? = 143 ]
 check "SIGTERM: no temporary, no result left" [ -z "$(ls "$o" | grep term.csv)" ]
+# the same for a dump being written (kvq-gen; kvq-dump shares the writer and the hook)
+"$gen" --preset llama3-8b --tokens 8192 -o "$o/gen.h5" 2>/dev/null &
+victim=$!
+for _ in $(seq 50); do ls "$o" | grep -q 'gen.h5.tmp' && break; sleep 0.1; done
+kill -TERM $victim
+wait $victim
+check "kvq-gen SIGTERM: exit 143" [ $? = 143 ]
+check "kvq-gen SIGTERM: no temporary left" [ -z "$(ls "$o" | grep gen.h5)" ]
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -161,6 +161,14 @@ check "tender groups x chunk: 6 rows" [ "$(tail -n +2 "$tmp/tender.csv" | wc -l)
 grep ',"tender:groups=4,chunk=64",' "$tmp/tender.csv" | sed -E 's/(,[^,]*){3}$//' >"$tmp/t-sw.csv"
 check "tender sweep row equals kvq-analyze's" cmp -s "$tmp/t-an.csv" "$tmp/t-sw.csv"
 
+# --- the frontier families: cache types and pre-rotation as grid keys
+"$sweep" "$real" --quant ggml --grid ktype=q8_0,q4_0,iq4_nl --fixed vtype=q4_1 --per model --progress never \
+    -o "$tmp/ggml.csv" 2>/dev/null
+check "ggml ktype grid: 3 rows" [ "$(tail -n +2 "$tmp/ggml.csv" | wc -l)" = 3 ]
+"$sweep" "$real" --quant per-token --grid prerotate=none,hadamard,qr --fixed bits=3 --per model --progress never \
+    -o "$tmp/rot.csv" 2>/dev/null
+check "prerotate grid: 3 rows, the spec names the rotation" grep -q ',"per-token:bits=3,prerotate=qr",' "$tmp/rot.csv"
+
 # --- the Slurm example: a 3-task array then the merge, run here without Slurm
 export DUMPS=$real OUTDIR=$tmp/slurm KVQ_SWEEP=$sweep SWEEP_ARGS="${kivi[*]}"
 for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-sweep.slurm" 2>/dev/null; done

@@ -102,6 +102,7 @@ done:
 
 static int describe(FILE *f, const char *path, int channels)
 {
+    cli_progress pr = {0}; /* a line on a terminal once a long dump has taken a second */
     kvq_error err = {0};
     kvq_dump *d = NULL;
     kvq_layer L = {0};
@@ -131,7 +132,11 @@ static int describe(FILE *f, const char *path, int channels)
                 "V absmax max/med", "V kurt", "V rms", in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
                 in->has_query ? "      Q rms" : "");
     }
+    int mode;
+    cli_progress_option(prog, "auto", &mode);
+    cli_progress_start(&pr, prog, mode, path);
     for (int l = 0; l < in->num_layers; l++) {
+        cli_progress_stage(&pr, l, in->num_layers, "read and statistics");
         /* every tensor is read, so every one is checked (finite, as kvq-analyze requires) */
         if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE | KVQ_READ_QUERY, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
         if (channels) {
@@ -154,6 +159,7 @@ static int describe(FILE *f, const char *path, int channels)
         kvq_layer_free(&L);
     }
 done:
+    cli_progress_end(&pr);
     kvq_layer_free(&L);
     free(st);
     kvq_dump_close(d);
