@@ -249,22 +249,22 @@ if [ -w /dev/full ]; then
 fi
 expect 1 "cannot write the output: it is a directory" -- "$analyze" -q kivi -o "$o/sub" "$real"
 # SIGTERM part-way: the temporary is removed, nothing is left
+# sigterm_leaves_nothing NAME command...: NAME is the output's file name in $o
+sigterm_leaves_nothing() {
+    local name=$1
+    shift
+    "$@" 2>/dev/null &
+    local victim=$!
+    for _ in $(seq 50); do ls "$o" | grep -q "$name.tmp" && break; sleep 0.1; done
+    kill -TERM $victim
+    wait $victim
+    check "$name: SIGTERM gives exit 143" [ $? = 143 ]
+    check "$name: SIGTERM leaves no temporary and no result" [ -z "$(ls "$o" | grep "$name")" ]
+}
 "$gen" --layers 2 --tokens 4096 --heads 8 --kv-heads 4 --head-dim 64 -o "$tmp/big.h5" 2>/dev/null
-"$analyze" -q gear:lowrank=svd -q gear -q lloydmax -o "$o/term.csv" "$tmp/big.h5" 2>/dev/null &
-victim=$!
-for _ in $(seq 50); do ls "$o" | grep -q 'term.csv.tmp' && break; sleep 0.1; done
-kill -TERM $victim
-wait $victim
-check "SIGTERM: exit 143" [ $? = 143 ]
-check "SIGTERM: no temporary, no result left" [ -z "$(ls "$o" | grep term.csv)" ]
+sigterm_leaves_nothing term.csv "$analyze" -q gear:lowrank=svd -q gear -q lloydmax -o "$o/term.csv" "$tmp/big.h5"
 # the same for a dump being written (kvq-gen; kvq-dump shares the writer and the hook)
-"$gen" --preset llama3-8b --tokens 8192 -o "$o/gen.h5" 2>/dev/null &
-victim=$!
-for _ in $(seq 50); do ls "$o" | grep -q 'gen.h5.tmp' && break; sleep 0.1; done
-kill -TERM $victim
-wait $victim
-check "kvq-gen SIGTERM: exit 143" [ $? = 143 ]
-check "kvq-gen SIGTERM: no temporary left" [ -z "$(ls "$o" | grep gen.h5)" ]
+sigterm_leaves_nothing gen.h5 "$gen" --preset llama3-8b --tokens 8192 -o "$o/gen.h5"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
