@@ -19,12 +19,6 @@
 #include <stdint.h>
 #include <string.h>
 
-int kvq_threads(int requested)
-{
-    if (requested > 0) return requested;
-    int n = omp_get_num_procs();
-    return n > 0 ? n : 1;
-}
 
 /* Selected indices: the given list (checked against n) or 0..n-1. */
 static kvq_status pick(const char *path, const char *what, const int *list, int nlist, int n,
@@ -155,7 +149,7 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p->path);
         goto done;
     }
-    openblas_set_num_threads(1); /* parallelism is ours, over heads */
+    kvq_blas_serial(); /* parallelism is ours, over heads */
     for (int li = 0; li < nl && !st; li++) {
         kvq_layer *L = &p->L[li];
         float *rows = NULL; /* only the query rows the metrics use: [Hq][npos][D] */
@@ -355,7 +349,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     }
 
     int nt = kvq_threads(o->nthreads);
-    openblas_set_num_threads(1); /* parallelism is ours, over heads */
+    kvq_blas_serial(); /* parallelism is ours, over heads */
     for (int li = 0; li < nl; li++) {
         int layer = p->layers[li];
         const kvq_layer *L = p->L ? &p->L[li] : &read;

@@ -14,6 +14,12 @@
 #define KVQ_PRINTF(a, b)
 #endif
 
+/* One threading layer at a time: BLAS single-threaded inside kvq's own
+ * OpenMP loops, with OpenBLAS's idle worker threads stopped (they would
+ * otherwise spin in sched_yield beside kvq's threads); a later multi-threaded
+ * BLAS call (the model's forward pass) starts them again. */
+void kvq_blas_serial(void);
+
 /* Records status + formatted detail in err (may be NULL); returns status. */
 kvq_status kvq_fail(kvq_error *err, kvq_status st, const char *fmt, ...) KVQ_PRINTF(3, 4);
 
