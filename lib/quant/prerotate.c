@@ -71,7 +71,7 @@ kvq_status kvq_prerotate_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     kvq_status st = rot.key && rot.value ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
     const float *x[2] = {in->key, in->value};
     float *y[2] = {rot.key, rot.value}, *xq[2] = {out->key, out->value};
-    if (!st) st = rotate_layer(sp, ctx, H, T, D, x, y, 0, out->static_bytes, err);
+    if (!st) st = rotate_layer(sp, ctx, H, T, D, x, y, 0, NULL, err);
     if (!st) {
         /* the quantizer's fused error sums would be in the rotated space:
          * the driver computes them from x' instead */
@@ -83,7 +83,7 @@ kvq_status kvq_prerotate_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
         memcpy(rot.key, out->key, n * sizeof(float));
         memcpy(rot.value, out->value, n * sizeof(float));
         const float *yq[2] = {rot.key, rot.value};
-        st = rotate_layer(sp, ctx, H, T, D, yq, xq, 1, NULL, err);
+        st = rotate_layer(sp, ctx, H, T, D, yq, xq, 1, out->static_bytes, err); /* Π's bytes after the family's own */
     }
     free(rot.key), free(rot.value);
     return st;
