@@ -21,8 +21,9 @@ struct kvq_device {
 
 int kvq_device_cuda_built(void) { return 1; }
 
-/* Opens the CUDA module: $KVQ_CUDA_MODULE, else the build tree's, else the
- * installed one.  On failure err names every place tried and the loader's reason. */
+/* Opens the CUDA module: $KVQ_CUDA_MODULE alone when set, else the build
+ * tree's, else the installed one.  On failure err gives the loader's reason
+ * for the first place that failed. */
 static kvq_status load_module(kvq_device *d, kvq_error *err)
 {
     const char *env = getenv("KVQ_CUDA_MODULE");

@@ -3,8 +3,8 @@
 #include "kvq_config.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,8 +193,7 @@ int cli_progress_option(const char *prog, const char *arg, int *mode)
 
 void cli_progress_start(cli_progress *p, const char *prog, int mode, const char *name)
 {
-    p->prog = prog, p->mode = mode, p->name = name, p->t0 = cli_now();
-    if (p->width < 0) p->width = 0;
+    p->prog = prog, p->mode = mode, p->name = name, p->t0 = cli_now(), p->width = 0;
 }
 
 void cli_progress_stage(void *ud, int layer_index, int nlayers, const char *stage)
