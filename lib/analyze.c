@@ -354,7 +354,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         int layer = p->layers[li];
         const kvq_layer *L = p->L ? &p->L[li] : &read;
         if (o->progress && !p->L) o->progress(o->ud, li, nl, "read");
-        if (!p->L && ((st = kvq_dump_read_layer(p->d, layer, p->flags & ~KVQ_READ_QUERY, &read, err)) ||
+        if (!p->L && ((st = kvq_dump_read_layer_reuse(p->d, layer, p->flags & ~KVQ_READ_QUERY, &read, err)) ||
                       (info->has_query && (st = kvq_dump_read_query_rows(p->d, layer, p->pos, p->npos, &qrows, err)))))
             goto done;
         const float *qr = p->qsel ? p->qsel[li] : qrows; /* [Hq][npos][D] when the dump has queries */
@@ -400,8 +400,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             st = layer_error(err, st, path, layer);
             goto done;
         }
-        kvq_layer_free(&read);
-        free(qrows);
+        free(qrows); /* `read` keeps its buffers for the next layer */
         qrows = NULL;
     }
 done:

@@ -543,23 +543,12 @@ kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned f
     return KVQ_OK;
 }
 
-kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
-                               kvq_error *err)
+/* The tensors `flags` selects of one layer into out's buffers (allocated
+ * for this dump's shape); frees out on failure. */
+static kvq_status read_into(kvq_dump *d, int layer, kvq_layer *out, kvq_error *err)
 {
     const kvq_dump_info *in = &d->info;
-    memset(out, 0, sizeof *out);
-    if (layer < 0 || layer >= in->num_layers)
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", d->path, layer, in->num_layers - 1);
-    if (!in->has_query) flags &= ~KVQ_READ_QUERY;
-    if (!in->has_key_pre_rope) flags &= ~KVQ_READ_KEY_PRE_ROPE;
-    h5_quiet();
     int H = in->num_kv_heads, Hq = in->num_heads, T = in->seq_len, D = in->head_dim;
-    kvq_status st = kvq_layer_alloc(out, H, Hq, T, D, flags, err);
-    if (st) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err ? err->msg : "out of memory");
-        return kvq_fail(err, st, "%s: /layer_%03d: %s", d->path, layer, msg);
-    }
     int skv[3] = {H, T, D}, sq[3] = {Hq, T, D};
     char obj[64];
     struct { const char *name; float *dst; const int *shape; } items[] = {
@@ -568,15 +557,62 @@ kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer
         {"query", out->query, sq},
         {"key_pre_rope", out->key_pre_rope, skv},
     };
+    h5_quiet();
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (!items[i].dst) continue;
         snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
-        if ((st = read_floats(d->path, d->file, obj, items[i].dst, items[i].shape, NULL, 0, err))) {
+        kvq_status st = read_floats(d->path, d->file, obj, items[i].dst, items[i].shape, NULL, 0, err);
+        if (st) {
             kvq_layer_free(out);
             return st;
         }
     }
     return KVQ_OK;
+}
+
+/* The flags this dump can honour; KVQ_ERR_USAGE for a layer out of range. */
+static kvq_status layer_request(kvq_dump *d, int layer, unsigned *flags, kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    if (layer < 0 || layer >= in->num_layers)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", d->path, layer, in->num_layers - 1);
+    if (!in->has_query) *flags &= ~KVQ_READ_QUERY;
+    if (!in->has_key_pre_rope) *flags &= ~KVQ_READ_KEY_PRE_ROPE;
+    return KVQ_OK;
+}
+
+static kvq_status alloc_for(kvq_dump *d, int layer, unsigned flags, kvq_layer *out, kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    kvq_status st = kvq_layer_alloc(out, in->num_kv_heads, in->num_heads, in->seq_len, in->head_dim, flags, err);
+    if (!st) return KVQ_OK;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", err ? err->msg : "out of memory");
+    return kvq_fail(err, st, "%s: /layer_%03d: %s", d->path, layer, msg);
+}
+
+kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
+                               kvq_error *err)
+{
+    memset(out, 0, sizeof *out);
+    kvq_status st = layer_request(d, layer, &flags, err);
+    if (!st) st = alloc_for(d, layer, flags, out, err);
+    return st ? st : read_into(d, layer, out, err);
+}
+
+kvq_status kvq_dump_read_layer_reuse(kvq_dump *d, int layer, unsigned flags, kvq_layer *io, kvq_error *err)
+{
+    const kvq_dump_info *in = &d->info;
+    kvq_status st = layer_request(d, layer, &flags, err);
+    if (st) return st;
+    int same = io->key && io->H == in->num_kv_heads && io->Hq == in->num_heads && io->T == in->seq_len &&
+               io->D == in->head_dim && !io->query == !(flags & KVQ_READ_QUERY) &&
+               !io->key_pre_rope == !(flags & KVQ_READ_KEY_PRE_ROPE);
+    if (!same) {
+        kvq_layer_free(io);
+        if ((st = alloc_for(d, layer, flags, io, err))) return st;
+    }
+    return read_into(d, layer, io, err);
 }
 
 kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size_t npos, float **out,

@@ -122,6 +122,11 @@ const char *kvq_dump_path(const kvq_dump *d);
  * optional tensors; those the dump lacks are left NULL. */
 kvq_status kvq_dump_read_layer(kvq_dump *d, int layer, unsigned flags, kvq_layer *out,
                                kvq_error *err);
+/* The same into io's buffers when they have this dump's shape and the same
+ * optional tensors (else they are freed and allocated anew): a loop over
+ * layers touches its memory once.  io starts zeroed; kvq_layer_free at the end. */
+kvq_status kvq_dump_read_layer_reuse(kvq_dump *d, int layer, unsigned flags, kvq_layer *io,
+                                     kvq_error *err);
 /* Only the query rows at positions pos (ascending, < seq_len) of one layer:
  * *out (malloc'ed) = [Hq][npos][D], read as a hyperslab and checked finite. */
 kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size_t npos, float **out,

@@ -68,6 +68,20 @@ static void write_read(kvq_dtype dt)
     ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, unsorted, 2, &rows, &err), KVQ_ERR_USAGE);
     ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, beyond, 1, &rows, &err), KVQ_ERR_USAGE);
     ck_assert_ptr_null(rows);
+    /* reading into reused buffers: the same values as a fresh read, the same memory */
+    kvq_layer io = {0}, fresh;
+    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 0, KVQ_READ_KEY_PRE_ROPE, &io, &err), KVQ_OK);
+    float *kept = io.key;
+    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 1, KVQ_READ_KEY_PRE_ROPE, &io, &err), KVQ_OK);
+    ck_assert_ptr_eq(io.key, kept);
+    ck_assert_int_eq(kvq_dump_read_layer(d, 1, KVQ_READ_KEY_PRE_ROPE, &fresh, &err), KVQ_OK);
+    ck_assert(!memcmp(io.key, fresh.key, n * sizeof(float)) && !memcmp(io.value, fresh.value, n * sizeof(float)) &&
+              !memcmp(io.key_pre_rope, fresh.key_pre_rope, n * sizeof(float)) && !io.query);
+    kvq_layer_free(&fresh);
+    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 1, KVQ_READ_QUERY, &io, &err), KVQ_OK); /* other tensors: new buffers */
+    ck_assert(io.query && !io.key_pre_rope);
+    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 7, 0, &io, &err), KVQ_ERR_USAGE);
+    kvq_layer_free(&io);
     kvq_layer_free(&r);
     /* without the flags the optional tensors are not read */
     ck_assert_int_eq(kvq_dump_read_layer(d, 0, 0, &r, &err), KVQ_OK);
