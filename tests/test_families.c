@@ -390,6 +390,10 @@ END_TEST
 
 /* ---------------------------------------------------------------- ggml */
 
+/* the eight cache types, in the order of the `ktype` choices */
+static const int types[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
+                            KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
+
 static void ggml_round_trip(int type, const float *x, float *y, size_t n)
 {
     uint8_t blk[4 * 64];
@@ -399,8 +403,6 @@ static void ggml_round_trip(int type, const float *x, float *y, size_t n)
 
 START_TEST(ggml_hand_blocks)
 {
-    const int types[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
-                         KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
     float x[32], y[32];
     /* an all-zero block comes back zero (d = 0, no division by it) */
     memset(x, 0, sizeof x);
@@ -464,8 +466,6 @@ START_TEST(ggml_rows_bits_and_errors)
     kvq_layer L;
     layer_from(&L, H, T, D, k);
     const char *names[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f16", "bf16"};
-    const int types[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
-                         KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
     const double bpe[] = {8.5, 4.5, 5, 5.5, 6, 4.5, 16, 16};
     for (int i = 0; i < 8; i++) {
         char spec[64];
