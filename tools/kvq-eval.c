@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 static const char *prog = "kvq-eval";
 
@@ -87,7 +86,7 @@ int main(int argc, char **argv)
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *output = NULL, *format = NULL, *calib = NULL;
-    const char *prog_when = "auto";
+    int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
     long stride = 1;
     cli_model mo = {0};
     uint64_t seed = 0;
@@ -131,11 +130,7 @@ int main(int argc, char **argv)
             if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
         case OPT_PROGRESS:
-            if (strcmp(optarg, "auto") && strcmp(optarg, "always") && strcmp(optarg, "never")) {
-                cli_error(prog, "--progress %s: expected auto, always or never", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            prog_when = optarg;
+            if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
             break;
         case OPT_SEED:
             if (cli_parse_u64(optarg, &seed)) {
@@ -177,7 +172,9 @@ int main(int argc, char **argv)
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(rep = kvq_rows_new(out.f, fmt, cols, 14, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
-    progress_state ps = {!strcmp(prog_when, "always") || (!strcmp(prog_when, "auto") && isatty(STDERR_FILENO)), time(NULL)};
+    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
+    /* auto: on a terminal from the start (a pass is long), always, or never */
+    progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
     kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
                         .progress = progress, .ud = &ps};
     if (fmt == KVQ_FMT_TABLE)
