@@ -494,9 +494,9 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
         if (!q->in_default_set) continue;
         char text[KVQ_SPEC_MAX];
         snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
-        kvq_spec probe; /* the default spec may need a calibration (kvquant's nuq) */
+        kvq_spec probe; /* needs a calibration: the quantizer always, or its default spec (kvquant's nuq) */
         kvq_error err = {0};
-        if (!have_calib && (q->needs_calib || (!kvq_spec_parse(text, &probe, &err) && kvq_spec_needs_calib(&probe)))) {
+        if (!have_calib && !kvq_spec_parse(text, &probe, &err) && kvq_spec_needs_calib(&probe)) {
             size_t o = skipped ? strlen(skipped) : 0;
             if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
             continue;
