@@ -134,9 +134,6 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
 {
     memset(sel, 0, (size_t)n);
     if (k <= 0) return;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += row[i];
-    float mean = (float)(sum / n);
     if (k <= 64) { /* scans; r doubles as the value/index lists */
         float *val = scratch;
         int *idx = (int *)(scratch + k); /* 2k <= n */
@@ -148,6 +145,10 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
         mark_extreme(row, n, k, 1, sel, scratch);
         mark_extreme(row, n, k, 0, sel, scratch);
     }
+    if (!work) return; /* only the selection (kvquant keeps outliers without replacement) */
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += row[i];
+    float mean = (float)(sum / n);
     for (int i = 0; i < n; i++)
         if (sel[i]) work[i] = mean;
 }

@@ -59,11 +59,9 @@ static void uniform_codebook(int bits, kvq_codebook *cb)
 
 /* One row of n values: marks the outliers in sel, returns o and r over the
  * rest (r = −1 when every value is an outlier). */
-static void row_stats(const float *row, int n, int k, unsigned char *sel, float *work, float *scratch, float *o,
-                      float *r)
+static void row_stats(const float *row, int n, int k, unsigned char *sel, float *scratch, float *o, float *r)
 {
-    memcpy(work, row, (size_t)n * sizeof *work);
-    kvq_gear_row_outliers(row, work, sel, n, k, scratch); /* work: a copy GEAR would quantize; unused here */
+    kvq_gear_row_outliers(row, NULL, sel, n, k, scratch);
     float mn = INFINITY, mx = -INFINITY;
     for (int i = 0; i < n; i++)
         if (!sel[i]) mn = row[i] < mn ? row[i] : mn, mx = row[i] > mx ? row[i] : mx;
@@ -77,10 +75,10 @@ static void row_stats(const float *row, int n, int k, unsigned char *sel, float 
 
 /* Quantizes one row into out (codebook cb); the u values go to u (if not NULL, *nu counts them). */
 static void row_quantize(const float *row, float *out, int n, int k, const kvq_codebook *cb, unsigned char *sel,
-                         float *work, float *scratch, float *u, size_t *nu)
+                         float *scratch, float *u, size_t *nu)
 {
     float o, r;
-    row_stats(row, n, k, sel, work, scratch, &o, &r);
+    row_stats(row, n, k, sel, scratch, &o, &r);
     for (int i = 0; i < n; i++) {
         if (sel[i]) { /* an exact outlier, stored at fp16 */
             if (out) out[i] = kvq_round_f16(row[i]);
@@ -106,20 +104,20 @@ static kvq_status head_rows(const float *x, float *y, int T, int D, int tensor, 
     int k = (int)floor(c->outliers * n / 2.0);
     *k_out = k;
     if (rows <= 0 || n <= 0) return KVQ_OK;
-    float *buf = malloc((size_t)n * 4 * sizeof *buf);
+    float *buf = malloc((size_t)n * 3 * sizeof *buf);
     unsigned char *sel = malloc((size_t)n);
     if (!buf || !sel) {
         free(buf), free(sel);
         return KVQ_ERR_NOMEM;
     }
-    float *row = buf, *out = buf + n, *work = buf + 2 * (size_t)n, *scratch = buf + 3 * (size_t)n;
+    float *row = buf, *out = buf + n, *scratch = buf + 2 * (size_t)n;
     for (int rw = 0; rw < rows; rw++) {
         if (tensor) { /* V: token sink + rw, contiguous */
             const float *xr = x + (size_t)(c->sink + rw) * D;
-            row_quantize(xr, y ? y + (size_t)(c->sink + rw) * D : NULL, n, k, cb, sel, work, scratch, u, nu);
+            row_quantize(xr, y ? y + (size_t)(c->sink + rw) * D : NULL, n, k, cb, sel, scratch, u, nu);
         } else { /* K: channel rw over tokens sink..T−1 */
             for (int i = 0; i < n; i++) row[i] = x[(size_t)(c->sink + i) * D + rw];
-            row_quantize(row, y ? out : NULL, n, k, cb, sel, work, scratch, u, nu);
+            row_quantize(row, y ? out : NULL, n, k, cb, sel, scratch, u, nu);
             if (y)
                 for (int i = 0; i < n; i++) y[(size_t)(c->sink + i) * D + rw] = out[i];
         }

@@ -78,29 +78,37 @@ static kvq_status pick_codebook(const kvq_spec *sp, const kvq_quant_ctx *ctx, in
     return KVQ_OK;
 }
 
+kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,
+                             const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes, kvq_error *err)
+{
+    kvq_rotation rot;
+    kvq_status st = kvq_rotation_init(&rot, rotate, D, ctx->seed, ctx->layer, h, tensor, err);
+    if (st) return st;
+    float *work = kvq_alloc_array((size_t)T * D, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
+    if (!work || !norm) st = KVQ_ERR_NOMEM;
+    else st = kvq_lloydmax_rows(x, y, T, D, &rot, cb, work, norm, err);
+    *rot_bytes = kvq_rotation_bytes(&rot);
+    free(work), free(norm);
+    kvq_rotation_free(&rot);
+    return st;
+}
+
 static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
     int T = in->T, D = in->D, bits = (int)sp->val[LM_BITS];
     kvq_codebook scaled;
     const kvq_codebook *cb;
-    kvq_rotation rot;
+    double rot_bytes;
     kvq_status st = pick_codebook(sp, ctx, D, h, tensor, &scaled, &cb, err);
+    if (!st)
+        st = kvq_lloydmax_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), T, D,
+                               (kvq_rotate_kind)sp->val[LM_ROTATE], cb, ctx, h, tensor, &rot_bytes, err);
     if (st) return st;
-    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
-        return st;
-    float *work = kvq_alloc_array((size_t)T * D, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
-    if (!work || !norm) st = KVQ_ERR_NOMEM;
-    else st = kvq_lloydmax_rows(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), T, D, &rot, cb,
-                                work, norm, err);
-    if (!st) {
-        *kvq_head_bits(out, tensor, h) = (double)T * ((double)bits * D + 16.0);
-        if (tensor == 1) /* K's and V's rotation and codebook (same sizes), by one task */
-            out->static_bytes[h] = 2.0 * (kvq_rotation_bytes(&rot) + 4.0 * cb->n);
-    }
-    free(work), free(norm);
-    kvq_rotation_free(&rot);
-    return st;
+    *kvq_head_bits(out, tensor, h) = (double)T * ((double)bits * D + 16.0);
+    if (tensor == 1) /* K's and V's rotation and codebook (same sizes), by one task */
+        out->static_bytes[h] = 2.0 * (rot_bytes + 4.0 * cb->n);
+    return KVQ_OK;
 }
 
 /* ------------------------------------------------ codebook=data calibration */

@@ -72,10 +72,16 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kv
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
 
+/* One head's T rows x [T][D] coded by Lloyd–Max into y (§3.3): rotation
+ * `rotate` of (ctx seed, layer, h, tensor), codebook cb; *rot_bytes gets
+ * Π's size.  lloydmax's head, and turboquant's first stage. */
+kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,
+                             const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes, kvq_error *err);
+
 /* GEAR's outliers of one row (SPEC §3.1): sel[i] = 1 for the k largest
  * values, then the k smallest of the rest (ties: lower index first); those
- * positions of work (a copy of row) become the row mean.  O(n): scans for
- * small k, selections otherwise.  scratch: n floats. */
+ * positions of work (a copy of row; NULL: selection only) become the row
+ * mean.  O(n): scans for small k, selections otherwise.  scratch: n floats. */
 void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch);
 
 /* Runs spec's plan (kvq_quantizer.plan) for one tensor of one head with

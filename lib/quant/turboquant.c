@@ -61,41 +61,35 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     int T = in->T, D = in->D, b = (int)sp->val[TQ_BITS], prod = (int)sp->val[TQ_VARIANT] == TQ_PROD;
     int stage_bits = prod ? b - 1 : b;
     const kvq_codebook *cb;
-    kvq_rotation rot;
-    kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
-    if (st) return st;
-    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[TQ_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
-        return st;
+    double rot_bytes;
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h); /* [T][D] */
-    size_t n = (size_t)T * D;
-    float *work = kvq_alloc_array(n, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
-    float *S = prod ? kvq_alloc_array((size_t)D * D, sizeof *S) : NULL;
-    if (!work || !norm || (prod && !S)) st = KVQ_ERR_NOMEM;
     /* stage 1: Lloyd–Max, x̂₁ into y */
-    if (!st) st = kvq_lloydmax_rows(x, y, T, D, &rot, cb, work, norm, err);
-    if (!st && prod) {
-        kvq_rng rng; /* S row by row from the (layer, head, K/V) stream */
-        kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_QJL + tensor));
-        for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
-        float *r = kvq_alloc_array(n, sizeof *r);
-        if (!r) {
-            st = KVQ_ERR_NOMEM;
-        } else {
+    kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
+    if (!st)
+        st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)sp->val[TQ_ROTATE], cb, ctx, h, tensor, &rot_bytes, err);
+    if (st) return st;
+    if (prod) { /* stage 2: QJL on r = x − x̂₁, added to y */
+        size_t n = (size_t)T * D;
+        float *S = kvq_alloc_array((size_t)D * D, sizeof *S), *r = kvq_alloc_array(n, sizeof *r);
+        float *z = kvq_alloc_array(n, sizeof *z), *scale = kvq_alloc_array((size_t)T, sizeof *scale);
+        if (S && r && z && scale) {
+            kvq_rng rng; /* S row by row from the (layer, head, K/V) stream */
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_QJL + tensor));
+            for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
             for (size_t i = 0; i < n; i++) r[i] = x[i] - y[i];
-            qjl_rows(r, work, norm, S, T, D);
+            qjl_rows(r, z, scale, S, T, D);
             for (size_t i = 0; i < n; i++) y[i] = y[i] + r[i];
-            free(r);
+        } else {
+            st = KVQ_ERR_NOMEM;
         }
+        free(S), free(r), free(z), free(scale);
+        if (st) return st;
     }
-    if (!st) {
-        *kvq_head_bits(out, tensor, h) = (double)T * ((double)stage_bits * D + 16.0 + (prod ? D + 16.0 : 0.0));
-        if (tensor == 1) /* K's and V's rotation, codebook and S (same sizes), by one task */
-            out->static_bytes[h] = 2.0 * (kvq_rotation_bytes(&rot) + 4.0 * cb->n + (prod ? 4.0 * D * D : 0.0));
-    }
-    free(work), free(norm), free(S);
-    kvq_rotation_free(&rot);
-    return st;
+    *kvq_head_bits(out, tensor, h) = (double)T * ((double)stage_bits * D + 16.0 + (prod ? D + 16.0 : 0.0));
+    if (tensor == 1) /* K's and V's rotation, codebook and S (same sizes), by one task */
+        out->static_bytes[h] = 2.0 * (rot_bytes + 4.0 * cb->n + (prod ? 4.0 * D * D : 0.0));
+    return KVQ_OK;
 }
 
 const kvq_quantizer kvq_q_turboquant = {
