@@ -46,5 +46,11 @@ void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, in
 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n,
                           double m, double lse, double mq, double lseq, double *sd2, double *ad2,
                           double *kl);
+/* kvq_softmax_avx2 of the quantized row (sq into aq) and kvq_row_compare_avx2
+ * of (s, a) against it in one call, its last pass fused: the same values and
+ * sums.  m, lse: the exact row's; *mq_out, *sumq_out, *argmaxq_out as the softmax's. */
+void kvq_softmax_compare_avx2(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                              float scale, int prescaled, double m, double lse, float *mq_out,
+                              double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl);
 
 #endif

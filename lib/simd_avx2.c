@@ -44,11 +44,25 @@ AVX2 static inline __m256i lanes8(size_t rem)
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(rem >= 8 ? 8 : (int)rem), idx);
 }
 
+/* Loads and stores of 8 floats at p with rem left in the row: whole
+ * vectors plainly, the tail masked (masked stores are slow on AMD cores:
+ * microcoded, so only the last vector of a row may use one). */
+AVX2 static inline __m256 load8(const float *p, size_t rem, __m256i k)
+{
+    return rem >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, k);
+}
+
+AVX2 static inline void store8(float *p, size_t rem, __m256i k, __m256 v)
+{
+    if (rem >= 8) _mm256_storeu_ps(p, v);
+    else _mm256_maskstore_ps(p, k, v);
+}
+
 AVX2 void kvq_exp_avx2(const float *x, float *y, size_t n)
 {
     for (size_t i = 0; i < n; i += 8) {
         __m256i k = lanes8(n - i);
-        _mm256_maskstore_ps(y + i, k, exp256(_mm256_maskload_ps(x + i, k)));
+        store8(y + i, n - i, k, exp256(load8(x + i, n - i, k)));
     }
 }
 
@@ -66,52 +80,116 @@ AVX2 static inline double hsum4(__m256d v)
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 
-AVX2 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
-                           float *m_out, double *sum_out, int *argmax_out)
+/* Softmax pass 1: scales s[0..n) (divides, as the reference) unless
+ * prescaled, and returns the max and its first index.  Each lane keeps its
+ * own max and the first index holding it (replaced only by a greater
+ * value); the answer is the lowest index among the lanes holding the max.
+ * Masked-off lanes are -inf, never greater. */
+AVX2 static inline float scale_max(float *s, size_t n, float scale, int prescaled, int *argmax)
 {
-    /* scale (divide, as the reference) and the max; masked-off lanes load 0
-     * and are replaced by -inf before the max */
     const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(scale);
+    const __m256i eight = _mm256_set1_epi32(8);
     __m256 vmax = ninf;
-    for (size_t i = 0; i < n; i += 8) {
+    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), best = idx;
+    for (size_t i = 0; i < n; i += 8, idx = _mm256_add_epi32(idx, eight)) {
         __m256i k = lanes8(n - i);
-        __m256 v = _mm256_maskload_ps(s + i, k);
+        __m256 v = load8(s + i, n - i, k);
         if (!prescaled) {
             v = _mm256_div_ps(v, vscale);
-            _mm256_maskstore_ps(s + i, k, v);
+            store8(s + i, n - i, k, v);
         }
-        vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(k)));
+        v = _mm256_blendv_ps(ninf, v, _mm256_castsi256_ps(k));
+        __m256 gt = _mm256_cmp_ps(v, vmax, _CMP_GT_OQ);
+        vmax = _mm256_blendv_ps(vmax, v, gt);
+        best = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best), _mm256_castsi256_ps(idx), gt));
     }
     float m = hmax8(vmax);
-    /* the first index holding it */
-    int am = 0;
-    __m256 vm = _mm256_set1_ps(m);
-    for (size_t i = 0; i < n; i += 8) {
-        __m256i k = lanes8(n - i);
-        int eq = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(_mm256_maskload_ps(s + i, k), vm, _CMP_EQ_OQ),
-                                                  _mm256_castsi256_ps(k)));
-        if (eq) {
-            am = (int)i + __builtin_ctz((unsigned)eq);
-            break;
-        }
-    }
-    /* a = exp(s − m), Σ a in double, then a / Σ */
+    __m256i at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)),
+                                                      _mm256_castsi256_ps(best),
+                                                      _mm256_cmp_ps(vmax, _mm256_set1_ps(m), _CMP_EQ_OQ)));
+    __m128i a4 = _mm_min_epi32(_mm256_castsi256_si128(at), _mm256_extracti128_si256(at, 1));
+    a4 = _mm_min_epi32(a4, _mm_shuffle_epi32(a4, _MM_SHUFFLE(1, 0, 3, 2)));
+    a4 = _mm_min_epi32(a4, _mm_shuffle_epi32(a4, _MM_SHUFFLE(2, 3, 0, 1)));
+    *argmax = _mm_cvtsi128_si32(a4);
+    return m;
+}
+
+/* Softmax pass 2: a = exp(s − m) over [0, n), returns Σ a in double. */
+AVX2 static inline double exp_sum(const float *s, float *a, size_t n, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
     __m256d sum = _mm256_setzero_pd();
     for (size_t i = 0; i < n; i += 8) {
         __m256i k = lanes8(n - i);
-        __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(s + i, k), vm)), _mm256_castsi256_ps(k));
-        _mm256_maskstore_ps(a + i, k, e);
+        __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(load8(s + i, n - i, k), vm)), _mm256_castsi256_ps(k));
+        store8(a + i, n - i, k, e);
         sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e)),
                                                _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1))));
     }
-    double total = hsum4(sum);
+    return hsum4(sum);
+}
+
+AVX2 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                           float *m_out, double *sum_out, int *argmax_out)
+{
+    float m = scale_max(s, n, scale, prescaled, argmax_out);
+    double total = exp_sum(s, a, n, m);
+    /* a / Σ */
     __m256 vf = _mm256_set1_ps((float)total);
     for (size_t i = 0; i < n; i += 8) {
         __m256i k = lanes8(n - i);
-        _mm256_maskstore_ps(a + i, k, _mm256_div_ps(_mm256_maskload_ps(a + i, k), vf));
+        store8(a + i, n - i, k, _mm256_div_ps(load8(a + i, n - i, k), vf));
     }
     for (size_t u = n; u < ncol; u++) a[u] = 0.0f;
-    *m_out = m, *sum_out = total, *argmax_out = am;
+    *m_out = m, *sum_out = total;
+}
+
+/* The comparison sums of 4 columns (kvq_row_compare_avx2's step). */
+AVX2 static inline void compare4(__m128 s4, __m128 a4, __m128 sq4, __m128 aq4, __m256d vm, __m256d vl,
+                                 __m256d vmq, __m256d vlq, __m256d *vs, __m256d *va, __m256d *vk)
+{
+    __m256d x = _mm256_cvtps_pd(s4), xq = _mm256_cvtps_pd(sq4);
+    __m256d y = _mm256_cvtps_pd(a4), yq = _mm256_cvtps_pd(aq4);
+    __m256d ds = _mm256_sub_pd(x, xq), da = _mm256_sub_pd(y, yq);
+    *vs = _mm256_add_pd(*vs, _mm256_mul_pd(ds, ds));
+    *va = _mm256_add_pd(*va, _mm256_mul_pd(da, da));
+    /* a·((s − m − lse) − (s' − m' − lse')) where a != 0 (masked-off lanes load a = 0) */
+    __m256d la = _mm256_sub_pd(_mm256_sub_pd(x, vm), vl), lq = _mm256_sub_pd(_mm256_sub_pd(xq, vmq), vlq);
+    __m256d nz = _mm256_cmp_pd(y, _mm256_setzero_pd(), _CMP_NEQ_OQ);
+    *vk = _mm256_add_pd(*vk, _mm256_and_pd(nz, _mm256_mul_pd(y, _mm256_sub_pd(la, lq))));
+}
+
+/* kvq_softmax_avx2 of the row sq into aq, then kvq_row_compare_avx2 of
+ * (s, a) against it, its last pass (a' = e / Σ) and the comparison fused:
+ * the same values and sums in the same order, one pass fewer over the row. */
+AVX2 void kvq_softmax_compare_avx2(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                                   float scale, int prescaled, double m, double lse, float *mq_out,
+                                   double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl)
+{
+    float mq = scale_max(sq, n, scale, prescaled, argmaxq_out);
+    double total = exp_sum(sq, aq, n, mq);
+    const __m256 vf = _mm256_set1_ps((float)total);
+    const __m256d vm = _mm256_set1_pd(m), vl = _mm256_set1_pd(lse), vmq = _mm256_set1_pd(mq),
+                  vlq = _mm256_set1_pd(log(total));
+    __m256d vs = _mm256_setzero_pd(), va = vs, vk = vs;
+    for (size_t i = 0; i < n; i += 8) {
+        __m256i k = lanes8(n - i);
+        __m256 y = _mm256_div_ps(load8(aq + i, n - i, k), vf);
+        store8(aq + i, n - i, k, y);
+        y = _mm256_and_ps(y, _mm256_castsi256_ps(k)); /* masked-off lanes 0, as a load would give */
+        __m256 x = load8(s + i, n - i, k), xa = load8(a + i, n - i, k);
+        __m256 xq = load8(sq + i, n - i, k);
+        compare4(_mm256_castps256_ps128(x), _mm256_castps256_ps128(xa), _mm256_castps256_ps128(xq),
+                 _mm256_castps256_ps128(y), vm, vl, vmq, vlq, &vs, &va, &vk);
+        if (n - i > 4)
+            compare4(_mm256_extractf128_ps(x, 1), _mm256_extractf128_ps(xa, 1), _mm256_extractf128_ps(xq, 1),
+                     _mm256_extractf128_ps(y, 1), vm, vl, vmq, vlq, &vs, &va, &vk);
+    }
+    for (size_t u = n; u < ncol; u++) aq[u] = 0.0f;
+    *sd2 += hsum4(vs);
+    *ad2 += hsum4(va);
+    *kl += hsum4(vk);
+    *mq_out = mq, *sumq_out = total;
 }
 
 /* Adds Σ (s − s')², Σ (a − a')² and KL(A‖A') of one row of n. */
@@ -123,15 +201,8 @@ AVX2 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, 
     const __m128i idx = _mm_setr_epi32(0, 1, 2, 3);
     for (size_t i = 0; i < n; i += 4) {
         __m128i k = _mm_cmpgt_epi32(_mm_set1_epi32(n - i >= 4 ? 4 : (int)(n - i)), idx);
-        __m256d x = _mm256_cvtps_pd(_mm_maskload_ps(s + i, k)), xq = _mm256_cvtps_pd(_mm_maskload_ps(sq + i, k));
-        __m256d y = _mm256_cvtps_pd(_mm_maskload_ps(a + i, k)), yq = _mm256_cvtps_pd(_mm_maskload_ps(aq + i, k));
-        __m256d ds = _mm256_sub_pd(x, xq), da = _mm256_sub_pd(y, yq);
-        vs = _mm256_add_pd(vs, _mm256_mul_pd(ds, ds));
-        va = _mm256_add_pd(va, _mm256_mul_pd(da, da));
-        /* a·((s − m − lse) − (s' − m' − lse')) where a != 0 (masked-off lanes load a = 0) */
-        __m256d la = _mm256_sub_pd(_mm256_sub_pd(x, vm), vl), lq = _mm256_sub_pd(_mm256_sub_pd(xq, vmq), vlq);
-        __m256d nz = _mm256_cmp_pd(y, _mm256_setzero_pd(), _CMP_NEQ_OQ);
-        vk = _mm256_add_pd(vk, _mm256_and_pd(nz, _mm256_mul_pd(y, _mm256_sub_pd(la, lq))));
+        compare4(_mm_maskload_ps(s + i, k), _mm_maskload_ps(a + i, k), _mm_maskload_ps(sq + i, k),
+                 _mm_maskload_ps(aq + i, k), vm, vl, vmq, vlq, &vs, &va, &vk);
     }
     *sd2 += hsum4(vs);
     *ad2 += hsum4(va);
@@ -147,5 +218,10 @@ void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, in
 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
                           double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
 { (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
+void kvq_softmax_compare_avx2(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                              float scale, int prescaled, double m, double lse, float *mq_out, double *sumq_out,
+                              int *argmaxq_out, double *sd2, double *ad2, double *kl)
+{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m, (void)lse,
+  (void)mq_out, (void)sumq_out, (void)argmaxq_out, (void)sd2, (void)ad2, (void)kl; }
 
 #endif

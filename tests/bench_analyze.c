@@ -15,6 +15,7 @@
 #include "kvq.h"
 
 #include <cblas.h>
+#include <fcntl.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,10 +52,12 @@ static void make_dump(const char *path, int layers, int tokens)
 /* Runs argv; returns the wall seconds and the child's peak RSS in MB. */
 static double run_tool(char *const *argv, double *rss_mb)
 {
+    fflush(NULL); /* nothing buffered here is written twice by the child */
     double t0 = now();
     pid_t pid = fork();
     if (pid == 0) {
-        if (!freopen("/dev/null", "w", stdout)) _exit(127);
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0) _exit(127);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -113,6 +116,10 @@ static void report(const char *name, int layers, int T, int nspecs, int P, int n
 
 int main(int argc, char **argv)
 {
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr, "usage: kvq-bench-analyze [BUILD_DIR]\n");
+        return 2;
+    }
     const char *dir = argc > 1 ? argv[1] : ".";
     char a_path[4096], b_path[4096], tool[4096];
     snprintf(a_path, sizeof a_path, "%s/bench-llama3-8b.h5", dir);
@@ -121,11 +128,17 @@ int main(int argc, char **argv)
     make_dump(a_path, 4, 4096);
     make_dump(b_path, 4, 8192);
     int nt = omp_get_num_procs(), P = 64;
-    /* the default set without --calib (cluster needs one) */
+    /* the default set without --calib: kvq-analyze leaves out the default
+     * specs that need one (cluster, kvquant's nuq) */
     int ndefault = 0;
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
         const kvq_quantizer *q = kvq_quantizer_at(i);
-        ndefault += q->in_default_set && !q->needs_calib;
+        if (!q->in_default_set) continue;
+        char text[256];
+        kvq_spec sp;
+        kvq_error err = {0};
+        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
+        ndefault += !kvq_spec_parse(text, &sp, &err) && !kvq_spec_needs_calib(&sp);
     }
     printf("kvq-bench-analyze: %d cores; kvq-analyze --per model, --queries last:%d (the default)\n", nt, P);
 

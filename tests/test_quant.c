@@ -338,34 +338,84 @@ static void outliers_ref(const float *row, int n, int k, unsigned char *sel)
         }
 }
 
+/* Rows of n (7, 300; 8192 takes gear.c's sampled cut, whose cut may also
+ * catch too few values and fall back) against outliers_ref. */
 START_TEST(gear_outlier_rule)
 {
-    enum { N = 300 };
-    float row[N], work[N];
-    unsigned char sel[N], ref[N];
-    float r[N];
+    enum { NMAX = 8192 };
+    float *row = malloc(NMAX * sizeof *row), *work = malloc(NMAX * sizeof *work), *r = malloc(NMAX * sizeof *r);
+    unsigned char *sel = malloc(NMAX), *ref = malloc(NMAX);
     kvq_rng g;
     kvq_rng_init(&g, 1, 2, 3, 4);
-    const int ks[] = {1, 2, 5, 64, 65, 100, 150};
-    for (int trial = 0; trial < 6; trial++)
-        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
-            int n = trial == 3 ? 7 : N, k = ks[ki] > n / 2 ? n / 2 : ks[ki];
-            /* trial 0: distinct values; 1: many ties; 2: constant; 3: short row;
-             * 4: sorted ascending (a quickselect's bad case); 5: ±0 and few values */
-            for (int i = 0; i < n; i++)
-                row[i] = trial == 0 ? (float)kvq_rng_normal(&g) : trial == 1 ? (float)kvq_rng_below(&g, 3) - 1.0f
-                         : trial == 2 ? 0.5f : trial == 3 ? (float)kvq_rng_below(&g, 2) : trial == 4 ? (float)i
-                         : (float)kvq_rng_below(&g, 3) == 0 ? -0.0f : (float)kvq_rng_below(&g, 2);
-            memcpy(work, row, sizeof row);
-            kvq_gear_row_outliers(row, work, sel, n, k, r);
-            outliers_ref(row, n, k, ref);
-            ck_assert_msg(!memcmp(sel, ref, (size_t)n), "trial %d k %d", trial, k);
-            int cnt = 0;
-            double mean = 0;
-            for (int i = 0; i < n; i++) cnt += sel[i], mean += row[i];
-            ck_assert_int_eq(cnt, 2 * k);
-            for (int i = 0; i < n; i++) ck_assert(work[i] == (sel[i] ? (float)(mean / n) : row[i]));
+    const int ks[] = {1, 2, 5, 64, 65, 81, 100, 150, 2048};
+    for (int len = 0; len < 2; len++)
+        for (int trial = 0; trial < 7; trial++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+                int n = len ? NMAX : trial == 3 ? 7 : 300, k = ks[ki] > n / 2 ? n / 2 : ks[ki];
+                /* trial 0: distinct values; 1: many ties; 2: constant; 3: short row;
+                 * 4: sorted ascending (a quickselect's bad case); 5: ±0 and few values;
+                 * 6: the largest and smallest values where a strided sample looks */
+                for (int i = 0; i < n; i++)
+                    row[i] = trial == 0 ? (float)kvq_rng_normal(&g) : trial == 1 ? (float)kvq_rng_below(&g, 3) - 1.0f
+                             : trial == 2 ? 0.5f : trial == 3 ? (float)kvq_rng_below(&g, 2) : trial == 4 ? (float)i
+                             : trial == 6 ? (i % 16 ? (float)kvq_rng_normal(&g) : (i % 32 ? 1e3f : -1e3f) + (float)i)
+                             : (float)kvq_rng_below(&g, 3) == 0 ? -0.0f : (float)kvq_rng_below(&g, 2);
+                memcpy(work, row, (size_t)n * sizeof *row);
+                kvq_gear_row_outliers(row, work, sel, n, k, r);
+                outliers_ref(row, n, k, ref);
+                ck_assert_msg(!memcmp(sel, ref, (size_t)n), "n %d trial %d k %d", n, trial, k);
+                int cnt = 0;
+                double mean = 0;
+                for (int i = 0; i < n; i++) cnt += sel[i], mean += row[i];
+                ck_assert_int_eq(cnt, 2 * k);
+                for (int i = 0; i < n; i++) ck_assert(work[i] == (sel[i] ? (float)(mean / n) : row[i]));
+            }
+    free(row), free(work), free(r), free(sel), free(ref);
+}
+END_TEST
+
+/* kvq_lloydmax_snap (select chain, plain and AVX2; search above 16 levels)
+ * against kvq_codebook_index on every midpoint, its float neighbours, the
+ * levels, ±0, huge values and random ones, for two norms and a row length
+ * that leaves a partial block. */
+START_TEST(lloydmax_snap_equals_search)
+{
+    enum { D = 200 };
+    kvq_error err = {0};
+    kvq_rng g;
+    kvq_rng_init(&g, 5, 6, 7, 8);
+    for (int bits = 1; bits <= 6; bits++) {
+        const kvq_codebook *cb;
+        ck_assert_int_eq(kvq_codebook_get(KVQ_CB_SPHERE, 128, bits, &cb, &err), KVQ_OK);
+        float v[4 * 64 + 8 + D];
+        int m = 0;
+        for (int j = 0; j + 1 < cb->n; j++) {
+            v[m++] = cb->bound[j];
+            v[m++] = nextafterf(cb->bound[j], INFINITY);
+            v[m++] = nextafterf(cb->bound[j], -INFINITY);
         }
+        for (int j = 0; j < cb->n && j < 64; j++) v[m++] = cb->levelf[j];
+        const float special[] = {0.0f, -0.0f, 1e30f, -1e30f, 1.0f, -1.0f, 3e-39f, -3e-39f};
+        for (int j = 0; j < 8; j++) v[m++] = special[j];
+        while (m < (int)(sizeof v / sizeof v[0])) v[m++] = (float)(0.2 * kvq_rng_normal(&g));
+        const float norms[] = {1.0f, 0.375f};
+        for (int ni = 0; ni < 2; ni++)
+            for (int simd = 0; simd < 2; simd++)
+                for (int off = 0; off + D <= m; off += D / 2) {
+                    float u[D], want[D];
+                    /* u = v·n: what the snap divides by n is then v or its neighbour, as the search sees it */
+                    for (int c = 0; c < D; c++) {
+                        u[c] = v[off + c] * norms[ni];
+                        want[c] = cb->levelf[kvq_codebook_index(cb, u[c] / norms[ni])];
+                    }
+                    kvq_simd_force(simd);
+                    kvq_lloydmax_snap(cb, u, norms[ni], D - ni * 33);
+                    kvq_simd_force(1);
+                    for (int c = 0; c < D - ni * 33; c++)
+                        ck_assert_msg(u[c] == want[c], "bits %d n %g simd %d: %g -> %g, search %g", bits, norms[ni],
+                                      simd, v[off + c], u[c], want[c]);
+                }
+    }
 }
 END_TEST
 
@@ -554,6 +604,7 @@ int main(void)
     tcase_add_test(tc, gear_reductions);
     tcase_add_test(tc, gear_outliers_exact_and_lowrank_helps);
     tcase_add_test(tc, lloydmax_structure);
+    tcase_add_test(tc, lloydmax_snap_equals_search);
     tcase_add_test(tc, new_quantizers_thread_invariant);
     tcase_add_test(tc, hadamard_needs_power_of_two);
     tcase_add_test(tc, span_layer_groups_cross_heads);

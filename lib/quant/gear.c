@@ -92,15 +92,46 @@ static float select_kth(float *v, int n, int k)
     return v[k];
 }
 
+/* A cut for the `count` most extreme values of a long row (largest: the
+ * highest): the value whose rank from that end, in an evenly strided sample
+ * of GEAR_SAMPLE values, matches about 2·count + 64 values of the row, so
+ * that usually a few hundred values of the row lie at or beyond it.  0: no
+ * cut worth taking (a short row, or count a large part of it). */
+#define GEAR_SAMPLE 512
+static int sample_cut(const float *row, int n, int count, int largest, float *cut)
+{
+    if (n < 4 * GEAR_SAMPLE) return 0;
+    float s[GEAR_SAMPLE];
+    for (int i = 0; i < GEAR_SAMPLE; i++) s[i] = row[(size_t)i * (size_t)n / GEAR_SAMPLE];
+    long rank = (2L * count + 64) * GEAR_SAMPLE / n + 1;
+    if (rank >= GEAR_SAMPLE / 2) return 0;
+    *cut = select_kth(s, GEAR_SAMPLE, (int)(largest ? GEAR_SAMPLE - 1 - rank : rank));
+    return 1;
+}
+
 /* Marks in sel the `count` first of the unmarked values of row in the order
  * (value, index) — ascending values (largest = 0) or descending (1): all
  * beyond the threshold, then the lowest indices of the run equal to it.
+ * The threshold (the count-th value in that order) is selected among the
+ * unmarked values at or beyond a sampled cut when at least `count` of them
+ * are: every value beyond the threshold is then among them, so it is the
+ * same threshold as over all unmarked values (taken when they are fewer).
  * v: n floats of scratch. */
 static void mark_extreme(const float *row, int n, int count, int largest, unsigned char *sel, float *v)
 {
     int m = 0;
-    for (int i = 0; i < n; i++)
-        if (!sel[i]) v[m++] = row[i];
+    float cut;
+    if (sample_cut(row, n, count, largest, &cut))
+        for (int i = 0; i < n; i++) { /* appends without a branch: m <= i < n */
+            float x = row[i];
+            v[m] = x;
+            m += (sel[i] == 0) & (largest ? x >= cut : x <= cut);
+        }
+    if (m < count) {
+        m = 0;
+        for (int i = 0; i < n; i++)
+            if (!sel[i]) v[m++] = row[i];
+    }
     float th = select_kth(v, m, largest ? m - count : count - 1);
     int beyond = 0;
     for (int i = 0; i < n; i++)
@@ -127,6 +158,15 @@ static void top_k_scan(const float *row, int n, int k, int largest, const unsign
     }
 }
 
+/* The row mean GEAR gives the outliers in the backbone's copy: the sum in
+ * double, in index order, over all n values (outliers included). */
+static float row_mean(const float *row, int n)
+{
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += row[i];
+    return (float)(sum / n);
+}
+
 /* Row row[0..n): marks the k largest values, then the k smallest of the
  * rest (ties: lower index first) in sel, and replaces them by the row mean
  * in work (a copy of row).  r: n scratch entries. */
@@ -146,9 +186,7 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
         mark_extreme(row, n, k, 0, sel, scratch);
     }
     if (!work) return; /* only the selection (kvquant keeps outliers without replacement) */
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += row[i];
-    float mean = (float)(sum / n);
+    float mean = row_mean(row, n);
     for (int i = 0; i < n; i++)
         if (sel[i]) work[i] = mean;
 }
@@ -178,27 +216,45 @@ static size_t row_elem(const gear_job *j, int h, int rw, int e)
     return j->tensor == 0 ? off + (size_t)e * D + (size_t)rw : off + (size_t)rw * D + (size_t)e;
 }
 
-/* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer). */
+/* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer),
+ * into j->w (already a copy of j->x) and j->mask (already zero): only the
+ * outliers are written.  K's rows are columns of [T][D], gathered
+ * GEAR_BLOCK channels at a time so that each cache line is read once. */
+#define GEAR_BLOCK 16
 static kvq_status mark_outliers(gear_job *j, int h)
 {
     int by_token = h < 0 || j->tensor == 1;
     int n = h < 0 ? j->H * j->D : (by_token ? j->D : j->T), nrows = by_token ? j->T : j->D;
-    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0);
+    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0), B = by_token ? 1 : GEAR_BLOCK;
     if (k <= 0) return KVQ_OK;
-    float *row = kvq_alloc_array((size_t)n, sizeof *row), *work = kvq_alloc_array((size_t)n, sizeof *work);
+    float *rows = kvq_alloc_array((size_t)B * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, sizeof *r);
     unsigned char *sel = malloc((size_t)n);
-    float *r = kvq_alloc_array((size_t)n, sizeof *r);
-    kvq_status st = row && work && sel && r ? KVQ_OK : KVQ_ERR_NOMEM;
-    for (int rw = 0; rw < nrows && !st; rw++) {
-        for (int e = 0; e < n; e++) row[e] = work[e] = j->x[row_elem(j, h, rw, e)];
-        kvq_gear_row_outliers(row, work, sel, n, k, r);
-        for (int e = 0; e < n; e++) {
-            size_t at = row_elem(j, h, rw, e);
-            j->w[at] = work[e], j->mask[at] = sel[e];
+    if (!rows || !r || !sel) {
+        free(rows), free(r), free(sel);
+        return KVQ_ERR_NOMEM;
+    }
+    for (int rw0 = 0; rw0 < nrows; rw0 += B) {
+        int nb = nrows - rw0 < B ? nrows - rw0 : B;
+        if (by_token) {
+            for (int e = 0; e < n; e++) rows[e] = j->x[row_elem(j, h, rw0, e)];
+        } else { /* K: channels rw0.. over the tokens */
+            const float *x = j->x + (size_t)h * j->T * j->D + rw0;
+            for (int t = 0; t < n; t++)
+                for (int b = 0; b < nb; b++) rows[(size_t)b * n + t] = x[(size_t)t * j->D + b];
+        }
+        for (int b = 0; b < nb; b++) {
+            const float *row = rows + (size_t)b * n;
+            kvq_gear_row_outliers(row, NULL, sel, n, k, r);
+            float mean = row_mean(row, n);
+            for (int e = 0; e < n; e++)
+                if (sel[e]) {
+                    size_t at = row_elem(j, h, rw0 + b, e);
+                    j->w[at] = mean, j->mask[at] = 1;
+                }
         }
     }
-    free(row), free(work), free(sel), free(r);
-    return st;
+    free(rows), free(r), free(sel);
+    return KVQ_OK;
 }
 
 /* Step 2 for head h (span=head or K): backbone codes into y. */

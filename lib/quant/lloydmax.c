@@ -6,6 +6,7 @@
  * which codes its value residuals the same way. */
 #include "../internal.h"
 #include "quant.h"
+#include "../simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -28,6 +29,50 @@ static float stored_norm(const float *x, int D)
     return kvq_round_f16((float)sqrt(ss));
 }
 
+/* û_c = levelf[kvq_codebook_index(cb, u_c / n)] for one row, in place.  Up
+ * to 16 levels, a select chain over the ascending midpoints: v > bound[j]
+ * holds for j below the index and fails from it on, so the last level
+ * selected is levelf[index] (a NaN selects none: level 0, as the search).
+ * No branch on the data, so the loop vectorises; compiled plain and for
+ * AVX2, picked at run time.  More levels: the binary search. */
+#define LM_SNAP_BLOCK 64
+#define LM_SNAP(suffix, attr)                                                                     \
+    attr static void snap_chain_##suffix(const kvq_codebook *cb, float *restrict u, float n, int D) \
+    {                                                                                             \
+        const float *bound = cb->bound, *level = cb->levelf;                                      \
+        for (int c0 = 0; c0 < D; c0 += LM_SNAP_BLOCK) {                                           \
+            int w = D - c0 < LM_SNAP_BLOCK ? D - c0 : LM_SNAP_BLOCK;                              \
+            float v[LM_SNAP_BLOCK], q[LM_SNAP_BLOCK];                                             \
+            for (int c = 0; c < w; c++) v[c] = u[c0 + c] / n, q[c] = level[0];                    \
+            for (int j = 0; j + 1 < cb->n; j++) {                                                 \
+                const float b = bound[j], l = level[j + 1];                                       \
+                for (int c = 0; c < w; c++) q[c] = v[c] > b ? l : q[c];                           \
+            }                                                                                     \
+            memcpy(u + c0, q, (size_t)w * sizeof *q);                                             \
+        }                                                                                         \
+    }
+
+LM_SNAP(plain, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define LM_SNAP_AVX2 1
+LM_SNAP(avx2, __attribute__((target("avx2"))))
+#endif
+
+void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
+{
+    if (cb->n > 16) {
+        for (int c = 0; c < D; c++) u[c] = cb->levelf[kvq_codebook_index(cb, u[c] / n)];
+        return;
+    }
+#ifdef LM_SNAP_AVX2
+    if (kvq_simd_avx2_active()) {
+        snap_chain_avx2(cb, u, n, D);
+        return;
+    }
+#endif
+    snap_chain_plain(cb, u, n, D);
+}
+
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err)
 {
@@ -43,7 +88,7 @@ kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_r
             memset(ut, 0, (size_t)D * sizeof *ut);
             continue;
         }
-        for (int c = 0; c < D; c++) ut[c] = cb->levelf[kvq_codebook_index(cb, ut[c] / n)]; /* û */
+        kvq_lloydmax_snap(cb, ut, n, D); /* û */
     }
     /* x'_t = n·(Πᵀ·û_t) */
     if ((st = kvq_rotation_apply(rot, work, y, (size_t)T, 1, err))) return st;
