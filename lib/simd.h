@@ -39,7 +39,9 @@ void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, con
                             double *kl);
 
 /* AVX2 + FMA versions of the three above (simd_avx2.c), for CPUs without
- * AVX-512: the same arithmetic, so the same values. */
+ * AVX-512: the same arithmetic, so the same values.  The metrics call the
+ * row comparison fused with the softmax (below); the tests compare that
+ * with kvq_softmax_avx2 + kvq_row_compare_avx2. */
 void kvq_exp_avx2(const float *x, float *y, size_t n);
 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
                       float *m_out, double *sum_out, int *argmax_out);

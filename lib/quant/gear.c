@@ -115,7 +115,8 @@ static int sample_cut(const float *row, int n, int count, int largest, float *cu
  * The threshold (the count-th value in that order) is selected among the
  * unmarked values at or beyond a sampled cut when at least `count` of them
  * are: every value beyond the threshold is then among them, so it is the
- * same threshold as over all unmarked values (taken when they are fewer).
+ * same threshold as over all unmarked values.  When fewer pass the cut, it
+ * is selected over all unmarked values.
  * v: n floats of scratch. */
 static void mark_extreme(const float *row, int n, int count, int largest, unsigned char *sel, float *v)
 {

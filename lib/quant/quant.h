@@ -67,11 +67,11 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
  * adds their (zero) error and Σx² to recon if not NULL. */
 double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kvq_recon_acc *recon);
 
-/* Lloyd–Max coding of T rows x [T][D] into y (SPEC §3.3): fp16 norm,
- * rotation, nearest level.  work [T][D], norm [T]: scratch. */
 /* u_c ← levelf[kvq_codebook_index(cb, u_c / n)] for a row of D (branch-free
  * up to 16 levels; tests compare it with the search). */
 void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D);
+/* Lloyd–Max coding of T rows x [T][D] into y (SPEC §3.3): fp16 norm,
+ * rotation, nearest level.  work [T][D], norm [T]: scratch. */
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
 
