@@ -427,6 +427,9 @@ const kvq_quantizer *kvq_quantizer_at(size_t i);
 const kvq_quantizer *kvq_quantizer_find(const char *name);
 
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err);
+/* The spec q contributes to kvq-analyze's default set: "name", or
+ * "name:default_spec" when it has one. */
+kvq_status kvq_spec_default(const kvq_quantizer *q, kvq_spec *out, kvq_error *err);
 /* Runs spec's quantizer on one layer: out->key/value [H][T][D], out->k_bits/v_bits [H]. */
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                               kvq_quant_out *out, kvq_error *err);

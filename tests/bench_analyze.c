@@ -133,12 +133,9 @@ int main(int argc, char **argv)
     int ndefault = 0;
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
         const kvq_quantizer *q = kvq_quantizer_at(i);
-        if (!q->in_default_set) continue;
-        char text[256];
         kvq_spec sp;
         kvq_error err = {0};
-        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
-        ndefault += !kvq_spec_parse(text, &sp, &err) && !kvq_spec_needs_calib(&sp);
+        ndefault += q->in_default_set && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp);
     }
     printf("kvq-bench-analyze: %d cores; kvq-analyze --per model, --queries last:%d (the default)\n", nt, P);
 

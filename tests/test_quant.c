@@ -204,6 +204,10 @@ START_TEST(registry_defaults_parse)
         kvq_spec sp;
         kvq_error err = {0};
         ck_assert_msg(kvq_spec_parse(q->name, &sp, &err) == KVQ_OK, "%s: %s", q->name, err.msg);
+        if (q->in_default_set) { /* the default set's spec parses and names q */
+            ck_assert_msg(kvq_spec_default(q, &sp, &err) == KVQ_OK, "%s: %s", q->name, err.msg);
+            ck_assert_ptr_eq(sp.q, q);
+        }
         ck_assert_ptr_eq(kvq_quantizer_find(q->name), q);
         ck_assert(q->nparams <= KVQ_MAX_PARAMS);
         ck_assert(q->description && (q->quantize != NULL) != (q->quantize_head != NULL));

@@ -473,18 +473,25 @@ int cli_model_load(const char *prog, char **argv, int optind, const cli_model *m
     return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, ids, T);
 }
 
-int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text)
+/* Appends a parsed spec to *specs. */
+static int push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp)
 {
-    kvq_error err = {0};
     kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof *ns);
     if (!ns) {
         cli_error(prog, "out of memory");
         return CLI_RUNTIME;
     }
     *specs = ns;
-    if (kvq_spec_parse(text, &ns[*n], &err)) return cli_fail(prog, &err);
-    (*n)++;
+    ns[(*n)++] = *sp;
     return CLI_OK;
+}
+
+int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text)
+{
+    kvq_error err = {0};
+    kvq_spec sp;
+    if (kvq_spec_parse(text, &sp, &err)) return cli_fail(prog, &err);
+    return push_spec(prog, specs, n, &sp);
 }
 
 int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, int *n, char *skipped, size_t len)
@@ -492,16 +499,16 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
         const kvq_quantizer *q = kvq_quantizer_at(i);
         if (!q->in_default_set) continue;
-        char text[KVQ_SPEC_MAX];
-        snprintf(text, sizeof text, "%s%s%s", q->name, q->default_spec[0] ? ":" : "", q->default_spec);
-        kvq_spec probe; /* needs a calibration: the quantizer always, or its default spec (kvquant's nuq) */
+        kvq_spec sp;
         kvq_error err = {0};
-        if (!have_calib && !kvq_spec_parse(text, &probe, &err) && kvq_spec_needs_calib(&probe)) {
+        if (kvq_spec_default(q, &sp, &err)) return cli_fail(prog, &err);
+        /* needs a calibration: the quantizer always, or its default spec (kvquant's nuq) */
+        if (!have_calib && kvq_spec_needs_calib(&sp)) {
             size_t o = skipped ? strlen(skipped) : 0;
             if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
             continue;
         }
-        int rc = cli_add_spec(prog, specs, n, text);
+        int rc = push_spec(prog, specs, n, &sp);
         if (rc) return rc;
     }
     return CLI_OK;

@@ -195,6 +195,14 @@ void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len)
     }
 }
 
+kvq_status kvq_spec_default(const kvq_quantizer *q, kvq_spec *out, kvq_error *err)
+{
+    char text[KVQ_SPEC_MAX];
+    const char *ds = q->default_spec ? q->default_spec : "";
+    snprintf(text, sizeof text, "%s%s%s", q->name, ds[0] ? ":" : "", ds);
+    return kvq_spec_parse(text, out, err);
+}
+
 int kvq_spec_needs_calib(const kvq_spec *spec)
 {
     char key[KVQ_SPEC_MAX];
