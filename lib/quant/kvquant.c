@@ -73,25 +73,26 @@ static void row_stats(const float *row, int n, int k, unsigned char *sel, float 
     *r = kvq_round_f16((mx - mn) / 2.0f);
 }
 
-/* Quantizes one row into out (codebook cb); the u values go to u (if not NULL, *nu counts them). */
+/* Quantizes one row into out (codebook cb), or (out NULL) appends its u
+ * values to u, *nu counting them.  scratch: n floats. */
 static void row_quantize(const float *row, float *out, int n, int k, const kvq_codebook *cb, unsigned char *sel,
                          float *scratch, float *u, size_t *nu)
 {
     float o, r;
     row_stats(row, n, k, sel, scratch, &o, &r);
-    for (int i = 0; i < n; i++) {
-        if (sel[i]) { /* an exact outlier, stored at fp16 */
-            if (out) out[i] = kvq_round_f16(row[i]);
-            continue;
-        }
-        if (r <= 0.0f) { /* r = 0: a constant rest, x' = o */
-            if (out) out[i] = o;
-            continue;
-        }
-        float ui = (row[i] - o) / r;
-        if (u) u[(*nu)++] = ui;
-        if (out) out[i] = cb->levelf[kvq_codebook_index(cb, ui)] * r + o;
+    if (!out) {
+        for (int i = 0; i < n && r > 0.0f; i++)
+            if (!sel[i]) u[(*nu)++] = (row[i] - o) / r;
+        return;
     }
+    if (r > 0.0f) { /* x' = level(u)·r + o, u = (x − o)/r: the nearest level as Lloyd–Max snaps it */
+        for (int i = 0; i < n; i++) scratch[i] = row[i] - o;
+        kvq_lloydmax_snap(cb, scratch, r, n);
+    }
+    for (int i = 0; i < n; i++)
+        out[i] = sel[i] ? kvq_round_f16(row[i]) /* an exact outlier, stored at fp16 */
+                 : r > 0.0f ? scratch[i] * r + o
+                            : o; /* r = 0: a constant rest, x' = o */
 }
 
 /* The rows of one head's tensor x [T][D] (K: channels over tokens ≥ sink;
