@@ -201,57 +201,79 @@ typedef struct {
     const float *x; /* [H][T][D] */
     float *y;       /* [H][T][D]: output */
     float *w;       /* [H][T][D]: the copy the backbone quantizes */
-    unsigned char *mask; /* [H][T][D]: outlier positions */
+    size_t *opos;   /* [H][cap]: outlier offsets within each head's [T][D] */
+    size_t *nout;   /* [H]: outliers of each head */
+    size_t cap;     /* room per head in opos */
     double *bits;   /* [H] */
     int bad_head;   /* out: the first failing head */
 } gear_job;
 
-/* Where element e of row rw lies in [H][T][D]: for head h, a K row is
- * channel rw over the tokens e, a V row token rw over the channels e; with
- * h < 0 (V, span=layer) a row is token rw over all heads, e = head·D + channel. */
-static size_t row_elem(const gear_job *j, int h, int rw, int e)
+/* Outliers per row (k largest + k smallest) and rows per head, for head
+ * rows (h >= 0) or layer rows (span=layer: a token over all heads). */
+static int row_count(const gear_job *j, int layer_rows) { return layer_rows || j->tensor == 1 ? j->T : j->D; }
+static int row_len(const gear_job *j, int layer_rows)
 {
-    size_t T = (size_t)j->T, D = (size_t)j->D;
-    if (h < 0) return ((size_t)e / D * T + (size_t)rw) * D + (size_t)e % D;
-    size_t off = (size_t)h * T * D;
-    return j->tensor == 0 ? off + (size_t)e * D + (size_t)rw : off + (size_t)rw * D + (size_t)e;
+    return layer_rows ? j->H * j->D : j->tensor == 1 ? j->D : j->T;
+}
+static int row_k(const gear_job *j, int n) { return (int)floor(j->sp->val[G_SPARSITY] * n / 2.0); }
+
+/* The means of nb <= GEAR_BLOCK rows rows[b·n ..][0..n): per row the sum in
+ * double, in index order (the rows side by side, so that the sums run in
+ * parallel), over all n values, outliers included, as GEAR gives them. */
+#define GEAR_BLOCK 16
+static void row_means(const float *rows, int nb, int n, float *mean)
+{
+    double sum[GEAR_BLOCK] = {0};
+    for (int e = 0; e < n; e++)
+        for (int b = 0; b < nb; b++) sum[b] += rows[(size_t)b * n + e];
+    for (int b = 0; b < nb; b++) mean[b] = (float)(sum[b] / n);
 }
 
 /* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer),
- * into j->w (already a copy of j->x) and j->mask (already zero): only the
- * outliers are written.  K's rows are columns of [T][D], gathered
- * GEAR_BLOCK channels at a time so that each cache line is read once. */
-#define GEAR_BLOCK 16
+ * into j->w (already a copy of j->x) and the outlier lists: only the
+ * outliers are written.  Rows are gathered GEAR_BLOCK at a time: K's rows
+ * are columns of [T][D] (so each cache line is read once), V's rows are
+ * tokens (a head's D channels, or with h < 0 each head's D in turn). */
 static kvq_status mark_outliers(gear_job *j, int h)
 {
-    int by_token = h < 0 || j->tensor == 1;
-    int n = h < 0 ? j->H * j->D : (by_token ? j->D : j->T), nrows = by_token ? j->T : j->D;
-    int k = (int)floor(j->sp->val[G_SPARSITY] * n / 2.0), B = by_token ? 1 : GEAR_BLOCK;
+    int layer_rows = h < 0, by_token = layer_rows || j->tensor == 1;
+    int n = row_len(j, layer_rows), nrows = row_count(j, layer_rows), k = row_k(j, n);
+    size_t T = (size_t)j->T, D = (size_t)j->D;
     if (k <= 0) return KVQ_OK;
-    float *rows = kvq_alloc_array((size_t)B * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, sizeof *r);
+    float *rows = kvq_alloc_array((size_t)GEAR_BLOCK * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, sizeof *r);
     unsigned char *sel = malloc((size_t)n);
     if (!rows || !r || !sel) {
         free(rows), free(r), free(sel);
         return KVQ_ERR_NOMEM;
     }
-    for (int rw0 = 0; rw0 < nrows; rw0 += B) {
-        int nb = nrows - rw0 < B ? nrows - rw0 : B;
-        if (by_token) {
-            for (int e = 0; e < n; e++) rows[e] = j->x[row_elem(j, h, rw0, e)];
+    for (int rw0 = 0; rw0 < nrows; rw0 += GEAR_BLOCK) {
+        int nb = nrows - rw0 < GEAR_BLOCK ? nrows - rw0 : GEAR_BLOCK;
+        if (layer_rows) { /* tokens rw0.. over every head's channels */
+            for (int b = 0; b < nb; b++)
+                for (int hh = 0; hh < j->H; hh++)
+                    memcpy(rows + (size_t)b * n + hh * D, j->x + ((size_t)hh * T + rw0 + b) * D, D * sizeof *rows);
+        } else if (by_token) { /* V: tokens rw0.. of head h, contiguous */
+            memcpy(rows, j->x + ((size_t)h * T + rw0) * D, (size_t)nb * D * sizeof *rows);
         } else { /* K: channels rw0.. over the tokens */
-            const float *x = j->x + (size_t)h * j->T * j->D + rw0;
-            for (int t = 0; t < n; t++)
-                for (int b = 0; b < nb; b++) rows[(size_t)b * n + t] = x[(size_t)t * j->D + b];
+            const float *x = j->x + (size_t)h * T * D + rw0;
+            for (size_t t = 0; t < (size_t)n; t++)
+                for (int b = 0; b < nb; b++) rows[(size_t)b * n + t] = x[t * D + b];
         }
+        float mean[GEAR_BLOCK];
+        row_means(rows, nb, n, mean);
         for (int b = 0; b < nb; b++) {
-            const float *row = rows + (size_t)b * n;
-            kvq_gear_row_outliers(row, NULL, sel, n, k, r);
-            float mean = row_mean(row, n);
-            for (int e = 0; e < n; e++)
-                if (sel[e]) {
-                    size_t at = row_elem(j, h, rw0 + b, e);
-                    j->w[at] = mean, j->mask[at] = 1;
-                }
+            kvq_gear_row_outliers(rows + (size_t)b * n, NULL, sel, n, k, r);
+            size_t rw = (size_t)rw0 + b;
+            for (int e = 0; e < n; e++) {
+                if (!sel[e]) continue;
+                /* head and offset in its [T][D]: a K row is channel rw over
+                 * the tokens e, a V row token rw over the channels e (with
+                 * layer rows, e = head·D + channel) */
+                int hh = layer_rows ? e / (int)D : h;
+                size_t at = layer_rows ? rw * D + (size_t)e % D : by_token ? rw * D + (size_t)e : (size_t)e * D + rw;
+                j->w[(size_t)hh * T * D + at] = mean[b];
+                j->opos[(size_t)hh * j->cap + j->nout[hh]++] = at;
+            }
         }
     }
     free(rows), free(r), free(sel);
@@ -278,15 +300,12 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
     size_t off = (size_t)h * T * D, n = (size_t)T * D;
     const float *x = j->x + off;
     float *y = j->y + off;
-    const unsigned char *mask = j->mask + off;
-    double outliers = 0;
-    for (size_t i = 0; i < n; i++)
-        if (mask[i]) {
-            y[i] = kvq_round_f16(x[i]);
-            if (!isfinite(y[i])) return KVQ_ERR_NUMERIC;
-            outliers++;
-        }
-    j->bits[h] += outliers * (16.0 + 32.0);
+    const size_t *opos = j->opos + (size_t)h * j->cap;
+    for (size_t i = 0; i < j->nout[h]; i++) {
+        y[opos[i]] = kvq_round_f16(x[opos[i]]);
+        if (!isfinite(y[opos[i]])) return KVQ_ERR_NUMERIC;
+    }
+    j->bits[h] += (double)j->nout[h] * (16.0 + 32.0);
     int r = (int)j->sp->val[G_RANK], m = T < D ? T : D;
     if (r > m) r = m;
     if (r <= 0) return KVQ_OK;
@@ -349,35 +368,55 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
     return st;
 }
 
+/* Room per head for the outlier offsets of tensor's rows: head rows hold k
+ * per row, layer rows spread theirs over the heads, at most D per token and head. */
+static int outlier_room(const gear_job *j, size_t *cap)
+{
+    int layer_rows = j->tensor == 1 && (int)j->sp->val[G_SPAN] == 1;
+    int n = row_len(j, layer_rows);
+    size_t per_row = 2 * (size_t)row_k(j, n);
+    if (layer_rows && per_row > (size_t)j->D) per_row = (size_t)j->D;
+    return kvq_mul_size((size_t)row_count(j, layer_rows), per_row, cap);
+}
+
 static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                              kvq_quant_out *out, kvq_error *err)
 {
     int H = in->H, T = in->T, D = in->D;
-    size_t n = (size_t)H * T * D;
+    size_t n = (size_t)H * T * D, cap[2], room = 0;
+    gear_job job[2];
+    for (int tensor = 0; tensor < 2; tensor++) {
+        job[tensor] = (gear_job){.sp = sp, .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
+                                 .x = tensor ? in->value : in->key, .y = tensor ? out->value : out->key,
+                                 .bits = tensor ? out->v_bits : out->k_bits};
+        if (!outlier_room(&job[tensor], &cap[tensor]))
+            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: outlier lists overflow", sp->text);
+        if (cap[tensor] > room) room = cap[tensor];
+    }
     float *w = kvq_alloc_array(n, sizeof *w);
-    unsigned char *mask = calloc(n, 1);
+    size_t *opos = room <= SIZE_MAX / sizeof *opos ? kvq_alloc_array((size_t)H, room * sizeof *opos) : NULL;
+    size_t *nout = calloc((size_t)H, sizeof *nout);
     kvq_status st = KVQ_OK;
-    if (!w || !mask) {
+    if (!w || !opos || !nout) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
         goto out;
     }
     for (int tensor = 0; tensor < 2 && !st; tensor++) {
-        gear_job j = {.sp = sp, .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
-                      .x = tensor ? in->value : in->key, .y = tensor ? out->value : out->key,
-                      .w = w, .mask = mask, .bits = tensor ? out->v_bits : out->k_bits};
-        memcpy(w, j.x, n * sizeof *w);
-        memset(mask, 0, n);
+        gear_job *j = &job[tensor];
+        j->w = w, j->opos = opos, j->nout = nout, j->cap = cap[tensor];
+        memcpy(w, j->x, n * sizeof *w);
+        memset(nout, 0, (size_t)H * sizeof *nout);
         kvq_error e = {0};
-        st = gear_tensor(&j, &e);
+        st = gear_tensor(j, &e);
         const char *tname = tensor ? "value" : "key";
         if (st == KVQ_ERR_NUMERIC && !e.msg[0])
-            st = kvq_quant_numeric_error(err, sp, ctx, tname, j.bad_head);
+            st = kvq_quant_numeric_error(err, sp, ctx, tname, j->bad_head);
         else if (st)
             st = kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", sp->text, ctx->layer, tname,
-                          j.bad_head, e.msg[0] ? e.msg : kvq_strerror(st));
+                          j->bad_head, e.msg[0] ? e.msg : kvq_strerror(st));
     }
 out:
-    free(w), free(mask);
+    free(w), free(opos), free(nout);
     return st;
 }
 
