@@ -171,12 +171,13 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
             const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
             float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
             int p = c->p[i];
-            if (kvq_simd_active()) { /* softmax, then one pass for the three sums */
-                w->rq[i] = softmax_row(sqrow, aqrow, p, ncol, scale, prescaled);
-                kvq_row_compare_avx512(srow, arow, sqrow, aqrow, (size_t)p + 1, c->rs[i].m, c->rs[i].lse,
-                                       w->rq[i].m, w->rq[i].lse, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
-            } else if (kvq_simd_avx2_active()) { /* softmax and sums, its last pass fused */
-                double sum;
+            double sum;
+            if (kvq_simd_active()) { /* softmax and sums, its last pass fused */
+                kvq_softmax_compare_avx512(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled,
+                                           c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum, &w->rq[i].argmax,
+                                           &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+                w->rq[i].lse = log(sum);
+            } else if (kvq_simd_avx2_active()) { /* the same with AVX2 */
                 kvq_softmax_compare_avx2(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled,
                                          c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum, &w->rq[i].argmax,
                                          &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);

@@ -37,6 +37,13 @@ void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, 
 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n,
                             double m, double lse, double mq, double lseq, double *sd2, double *ad2,
                             double *kl);
+/* kvq_softmax_avx512 of the quantized row (sq into aq) and
+ * kvq_row_compare_avx512 of (s, a) against it in one call, its last pass
+ * fused: the same values and sums.  m, lse: the exact row's; *mq_out,
+ * *sumq_out, *argmaxq_out as the softmax's. */
+void kvq_softmax_compare_avx512(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                                float scale, int prescaled, double m, double lse, float *mq_out,
+                                double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl);
 
 /* AVX2 + FMA versions of the three above (simd_avx2.c), for CPUs without
  * AVX-512: the same arithmetic, so the same values.  The metrics call the

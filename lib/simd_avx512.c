@@ -347,49 +347,80 @@ static inline __mmask16 lanes(size_t n, size_t i)
     return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
 }
 
-AVX512 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
-                               float *m_out, double *sum_out, int *argmax_out)
+/* Softmax pass 1: scales s[0..n) (divides, as the reference) unless
+ * prescaled, and returns the max and its first index.  Each lane keeps its
+ * own max and the first index holding it (replaced only by a greater
+ * value); the answer is the lowest index among the lanes holding the max.
+ * Masked-off lanes are -inf, never greater.  Whole vectors are stored
+ * plainly, only a row's tail masked. */
+AVX512 static inline float scale_max512(float *s, size_t n, float scale, int prescaled, int *argmax)
 {
-    /* scale (divide, as the reference) and the max */
-    __m512 vmax = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
-    for (size_t i = 0; i < n; i += 16) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY), vscale = _mm512_set1_ps(scale);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __m512 vmax = ninf;
+    __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), best = idx;
+    for (size_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, sixteen)) {
         __mmask16 k = lanes(n, i);
-        __m512 v = _mm512_maskz_loadu_ps(k, s + i);
+        __m512 v = _mm512_mask_loadu_ps(ninf, k, s + i);
         if (!prescaled) {
             v = _mm512_div_ps(v, vscale);
-            _mm512_mask_storeu_ps(s + i, k, v);
+            if (k == 0xffff) _mm512_storeu_ps(s + i, v);
+            else _mm512_mask_storeu_ps(s + i, k, v);
         }
-        vmax = _mm512_mask_max_ps(vmax, k, vmax, v);
+        __mmask16 gt = _mm512_cmp_ps_mask(v, vmax, _CMP_GT_OQ);
+        vmax = _mm512_mask_mov_ps(vmax, gt, v);
+        best = _mm512_mask_mov_epi32(best, gt, idx);
     }
     float m = _mm512_reduce_max_ps(vmax);
-    /* the first index holding it */
-    int am = 0;
-    __m512 vm = _mm512_set1_ps(m);
-    for (size_t i = 0; i < n; i += 16) {
-        __mmask16 k = lanes(n, i);
-        __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + i), vm, _CMP_EQ_OQ);
-        if (eq) {
-            am = (int)i + __builtin_ctz(eq);
-            break;
-        }
-    }
-    /* a = exp(s − m), Σ a in double, then a / Σ */
+    __mmask16 at = _mm512_cmp_ps_mask(vmax, _mm512_set1_ps(m), _CMP_EQ_OQ);
+    *argmax = _mm512_reduce_min_epi32(_mm512_mask_mov_epi32(_mm512_set1_epi32(0x7fffffff), at, best));
+    return m;
+}
+
+/* Softmax pass 2: a = exp(s − m) over [0, n), returns Σ a in double. */
+AVX512 static inline double exp_sum512(const float *s, float *a, size_t n, float m)
+{
+    const __m512 vm = _mm512_set1_ps(m);
     __m512d sum = _mm512_setzero_pd();
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = lanes(n, i);
         __m512 e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
-        _mm512_mask_storeu_ps(a + i, k, e);
+        if (k == 0xffff) _mm512_storeu_ps(a + i, e);
+        else _mm512_mask_storeu_ps(a + i, k, e);
         sum = _mm512_add_pd(sum, _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(e)),
-                                               _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)))));
+                                               _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1))));
     }
-    double total = _mm512_reduce_add_pd(sum);
-    __m512 vf = _mm512_set1_ps((float)total);
+    return _mm512_reduce_add_pd(sum);
+}
+
+AVX512 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
+                               float *m_out, double *sum_out, int *argmax_out)
+{
+    float m = scale_max512(s, n, scale, prescaled, argmax_out);
+    double total = exp_sum512(s, a, n, m);
+    __m512 vf = _mm512_set1_ps((float)total); /* a / Σ */
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = lanes(n, i);
         _mm512_mask_storeu_ps(a + i, k, _mm512_div_ps(_mm512_maskz_loadu_ps(k, a + i), vf));
     }
     for (size_t u = n; u < ncol; u++) a[u] = 0.0f;
-    *m_out = m, *sum_out = total, *argmax_out = am;
+    *m_out = m, *sum_out = total;
+}
+
+/* The comparison sums of 8 elements (lanes that do not count load a = 0,
+ * s = s' = 0: they add 0 and no KL term). */
+AVX512 static inline void compare8(__m256 s8, __m256 a8, __m256 sq8, __m256 aq8, __m512d vm, __m512d vl,
+                                   __m512d vmq, __m512d vlq, __m512d *vs, __m512d *va, __m512d *vk)
+{
+    __m512d x = _mm512_cvtps_pd(s8), xq = _mm512_cvtps_pd(sq8);
+    __m512d y = _mm512_cvtps_pd(a8), yq = _mm512_cvtps_pd(aq8);
+    __m512d ds = _mm512_sub_pd(x, xq), da = _mm512_sub_pd(y, yq);
+    *vs = _mm512_add_pd(*vs, _mm512_mul_pd(ds, ds));
+    *va = _mm512_add_pd(*va, _mm512_mul_pd(da, da));
+    /* a·((s − m − lse) − (s' − m' − lse')) where a != 0, as the reference */
+    __m512d la = _mm512_sub_pd(_mm512_sub_pd(x, vm), vl), lq = _mm512_sub_pd(_mm512_sub_pd(xq, vmq), vlq);
+    __mmask8 nz = _mm512_cmp_pd_mask(y, _mm512_setzero_pd(), _CMP_NEQ_OQ);
+    *vk = _mm512_mask_add_pd(*vk, nz, *vk, _mm512_mul_pd(y, _mm512_sub_pd(la, lq)));
 }
 
 /* Adds Σ (s − s')², Σ (a − a')² and KL(A‖A') of one row of n. */
@@ -401,19 +432,46 @@ AVX512 void kvq_row_compare_avx512(const float *s, const float *a, const float *
     const __m512d vm = _mm512_set1_pd(m), vl = _mm512_set1_pd(lse), vmq = _mm512_set1_pd(mq), vlq = _mm512_set1_pd(lseq);
     for (size_t i = 0; i < n; i += 8) {
         __mmask8 k = n - i >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (n - i)) - 1u);
-        __m512d x = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, s + i)), xq = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, sq + i));
-        __m512d y = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, a + i)), yq = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(k, aq + i));
-        __m512d ds = _mm512_sub_pd(x, xq), da = _mm512_sub_pd(y, yq);
-        vs = _mm512_add_pd(vs, _mm512_mul_pd(ds, ds));
-        va = _mm512_add_pd(va, _mm512_mul_pd(da, da));
-        /* a·((s − m − lse) − (s' − m' − lse')) where a != 0, as the reference */
-        __m512d la = _mm512_sub_pd(_mm512_sub_pd(x, vm), vl), lq = _mm512_sub_pd(_mm512_sub_pd(xq, vmq), vlq);
-        __mmask8 nz = _mm512_mask_cmp_pd_mask(k, y, _mm512_setzero_pd(), _CMP_NEQ_OQ);
-        vk = _mm512_mask_add_pd(vk, nz, vk, _mm512_mul_pd(y, _mm512_sub_pd(la, lq)));
+        compare8(_mm256_maskz_loadu_ps(k, s + i), _mm256_maskz_loadu_ps(k, a + i), _mm256_maskz_loadu_ps(k, sq + i),
+                 _mm256_maskz_loadu_ps(k, aq + i), vm, vl, vmq, vlq, &vs, &va, &vk);
     }
     *sd2 += _mm512_reduce_add_pd(vs);
     *ad2 += _mm512_reduce_add_pd(va);
     *kl += _mm512_reduce_add_pd(vk);
+}
+
+/* kvq_softmax_avx512 of the row sq into aq, then kvq_row_compare_avx512 of
+ * (s, a) against it, its last pass (a' = e / Σ) and the comparison fused:
+ * the same values and sums in the same order (each 16 as two 8s), one pass
+ * fewer over the row. */
+AVX512 void kvq_softmax_compare_avx512(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                                       float scale, int prescaled, double m, double lse, float *mq_out,
+                                       double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl)
+{
+    float mq = scale_max512(sq, n, scale, prescaled, argmaxq_out);
+    double total = exp_sum512(sq, aq, n, mq);
+    const __m512 vf = _mm512_set1_ps((float)total);
+    const __m512d vm = _mm512_set1_pd(m), vl = _mm512_set1_pd(lse), vmq = _mm512_set1_pd(mq),
+                  vlq = _mm512_set1_pd(log(total));
+    __m512d vs = _mm512_setzero_pd(), va = vs, vk = vs;
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = lanes(n, i);
+        __m512 y = _mm512_maskz_div_ps(k, _mm512_maskz_loadu_ps(k, aq + i), vf);
+        if (k == 0xffff) _mm512_storeu_ps(aq + i, y);
+        else _mm512_mask_storeu_ps(aq + i, k, y);
+        __m512 x = _mm512_maskz_loadu_ps(k, s + i), xa = _mm512_maskz_loadu_ps(k, a + i);
+        __m512 xq = _mm512_maskz_loadu_ps(k, sq + i);
+        compare8(_mm512_castps512_ps256(x), _mm512_castps512_ps256(xa), _mm512_castps512_ps256(xq),
+                 _mm512_castps512_ps256(y), vm, vl, vmq, vlq, &vs, &va, &vk);
+        if (n - i > 8)
+            compare8(_mm512_extractf32x8_ps(x, 1), _mm512_extractf32x8_ps(xa, 1), _mm512_extractf32x8_ps(xq, 1),
+                     _mm512_extractf32x8_ps(y, 1), vm, vl, vmq, vlq, &vs, &va, &vk);
+    }
+    for (size_t u = n; u < ncol; u++) aq[u] = 0.0f;
+    *sd2 += _mm512_reduce_add_pd(vs);
+    *ad2 += _mm512_reduce_add_pd(va);
+    *kl += _mm512_reduce_add_pd(vk);
+    *mq_out = mq, *sumq_out = total;
 }
 
 #else /* not x86-64 GCC/Clang: the portable paths only */
@@ -436,5 +494,10 @@ void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, 
 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
                             double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
 { (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
+void kvq_softmax_compare_avx512(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                                float scale, int prescaled, double m, double lse, float *mq_out, double *sumq_out,
+                                int *argmaxq_out, double *sd2, double *ad2, double *kl)
+{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m, (void)lse,
+  (void)mq_out, (void)sumq_out, (void)argmaxq_out, (void)sd2, (void)ad2, (void)kl; }
 
 #endif

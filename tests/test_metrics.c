@@ -379,60 +379,96 @@ START_TEST(vector_exp_accuracy)
 }
 END_TEST
 
-/* AVX2 rows: kvq_softmax_avx2's fused arg-max is the first index of the
- * max (ties planted across lanes and vectors), and kvq_softmax_compare_avx2
- * gives bit for bit what kvq_softmax_avx2 + kvq_row_compare_avx2 give, for
- * row lengths with and without a tail, scaled and prescaled. */
-START_TEST(softmax_rows_avx2)
+/* One ISA's row functions, and whether this CPU runs them. */
+typedef struct {
+    const char *name;
+    int (*active)(void);
+    void (*softmax)(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
+                    double *sum_out, int *argmax_out);
+    void (*compare)(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
+                    double lse, double mq, double lseq, double *sd2, double *ad2, double *kl);
+    void (*fused)(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol, float scale,
+                  int prescaled, double m, double lse, float *mq_out, double *sumq_out, int *argmaxq_out,
+                  double *sd2, double *ad2, double *kl);
+} row_isa;
+
+static const row_isa row_isas[] = {
+    {"AVX2", kvq_simd_avx2_active, kvq_softmax_avx2, kvq_row_compare_avx2, kvq_softmax_compare_avx2},
+    {"AVX-512", kvq_simd_active, kvq_softmax_avx512, kvq_row_compare_avx512, kvq_softmax_compare_avx512},
+};
+
+/* Vector rows, per ISA: the softmax's fused arg-max is the first index of
+ * the max (ties planted across lanes and vectors), and the fused softmax +
+ * comparison gives bit for bit what the softmax + row comparison give, for
+ * row lengths with and without a tail, scaled and prescaled.  The two ISAs
+ * also give each other's values (the same arithmetic). */
+START_TEST(softmax_rows_vector)
 {
-    if (!kvq_simd_avx2_active()) {
-        printf("softmax rows: no AVX2 + FMA here\n");
-        return;
-    }
     enum { NMAX = 8195 };
     float *s = malloc(NMAX * 4), *a = malloc(NMAX * 4), *sq = malloc(NMAX * 4), *aq = malloc(NMAX * 4);
     float *sq2 = malloc(NMAX * 4), *aq2 = malloc(NMAX * 4);
-    const int lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 100, 8192, 8195};
-    unsigned seed = 3;
-    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
-        for (int trial = 0; trial < 4; trial++) {
-            int n = lens[li], ncol = n + 3 > NMAX ? n : n + 3, prescaled = trial & 1;
-            float scale = sqrtf(128.0f);
-            fill_normal(s, (size_t)n, seed++, 3.0);
-            fill_normal(sq, (size_t)n, seed++, 3.0);
-            if (trial >= 2) { /* the max twice or more: in later lanes, vectors, and first */
-                for (int i = n - 1; i >= 0; i -= 5) sq[i] = 40.0f;
-                sq[n / 2] = 40.0f;
-            }
-            /* the exact row's softmax */
-            float m;
-            double sum;
-            int am;
-            kvq_softmax_avx2(s, a, (size_t)n, (size_t)ncol, scale, prescaled, &m, &sum, &am);
-            double lse = log(sum);
-            /* first arg-max by hand, of the row as the softmax scaled it */
-            memcpy(sq2, sq, (size_t)n * 4);
-            float mq2;
-            double sumq2;
-            int amq2;
-            kvq_softmax_avx2(sq2, aq2, (size_t)n, (size_t)ncol, scale, prescaled, &mq2, &sumq2, &amq2);
-            int first = 0;
-            for (int i = 1; i < n; i++)
-                if (sq2[i] > sq2[first]) first = i;
-            ck_assert_msg(amq2 == first && mq2 == sq2[first], "n %d trial %d: arg-max %d, first %d", n, trial, amq2, first);
-            double sd2 = 0.5, ad2 = 0.25, kl = 0.125, sd2b = 0.5, ad2b = 0.25, klb = 0.125;
-            kvq_row_compare_avx2(s, a, sq2, aq2, (size_t)n, m, lse, mq2, log(sumq2), &sd2b, &ad2b, &klb);
-            float mq;
-            double sumq;
-            int amq;
-            aq[ncol - 1] = 7.0f; /* zeroed past the prefix */
-            kvq_softmax_compare_avx2(s, a, sq, aq, (size_t)n, (size_t)ncol, scale, prescaled, m, lse, &mq, &sumq, &amq,
-                                     &sd2, &ad2, &kl);
-            ck_assert(mq == mq2 && sumq == sumq2 && amq == amq2);
-            ck_assert(!memcmp(sq, sq2, (size_t)n * 4) && !memcmp(aq, aq2, (size_t)ncol * 4));
-            ck_assert_msg(sd2 == sd2b && ad2 == ad2b && kl == klb, "n %d trial %d: %.17g %.17g %.17g vs %.17g %.17g %.17g",
-                          n, trial, sd2, ad2, kl, sd2b, ad2b, klb);
+    const int lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 8192, 8195};
+    double sums[2][sizeof lens / sizeof lens[0]][4][3];
+    int ran[2] = {0, 0};
+    for (int isa = 0; isa < 2; isa++) {
+        const row_isa *R = &row_isas[isa];
+        if (!R->active()) {
+            printf("softmax rows: no %s here\n", R->name);
+            continue;
         }
+        ran[isa] = 1;
+        unsigned seed = 3;
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int trial = 0; trial < 4; trial++) {
+                int n = lens[li], ncol = n + 3 > NMAX ? n : n + 3, prescaled = trial & 1;
+                float scale = sqrtf(128.0f);
+                fill_normal(s, (size_t)n, seed++, 3.0);
+                fill_normal(sq, (size_t)n, seed++, 3.0);
+                if (trial >= 2) { /* the max twice or more: in later lanes, vectors, and first */
+                    for (int i = n - 1; i >= 0; i -= 5) sq[i] = 40.0f;
+                    sq[n / 2] = 40.0f;
+                }
+                /* the exact row's softmax */
+                float m;
+                double sum;
+                int am;
+                R->softmax(s, a, (size_t)n, (size_t)ncol, scale, prescaled, &m, &sum, &am);
+                double lse = log(sum);
+                /* first arg-max by hand, of the row as the softmax scaled it */
+                memcpy(sq2, sq, (size_t)n * 4);
+                float mq2;
+                double sumq2;
+                int amq2;
+                R->softmax(sq2, aq2, (size_t)n, (size_t)ncol, scale, prescaled, &mq2, &sumq2, &amq2);
+                int first = 0;
+                for (int i = 1; i < n; i++)
+                    if (sq2[i] > sq2[first]) first = i;
+                ck_assert_msg(amq2 == first && mq2 == sq2[first], "%s n %d trial %d: arg-max %d, first %d", R->name, n,
+                              trial, amq2, first);
+                double sd2 = 0.5, ad2 = 0.25, kl = 0.125, sd2b = 0.5, ad2b = 0.25, klb = 0.125;
+                R->compare(s, a, sq2, aq2, (size_t)n, m, lse, mq2, log(sumq2), &sd2b, &ad2b, &klb);
+                float mq;
+                double sumq;
+                int amq;
+                aq[ncol - 1] = 7.0f; /* zeroed past the prefix */
+                R->fused(s, a, sq, aq, (size_t)n, (size_t)ncol, scale, prescaled, m, lse, &mq, &sumq, &amq, &sd2, &ad2,
+                         &kl);
+                ck_assert(mq == mq2 && sumq == sumq2 && amq == amq2);
+                ck_assert(!memcmp(sq, sq2, (size_t)n * 4) && !memcmp(aq, aq2, (size_t)ncol * 4));
+                ck_assert_msg(sd2 == sd2b && ad2 == ad2b && kl == klb,
+                              "%s n %d trial %d: %.17g %.17g %.17g vs %.17g %.17g %.17g", R->name, n, trial, sd2, ad2, kl,
+                              sd2b, ad2b, klb);
+                sums[isa][li][trial][0] = sd2, sums[isa][li][trial][1] = ad2, sums[isa][li][trial][2] = kl;
+            }
+    }
+    if (ran[0] && ran[1]) /* the same elements summed in other lane groupings: equal to rounding */
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int trial = 0; trial < 4; trial++)
+                for (int k = 0; k < 3; k++) {
+                    double x = sums[0][li][trial][k], y = sums[1][li][trial][k];
+                    ck_assert_msg(fabs(x - y) <= 1e-12 * (fabs(x) + 1.0), "n %d trial %d sum %d: AVX2 %.17g AVX-512 %.17g",
+                                  lens[li], trial, k, x, y);
+                }
     free(s), free(a), free(sq), free(aq), free(sq2), free(aq2);
 }
 END_TEST
@@ -453,7 +489,7 @@ int main(void)
     tcase_add_test(tc, threads_do_not_change_results);
     tcase_add_test(tc, prepared_equals_streamed);
     tcase_add_test(tc, vector_exp_accuracy);
-    tcase_add_test(tc, softmax_rows_avx2);
+    tcase_add_test(tc, softmax_rows_vector);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
