@@ -635,6 +635,83 @@ START_TEST(test_bad_models)
 }
 END_TEST
 
+/* Mutated models: a tiny GGUF (q8_0 weights, a vocabulary) with 1 to 4
+ * bytes changed — mostly in the header, key-values and tensor table, some
+ * anywhere — or cut short.  Each is refused with a one-line message or,
+ * where it still parses, tokenizes and evaluates (or refuses to, again with
+ * a message); under the ASan + UBSan build nothing reads out of bounds.
+ * Deterministic: a fixed xorshift stream. */
+START_TEST(test_mutated_models)
+{
+    gw_model_opts o = {"llama", 2, 4, 2, 8, 64, 400, 64, KVQ_GGML_Q8_0, 0, 0, 1, 5};
+    gguf_w w;
+    uint8_t *p, *q;
+    size_t n;
+    gw_tiny_model(&w, &o);
+    gw_serialise(&w, &p, &n);
+    gw_free(&w);
+    q = malloc(n);
+    char path[] = "/tmp/kvq-mut-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    uint64_t x = 88172645463325252ull;
+    int opened = 0, refused = 0;
+    for (int it = 0; it < 400; it++) {
+        memcpy(q, p, n);
+        size_t len = n, head = n < 4096 ? n : 4096;
+        int nm = 1 + it % 4;
+        for (int k = 0; k < nm; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            size_t at = (x >> 8) % (it % 5 == 4 ? n : head);
+            switch ((x >> 40) % 4) {
+            case 0: q[at] ^= (uint8_t)(1u << ((x >> 50) % 8)); break;
+            case 1: q[at] = 0xff; break;
+            case 2: q[at] = 0; break;
+            default: /* a length or count made absurd or small */
+                if (at + 8 <= n) {
+                    uint64_t v = (x >> 60) & 1 ? ~0ull >> ((x >> 33) % 40) : (x >> 20) % 70000;
+                    memcpy(q + at, &v, 8);
+                }
+            }
+        }
+        if (it % 9 == 8) len = (size_t)(x >> 12) % n;
+        ck_assert(gw_write_file(path, q, len) == 0);
+        kvq_model *m = NULL;
+        kvq_error err = {0};
+        if (kvq_model_open(path, NULL, &m, &err) != KVQ_OK) {
+            ck_assert_msg(err.msg[0] && !strchr(err.msg, '\n'), "mutation %d: refused without a one-line message", it);
+            refused++;
+            continue;
+        }
+        opened++;
+        const kvq_model_info *in = kvq_model_get_info(m);
+        int toks[5];
+        for (int i = 0; i < 5; i++) toks[i] = (int)((x >> (8 * i)) % (uint64_t)in->vocab_size);
+        kvq_eval_item item = {.spec = NULL, .layer = -1};
+        kvq_eval_opts eo = {.stride = 1, .nthreads = 1};
+        double nll;
+        err.msg[0] = 0;
+        if (kvq_model_eval(m, toks, 5, &item, 1, &eo, &nll, &err) != KVQ_OK)
+            ck_assert_msg(err.msg[0], "mutation %d: eval failed without a message", it);
+        if (in->has_tokenizer) {
+            int *ids = NULL;
+            size_t ni = 0;
+            err.msg[0] = 0;
+            if (kvq_model_tokenize(m, "Once upon a time", 16, &ids, &ni, &err) == KVQ_OK) ck_assert(ni >= 1);
+            else ck_assert_msg(err.msg[0], "mutation %d: tokenize failed without a message", it);
+            free(ids);
+        }
+        kvq_model_close(m);
+    }
+    printf("mutated models: %d refused, %d opened and evaluated\n", refused, opened);
+    /* both outcomes occur, so both paths were exercised */
+    ck_assert_msg(opened > 20 && refused > 20, "opened %d, refused %d", opened, refused);
+    unlink(path);
+    free(p), free(q);
+}
+END_TEST
+
 /* -------------------------------------------------- the bundled model */
 
 static const char *model_dir(void)
@@ -724,6 +801,7 @@ int main(void)
     tcase_add_test(tc, test_eval_invariants);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_bad_models);
+    tcase_add_test(tc, test_mutated_models);
     tcase_add_test(tc, test_bundled_gguf);
     tcase_add_test(tc, test_bundled_llama2c);
     suite_add_tcase(s, tc);
