@@ -220,7 +220,7 @@ static int row_k(const gear_job *j, int n) { return (int)floor(j->sp->val[G_SPAR
 /* The means of nb <= GEAR_BLOCK rows rows[b·n ..][0..n): per row the sum in
  * double, in index order (the rows side by side, so that the sums run in
  * parallel), over all n values, outliers included, as GEAR gives them. */
-#define GEAR_BLOCK 16
+#define GEAR_BLOCK KVQ_CHANNEL_BLOCK
 static void row_means(const float *rows, int nb, int n, float *mean)
 {
     double sum[GEAR_BLOCK] = {0};
@@ -255,9 +255,7 @@ static kvq_status mark_outliers(gear_job *j, int h)
         } else if (by_token) { /* V: tokens rw0.. of head h, contiguous */
             memcpy(rows, j->x + ((size_t)h * T + rw0) * D, (size_t)nb * D * sizeof *rows);
         } else { /* K: channels rw0.. over the tokens */
-            const float *x = j->x + (size_t)h * T * D + rw0;
-            for (size_t t = 0; t < (size_t)n; t++)
-                for (int b = 0; b < nb; b++) rows[(size_t)b * n + t] = x[t * D + b];
+            kvq_gather_channels(j->x + (size_t)h * T * D + rw0, D, nb, n, rows);
         }
         float mean[GEAR_BLOCK];
         row_means(rows, nb, n, mean);

@@ -105,23 +105,26 @@ static kvq_status head_rows(const float *x, float *y, int T, int D, int tensor, 
     int k = (int)floor(c->outliers * n / 2.0);
     *k_out = k;
     if (rows <= 0 || n <= 0) return KVQ_OK;
-    float *buf = malloc((size_t)n * 3 * sizeof *buf);
+    int B = tensor ? 1 : KVQ_CHANNEL_BLOCK; /* K: channels gathered a block at a time */
+    float *buf = kvq_alloc_array((size_t)n, (2 * (size_t)B + 1) * sizeof *buf);
     unsigned char *sel = malloc((size_t)n);
     if (!buf || !sel) {
         free(buf), free(sel);
         return KVQ_ERR_NOMEM;
     }
-    float *row = buf, *out = buf + n, *scratch = buf + 2 * (size_t)n;
-    for (int rw = 0; rw < rows; rw++) {
-        if (tensor) { /* V: token sink + rw, contiguous */
-            const float *xr = x + (size_t)(c->sink + rw) * D;
-            row_quantize(xr, y ? y + (size_t)(c->sink + rw) * D : NULL, n, k, cb, sel, scratch, u, nu);
-        } else { /* K: channel rw over tokens sink..T−1 */
-            for (int i = 0; i < n; i++) row[i] = x[(size_t)(c->sink + i) * D + rw];
-            row_quantize(row, y ? out : NULL, n, k, cb, sel, scratch, u, nu);
-            if (y)
-                for (int i = 0; i < n; i++) y[(size_t)(c->sink + i) * D + rw] = out[i];
+    float *row = buf, *out = buf + (size_t)B * n, *scratch = buf + 2 * (size_t)B * n;
+    for (int rw0 = 0; rw0 < rows; rw0 += B) {
+        if (tensor) { /* V: token sink + rw0, contiguous */
+            const float *xr = x + (size_t)(c->sink + rw0) * D;
+            row_quantize(xr, y ? y + (size_t)(c->sink + rw0) * D : NULL, n, k, cb, sel, scratch, u, nu);
+            continue;
         }
+        /* K: channels rw0.. over tokens sink..T−1 */
+        int nb = rows - rw0 < B ? rows - rw0 : B;
+        kvq_gather_channels(x + (size_t)c->sink * D + rw0, (size_t)D, nb, n, row);
+        for (int b = 0; b < nb; b++)
+            row_quantize(row + (size_t)b * n, y ? out + (size_t)b * n : NULL, n, k, cb, sel, scratch, u, nu);
+        if (y) kvq_scatter_channels(out, nb, n, (size_t)D, y + (size_t)c->sink * D + rw0);
     }
     free(buf), free(sel);
     return KVQ_OK;

@@ -87,6 +87,22 @@ kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_
  * mean.  O(n): scans for small k, selections otherwise.  scratch: n floats. */
 void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch);
 
+/* K's rows are channels over tokens: columns of [tokens][ld].  These copy
+ * nb <= KVQ_CHANNEL_BLOCK channels at once (x and y start at the block's
+ * first channel), so that each cache line of the tensor is touched once per
+ * block instead of once per channel: rows[b·n + t] = x[t·ld + b]. */
+#define KVQ_CHANNEL_BLOCK 16
+static inline void kvq_gather_channels(const float *x, size_t ld, int nb, int n, float *rows)
+{
+    for (size_t t = 0; t < (size_t)n; t++)
+        for (int b = 0; b < nb; b++) rows[(size_t)b * n + t] = x[t * ld + b];
+}
+static inline void kvq_scatter_channels(const float *rows, int nb, int n, size_t ld, float *y)
+{
+    for (size_t t = 0; t < (size_t)n; t++)
+        for (int b = 0; b < nb; b++) y[t * ld + b] = rows[(size_t)b * n + t];
+}
+
 /* Runs spec's plan (kvq_quantizer.plan) for one tensor of one head with
  * the helpers above; a tensor with a TOKEN_LAYER step runs whole in head 0's
  * task.  The quantize_head of every plan quantizer. */
