@@ -577,6 +577,38 @@ START_TEST(test_bad_models)
     for (int i = 0; i < w.nt; i++)
         if (!strcmp(w.t[i].name, "blk.0.attn_k.weight")) w.t[i].ne[1] = 8, w.t[i].nbytes = 32 * 8 * 4;
     expect_bad(&w, KVQ_ERR_FORMAT, "blk.0.attn_k.weight: expected [32, 16]");
+    /* a rope_freqs factor that is not positive, named with its index (the
+     * file opens; the first forward pass refuses it) */
+    o.freqs = 1;
+    gw_tiny_model(&w, &o);
+    o.freqs = 0;
+    for (int i = 0; i < w.nt; i++)
+        if (!strcmp(w.t[i].name, "rope_freqs.weight")) {
+            float bad = -2.0f;
+            memcpy(w.t[i].data + 4, &bad, 4);
+        }
+    {
+        uint8_t *pf;
+        size_t nf;
+        gw_serialise(&w, &pf, &nf);
+        gw_free(&w);
+        char path[] = "/tmp/kvq-freqs-XXXXXX";
+        int fd = mkstemp(path);
+        ck_assert(fd >= 0);
+        close(fd);
+        ck_assert(gw_write_file(path, pf, nf) == 0);
+        free(pf);
+        kvq_model *m = NULL;
+        ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        int toks[3] = {1, 2, 3};
+        kvq_eval_item item = {.spec = NULL, .layer = -1};
+        kvq_eval_opts eo = {.stride = 1, .nthreads = 1};
+        double nll;
+        ck_assert(kvq_model_eval(m, toks, 3, &item, 1, &eo, &nll, &err) == KVQ_ERR_FORMAT);
+        ck_assert_msg(strstr(err.msg, "rope_freqs.weight: factor 1 is -2"), "%s", err.msg);
+        kvq_model_close(m);
+        unlink(path);
+    }
     /* unknown ggml type, named */
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;

@@ -113,10 +113,11 @@ kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err
     kvq_wtensor_rows(&m->rope_freqs, 0, 1, f);
     for (int i = 0; i < half; i++)
         if (!(f[i] > 0) || !isfinite(f[i])) {
+            kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is %g: expected a positive number",
+                     m->path, i, (double)f[i]);
             kvq_rope_free(r);
             free(f);
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is %g: expected a positive number",
-                            m->path, i, (double)f[i]);
+            return KVQ_ERR_FORMAT;
         }
     /* llama.cpp divides each pair's angle by its factor */
     for (int t = 0; t < T; t++)
