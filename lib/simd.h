@@ -10,7 +10,16 @@ int kvq_simd_active(void);
 /* 1 if the AVX2 + FMA paths may run (loops compiled a second time with a
  * target attribute, and simd_avx2.c): CPU support and not disabled. */
 int kvq_simd_avx2_active(void);
-/* Tests: 0 forces the portable paths, 1 re-enables SIMD where supported. */
+/* The highest SIMD level the paths may use: none (the portable paths),
+ * AVX2 (+ FMA where a kernel asks for it) or AVX-512 (all the CPU has, the
+ * default).  KVQ_SIMD=none|avx2|avx512 in the environment sets it (read at
+ * first use; anything else: the default), so that a run can be timed or
+ * checked at a lower level; kvq_simd_cap overrides it (-1: back to the
+ * environment's). */
+enum { KVQ_SIMD_NONE = 0, KVQ_SIMD_AVX2 = 1, KVQ_SIMD_AVX512 = 2 };
+void kvq_simd_cap(int level);
+/* Tests: 0 forces the portable paths, 1 goes back to the environment's
+ * level (kvq_simd_cap(KVQ_SIMD_NONE) and kvq_simd_cap(-1)). */
 void kvq_simd_force(int on);
 
 /* U per token: nrows rows of D, groups of G consecutive channels.  recon
@@ -22,6 +31,10 @@ kvq_status kvq_u_rows_avx512(const float *x, float *y, size_t nrows, size_t D, s
 /* U per channel over a block of n rows of D channels; recon and stores as above. */
 kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, int bits, int fp16,
                                  kvq_recon_acc *recon);
+/* AVX2 U per token, as kvq_u_rows_avx512 without the fused error (the
+ * caller adds it): groups of G consecutive channels, G a multiple of 8
+ * (KVQ_ERR_UNSUPPORTED otherwise: the caller runs the reference). */
+kvq_status kvq_u_rows_avx2(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16);
 /* Reconstruction sums (as kvq_recon_accumulate). */
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n);
 

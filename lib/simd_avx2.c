@@ -209,9 +209,61 @@ AVX2 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, 
     *kl += hsum4(vk);
 }
 
+/* ------------------------------------------------------ U per token */
+
+AVX2 static inline float hmin8(__m256 v)
+{
+    __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_min_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* U on one group of G values (G a multiple of 8), as kvq_group_quantize_ref:
+ * min and max (the order does not change them), s = (max − min)/L and z = min
+ * rounded to the scale precision, then q = rne(clamp((x − z)/s, 0, L)) and
+ * x' = q·s + z — a multiply and an add, no FMA, as the reference. */
+AVX2 static inline kvq_status u_group8(const float *g, float *o, size_t G, float L, int fp16)
+{
+    __m256 vmn = _mm256_loadu_ps(g), vmx = vmn;
+    for (size_t i = 8; i < G; i += 8) {
+        __m256 v = _mm256_loadu_ps(g + i);
+        vmn = _mm256_min_ps(vmn, v), vmx = _mm256_max_ps(vmx, v);
+    }
+    float mn = hmin8(vmn), mx = hmax8(vmx);
+    float s = (mx - mn) / L, z = mn;
+    if (fp16) s = kvq_round_f16(s), z = kvq_round_f16(z);
+    if (!isfinite(s) || !isfinite(z)) return KVQ_ERR_NUMERIC;
+    if (s == 0.0f) { /* a constant group: x' = z */
+        for (size_t i = 0; i < G; i += 8) _mm256_storeu_ps(o + i, _mm256_set1_ps(z));
+        return KVQ_OK;
+    }
+    const __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z), vl = _mm256_set1_ps(L), zero = _mm256_setzero_ps();
+    for (size_t i = 0; i < G; i += 8) {
+        __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(g + i), vz), vs);
+        v = _mm256_min_ps(_mm256_max_ps(v, zero), vl);
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(v, vs), vz));
+    }
+    return KVQ_OK;
+}
+
+AVX2 kvq_status kvq_u_rows_avx2(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16)
+{
+    if (G % 8 != 0 || D % G != 0) return KVQ_ERR_UNSUPPORTED;
+    const float L = (float)((1u << bits) - 1u);
+    for (size_t k = 0, ngroups = nrows * (D / G); k < ngroups; k++) {
+        kvq_status st = u_group8(x + k * G, y + k * G, G, L, fp16);
+        if (st) return st;
+    }
+    return KVQ_OK;
+}
+
 #else /* not x86-64 GCC/Clang: never selected (kvq_simd_avx2_active is 0) */
 
 void kvq_exp_avx2(const float *x, float *y, size_t n) { (void)x, (void)y, (void)n; }
+kvq_status kvq_u_rows_avx2(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16)
+{ (void)x, (void)y, (void)nrows, (void)D, (void)G, (void)bits, (void)fp16; return KVQ_ERR_UNSUPPORTED; }
 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
                       double *sum_out, int *argmax_out)
 { (void)s, (void)a, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m_out, (void)sum_out, (void)argmax_out; }

@@ -15,37 +15,52 @@
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,f16c,avx2,avx")))
 
-static int simd_enabled = -1; /* -1: not yet probed */
+#include <stdlib.h>
+#include <string.h>
+
+static int cpu_avx512 = -1, cpu_avx2 = -1; /* -1: not yet probed */
+static int env_cap = -1;                    /* -1: KVQ_SIMD not yet read */
+static int simd_cap = -1;                   /* set by kvq_simd_cap; -1: the environment's */
+
+static int cap_level(void)
+{
+    int c = __atomic_load_n(&simd_cap, __ATOMIC_RELAXED);
+    if (c >= 0) return c;
+    c = __atomic_load_n(&env_cap, __ATOMIC_RELAXED);
+    if (c < 0) {
+        const char *e = getenv("KVQ_SIMD");
+        c = !e ? KVQ_SIMD_AVX512 : !strcmp(e, "none") ? KVQ_SIMD_NONE : !strcmp(e, "avx2") ? KVQ_SIMD_AVX2 : KVQ_SIMD_AVX512;
+        __atomic_store_n(&env_cap, c, __ATOMIC_RELAXED);
+    }
+    return c;
+}
 
 int kvq_simd_active(void)
 {
-    if (simd_enabled < 0) {
+    int cpu = __atomic_load_n(&cpu_avx512, __ATOMIC_RELAXED);
+    if (cpu < 0) {
         __builtin_cpu_init();
-        simd_enabled = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
+        cpu = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("f16c");
+        __atomic_store_n(&cpu_avx512, cpu, __ATOMIC_RELAXED);
     }
-    return simd_enabled;
+    return cpu && cap_level() >= KVQ_SIMD_AVX512;
 }
-
-static int simd_forced_off = 0;
 
 int kvq_simd_avx2_active(void)
 {
-    static int avx2 = -1;
-    if (avx2 < 0) {
+    int cpu = __atomic_load_n(&cpu_avx2, __ATOMIC_RELAXED);
+    if (cpu < 0) {
         __builtin_cpu_init();
-        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        __atomic_store_n(&cpu_avx2, cpu, __ATOMIC_RELAXED);
     }
-    return avx2 && !simd_forced_off;
+    return cpu && cap_level() >= KVQ_SIMD_AVX2;
 }
 
-void kvq_simd_force(int on)
-{
-    simd_forced_off = !on;
-    simd_enabled = -1;
-    if (on && kvq_simd_active()) return;
-    simd_enabled = 0;
-}
+void kvq_simd_cap(int level) { __atomic_store_n(&simd_cap, level, __ATOMIC_RELAXED); }
+
+void kvq_simd_force(int on) { kvq_simd_cap(on ? -1 : KVQ_SIMD_NONE); }
 
 /* Round to fp16 precision and back (F16C; round half to even like kvq_f32_to_f16). */
 AVX512 static inline __m512 round_f16_512(__m512 v)
@@ -478,6 +493,7 @@ AVX512 void kvq_softmax_compare_avx512(const float *s, const float *a, float *sq
 
 int kvq_simd_active(void) { return 0; }
 int kvq_simd_avx2_active(void) { return 0; }
+void kvq_simd_cap(int level) { (void)level; }
 void kvq_simd_force(int on) { (void)on; }
 kvq_status kvq_u_rows_avx512(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16,
                              kvq_recon_acc *recon)

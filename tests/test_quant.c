@@ -100,11 +100,13 @@ START_TEST(channels_path_equals_reference)
 }
 END_TEST
 
-/* The per-token head path (AVX-512 where the CPU has it) equals U applied
- * group by group; and the forced portable path gives the same values. */
-START_TEST(per_token_path_equals_reference)
+/* The per-token head path at SIMD level `cap` equals U applied group by
+ * group; and the forced portable path gives the same values. */
+static void per_token_shapes(int cap)
 {
-    const int shapes[][3] = {{3, 8, 8}, {5, 128, 32}, {4, 40, 7}, {2, 100, 33}, {3, 17, 17}, {2, 300, 64}};
+    const int shapes[][3] = {{3, 8, 8}, {5, 128, 32}, {4, 40, 7}, {2, 100, 33}, {3, 17, 17}, {2, 300, 64},
+                             {3, 48, 24}, {2, 64, 8}};
+    kvq_simd_cap(cap);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int T = shapes[s][0], D = shapes[s][1], G = shapes[s][2];
         size_t N = (size_t)T * D;
@@ -130,7 +132,7 @@ START_TEST(per_token_path_equals_reference)
                 kvq_simd_force(0);
                 kvq_quant_head_per_token(x, c, T, D, 0, T, bits, G, prec, &bits_c, NULL);
                 kvq_group_quantize_channels(x, c, (size_t)T, (size_t)D, bits, prec); /* portable channels */
-                kvq_simd_force(1);
+                kvq_simd_cap(cap);
                 float *d = aligned_alloc(64, lines);
                 double bits_d;
                 kvq_recon_acc fused_c = {0}, ref_c = {0};
@@ -149,7 +151,21 @@ START_TEST(per_token_path_equals_reference)
             }
         free(x), free(a), free(b), free(c);
     }
-    printf("per-token/per-channel optimised paths checked (%s)\n", kvq_simd_active() ? "AVX-512 active" : "portable only: no AVX-512 here");
+}
+
+/* ... at each SIMD level the CPU has (AVX-512, AVX2). */
+START_TEST(per_token_path_equals_reference)
+{
+    int levels = 0;
+    for (int cap = KVQ_SIMD_AVX512; cap >= KVQ_SIMD_AVX2; cap--) {
+        kvq_simd_cap(cap);
+        if (cap == KVQ_SIMD_AVX512 ? !kvq_simd_active() : !kvq_simd_avx2_active()) continue;
+        levels |= 1 << cap;
+        per_token_shapes(cap);
+    }
+    kvq_simd_cap(-1);
+    printf("per-token/per-channel optimised paths checked:%s%s%s\n", levels & (1 << KVQ_SIMD_AVX512) ? " AVX-512" : "",
+           levels & (1 << KVQ_SIMD_AVX2) ? " AVX2" : "", levels ? "" : " none here (portable only)");
 }
 END_TEST
 

@@ -77,30 +77,11 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
 
 /* Optimised per-channel U over a block of n token rows of D channels.
  * Pass 1 keeps running min/max per channel row by row (contiguous, vector
- * min/max); pass 2 quantizes row by row with per-channel s, z. */
-static kvq_status channels_portable(const float *restrict x, float *restrict y, size_t n, size_t D,
-                                    int bits, kvq_scale_prec prec);
-
-/* U per channel on a block, plus its error sums into recon (unless NULL):
- * from registers in the AVX-512 kernel, else a pass while the block is in cache. */
-static kvq_status channels_block(const float *x, float *y, size_t n, size_t D, int bits, kvq_scale_prec prec,
-                                 kvq_recon_acc *recon)
-{
-    if (n == 0) return KVQ_OK;
-    if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16, recon);
-    kvq_status st = channels_portable(x, y, n, D, bits, prec);
-    if (!st && recon) kvq_recon_accumulate(recon, x, y, n * D);
-    return st;
-}
-
-kvq_status kvq_group_quantize_channels(const float *restrict x, float *restrict y, size_t n,
-                                       size_t D, int bits, kvq_scale_prec prec)
-{
-    return channels_block(x, y, n, D, bits, prec, NULL);
-}
-
-static kvq_status channels_portable(const float *restrict x, float *restrict y, size_t n, size_t D,
-                                    int bits, kvq_scale_prec prec)
+ * min/max); pass 2 quantizes row by row with per-channel s, z.  Compiled
+ * plain and again for AVX2 (no FMA: the reference's multiply and add),
+ * picked at run time. */
+static inline __attribute__((always_inline)) kvq_status
+channels_body(const float *restrict x, float *restrict y, size_t n, size_t D, int bits, kvq_scale_prec prec)
 {
     enum { CHUNK = 256 };
     const float L = (float)((1u << bits) - 1u);
@@ -147,6 +128,44 @@ static kvq_status channels_portable(const float *restrict x, float *restrict y, 
     return KVQ_OK;
 }
 
+static kvq_status channels_plain(const float *restrict x, float *restrict y, size_t n, size_t D, int bits,
+                                 kvq_scale_prec prec)
+{
+    return channels_body(x, y, n, D, bits, prec);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CHANNELS_AVX2 1
+__attribute__((target("avx2"))) static kvq_status channels_avx2(const float *restrict x, float *restrict y,
+                                                                size_t n, size_t D, int bits, kvq_scale_prec prec)
+{
+    return channels_body(x, y, n, D, bits, prec);
+}
+#endif
+
+/* U per channel on a block, plus its error sums into recon (unless NULL):
+ * from registers in the AVX-512 kernel, else a pass while the block is in
+ * cache after the AVX2 or plain loop. */
+static kvq_status channels_block(const float *x, float *y, size_t n, size_t D, int bits, kvq_scale_prec prec,
+                                 kvq_recon_acc *recon)
+{
+    if (n == 0) return KVQ_OK;
+    if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16, recon);
+#ifdef CHANNELS_AVX2
+    kvq_status st = kvq_simd_avx2_active() ? channels_avx2(x, y, n, D, bits, prec) : channels_plain(x, y, n, D, bits, prec);
+#else
+    kvq_status st = channels_plain(x, y, n, D, bits, prec);
+#endif
+    if (!st && recon) kvq_recon_accumulate(recon, x, y, n * D);
+    return st;
+}
+
+kvq_status kvq_group_quantize_channels(const float *restrict x, float *restrict y, size_t n,
+                                       size_t D, int bits, kvq_scale_prec prec)
+{
+    return channels_block(x, y, n, D, bits, prec, NULL);
+}
+
 /* ------------------------------------------------ U and A along the axes */
 
 /* U on one contiguous group: the reference body with stride 1, inlined so
@@ -158,19 +177,23 @@ static inline kvq_status group_contig(const float *x, float *y, size_t n, int bi
 }
 
 /* U on nrows rows of W values, groups of G consecutive values per row: the
- * AVX-512 kernel where active, else the reference group by group; the error
- * sums into recon (unless NULL) as in channels_block. */
+ * AVX-512 kernel where active, else the AVX2 one (groups of whole vectors),
+ * else the reference group by group; the error sums into recon (unless
+ * NULL) as in channels_block. */
 static kvq_status group_rows(const float *x, float *y, size_t nrows, size_t W, size_t G, int bits,
                              kvq_scale_prec prec, kvq_recon_acc *recon)
 {
     if (kvq_simd_active()) return kvq_u_rows_avx512(x, y, nrows, W, G, bits, prec == KVQ_SCALE_FP16, recon);
-    for (size_t r = 0; r < nrows; r++)
-        for (size_t c0 = 0; c0 < W; c0 += G) {
-            kvq_status st = group_contig(x + r * W + c0, y + r * W + c0, W - c0 < G ? W - c0 : G, bits, prec);
-            if (st) return st;
-        }
-    if (recon) kvq_recon_accumulate(recon, x, y, nrows * W);
-    return KVQ_OK;
+    kvq_status st = kvq_simd_avx2_active() ? kvq_u_rows_avx2(x, y, nrows, W, G, bits, prec == KVQ_SCALE_FP16)
+                                           : KVQ_ERR_UNSUPPORTED;
+    if (st == KVQ_ERR_UNSUPPORTED) { /* the reference, group by group */
+        st = KVQ_OK;
+        for (size_t r = 0; r < nrows && !st; r++)
+            for (size_t c0 = 0; c0 < W && !st; c0 += G)
+                st = group_contig(x + r * W + c0, y + r * W + c0, W - c0 < G ? W - c0 : G, bits, prec);
+    }
+    if (!st && recon) kvq_recon_accumulate(recon, x, y, nrows * W);
+    return st;
 }
 
 /* Rows per block of the fused error: 32 rows of up to 128 channels, x and
