@@ -1,9 +1,10 @@
 /* simd_avx2.c — AVX2 + FMA versions of the attention metrics' row loops
- * (exp, softmax, one row's comparison sums) for CPUs without AVX-512: the
- * same arithmetic as simd_avx512.c (Cephes exp with the same constants and
- * FMAs, so the same values; division as the reference), 8 lanes instead of
- * 16.  Selected at run time (kvq_simd_avx2_active); tests/test_metrics.c
- * checks them against expf and the plain C reference. */
+ * (exp, softmax, one row's comparison sums) and of U per token, for CPUs
+ * without AVX-512: the same arithmetic as simd_avx512.c (Cephes exp with the
+ * same constants and FMAs, so the same values; division as the reference;
+ * no FMA in U), 8 lanes instead of 16.  Selected at run time
+ * (kvq_simd_avx2_active); tests/test_metrics.c checks the rows against expf
+ * and the plain C reference, tests/test_quant.c U against the reference. */
 #include "simd.h"
 
 #include <math.h>

@@ -1,22 +1,24 @@
-/* simd_avx512.c — AVX-512 versions of the hot loops: U per token (groups of
- * G contiguous channels), U per channel (blocks of tokens), and the
- * reconstruction-error sums.  Same arithmetic as the references in
- * quant/uniform.c and metrics.c, in the same order per element (divide by s,
- * clamp, round half to even, q·s + z; no FMA in U), selected at run time
- * when the CPU has AVX-512F and F16C; tests/test_simd.c checks them against
- * the references.  The only place with ISA intrinsics besides fp16.c. */
+/* simd_avx512.c — the SIMD level probe (CPU support, capped by KVQ_SIMD or
+ * kvq_simd_cap) and the AVX-512 versions of the hot loops: U per token
+ * (groups of G contiguous channels), U per channel (blocks of tokens), the
+ * reconstruction-error sums, exp, softmax and the attention rows' comparison.
+ * Same arithmetic as the references in quant/uniform.c, metrics.c and
+ * attention.c, in the same order per element (divide by s, clamp, round half
+ * to even, q·s + z; no FMA in U), selected at run time when the CPU has
+ * AVX-512F and F16C; tests/test_quant.c and test_metrics.c check them against
+ * the references.  With simd_avx2.c and fp16.c, the only places with ISA
+ * intrinsics. */
 #include "simd.h"
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,f16c,avx2,avx")))
-
-#include <stdlib.h>
-#include <string.h>
 
 static int cpu_avx512 = -1, cpu_avx2 = -1; /* -1: not yet probed */
 static int env_cap = -1;                    /* -1: KVQ_SIMD not yet read */
