@@ -277,6 +277,18 @@ static inline void put_half(uint8_t *p, float v)
     p[0] = (uint8_t)(h & 0xFF), p[1] = (uint8_t)(h >> 8);
 }
 
+/* roundf (half away from zero) without the library call, for the block
+ * loops: below 2^23 the truncation t and v − t are exact, so t moves away
+ * from zero exactly when |v − t| >= 0.5; larger values are integers already
+ * and inf or nan keep roundf's answer. */
+static inline float round_away(float v)
+{
+    if (!(fabsf(v) < 8388608.0f)) return roundf(v);
+    float t = (float)(int32_t)v, d = v - t;
+    t += (d >= 0.5f) - (d <= -0.5f);
+    return copysignf(t, v);
+}
+
 /* quantize_row_q8_0_ref, one block */
 static void q_q8_0(const float *x, uint8_t *b)
 {
@@ -288,7 +300,7 @@ static void q_q8_0(const float *x, uint8_t *b)
     const float d = amax / ((1 << 7) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     put_half(b, d);
-    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)round_away(x[j] * id);
 }
 
 /* quantize_row_q4_0_ref / q5_0_ref: d = max / −2^(bits−1), the signed value of largest magnitude */
