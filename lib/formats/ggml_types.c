@@ -359,18 +359,19 @@ static void q_q4_1_q5_1(const float *x, uint8_t *b, int five)
     if (five) b[4] = (uint8_t)qh, b[5] = (uint8_t)(qh >> 8), b[6] = (uint8_t)(qh >> 16), b[7] = (uint8_t)(qh >> 24);
 }
 
-/* ggml's best_index_int8: the level nearest to x (ties to the upper one) */
-static int best_index_int8(int n, const int8_t *val, float x)
+/* ggml's best_index_int8(16, kvalues_iq4nl, x): the level nearest to x,
+ * ties to the upper one, with ggml's float arithmetic for the last step.
+ * Branch-free instead of ggml's binary search: mu = 1 + the levels 1..14 at
+ * or below x, so that x lies in [level mu−1, level mu); then the nearer of
+ * the two.  Equal to the binary search on all 2^32 float bit patterns
+ * (checked exhaustively once, nan included). */
+static inline int best_index_iq4nl(float x)
 {
-    if (x <= val[0]) return 0;
-    if (x >= val[n - 1]) return n - 1;
-    int ml = 0, mu = n - 1;
-    while (mu - ml > 1) {
-        int mav = (ml + mu) / 2;
-        if (x < val[mav]) mu = mav;
-        else ml = mav;
-    }
-    return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+    int mu = 1;
+    for (int k = 1; k < 15; k++) mu += x >= (float)kvalues_iq4nl[k];
+    int r = x - (float)kvalues_iq4nl[mu - 1] < (float)kvalues_iq4nl[mu] - x ? mu - 1 : mu;
+    r = x <= (float)kvalues_iq4nl[0] ? 0 : r;
+    return x >= (float)kvalues_iq4nl[15] || x != x ? 15 : r;
 }
 
 /* quantize_row_iq4_nl_ref, one block: quantize_row_iq4_nl_impl with
@@ -395,7 +396,7 @@ static void q_iq4_nl(const float *x, uint8_t *b)
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < 32; j++) {
             float al = id * x[j];
-            int l = best_index_int8(16, kvalues_iq4nl, al);
+            int l = best_index_iq4nl(al);
             L[j] = (uint8_t)l;
             float q = kvalues_iq4nl[l];
             float w = weight[j];
