@@ -437,6 +437,29 @@ START_TEST(ggml_hand_blocks)
     for (int j = 0; j < 32; j++) x[j] = (float)lv[(j * 7) % 16] / 64.0f;
     ggml_round_trip(KVQ_GGML_IQ4_NL, x, y, 32);
     for (int j = 0; j < 32; j++) ck_assert_msg(y[j] == x[j], "iq4_nl [%d] %a vs %a", j, y[j], x[j]);
+    /* iq4_nl's level choice (ggml's best_index_int8) on each midpoint (a
+     * tie: the upper level) and just below it (the lower), and on both end
+     * levels: with x[0] = -127/64 the largest, d0 = 1/64 and the scaled
+     * values are x·64 exactly */
+    {
+        float al[32];
+        int want[32], m = 0;
+        al[m] = -127.0f, want[m++] = 0;
+        for (int k = 0; k + 1 < 16 && m + 2 <= 32; k++) {
+            float mid = 0.5f * (float)(lv[k] + lv[k + 1]); /* a half-integer or an integer: exact */
+            al[m] = mid, want[m++] = k + 1;
+            al[m] = nextafterf(mid, -1e9f), want[m++] = k;
+        }
+        ck_assert(m == 31);
+        al[31] = 113.0f, want[31] = 15;
+        for (int j = 0; j < 32; j++) x[j] = al[j] / 64.0f;
+        uint8_t blk[18];
+        ck_assert(kvq_ggml_quantize_ref(KVQ_GGML_IQ4_NL, x, blk, 32));
+        for (int j = 0; j < 32; j++) {
+            int idx = j < 16 ? blk[2 + j] & 0x0F : blk[2 + j - 16] >> 4;
+            ck_assert_msg(idx == want[j], "iq4_nl level of %g: %d, expected %d", (double)al[j], idx, want[j]);
+        }
+    }
     /* f16 and bf16: round to nearest even */
     x[0] = 1.0f + 0x1p-11f, x[1] = 1.0f + 0x3p-11f, x[2] = 1.0f + 0x1p-8f, x[3] = 1.0f + 0x3p-8f;
     ggml_round_trip(KVQ_GGML_F16, x, y, 2);
