@@ -415,6 +415,17 @@ START_TEST(ggml_hand_blocks)
     ggml_round_trip(KVQ_GGML_Q8_0, x, y, 32);
     ck_assert(y[0] == 127 * 7.875f);
     for (int j = 1; j < 32; j++) ck_assert(y[j] == 0.0f);
+    /* q8_0 rounds half away from zero (roundf), not to even: with 127 the
+     * largest, d = 1 and the values are their own codes */
+    {
+        const float in[] = {127.0f, 0.5f, -0.5f, 1.5f, 2.5f, -2.5f, 0x1.fffffep-2f, -0x1.fffffep-2f, 126.5f, -126.5f};
+        const float out[] = {127.0f, 1.0f, -1.0f, 2.0f, 3.0f, -3.0f, 0.0f, 0.0f, 127.0f, -127.0f};
+        memset(x, 0, sizeof x);
+        memcpy(x, in, sizeof in);
+        ggml_round_trip(KVQ_GGML_Q8_0, x, y, 32);
+        for (size_t j = 0; j < sizeof in / sizeof in[0]; j++)
+            ck_assert_msg(y[j] == out[j], "q8_0 %a -> %g, expected %g", (double)in[j], (double)y[j], (double)out[j]);
+    }
     /* q4_0, negative only: max = -32, d = -32/-8 = 4; trunc(x/4 + 8.5) - 8 steps of 4 */
     for (int j = 0; j < 32; j++) x[j] = -(float)(j + 1);
     ggml_round_trip(KVQ_GGML_Q4_0, x, y, 32);
