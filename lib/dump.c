@@ -24,6 +24,8 @@ struct kvq_dump {
     char *path;
     hid_t file;
     kvq_dump_info info;
+    uint16_t *stage; /* float16 values on their way to float32, kept between reads */
+    size_t stage_n;
 };
 
 struct kvq_dump_writer {
@@ -316,15 +318,28 @@ static size_t first_nonfinite(const float *x, size_t n)
     return n;
 }
 
-static kvq_status read_floats(const char *path, hid_t file, const char *obj, float *dst,
-                              const int shape[3], const int *rows, size_t nrows, kvq_error *err)
+/* d->stage with room for n halves (grown, never shrunk: the next layer's
+ * read reuses it without fresh pages). */
+static uint16_t *stage_room(kvq_dump *d, size_t n)
 {
+    if (n > d->stage_n) {
+        free(d->stage);
+        d->stage_n = 0;
+        if (!(d->stage = kvq_alloc_array(n, sizeof *d->stage))) return NULL;
+        d->stage_n = n;
+    }
+    return d->stage;
+}
+
+static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
+                              size_t nrows, kvq_error *err)
+{
+    const char *path = d->path;
     char det[256];
     kvq_status st = KVQ_OK;
     hid_t ds = -1, t = -1, fspace = H5S_ALL, mspace = H5S_ALL;
-    uint16_t *half = NULL;
     size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
-    if ((ds = H5Dopen2(file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
+    if ((ds = H5Dopen2(d->file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
         st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, h5_detail(det, sizeof det));
         goto out;
     }
@@ -346,16 +361,29 @@ static kvq_status read_floats(const char *path, hid_t file, const char *obj, flo
     kvq_dtype dt;
     if ((st = float_kind(path, obj, t, &dt, err))) goto out;
     if (dt == KVQ_F16) {
-        half = kvq_alloc_array(n, sizeof *half);
-        if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, n); goto out; }
-        /* memory type = file type: HDF5 copies the bytes, no conversion */
-        if (H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
-            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+        /* memory type = file type: HDF5 copies the bytes, no conversion.  A
+         * whole tensor [A][B][C] comes one [B][C] slab at a time through a
+         * stage of that size, so that no second copy of the tensor is
+         * allocated; a row selection (small) comes whole. */
+        size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / (slabs ? slabs : 1);
+        uint16_t *half = stage_room(d, per ? per : 1);
+        if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per); goto out; }
+        hsize_t sdims[3] = {1, (hsize_t)mid, (hsize_t)shape[2]};
+        if (slabs > 1 && ((fspace = H5Dget_space(ds)) < 0 || (mspace = H5Screate_simple(3, sdims, NULL)) < 0)) {
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select a slab: %s", path, obj, h5_detail(det, sizeof det));
             goto out;
         }
-        if (H5Tget_order(t) == H5T_ORDER_BE)
-            for (size_t i = 0; i < n; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
-        kvq_f16_to_f32_array(half, dst, n);
+        for (size_t a = 0; a < slabs; a++) {
+            hsize_t start[3] = {a, 0, 0};
+            if ((slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
+                H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
+                st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+                goto out;
+            }
+            if (H5Tget_order(t) == H5T_ORDER_BE)
+                for (size_t i = 0; i < per; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
+            kvq_f16_to_f32_array(half, dst + a * per, per);
+        }
     } else if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst) < 0) {
         st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
         goto out;
@@ -370,7 +398,6 @@ static kvq_status read_floats(const char *path, hid_t file, const char *obj, flo
                       rows ? (size_t)rows[b] : b, c);
     }
 out:
-    free(half);
     if (fspace != H5S_ALL) h5_close_id(fspace);
     if (mspace != H5S_ALL) h5_close_id(mspace);
     h5_close_id(t);
@@ -529,6 +556,7 @@ void kvq_dump_close(kvq_dump *d)
     if (d->file >= 0) H5Fclose(d->file);
     H5Eclear2(H5E_DEFAULT);
     free(d->path);
+    free(d->stage);
     free(d);
 }
 
@@ -581,7 +609,7 @@ static kvq_status read_into(kvq_dump *d, int layer, kvq_layer *out, kvq_error *e
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (!items[i].dst) continue;
         snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
-        kvq_status st = read_floats(d->path, d->file, obj, items[i].dst, items[i].shape, NULL, 0, err);
+        kvq_status st = read_floats(d, obj, items[i].dst, items[i].shape, NULL, 0, err);
         if (st) {
             kvq_layer_free(out);
             return st;
@@ -655,7 +683,7 @@ kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size
     int shape[3] = {in->num_heads, in->seq_len, in->head_dim};
     char obj[64];
     snprintf(obj, sizeof obj, "/layer_%03d/query", layer);
-    kvq_status st = read_floats(d->path, d->file, obj, *out, shape, pos, npos, err);
+    kvq_status st = read_floats(d, obj, *out, shape, pos, npos, err);
     if (st) free(*out), *out = NULL;
     return st;
 }
@@ -685,8 +713,8 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     } else {
         int shape[3] = {1, T, half};
         h5_quiet();
-        if (!(st = read_floats(d->path, d->file, "/rope_cos", c, shape, NULL, 0, err)) &&
-            !(st = read_floats(d->path, d->file, "/rope_sin", s, shape, NULL, 0, err)))
+        if (!(st = read_floats(d, "/rope_cos", c, shape, NULL, 0, err)) &&
+            !(st = read_floats(d, "/rope_sin", s, shape, NULL, 0, err)))
             for (size_t i = 0; i < n; i++) out->cos[i] = c[i], out->sin[i] = s[i];
     }
     free(c), free(s);

@@ -4,6 +4,9 @@
 
 #include <errno.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -535,4 +538,14 @@ kvq_format cli_pick_format(const char *format, const char *output)
     if (format) return !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
     if (output) return ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
     return isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+}
+
+void cli_tune_malloc(void)
+{
+#ifdef __GLIBC__
+    /* explicit values also switch off glibc's dynamic threshold, whose
+     * result depended on which large block happened to be freed first */
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* the most glibc allows on 64-bit */
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+#endif
 }

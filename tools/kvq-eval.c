@@ -78,6 +78,7 @@ static int add_spec(kvq_spec **specs, int *n, const char *text)
 
 int main(int argc, char **argv)
 {
+    cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},

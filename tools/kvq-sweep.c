@@ -508,6 +508,7 @@ done:
 
 int main(int argc, char **argv)
 {
+    cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
         {"fixed", required_argument, 0, 'f'}, {"output", required_argument, 0, 'o'},
