@@ -365,7 +365,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
          * whole tensor [A][B][C] comes one [B][C] slab at a time through a
          * stage of that size, so that no second copy of the tensor is
          * allocated; a row selection (small) comes whole. */
-        size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / (slabs ? slabs : 1);
+        size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / slabs;
         uint16_t *half = stage_room(d, per ? per : 1);
         if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per); goto out; }
         hsize_t sdims[3] = {1, (hsize_t)mid, (hsize_t)shape[2]};
