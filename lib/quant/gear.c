@@ -159,13 +159,17 @@ static void top_k_scan(const float *row, int n, int k, int largest, const unsign
     }
 }
 
-/* The row mean GEAR gives the outliers in the backbone's copy: the sum in
- * double, in index order, over all n values (outliers included). */
-static float row_mean(const float *row, int n)
+/* The means GEAR gives the outliers in the backbone's copy, of nb <=
+ * GEAR_BLOCK rows rows[b·n ..][0..n): per row the sum in double, in index
+ * order (the rows side by side, so that the sums run in parallel), over all
+ * n values, outliers included. */
+#define GEAR_BLOCK KVQ_CHANNEL_BLOCK
+static void row_means(const float *rows, int nb, int n, float *mean)
 {
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += row[i];
-    return (float)(sum / n);
+    double sum[GEAR_BLOCK] = {0};
+    for (int e = 0; e < n; e++)
+        for (int b = 0; b < nb; b++) sum[b] += rows[(size_t)b * n + e];
+    for (int b = 0; b < nb; b++) mean[b] = (float)(sum[b] / n);
 }
 
 /* Row row[0..n): marks the k largest values, then the k smallest of the
@@ -187,7 +191,8 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
         mark_extreme(row, n, k, 0, sel, scratch);
     }
     if (!work) return; /* only the selection (kvquant keeps outliers without replacement) */
-    float mean = row_mean(row, n);
+    float mean;
+    row_means(row, 1, n, &mean);
     for (int i = 0; i < n; i++)
         if (sel[i]) work[i] = mean;
 }
@@ -216,18 +221,6 @@ static int row_len(const gear_job *j, int layer_rows)
     return layer_rows ? j->H * j->D : j->tensor == 1 ? j->D : j->T;
 }
 static int row_k(const gear_job *j, int n) { return (int)floor(j->sp->val[G_SPARSITY] * n / 2.0); }
-
-/* The means of nb <= GEAR_BLOCK rows rows[b·n ..][0..n): per row the sum in
- * double, in index order (the rows side by side, so that the sums run in
- * parallel), over all n values, outliers included, as GEAR gives them. */
-#define GEAR_BLOCK KVQ_CHANNEL_BLOCK
-static void row_means(const float *rows, int nb, int n, float *mean)
-{
-    double sum[GEAR_BLOCK] = {0};
-    for (int e = 0; e < n; e++)
-        for (int b = 0; b < nb; b++) sum[b] += rows[(size_t)b * n + e];
-    for (int b = 0; b < nb; b++) mean[b] = (float)(sum[b] / n);
-}
 
 /* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer),
  * into j->w (already a copy of j->x) and the outlier lists: only the
