@@ -23,34 +23,39 @@ void kvq_recon_accumulate_ref(kvq_recon_acc *acc, const float *x, const float *x
 
 /* Optimised: the same sums with the additions reassociated into SIMD lanes
  * (a fixed order for a given build and CPU, so results do not depend on
- * threads).  The loop is compiled plain and again for AVX2 (4 doubles a
- * lane group), picked at run time. */
-#define RECON_LOOP(suffix, attr)                                                                   \
-    attr static void recon_##suffix(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq, \
-                                    size_t n)                                                      \
-    {                                                                                              \
-        double sx2 = 0, se2 = 0, sae = 0;                                                          \
-        float mx = 0.0f;                                                                           \
-        _Pragma("omp simd reduction(+ : sx2, se2, sae) reduction(max : mx)")                       \
-        for (size_t i = 0; i < n; i++) {                                                           \
-            float e = x[i] - xq[i];                                                                \
-            float ae = fabsf(e);                                                                   \
-            sx2 += (double)x[i] * (double)x[i];                                                    \
-            se2 += (double)e * (double)e;                                                          \
-            sae += (double)ae;                                                                     \
-            mx = ae > mx ? ae : mx;                                                                \
-        }                                                                                          \
-        acc->sum_x2 += sx2;                                                                        \
-        acc->sum_e2 += se2;                                                                        \
-        acc->sum_abs_e += sae;                                                                     \
-        if ((double)mx > acc->max_abs) acc->max_abs = mx;                                          \
-        acc->n += (double)n;                                                                       \
+ * threads).  Compiled plain and again for AVX2 (4 doubles a lane group),
+ * picked at run time. */
+KVQ_BODY void recon_body(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq, size_t n)
+{
+    double sx2 = 0, se2 = 0, sae = 0;
+    float mx = 0.0f;
+#pragma omp simd reduction(+ : sx2, se2, sae) reduction(max : mx)
+    for (size_t i = 0; i < n; i++) {
+        float e = x[i] - xq[i];
+        float ae = fabsf(e);
+        sx2 += (double)x[i] * (double)x[i];
+        se2 += (double)e * (double)e;
+        sae += (double)ae;
+        mx = ae > mx ? ae : mx;
     }
+    acc->sum_x2 += sx2;
+    acc->sum_e2 += se2;
+    acc->sum_abs_e += sae;
+    if ((double)mx > acc->max_abs) acc->max_abs = mx;
+    acc->n += (double)n;
+}
 
-RECON_LOOP(plain, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define RECON_AVX2 1
-RECON_LOOP(avx2, __attribute__((target("avx2"))))
+static void recon_plain(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq, size_t n)
+{
+    recon_body(acc, x, xq, n);
+}
+
+#ifdef KVQ_AVX2_CLONES
+KVQ_TARGET_AVX2 static void recon_avx2(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq,
+                                       size_t n)
+{
+    recon_body(acc, x, xq, n);
+}
 #endif
 
 void kvq_recon_accumulate(kvq_recon_acc *acc, const float *restrict x, const float *restrict xq,
@@ -60,7 +65,7 @@ void kvq_recon_accumulate(kvq_recon_acc *acc, const float *restrict x, const flo
         kvq_recon_avx512(acc, x, xq, n);
         return;
     }
-#ifdef RECON_AVX2
+#ifdef KVQ_AVX2_CLONES
     if (kvq_simd_avx2_active()) {
         recon_avx2(acc, x, xq, n);
         return;

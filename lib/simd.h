@@ -10,6 +10,16 @@ int kvq_simd_active(void);
 /* 1 if the AVX2 + FMA paths may run (loops compiled a second time with a
  * target attribute, and simd_avx2.c): CPU support and not disabled. */
 int kvq_simd_avx2_active(void);
+
+/* A plain C loop compiled a second time for AVX2 (no FMA: the same
+ * arithmetic, wider vectors): its body a KVQ_BODY function, called from a
+ * plain wrapper and, where KVQ_AVX2_CLONES is defined, from a
+ * KVQ_TARGET_AVX2 one; kvq_simd_avx2_active() picks at run time. */
+#define KVQ_BODY static inline __attribute__((always_inline))
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVQ_AVX2_CLONES 1
+#define KVQ_TARGET_AVX2 __attribute__((target("avx2")))
+#endif
 /* The highest SIMD level the paths may use: none (the portable paths),
  * AVX2 (+ FMA where a kernel asks for it) or AVX-512 (all the CPU has, the
  * default).  KVQ_SIMD=none|avx2|avx512 in the environment sets it (read at

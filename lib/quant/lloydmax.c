@@ -36,26 +36,31 @@ static float stored_norm(const float *x, int D)
  * No branch on the data, so the loop vectorises; compiled plain and for
  * AVX2, picked at run time.  More levels: the binary search. */
 #define LM_SNAP_BLOCK 64
-#define LM_SNAP(suffix, attr)                                                                     \
-    attr static void snap_chain_##suffix(const kvq_codebook *cb, float *restrict u, float n, int D) \
-    {                                                                                             \
-        const float *bound = cb->bound, *level = cb->levelf;                                      \
-        for (int c0 = 0; c0 < D; c0 += LM_SNAP_BLOCK) {                                           \
-            int w = D - c0 < LM_SNAP_BLOCK ? D - c0 : LM_SNAP_BLOCK;                              \
-            float v[LM_SNAP_BLOCK], q[LM_SNAP_BLOCK];                                             \
-            for (int c = 0; c < w; c++) v[c] = u[c0 + c] / n, q[c] = level[0];                    \
-            for (int j = 0; j + 1 < cb->n; j++) {                                                 \
-                const float b = bound[j], l = level[j + 1];                                       \
-                for (int c = 0; c < w; c++) q[c] = v[c] > b ? l : q[c];                           \
-            }                                                                                     \
-            memcpy(u + c0, q, (size_t)w * sizeof *q);                                             \
-        }                                                                                         \
+KVQ_BODY void snap_chain_body(const kvq_codebook *cb, float *restrict u, float n, int D)
+{
+    const float *bound = cb->bound, *level = cb->levelf;
+    for (int c0 = 0; c0 < D; c0 += LM_SNAP_BLOCK) {
+        int w = D - c0 < LM_SNAP_BLOCK ? D - c0 : LM_SNAP_BLOCK;
+        float v[LM_SNAP_BLOCK], q[LM_SNAP_BLOCK];
+        for (int c = 0; c < w; c++) v[c] = u[c0 + c] / n, q[c] = level[0];
+        for (int j = 0; j + 1 < cb->n; j++) {
+            const float b = bound[j], l = level[j + 1];
+            for (int c = 0; c < w; c++) q[c] = v[c] > b ? l : q[c];
+        }
+        memcpy(u + c0, q, (size_t)w * sizeof *q);
     }
+}
 
-LM_SNAP(plain, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define LM_SNAP_AVX2 1
-LM_SNAP(avx2, __attribute__((target("avx2"))))
+static void snap_chain_plain(const kvq_codebook *cb, float *restrict u, float n, int D)
+{
+    snap_chain_body(cb, u, n, D);
+}
+
+#ifdef KVQ_AVX2_CLONES
+KVQ_TARGET_AVX2 static void snap_chain_avx2(const kvq_codebook *cb, float *restrict u, float n, int D)
+{
+    snap_chain_body(cb, u, n, D);
+}
 #endif
 
 void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
@@ -64,7 +69,7 @@ void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
         for (int c = 0; c < D; c++) u[c] = cb->levelf[kvq_codebook_index(cb, u[c] / n)];
         return;
     }
-#ifdef LM_SNAP_AVX2
+#ifdef KVQ_AVX2_CLONES
     if (kvq_simd_avx2_active()) {
         snap_chain_avx2(cb, u, n, D);
         return;

@@ -80,8 +80,8 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
  * min/max); pass 2 quantizes row by row with per-channel s, z.  Compiled
  * plain and again for AVX2 (no FMA: the reference's multiply and add),
  * picked at run time. */
-static inline __attribute__((always_inline)) kvq_status
-channels_body(const float *restrict x, float *restrict y, size_t n, size_t D, int bits, kvq_scale_prec prec)
+KVQ_BODY kvq_status channels_body(const float *restrict x, float *restrict y, size_t n, size_t D, int bits,
+                                 kvq_scale_prec prec)
 {
     enum { CHUNK = 256 };
     const float L = (float)((1u << bits) - 1u);
@@ -134,10 +134,9 @@ static kvq_status channels_plain(const float *restrict x, float *restrict y, siz
     return channels_body(x, y, n, D, bits, prec);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define CHANNELS_AVX2 1
-__attribute__((target("avx2"))) static kvq_status channels_avx2(const float *restrict x, float *restrict y,
-                                                                size_t n, size_t D, int bits, kvq_scale_prec prec)
+#ifdef KVQ_AVX2_CLONES
+KVQ_TARGET_AVX2 static kvq_status channels_avx2(const float *restrict x, float *restrict y, size_t n, size_t D,
+                                                int bits, kvq_scale_prec prec)
 {
     return channels_body(x, y, n, D, bits, prec);
 }
@@ -151,7 +150,7 @@ static kvq_status channels_block(const float *x, float *y, size_t n, size_t D, i
 {
     if (n == 0) return KVQ_OK;
     if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16, recon);
-#ifdef CHANNELS_AVX2
+#ifdef KVQ_AVX2_CLONES
     kvq_status st = kvq_simd_avx2_active() ? channels_avx2(x, y, n, D, bits, prec) : channels_plain(x, y, n, D, bits, prec);
 #else
     kvq_status st = channels_plain(x, y, n, D, bits, prec);
