@@ -164,6 +164,9 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
                               quant_ws *w)
 {
     int nc = c->nc, ncol = c->ncol;
+    kvq_softmax_compare_fn *fused = kvq_simd_active()        ? kvq_softmax_compare_avx512
+                                    : kvq_simd_avx2_active() ? kvq_softmax_compare_avx2
+                                                             : NULL; /* the reference */
     for (int q = 0; q < nquant; q++) {
         kvq_attn_acc *ac = &acc[q];
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 0.0f, w->Sq, ncol);
@@ -171,16 +174,10 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
             const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
             float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
             int p = c->p[i];
-            double sum;
-            if (kvq_simd_active()) { /* softmax and sums, its last pass fused */
-                kvq_softmax_compare_avx512(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled,
-                                           c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum, &w->rq[i].argmax,
-                                           &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
-                w->rq[i].lse = log(sum);
-            } else if (kvq_simd_avx2_active()) { /* the same with AVX2 */
-                kvq_softmax_compare_avx2(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled,
-                                         c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum, &w->rq[i].argmax,
-                                         &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+            if (fused) { /* softmax and sums, its last pass fused */
+                double sum;
+                fused(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled, c->rs[i].m, c->rs[i].lse,
+                      &w->rq[i].m, &sum, &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
                 w->rq[i].lse = log(sum);
             } else {
                 w->rq[i] = softmax_row(sqrow, aqrow, p, ncol, scale, prescaled);

@@ -60,6 +60,11 @@ void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, 
 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n,
                             double m, double lse, double mq, double lseq, double *sd2, double *ad2,
                             double *kl);
+/* The fused softmax + comparisons (AVX-512 below, AVX2 further on) share this type, so that a
+ * caller picks one once. */
+typedef void kvq_softmax_compare_fn(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
+                                    float scale, int prescaled, double m, double lse, float *mq_out,
+                                    double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl);
 /* kvq_softmax_avx512 of the quantized row (sq into aq) and
  * kvq_row_compare_avx512 of (s, a) against it in one call, its last pass
  * fused: the same values and sums.  m, lse: the exact row's; *mq_out,

@@ -387,9 +387,7 @@ typedef struct {
                     double *sum_out, int *argmax_out);
     void (*compare)(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
                     double lse, double mq, double lseq, double *sd2, double *ad2, double *kl);
-    void (*fused)(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol, float scale,
-                  int prescaled, double m, double lse, float *mq_out, double *sumq_out, int *argmaxq_out,
-                  double *sd2, double *ad2, double *kl);
+    kvq_softmax_compare_fn *fused;
 } row_isa;
 
 static const row_isa row_isas[] = {
