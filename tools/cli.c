@@ -476,8 +476,7 @@ int cli_model_load(const char *prog, char **argv, int optind, const cli_model *m
     return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, ids, T);
 }
 
-/* Appends a parsed spec to *specs. */
-static int push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp)
+int cli_push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp)
 {
     kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof *ns);
     if (!ns) {
@@ -494,7 +493,7 @@ int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text)
     kvq_error err = {0};
     kvq_spec sp;
     if (kvq_spec_parse(text, &sp, &err)) return cli_fail(prog, &err);
-    return push_spec(prog, specs, n, &sp);
+    return cli_push_spec(prog, specs, n, &sp);
 }
 
 int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, int *n, char *skipped, size_t len)
@@ -511,7 +510,7 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
             if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
             continue;
         }
-        int rc = push_spec(prog, specs, n, &sp);
+        int rc = cli_push_spec(prog, specs, n, &sp);
         if (rc) return rc;
     }
     return CLI_OK;

@@ -113,6 +113,8 @@ int cli_model_load(const char *prog, char **argv, int optind, const cli_model *m
 /* Appends the parsed spec `text` to *specs (*n of them): CLI_OK or the exit
  * code after printing. */
 int cli_add_spec(const char *prog, kvq_spec **specs, int *n, const char *text);
+/* Appends *sp as it is (already parsed, or built by the tool). */
+int cli_push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp);
 /* Appends kvq-analyze's default set: one spec per registry family marked
  * in_default_set, with its default_spec.  Without a calibration dump
  * (have_calib 0) the families that need one are left out and named in

@@ -64,16 +64,9 @@ static void progress(void *ud, int pass, int npasses, int layer, int nlayers)
 static int add_spec(kvq_spec **specs, int *n, const char *text)
 {
     if (strcmp(text, "none")) return cli_add_spec(prog, specs, n, text);
-    kvq_spec *ns = realloc(*specs, (size_t)(*n + 1) * sizeof *ns);
-    if (!ns) {
-        cli_error(prog, "out of memory");
-        return CLI_RUNTIME;
-    }
-    *specs = ns;
-    memset(&ns[*n], 0, sizeof ns[*n]);
-    snprintf(ns[*n].text, sizeof ns[*n].text, "none");
-    (*n)++;
-    return CLI_OK;
+    kvq_spec none = {0};
+    snprintf(none.text, sizeof none.text, "none");
+    return cli_push_spec(prog, specs, n, &none);
 }
 
 int main(int argc, char **argv)
