@@ -752,13 +752,15 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
  * Returns 0 for any other type. */
 int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n);
 
-typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2 } kvq_arch;
+typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2, KVQ_ARCH_QWEN3, KVQ_ARCH_GEMMA3, KVQ_ARCH_PHI3 } kvq_arch;
+/* The feed-forward's gate activation: silu (SwiGLU) or GELU, tanh form (GeGLU). */
+typedef enum kvq_ffn_act { KVQ_ACT_SILU = 0, KVQ_ACT_GELU_TANH } kvq_ffn_act;
 
 typedef struct kvq_model_info {
     char path[1024];
     char name[256];      /* general.name, or the llama2.c file's base name */
     char format[32];     /* "GGUF v3", "llama2.c v0" */
-    char arch_name[64];  /* "llama", "qwen2" */
+    char arch_name[64];  /* "llama", "qwen2", "qwen3", "gemma3", "phi3" */
     kvq_arch arch;
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length;
     float norm_eps;
@@ -767,6 +769,15 @@ typedef struct kvq_model_info {
     int has_rope_freqs;  /* a rope_freqs tensor divides each pair's frequency */
     int tied_output;     /* the output matrix is the token embedding */
     int has_qkv_bias;
+    int has_qk_norm;     /* qwen3, gemma3: RMSNorm of each head's q and k before RoPE */
+    int has_post_norms;  /* gemma3: RMSNorm of the attention and FFN outputs before the residual add */
+    kvq_ffn_act ffn_act;
+    float embed_scale;   /* the token embedding is multiplied by it (gemma3: sqrt(dim)); 0: 1 */
+    float attn_scale;    /* softmax(attn_scale · q·k); 0: 1/sqrt(head_dim) */
+    float logit_softcap; /* final logits c·tanh(z/c); 0: none */
+    int sliding_window;  /* W of the sliding-window layers (0: none): p attends to p−W < k <= p */
+    int n_swa_layers;    /* how many layers use it (kvq_model_layer_window says which) */
+    double rope_theta_swa; /* RoPE base of the sliding-window layers */
     int has_tokenizer;   /* --text works */
     char tokenizer[64];  /* tokenizer.ggml.model, or "llama2.c" */
 } kvq_model_info;
@@ -778,6 +789,8 @@ typedef struct kvq_model kvq_model;
  * mapped and checked; weights are dequantized later, a layer at a time. */
 kvq_status kvq_model_open(const char *path, const char *tokenizer_path, kvq_model **out, kvq_error *err);
 const kvq_model_info *kvq_model_get_info(const kvq_model *m);
+/* The sliding window of `layer` (0: the layer attends to every earlier position). */
+int kvq_model_layer_window(const kvq_model *m, int layer);
 void kvq_model_close(kvq_model *m);
 /* The model's SentencePiece tokenizer: BOS, then the text's tokens (*ids
  * malloc'ed).  KVQ_ERR_UNSUPPORTED naming --tokens if the model has none. */
@@ -817,6 +830,12 @@ typedef struct kvq_eval_opts {
     /* progress (may be NULL): called after each layer of each pass */
     void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
     void *ud;
+    /* optional: the exact model's logits at positions logit_pos[0..n_logit_pos)
+     * (each below T − 1) into logits [n_logit_pos][vocab_size], for checks
+     * against another implementation */
+    const int *logit_pos;
+    int n_logit_pos;
+    float *logits;
 } kvq_eval_opts;
 
 /* Teacher-forced evaluation (SPEC §8): the exact model and every item's

@@ -24,10 +24,35 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ------------------------------------------------- fixed-tile products */
+
+/* Every product of the forward pass is cut into tiles whose bounds depend
+ * on the shapes alone, and each tile is one single-threaded sgemm call, so
+ * every output element is computed by the same call with the same operands
+ * whatever the thread count: results do not depend on --threads (SPEC §8
+ * "Forward").  A multi-threaded BLAS call splits its work by the thread
+ * count, and a last-bit change in a key can flip a 4-bit rounding. */
+enum { TILE_ROWS = 512, TILE_COLS = 512, ATT_ROWS = 64 };
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* y [M][N] = x [M][K] · W [N][K]ᵀ + beta · y */
+static void gemm_tiled(float *y, const float *x, const float *W, int M, int K, int N, float beta, int nt)
+{
+    int mt = (M + TILE_ROWS - 1) / TILE_ROWS, ct = (N + TILE_COLS - 1) / TILE_COLS;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int i = 0; i < mt * ct; i++) {
+        int r = i / ct * TILE_ROWS, c = i % ct * TILE_COLS;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(TILE_ROWS, M - r), imin(TILE_COLS, N - c), K, 1.0f,
+                    x + (size_t)r * K, K, W + (size_t)c * K, K, beta, y + (size_t)r * N + c, N);
+    }
+}
+
 /* ------------------------------------------------------------ weights */
 
 typedef struct fw_weights {
-    const float *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    const float *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *post_attn_norm, *ffn_norm, *w_gate,
+        *w_up, *w_down, *post_ffn_norm;
     float *buf; /* dequantized copies of the tensors not used in place */
     size_t cap;
 } fw_weights;
@@ -37,15 +62,47 @@ static size_t wt_floats(const kvq_wtensor *t) { return t->data ? (size_t)t->cols
 /* float32 tensors aligned for float loads are used in place. */
 static int in_place(const kvq_wtensor *t) { return t->type == KVQ_GGML_F32 && ((uintptr_t)t->data & 3) == 0; }
 
+/* The first non-finite value of x [n] (n if none); blocks are screened by
+ * their exponent bits first (a loop the compiler vectorises). */
+static size_t first_nonfinite(const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t e = i + 4096 < n ? i + 4096 : n;
+        uint32_t bad = 0;
+        for (size_t j = i; j < e; j++) {
+            uint32_t u;
+            memcpy(&u, &x[j], sizeof u);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+        if (!bad) continue;
+        for (size_t j = i; j < e; j++)
+            if (!isfinite(x[j])) return j;
+    }
+    return n;
+}
+
+/* Fails naming the tensor when rows × cols values of it (from row r0) are not all finite. */
+static kvq_status check_weights(const kvq_model *m, const kvq_wtensor *t, const float *x, int64_t r0, int64_t rows,
+                                kvq_error *err)
+{
+    size_t n = (size_t)rows * (size_t)t->cols, i = first_nonfinite(x, n);
+    if (i == n) return KVQ_OK;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %lld is %g: expected finite weights", m->path,
+                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(i / (size_t)t->cols)),
+                    (long long)(i % (size_t)t->cols), (double)x[i]);
+}
+
 static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, kvq_error *err)
 {
     const kvq_layer_weights *lw = &m->layer[l];
-    const kvq_wtensor *src[12] = {&lw->attn_norm, &lw->wq, &lw->wk, &lw->wv, &lw->bq, &lw->bk,
-                                  &lw->bv, &lw->wo, &lw->ffn_norm, &lw->w_gate, &lw->w_up, &lw->w_down};
-    const float **dst[12] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk,
-                             &w->bv, &w->wo, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+    const kvq_wtensor *src[KVQ_LAYER_TENSORS] = {&lw->attn_norm, &lw->wq, &lw->wk, &lw->wv, &lw->bq, &lw->bk,
+                                                 &lw->bv, &lw->q_norm, &lw->k_norm, &lw->wo, &lw->post_attn_norm,
+                                                 &lw->ffn_norm, &lw->w_gate, &lw->w_up, &lw->w_down, &lw->post_ffn_norm};
+    const float **dst[KVQ_LAYER_TENSORS] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk, &w->bv, &w->q_norm,
+                                            &w->k_norm, &w->wo, &w->post_attn_norm, &w->ffn_norm, &w->w_gate, &w->w_up,
+                                            &w->w_down, &w->post_ffn_norm};
     size_t need = 0;
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < KVQ_LAYER_TENSORS; i++)
         if (src[i]->data && !in_place(src[i])) need += wt_floats(src[i]);
     if (need > w->cap) {
         free(w->buf);
@@ -55,20 +112,25 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, kvq_error
         w->cap = need;
     }
     size_t off = 0;
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < KVQ_LAYER_TENSORS; i++) {
         const kvq_wtensor *t = src[i];
         if (!t->data) { *dst[i] = NULL; continue; }
-        if (in_place(t)) { *dst[i] = (const float *)t->data; continue; }
-        kvq_wtensor_rows(t, 0, t->rows, w->buf + off);
-        *dst[i] = w->buf + off;
-        off += wt_floats(t);
+        if (in_place(t)) {
+            *dst[i] = (const float *)t->data;
+        } else {
+            kvq_wtensor_rows(t, 0, t->rows, w->buf + off);
+            *dst[i] = w->buf + off;
+            off += wt_floats(t);
+        }
+        kvq_status st = check_weights(m, t, *dst[i], 0, t->rows, err);
+        if (st) return st;
     }
     return KVQ_OK;
 }
 
 /* --------------------------------------------------------- small ops */
 
-/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n. */
+/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n with stride ld. */
 static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -83,9 +145,10 @@ static void rmsnorm(float *out, const float *x, const float *w, int T, int n, fl
 }
 
 /* y [T][out] = x [T][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
-static void linear(float *y, const float *x, const float *W, const float *bias, int T, int in, int out, int accumulate)
+static void linear(float *y, const float *x, const float *W, const float *bias, int T, int in, int out, int accumulate,
+                   int nt)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, out, in, 1.0f, x, in, W, in, accumulate ? 1.0f : 0.0f, y, out);
+    gemm_tiled(y, x, W, T, in, out, accumulate ? 1.0f : 0.0f, nt);
     if (bias)
         for (int t = 0; t < T; t++)
             for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
@@ -99,11 +162,11 @@ static void to_heads(const float *x, float *y, int T, int nh, int D)
             memcpy(y + ((size_t)h * T + t) * D, x + (size_t)t * nh * D + (size_t)h * D, (size_t)D * sizeof(float));
 }
 
-kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err)
+kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, kvq_rope *r, kvq_error *err)
 {
     const kvq_model_info *in = &m->info;
     int D = in->head_dim, half = D / 2;
-    kvq_status st = kvq_rope_from_theta(r, T, D, in->rope_theta, in->rope_style, err);
+    kvq_status st = kvq_rope_from_theta(r, T, D, theta, in->rope_style, err);
     if (st || !in->has_rope_freqs) return st;
     float *f = kvq_alloc_array((size_t)half, sizeof *f);
     if (!f) {
@@ -122,7 +185,7 @@ kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err
     /* llama.cpp divides each pair's angle by its factor */
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
-            double ang = t * pow(in->rope_theta, -2.0 * i / D) / f[i];
+            double ang = t * pow(theta, -2.0 * i / D) / f[i];
             r->cos[(size_t)t * half + i] = cos(ang);
             r->sin[(size_t)t * half + i] = sin(ang);
         }
@@ -132,75 +195,103 @@ kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *r, kvq_error *err
 
 /* -------------------------------------------------------- attention */
 
-/* Causal attention of query rows [r0, r1) of every head over the first
- * `c` keys (c >= r1) of K, V [H][ldt][D] (head h at h·ldt·D), Q [Hq][T][D];
- * the rows go to att [T][Hq·D].  S is computed in row blocks by sgemm,
- * softmax per row in float with a double sum, then O = A·V by sgemm. */
-static kvq_status attend(const float *Q, const float *K, const float *V, int ldt, int T, int Hq, int H, int D,
-                         int r0, int r1, float *att, int nt, kvq_error *err)
+/* Per-thread buffers of attend(): scores of one tile, the tile's output,
+ * and (decode) the zero-padded keys and values the tile reads. */
+typedef struct att_buf {
+    float *S, *O, *Kp, *Vp;
+} att_buf;
+
+/* Causal attention, with a sliding window W > 0 (p − W < k <= p), of the
+ * query rows [r0, r1) of every head over a cache of the first c keys
+ * (c >= r1) of K, V [H][c][D] (head h at h·c·D); Q [Hq][T][D]; the rows
+ * go to att [T][Hq·D].
+ *
+ * Rows are done in tiles of ATT_ROWS positions aligned to multiples of
+ * ATT_ROWS; the tile [a, b) reads keys [k0, b) (k0 = max(0, a − W + 1) with
+ * a window, else 0).  Its two products (S = scale · Q·Kᵀ, then O = A·V by
+ * sgemm) have the same shapes and the same operands in every row that is
+ * used whether the cache holds all of [k0, b) (prefill) or only its first
+ * keys (decode: the rest are zero rows, masked), so a row's output depends
+ * on its query and the keys it sees alone: prefill and decode agree bit for
+ * bit for a quantizer whose reconstruction of a token depends on that token
+ * alone, and no result depends on the thread count.  Softmax per row in
+ * float with a double sum. */
+static void attend(const float *Q, const float *K, const float *V, int c, int T, int Hq, int H, int D, int W,
+                   float scale, int r0, int r1, float *att, const att_buf *buf, int nt)
 {
-    int G = Hq / H;
-    int R = (int)((8u << 20) / sizeof(float) / (size_t)(r1 > 0 ? r1 : 1)); /* 8 MB of scores per thread */
-    if (R < 1) R = 1;
-    if (R > r1 - r0) R = r1 - r0;
-    float *S = kvq_alloc_array((size_t)nt * R, (size_t)r1 * sizeof(float));
-    if (!S) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention scores");
-    float scale = 1.0f / sqrtf((float)D);
-    openblas_set_num_threads(1);
+    int G = Hq / H, t0 = r0 / ATT_ROWS, t1 = (r1 + ATT_ROWS - 1) / ATT_ROWS, ntile = t1 - t0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int j = 0; j < Hq; j++) {
-        float *Sj = S + (size_t)omp_get_thread_num() * R * r1;
-        const float *Kh = K + (size_t)(j / G) * ldt * D, *Vh = V + (size_t)(j / G) * ldt * D;
-        for (int a = r0; a < r1; a += R) {
-            int b = a + R < r1 ? a + R : r1, n = b; /* rows [a, b) see keys [0, b) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b - a, n, D, scale, Q + ((size_t)j * T + a) * D, D, Kh, D,
-                        0.0f, Sj, n);
-            for (int t = a; t < b; t++) {
-                float *s = Sj + (size_t)(t - a) * n, mx = s[0];
-                for (int u = 1; u <= t; u++) mx = s[u] > mx ? s[u] : mx;
-                double sum = 0;
-                for (int u = 0; u <= t; u++) {
-                    s[u] = expf(s[u] - mx);
-                    sum += s[u];
-                }
-                float inv = (float)(1.0 / sum);
-                for (int u = 0; u <= t; u++) s[u] *= inv;
-                for (int u = t + 1; u < n; u++) s[u] = 0.0f;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b - a, D, n, 1.0f, Sj, n, Vh, D, 0.0f,
-                        att + (size_t)a * Hq * D + (size_t)j * D, Hq * D);
+    for (int i = 0; i < Hq * ntile; i++) {
+        const att_buf *B = &buf[omp_get_thread_num()];
+        int j = i / ntile, a = (t0 + i % ntile) * ATT_ROWS, b = imin(a + ATT_ROWS, T);
+        int k0 = W > 0 && a - W + 1 > 0 ? a - W + 1 : 0, n = b - k0, m = b - a;
+        int ra = a > r0 ? a : r0, rb = b < r1 ? b : r1; /* the rows wanted */
+        const float *Kh = K + (size_t)(j / G) * c * D + (size_t)k0 * D, *Vh = V + (size_t)(j / G) * c * D + (size_t)k0 * D;
+        if (c < b) { /* decode: keys [k0, c) and zero rows up to b */
+            size_t have = (size_t)(c - k0) * D, pad = (size_t)(b - c) * D;
+            memcpy(B->Kp, Kh, have * sizeof(float)), memset(B->Kp + have, 0, pad * sizeof(float));
+            memcpy(B->Vp, Vh, have * sizeof(float)), memset(B->Vp + have, 0, pad * sizeof(float));
+            Kh = B->Kp, Vh = B->Vp;
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, D, scale, Q + ((size_t)j * T + a) * D, D, Kh, D, 0.0f,
+                    B->S, n);
+        for (int t = a; t < b; t++) {
+            float *s = B->S + (size_t)(t - a) * n;
+            if (t < ra || t >= rb) { /* a row not wanted now: zero, so that A stays finite */
+                memset(s, 0, (size_t)n * sizeof(float));
+                continue;
+            }
+            int u0 = W > 0 && t - W + 1 > k0 ? t - W + 1 - k0 : 0, u1 = t - k0; /* keys k0 + [u0, u1] */
+            float mx = s[u0];
+            for (int u = u0 + 1; u <= u1; u++) mx = s[u] > mx ? s[u] : mx;
+            double sum = 0;
+            for (int u = u0; u <= u1; u++) {
+                s[u] = expf(s[u] - mx);
+                sum += s[u];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int u = 0; u < u0; u++) s[u] = 0.0f;
+            for (int u = u0; u <= u1; u++) s[u] *= inv;
+            for (int u = u1 + 1; u < n; u++) s[u] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, D, n, 1.0f, B->S, n, Vh, D, 0.0f, B->O, D);
+        for (int t = ra; t < rb; t++)
+            memcpy(att + (size_t)t * Hq * D + (size_t)j * D, B->O + (size_t)(t - a) * D, (size_t)D * sizeof(float));
     }
-    openblas_set_num_threads(nt);
-    free(S);
-    return KVQ_OK;
 }
 
 /* ------------------------------------------------------- the pass */
 
 typedef struct fw_scratch {
-    float *xn, *q, *k, *v, *att, *g, *u;   /* row-major activations */
-    float *Qh, *Kh, *Vh, *Kpre;            /* [.][T][D] */
-    float *pk, *pv, *ppre;                 /* decode: the first c tokens, [H][c][D] */
-    float *kq, *vq;                        /* quantizer outputs [H][T][D] */
-    double *kb, *vb, *sb;                  /* [H] */
+    float *xn, *xo, *q, *k, *v, *att, *g, *u; /* row-major activations */
+    float *Qh, *Kh, *Vh, *Kpre;               /* [.][T][D] */
+    float *pk, *pv, *ppre;                    /* decode: the first c tokens, [H][c][D] */
+    float *kq, *vq;                           /* quantizer outputs [H][T][D] */
+    double *kb, *vb, *sb;                     /* [H] */
+    att_buf *ab;                              /* [nt] */
+    int nab;
 } fw_scratch;
 
 static void scratch_free(fw_scratch *s)
 {
-    float *f[] = {s->xn, s->q, s->k, s->v, s->att, s->g, s->u, s->Qh, s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
+    float *f[] = {s->xn, s->xo, s->q, s->k, s->v, s->att, s->g, s->u, s->Qh, s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(s->kb), free(s->vb), free(s->sb);
+    for (int i = 0; s->ab && i < s->nab; i++) free(s->ab[i].S), free(s->ab[i].O), free(s->ab[i].Kp), free(s->ab[i].Vp);
+    free(s->ab);
     memset(s, 0, sizeof *s);
 }
 
 /* quantized: some stream quantizes its cache (the prefix and output buffers
  * are needed); the exact model alone does without them. */
-static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, kvq_error *err)
+static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, int nt, kvq_error *err)
 {
     size_t t = (size_t)T, qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
+    size_t D = (size_t)in->head_dim;
+    int ok = 1;
     memset(s, 0, sizeof *s);
     s->xn = kvq_alloc_array(t, in->dim * sizeof(float));
+    s->xo = kvq_alloc_array(t, in->dim * sizeof(float));
     s->q = kvq_alloc_array(t, qd * sizeof(float)), s->att = kvq_alloc_array(t, qd * sizeof(float));
     s->Qh = kvq_alloc_array(t, qd * sizeof(float));
     s->k = kvq_alloc_array(t, kd * sizeof(float)), s->v = kvq_alloc_array(t, kd * sizeof(float));
@@ -210,13 +301,23 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
         s->ppre = kvq_alloc_array(t, kd * sizeof(float));
         s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
+        ok = s->pk && s->pv && s->ppre && s->kq && s->vq;
     }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->kb = calloc((size_t)in->n_kv_heads, sizeof(double)), s->vb = calloc((size_t)in->n_kv_heads, sizeof(double));
     s->sb = calloc((size_t)in->n_kv_heads, sizeof(double));
-    if (!s->xn || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh || !s->Kpre || !s->g || !s->u ||
-        !s->kb || !s->vb || !s->sb || (quantized && (!s->pk || !s->pv || !s->ppre || !s->kq || !s->vq))) {
+    if ((s->ab = calloc((size_t)nt, sizeof *s->ab))) {
+        s->nab = nt;
+        for (int i = 0; i < nt && ok; i++) {
+            att_buf *b = &s->ab[i];
+            b->S = kvq_alloc_array(ATT_ROWS, t * sizeof(float)), b->O = kvq_alloc_array(ATT_ROWS, D * sizeof(float));
+            if (quantized) b->Kp = kvq_alloc_array(t, D * sizeof(float)), b->Vp = kvq_alloc_array(t, D * sizeof(float));
+            ok = b->S && b->O && (!quantized || (b->Kp && b->Vp));
+        }
+    }
+    if (!ok || !s->ab || !s->xn || !s->xo || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh ||
+        !s->Kpre || !s->g || !s->u || !s->kb || !s->vb || !s->sb) {
         scratch_free(s);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the activations of %d tokens", T);
     }
@@ -234,10 +335,15 @@ typedef struct fw_ctx {
     const kvq_fw_opts *o;
     fw_weights w;
     fw_scratch s;
-    kvq_rope rope;
-    kvq_dump_info qinfo; /* what the quantizers see of the "dump" */
+    kvq_rope rope, rope_swa; /* rope_swa: sliding-window layers with their own base (T = 0: none) */
+    kvq_dump_info qinfo;     /* what the quantizers see of the "dump" */
     int nt;
 } fw_ctx;
+
+static const kvq_rope *layer_rope(const fw_ctx *c, int l)
+{
+    return c->rope_swa.T && kvq_model_layer_window(c->m, l) ? &c->rope_swa : &c->rope;
+}
 
 /* The quantizer of stream st on the first c tokens of the layer (pk/pv
  * hold them when c < T, else Kh/Vh); K', V' into kq/vq [H][c][D]. */
@@ -257,38 +363,46 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     }
     kvq_dump_info info = c->qinfo;
     info.seq_len = ntok;
-    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = &c->rope};
+    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = layer_rope(c, layer)};
     memset(s->kb, 0, (size_t)H * sizeof(double));
     memset(s->vb, 0, (size_t)H * sizeof(double));
     memset(s->sb, 0, (size_t)H * sizeof(double));
     kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb};
     kvq_status st;
     if (c->o->calib && (st = kvq_calib_state(c->o->calib, spec, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
-    openblas_set_num_threads(1); /* the quantizers thread over heads */
-    st = kvq_quantize_layer(spec, &ctx, &L, &qo, err);
-    openblas_set_num_threads(c->nt);
-    return st;
+    return kvq_quantize_layer(spec, &ctx, &L, &qo, err); /* BLAS runs one thread; the quantizers thread over heads */
 }
 
-/* One layer of one stream: x += attention(x), x += ffn(x). */
+/* GELU, tanh form, as ggml_gelu. */
+static float gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* One layer of one stream: x += attention(x), x += ffn(x) (gemma3: each
+ * output RMS-normed before its residual add). */
 static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const fw_weights *w = &c->w;
     fw_scratch *s = &c->s;
     int T = c->o->T, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim;
-    int qd = Hq * D, kd = H * D, F = in->ffn_dim, nt = c->nt;
+    int qd = Hq * D, kd = H * D, F = in->ffn_dim, nt = c->nt, W = kvq_model_layer_window(c->m, l);
+    float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
+    const kvq_rope *rope = layer_rope(c, l);
     kvq_status rc = KVQ_OK;
 
     rmsnorm(s->xn, st->x, w->attn_norm, T, dim, in->norm_eps, nt);
-    linear(s->q, s->xn, w->wq, w->bq, T, dim, qd, 0);
-    linear(s->k, s->xn, w->wk, w->bk, T, dim, kd, 0);
-    linear(s->v, s->xn, w->wv, w->bv, T, dim, kd, 0);
+    linear(s->q, s->xn, w->wq, w->bq, T, dim, qd, 0, nt);
+    linear(s->k, s->xn, w->wk, w->bk, T, dim, kd, 0, nt);
+    linear(s->v, s->xn, w->wv, w->bv, T, dim, kd, 0, nt);
+    if (w->q_norm) rmsnorm(s->q, s->q, w->q_norm, T * Hq, D, in->norm_eps, nt); /* per head, before RoPE */
+    if (w->k_norm) rmsnorm(s->k, s->k, w->k_norm, T * H, D, in->norm_eps, nt);
     to_heads(s->k, s->Kpre, T, H, D);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < T; t++) {
-        for (int j = 0; j < Hq; j++) kvq_rope_rotate(&c->rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
-        for (int h = 0; h < H; h++) kvq_rope_rotate(&c->rope, s->k + (size_t)t * kd + (size_t)h * D, t, 0);
+        for (int j = 0; j < Hq; j++) kvq_rope_rotate(rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
+        for (int h = 0; h < H; h++) kvq_rope_rotate(rope, s->k + (size_t)t * kd + (size_t)h * D, t, 0);
     }
     to_heads(s->q, s->Qh, T, Hq, D);
     to_heads(s->k, s->Kh, T, H, D);
@@ -300,7 +414,7 @@ static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err
     const kvq_eval_item *it = st->item;
     int quantized = it && it->spec && (it->layer < 0 || it->layer == l);
     if (!quantized) {
-        rc = attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, 0, T, s->att, nt, err);
+        attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, 0, T, s->att, s->ab, nt);
         if (it && (it->layer < 0 || it->layer == l)) /* -q none: the exact cache, 16 bits */
             st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd, st->n_elem += (double)T * kd;
     } else {
@@ -308,24 +422,42 @@ static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err
         for (int p0 = 0; p0 < T && !rc; p0 += stride) {
             int p1 = p0 + stride < T ? p0 + stride : T;
             if ((rc = quantize_cache(c, it->spec, l, p1, err))) break;
-            rc = attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, p0, p1, s->att, nt, err);
+            attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, W, scale, p0, p1, s->att, s->ab, nt);
             if (p1 == T) /* the cache after the last token */
                 for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
         }
         st->n_elem += (double)T * kd;
     }
     if (rc) return rc;
-    linear(st->x, s->att, w->wo, NULL, T, qd, dim, 1);
-    rmsnorm(s->xn, st->x, w->ffn_norm, T, dim, in->norm_eps, nt);
-    linear(s->g, s->xn, w->w_gate, NULL, T, dim, F, 0);
-    linear(s->u, s->xn, w->w_up, NULL, T, dim, F, 0);
-    size_t n = (size_t)T * F;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float g = s->g[i];
-        s->g[i] = g / (1.0f + expf(-g)) * s->u[i]; /* SwiGLU: silu(gate) · up */
+    size_t nx = (size_t)T * dim;
+    if (w->post_attn_norm) {
+        linear(s->xo, s->att, w->wo, NULL, T, qd, dim, 0, nt);
+        rmsnorm(s->xo, s->xo, w->post_attn_norm, T, dim, in->norm_eps, nt);
+        for (size_t i = 0; i < nx; i++) st->x[i] += s->xo[i];
+    } else {
+        linear(st->x, s->att, w->wo, NULL, T, qd, dim, 1, nt);
     }
-    linear(st->x, s->g, w->w_down, NULL, T, F, dim, 1);
+    rmsnorm(s->xn, st->x, w->ffn_norm, T, dim, in->norm_eps, nt);
+    linear(s->g, s->xn, w->w_gate, NULL, T, dim, F, 0, nt);
+    linear(s->u, s->xn, w->w_up, NULL, T, dim, F, 0, nt);
+    size_t n = (size_t)T * F;
+    if (in->ffn_act == KVQ_ACT_GELU_TANH) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (size_t i = 0; i < n; i++) s->g[i] = gelu_tanh(s->g[i]) * s->u[i]; /* GeGLU */
+    } else {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (size_t i = 0; i < n; i++) {
+            float g = s->g[i];
+            s->g[i] = g / (1.0f + expf(-g)) * s->u[i]; /* SwiGLU: silu(gate) · up */
+        }
+    }
+    if (w->post_ffn_norm) {
+        linear(s->xo, s->g, w->w_down, NULL, T, F, dim, 0, nt);
+        rmsnorm(s->xo, s->xo, w->post_ffn_norm, T, dim, in->norm_eps, nt);
+        for (size_t i = 0; i < nx; i++) st->x[i] += s->xo[i];
+    } else {
+        linear(st->x, s->g, w->w_down, NULL, T, F, dim, 1, nt);
+    }
     return KVQ_OK;
 }
 
@@ -363,6 +495,17 @@ static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, cons
     }
 }
 
+/* Logits of a chunk: z [N][n] = xn [N][dim] · W [n][dim]ᵀ, soft-capped when the model says so. */
+static void chunk_logits(float *z, const float *xn, const float *W, int N, int dim, int n, float cap, int nt)
+{
+    gemm_tiled(z, xn, W, N, dim, n, 0.0f, nt);
+    if (cap > 0) {
+        size_t e = (size_t)N * n;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (size_t i = 0; i < e; i++) z[i] = cap * tanhf(z[i] / cap);
+    }
+}
+
 static kvq_status output_head(fw_ctx *c, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
@@ -383,14 +526,17 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         goto done;
     }
     kvq_wtensor_rows(&c->m->output_norm, 0, 1, onorm);
+    if ((rc = check_weights(c->m, &c->m->output_norm, onorm, 0, 1, err))) goto done;
     for (int i = 0; i < o->ns; i++) rmsnorm(xn + (size_t)i * N * dim, o->s[i].x, onorm, N, dim, in->norm_eps, nt);
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = v0 + vc < V ? vc : V - v0;
         kvq_wtensor_rows(&c->m->output, v0, v0 + n, W);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, dim, 1.0f, xn, dim, W, dim, 0.0f, A, n);
+        if ((rc = check_weights(c->m, &c->m->output, W, v0, n, err))) goto done;
+        chunk_logits(A, xn, W, N, dim, n, in->logit_softcap, nt);
+        for (int i = 0; i < o->n_logit_pos; i++)
+            memcpy(o->logits + (size_t)i * V + v0, A + (size_t)o->logit_pos[i] * n, (size_t)n * sizeof(float));
         for (int i = 1; i < o->ns; i++) {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n, dim, 1.0f, xn + (size_t)i * N * dim, dim, W, dim,
-                        0.0f, B, n);
+            chunk_logits(B, xn + (size_t)i * N * dim, W, N, dim, n, in->logit_softcap, nt);
             fold_chunk(&o->s[i], B, A, &o->s[0], N, n, v0, o->tokens, nt);
         }
         fold_chunk(&o->s[0], A, NULL, NULL, N, n, v0, o->tokens, nt);
@@ -418,25 +564,49 @@ done:
 
 /* --------------------------------------------------------- driver */
 
+int kvq_model_layer_window(const kvq_model *m, int layer)
+{
+    return m->layer_swa && layer >= 0 && layer < m->info.n_layers && m->layer_swa[layer] ? m->info.sliding_window : 0;
+}
+
+/* The token embeddings of stream 0, scaled as the model says, checked finite. */
+static kvq_status embed(fw_ctx *c, kvq_error *err)
+{
+    kvq_model *m = c->m;
+    const kvq_fw_opts *o = c->o;
+    int T = o->T, dim = m->info.dim;
+    float *x = o->s[0].x, sc = m->info.embed_scale;
+    for (int t = 0; t < T; t++) { /* only the rows of the tokens are dequantized */
+        kvq_wtensor_rows(&m->tok_embd, o->tokens[t], o->tokens[t] + 1, x + (size_t)t * dim);
+        kvq_status st = check_weights(m, &m->tok_embd, x + (size_t)t * dim, o->tokens[t], 1, err);
+        if (st) return st;
+        if (sc > 0)
+            for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] *= sc;
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
 {
     const kvq_model_info *in = &m->info;
     int T = o->T, dim = in->dim;
     fw_ctx c = {.m = m, .o = o, .nt = kvq_threads(o->nthreads)};
     kvq_status rc;
-    int quantized = 0;
+    int quantized = 0, blas_nt = openblas_get_num_threads();
     for (int i = 0; i < o->ns; i++) quantized |= o->s[i].item && o->s[i].item->spec;
-    if ((rc = scratch_alloc(&c.s, in, T, quantized, err))) return rc;
-    if ((rc = kvq_model_rope(m, T, &c.rope, err))) goto done;
+    if ((rc = scratch_alloc(&c.s, in, T, quantized, c.nt, err))) return rc;
+    openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
+    if ((rc = kvq_model_rope(m, T, in->rope_theta, &c.rope, err))) goto done;
+    if (in->n_swa_layers && in->rope_theta_swa != in->rope_theta &&
+        (rc = kvq_model_rope(m, T, in->rope_theta_swa, &c.rope_swa, err)))
+        goto done;
     c.qinfo = (kvq_dump_info){.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
                               .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
                               .rope_style = in->rope_style, .has_key_pre_rope = 1, .has_rope_table = in->has_rope_freqs,
                               .key_dtype = KVQ_F32, .value_dtype = KVQ_F32, .query_dtype = KVQ_F32};
     snprintf(c.qinfo.model, sizeof c.qinfo.model, "%s", in->name);
-    openblas_set_num_threads(c.nt);
-    /* embeddings: only the rows of the tokens are dequantized */
     for (int i = 0; i < o->ns; i++) o->s[i].active = !o->s[i].item || o->s[i].item->layer < 0;
-    for (int t = 0; t < T; t++) kvq_wtensor_rows(&m->tok_embd, o->tokens[t], o->tokens[t] + 1, o->s[0].x + (size_t)t * dim);
+    if ((rc = embed(&c, err))) goto done;
     for (int i = 1; i < o->ns; i++)
         if (o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < in->n_layers; l++) {
@@ -456,13 +626,23 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
                 }
                 goto done;
             }
+            size_t nx = (size_t)T * dim, bad = first_nonfinite(o->s[i].x, nx);
+            if (bad < nx) {
+                const kvq_eval_item *it = o->s[i].item;
+                rc = kvq_fail(err, KVQ_ERR_FORMAT, "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
+                              m->path, l, bad / (size_t)dim, it ? " with the cache of " : "",
+                              it ? (it->spec ? it->spec->text : "none") : "", it ? "," : "", (double)o->s[i].x[bad]);
+                goto done;
+            }
         }
         if (o->progress) o->progress(o->progress_ud, l + 1, in->n_layers);
     }
     rc = output_head(&c, err);
 done:
+    openblas_set_num_threads(blas_nt);
     free(c.w.buf);
     scratch_free(&c.s);
     kvq_rope_free(&c.rope);
+    kvq_rope_free(&c.rope_swa);
     return rc;
 }

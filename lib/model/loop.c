@@ -90,7 +90,7 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
     if (layers && (st = kvq_dump_writer_attr_ints(job.w, "source_layers", layers, (size_t)nlayers, err))) goto done;
     if (in->has_rope_freqs) { /* scaled RoPE: the exact angles as tables */
         kvq_rope r;
-        if ((st = kvq_model_rope(m, T, &r, err))) goto done;
+        if ((st = kvq_model_rope(m, T, in->rope_theta, &r, err))) goto done;
         size_t n = (size_t)T * (in->head_dim / 2);
         float *c = kvq_alloc_array(n, sizeof *c), *sn = kvq_alloc_array(n, sizeof *sn);
         if (c && sn) {

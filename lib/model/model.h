@@ -90,9 +90,15 @@ int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len);
 
 /* ------------------------------------------------------------ model */
 
+/* One block's tensors; q_norm, k_norm [head_dim] (qwen3, gemma3) and the
+ * post-norms (gemma3) are absent in the other architectures.  Fused
+ * tensors (phi3's attn_qkv, ffn_up) are bound as row ranges: wq, wk, wv
+ * and w_gate, w_up view parts of one tensor. */
 typedef struct kvq_layer_weights {
-    kvq_wtensor attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, w_gate, w_up, w_down;
+    kvq_wtensor attn_norm, wq, wk, wv, bq, bk, bv, q_norm, k_norm, wo, post_attn_norm, ffn_norm, w_gate, w_up, w_down,
+        post_ffn_norm;
 } kvq_layer_weights;
+#define KVQ_LAYER_TENSORS 16
 
 struct kvq_model {
     kvq_model_info info;
@@ -102,6 +108,7 @@ struct kvq_model {
     kvq_gguf gguf;
     kvq_wtensor tok_embd, output_norm, output, rope_freqs;
     kvq_layer_weights *layer; /* [n_layers] */
+    unsigned char *layer_swa; /* [n_layers] 1: the layer uses the sliding window (NULL: none does) */
     kvq_vocab vocab;          /* n == 0: no tokenizer */
     char tokenizer_missing[160]; /* why --text cannot be used */
 };
@@ -136,11 +143,16 @@ struct kvq_fw_opts {
     void *ud;
     void (*progress)(void *ud, int layer, int nlayers);
     void *progress_ud;
+    /* the exact stream's logits at these positions into logits [n][vocab] */
+    const int *logit_pos;
+    int n_logit_pos;
+    float *logits;
 };
 typedef struct kvq_fw_opts kvq_fw_opts;
 
-/* RoPE of the model for T positions (freq factors applied). */
-kvq_status kvq_model_rope(const kvq_model *m, int T, kvq_rope *out, kvq_error *err);
+/* RoPE of the model for T positions (freq factors applied) with base theta
+ * (the model's rope_theta, or rope_theta_swa for sliding-window layers). */
+kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, kvq_rope *out, kvq_error *err);
 /* Runs the streams through every layer and the output head. */
 kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err);
 
