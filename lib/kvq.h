@@ -737,7 +737,8 @@ double kvq_kurtosis(const float *x, size_t n);
 typedef enum kvq_ggml_type {
     KVQ_GGML_F32 = 0, KVQ_GGML_F16 = 1, KVQ_GGML_Q4_0 = 2, KVQ_GGML_Q4_1 = 3, KVQ_GGML_Q5_0 = 6,
     KVQ_GGML_Q5_1 = 7, KVQ_GGML_Q8_0 = 8, KVQ_GGML_Q2_K = 10, KVQ_GGML_Q3_K = 11, KVQ_GGML_Q4_K = 12,
-    KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_IQ4_NL = 20, KVQ_GGML_BF16 = 30
+    KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_IQ4_NL = 20, KVQ_GGML_IQ4_XS = 23,
+    KVQ_GGML_BF16 = 30
 } kvq_ggml_type;
 
 /* Values and bytes per block of `type`; 0 if kvq does not read the type. */
@@ -767,6 +768,7 @@ typedef struct kvq_model_info {
     double rope_theta;
     kvq_rope_style rope_style; /* llama: interleaved (GGUF's permuted Q/K); qwen2: half */
     int has_rope_freqs;  /* a rope_freqs tensor divides each pair's frequency */
+    double rope_scale;   /* linear RoPE scaling: angles × rope_scale (1: none; 0 read as 1) */
     int tied_output;     /* the output matrix is the token embedding */
     int has_qkv_bias;
     int has_qk_norm;     /* qwen3, gemma3: RMSNorm of each head's q and k before RoPE */
@@ -831,7 +833,7 @@ typedef struct kvq_eval_opts {
     void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
     void *ud;
     /* optional: the exact model's logits at positions logit_pos[0..n_logit_pos)
-     * (each below T − 1) into logits [n_logit_pos][vocab_size], for checks
+     * (each below T) into logits [n_logit_pos][vocab_size], for checks
      * against another implementation */
     const int *logit_pos;
     int n_logit_pos;

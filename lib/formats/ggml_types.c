@@ -39,6 +39,7 @@ static const ggml_type_row types[] = {
     {KVQ_GGML_Q3_K, "q3_K", 256, 110},  {KVQ_GGML_Q4_K, "q4_K", 256, 144},
     {KVQ_GGML_Q5_K, "q5_K", 256, 176},  {KVQ_GGML_Q6_K, "q6_K", 256, 210},
     {KVQ_GGML_BF16, "bf16", 1, 2},      {KVQ_GGML_IQ4_NL, "iq4_nl", 32, 18},
+    {KVQ_GGML_IQ4_XS, "iq4_xs", 256, 136},
 };
 
 /* ggml-common.h's kvalues_iq4nl: the 16 non-linear levels of iq4_nl */
@@ -134,6 +135,24 @@ static void deq_iq4_nl(const uint8_t *b, float *y)
     for (int j = 0; j < 16; j++) {
         y[j] = d * (float)kvalues_iq4nl[qs[j] & 0xF];
         y[j + 16] = d * (float)kvalues_iq4nl[qs[j] >> 4];
+    }
+}
+
+/* iq4_xs {d; scales_h; scales_l[4]; qs[128]}: 8 sub-blocks of 32 iq4_nl
+ * indices, each with a 6-bit scale ls (low 4 bits in scales_l, high 2 in
+ * scales_h) giving d · (ls − 32). */
+static void deq_iq4_xs(const uint8_t *b, float *y)
+{
+    float d = half_at(b);
+    unsigned scales_h = (unsigned)b[2] | (unsigned)b[3] << 8;
+    const uint8_t *scales_l = b + 4, *qs = b + 8;
+    for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
+        int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+        float dl = d * (float)(ls - 32);
+        for (int j = 0; j < 16; j++) {
+            y[j] = dl * (float)kvalues_iq4nl[qs[j] & 0xf];
+            y[j + 16] = dl * (float)kvalues_iq4nl[qs[j] >> 4];
+        }
     }
 }
 
@@ -255,6 +274,7 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
         switch (type) {
         case KVQ_GGML_Q4_0: deq_q4_0(p, dst); break;
         case KVQ_GGML_IQ4_NL: deq_iq4_nl(p, dst); break;
+        case KVQ_GGML_IQ4_XS: deq_iq4_xs(p, dst); break;
         case KVQ_GGML_Q4_1: deq_q4_1(p, dst); break;
         case KVQ_GGML_Q5_0: deq_q5(p, dst, 0); break;
         case KVQ_GGML_Q5_1: deq_q5(p, dst, 1); break;

@@ -32,7 +32,7 @@
  * whatever the thread count: results do not depend on --threads (SPEC §8
  * "Forward").  A multi-threaded BLAS call splits its work by the thread
  * count, and a last-bit change in a key can flip a 4-bit rounding. */
-enum { TILE_ROWS = 512, TILE_COLS = 512, ATT_ROWS = 64 };
+enum { TILE_ROWS = 512, TILE_COLS = 1024, ATT_ROWS = 64 };
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
@@ -81,18 +81,29 @@ static size_t first_nonfinite(const float *x, size_t n)
     return n;
 }
 
-/* Fails naming the tensor when rows × cols values of it (from row r0) are not all finite. */
-static kvq_status check_weights(const kvq_model *m, const kvq_wtensor *t, const float *x, int64_t r0, int64_t rows,
-                                kvq_error *err)
+/* Rows [r0, r1) of t dequantized into out, rows shared among nt threads
+ * (each value is computed alone: the result is the same for any nt), and
+ * checked finite: fails naming the tensor, row and column of the first
+ * non-finite weight. */
+static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t r0, int64_t r1, float *out, int nt,
+                              kvq_error *err)
 {
-    size_t n = (size_t)rows * (size_t)t->cols, i = first_nonfinite(x, n);
-    if (i == n) return KVQ_OK;
-    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %lld is %g: expected finite weights", m->path,
-                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(i / (size_t)t->cols)),
-                    (long long)(i % (size_t)t->cols), (double)x[i]);
+    size_t cols = (size_t)t->cols, bad = SIZE_MAX;
+    int64_t chunk = (int64_t)((1u << 16) / cols) + 1; /* rows of at least 64k values per task */
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
+    for (int64_t a = r0; a < r1; a += chunk) {
+        int64_t b = a + chunk < r1 ? a + chunk : r1;
+        float *y = out + (size_t)(a - r0) * cols;
+        kvq_wtensor_rows(t, a, b, y);
+        size_t n = (size_t)(b - a) * cols, i = first_nonfinite(y, n);
+        if (i < n && (size_t)(a - r0) * cols + i < bad) bad = (size_t)(a - r0) * cols + i;
+    }
+    if (bad == SIZE_MAX) return KVQ_OK;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %zu is %g: expected finite weights", m->path,
+                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(bad / cols)), bad % cols, (double)out[bad]);
 }
 
-static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, kvq_error *err)
+static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, kvq_error *err)
 {
     const kvq_layer_weights *lw = &m->layer[l];
     const kvq_wtensor *src[KVQ_LAYER_TENSORS] = {&lw->attn_norm, &lw->wq, &lw->wk, &lw->wv, &lw->bq, &lw->bk,
@@ -114,15 +125,21 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, kvq_error
     size_t off = 0;
     for (int i = 0; i < KVQ_LAYER_TENSORS; i++) {
         const kvq_wtensor *t = src[i];
-        if (!t->data) { *dst[i] = NULL; continue; }
-        if (in_place(t)) {
+        kvq_status st = KVQ_OK;
+        if (!t->data) {
+            *dst[i] = NULL;
+        } else if (in_place(t)) {
             *dst[i] = (const float *)t->data;
+            size_t n = wt_floats(t), bad = first_nonfinite(*dst[i], n);
+            if (bad < n)
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %lld is %g: expected finite weights",
+                              m->path, t->name ? t->name : "?", (long long)(bad / (size_t)t->cols),
+                              (long long)(bad % (size_t)t->cols), (double)(*dst[i])[bad]);
         } else {
-            kvq_wtensor_rows(t, 0, t->rows, w->buf + off);
+            st = weight_rows(m, t, 0, t->rows, w->buf + off, nt, err);
             *dst[i] = w->buf + off;
             off += wt_floats(t);
         }
-        kvq_status st = check_weights(m, t, *dst[i], 0, t->rows, err);
         if (st) return st;
     }
     return KVQ_OK;
@@ -162,18 +179,25 @@ static void to_heads(const float *x, float *y, int T, int nh, int D)
             memcpy(y + ((size_t)h * T + t) * D, x + (size_t)t * nh * D + (size_t)h * D, (size_t)D * sizeof(float));
 }
 
-kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, kvq_rope *r, kvq_error *err)
+int kvq_model_rope_tabled(const kvq_model *m)
+{
+    return m->info.has_rope_freqs || (m->info.rope_scale > 0 && m->info.rope_scale != 1.0);
+}
+
+kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, double scale, kvq_rope *r, kvq_error *err)
 {
     const kvq_model_info *in = &m->info;
     int D = in->head_dim, half = D / 2;
     kvq_status st = kvq_rope_from_theta(r, T, D, theta, in->rope_style, err);
-    if (st || !in->has_rope_freqs) return st;
+    if (!(scale > 0)) scale = 1.0;
+    if (st || (!in->has_rope_freqs && scale == 1.0)) return st;
     float *f = kvq_alloc_array((size_t)half, sizeof *f);
     if (!f) {
         kvq_rope_free(r);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
-    kvq_wtensor_rows(&m->rope_freqs, 0, 1, f);
+    for (int i = 0; i < half; i++) f[i] = 1.0f;
+    if (in->has_rope_freqs) kvq_wtensor_rows(&m->rope_freqs, 0, 1, f);
     for (int i = 0; i < half; i++)
         if (!(f[i] > 0) || !isfinite(f[i])) {
             kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor rope_freqs.weight: factor %d is %g: expected a positive number",
@@ -182,10 +206,10 @@ kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, kvq_rope *r, 
             free(f);
             return KVQ_ERR_FORMAT;
         }
-    /* llama.cpp divides each pair's angle by its factor */
+    /* llama.cpp multiplies the position by freq_scale and divides each pair's angle by its factor */
     for (int t = 0; t < T; t++)
         for (int i = 0; i < half; i++) {
-            double ang = t * pow(theta, -2.0 * i / D) / f[i];
+            double ang = t * scale * pow(theta, -2.0 * i / D) / f[i];
             r->cos[(size_t)t * half + i] = cos(ang);
             r->sin[(size_t)t * half + i] = sin(ang);
         }
@@ -510,33 +534,36 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const kvq_fw_opts *o = c->o;
-    int N = o->T - 1, dim = in->dim, V = in->vocab_size, nt = c->nt;
+    int N = o->T - 1, dim = in->dim, V = in->vocab_size, nt = c->nt, NA = N;
+    for (int i = 0; i < o->n_logit_pos; i++) /* the last position's logits are wanted too: one more row */
+        if (o->logit_pos[i] == N) NA = N + 1;
     /* vocabulary chunks: at most 64 MB of weights or of logits at a time */
     size_t lim = (16u << 20) / (size_t)(N > dim ? N : dim);
     int vc = lim < 256 ? 256 : lim > (size_t)V ? V : (int)lim;
     if (vc > V) vc = V;
     float *W = kvq_alloc_array((size_t)vc, (size_t)dim * sizeof(float));
-    float *A = kvq_alloc_array((size_t)N, (size_t)vc * sizeof(float));
+    float *A = kvq_alloc_array((size_t)NA, (size_t)vc * sizeof(float)); /* row N: the last position (own call) */
     float *B = kvq_alloc_array((size_t)N, (size_t)vc * sizeof(float));
-    float *xn = kvq_alloc_array((size_t)o->ns, (size_t)N * dim * sizeof(float));
+    float *xn = kvq_alloc_array((size_t)o->ns * N + (size_t)(NA - N), (size_t)dim * sizeof(float));
     float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
     kvq_status rc = KVQ_OK;
     if (!W || !A || !B || !xn || !onorm) {
         rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", N, vc);
         goto done;
     }
-    kvq_wtensor_rows(&c->m->output_norm, 0, 1, onorm);
-    if ((rc = check_weights(c->m, &c->m->output_norm, onorm, 0, 1, err))) goto done;
-    for (int i = 0; i < o->ns; i++) rmsnorm(xn + (size_t)i * N * dim, o->s[i].x, onorm, N, dim, in->norm_eps, nt);
+    if ((rc = weight_rows(c->m, &c->m->output_norm, 0, 1, onorm, 1, err))) goto done;
+    /* stream i's normed rows at xn + (i ? NA + (i − 1)·N : 0) rows */
+    for (int i = 0; i < o->ns; i++)
+        rmsnorm(xn + (i ? (size_t)NA + (size_t)(i - 1) * N : 0) * dim, o->s[i].x, onorm, i ? N : NA, dim, in->norm_eps, nt);
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = v0 + vc < V ? vc : V - v0;
-        kvq_wtensor_rows(&c->m->output, v0, v0 + n, W);
-        if ((rc = check_weights(c->m, &c->m->output, W, v0, n, err))) goto done;
+        if ((rc = weight_rows(c->m, &c->m->output, v0, v0 + n, W, nt, err))) goto done;
         chunk_logits(A, xn, W, N, dim, n, in->logit_softcap, nt);
+        if (NA > N) chunk_logits(A + (size_t)N * n, xn + (size_t)N * dim, W, 1, dim, n, in->logit_softcap, nt);
         for (int i = 0; i < o->n_logit_pos; i++)
             memcpy(o->logits + (size_t)i * V + v0, A + (size_t)o->logit_pos[i] * n, (size_t)n * sizeof(float));
         for (int i = 1; i < o->ns; i++) {
-            chunk_logits(B, xn + (size_t)i * N * dim, W, N, dim, n, in->logit_softcap, nt);
+            chunk_logits(B, xn + ((size_t)NA + (size_t)(i - 1) * N) * dim, W, N, dim, n, in->logit_softcap, nt);
             fold_chunk(&o->s[i], B, A, &o->s[0], N, n, v0, o->tokens, nt);
         }
         fold_chunk(&o->s[0], A, NULL, NULL, N, n, v0, o->tokens, nt);
@@ -577,8 +604,7 @@ static kvq_status embed(fw_ctx *c, kvq_error *err)
     int T = o->T, dim = m->info.dim;
     float *x = o->s[0].x, sc = m->info.embed_scale;
     for (int t = 0; t < T; t++) { /* only the rows of the tokens are dequantized */
-        kvq_wtensor_rows(&m->tok_embd, o->tokens[t], o->tokens[t] + 1, x + (size_t)t * dim);
-        kvq_status st = check_weights(m, &m->tok_embd, x + (size_t)t * dim, o->tokens[t], 1, err);
+        kvq_status st = weight_rows(m, &m->tok_embd, o->tokens[t], o->tokens[t] + 1, x + (size_t)t * dim, 1, err);
         if (st) return st;
         if (sc > 0)
             for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] *= sc;
@@ -596,13 +622,13 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     for (int i = 0; i < o->ns; i++) quantized |= o->s[i].item && o->s[i].item->spec;
     if ((rc = scratch_alloc(&c.s, in, T, quantized, c.nt, err))) return rc;
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
-    if ((rc = kvq_model_rope(m, T, in->rope_theta, &c.rope, err))) goto done;
-    if (in->n_swa_layers && in->rope_theta_swa != in->rope_theta &&
-        (rc = kvq_model_rope(m, T, in->rope_theta_swa, &c.rope_swa, err)))
+    if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
+    if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&
+        (rc = kvq_model_rope(m, T, in->rope_theta_swa, 1.0, &c.rope_swa, err)))
         goto done;
     c.qinfo = (kvq_dump_info){.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
                               .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
-                              .rope_style = in->rope_style, .has_key_pre_rope = 1, .has_rope_table = in->has_rope_freqs,
+                              .rope_style = in->rope_style, .has_key_pre_rope = 1, .has_rope_table = kvq_model_rope_tabled(m),
                               .key_dtype = KVQ_F32, .value_dtype = KVQ_F32, .query_dtype = KVQ_F32};
     snprintf(c.qinfo.model, sizeof c.qinfo.model, "%s", in->name);
     for (int i = 0; i < o->ns; i++) o->s[i].active = !o->s[i].item || o->s[i].item->layer < 0;
@@ -610,7 +636,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     for (int i = 1; i < o->ns; i++)
         if (o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < in->n_layers; l++) {
-        if ((rc = load_layer(m, l, &c.w, err))) goto done;
+        if ((rc = load_layer(m, l, &c.w, c.nt, err))) goto done;
         for (int i = 1; i < o->ns; i++) /* one-layer items start from the exact state at their layer */
             if (!o->s[i].active && o->s[i].item->layer == l) {
                 memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));

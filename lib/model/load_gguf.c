@@ -1,16 +1,22 @@
-/* load_gguf.c — a GGUF file as a model (SPEC §8): architecture `llama`
- * (interleaved RoPE on the converter's permuted Q/K weights) or `qwen2`
- * (QKV biases, `half` RoPE); hyper-parameters from `{arch}.*` metadata,
- * tensors bound by llama.cpp's names and checked against those shapes, and
- * the SentencePiece vocabulary when `tokenizer.ggml.model` is `llama`. */
+/* load_gguf.c — a GGUF file as a model (SPEC §8), as llama.cpp v0.5.0's
+ * src/models/ARCH.cpp reads the same file: `llama` (interleaved RoPE on the
+ * converter's permuted Q/K weights), `qwen2` (QKV biases), `qwen3` (q/k
+ * RMSNorm per head), `gemma3` (scaled embedding, q/k norms, post-norms,
+ * GeGLU, sliding-window layers with their own RoPE base) and `phi3` (fused
+ * QKV and gate/up, bound as row ranges); `half` RoPE for all but llama.
+ * Hyper-parameters from `{arch}.*` metadata, tensors bound by llama.cpp's
+ * names and checked against those shapes, and the SentencePiece vocabulary
+ * when `tokenizer.ggml.model` is `llama`. */
 #include "model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
-static kvq_status bind(kvq_model *m, kvq_wtensor *w, const char *name, int64_t cols, int64_t rows, int required,
-                       kvq_error *err)
+/* Binds rows [r0, r0 + rows) of tensor `name`, which must have `cols`
+ * columns and `total` rows (a fused tensor is bound part by part). */
+static kvq_status bind_rows(kvq_model *m, kvq_wtensor *w, const char *name, int64_t cols, int64_t total, int64_t r0,
+                            int64_t rows, int required, kvq_error *err)
 {
     const gguf_tensor *t = kvq_gguf_tensor(&m->gguf, name);
     memset(w, 0, sizeof *w);
@@ -20,12 +26,19 @@ static kvq_status bind(kvq_model *m, kvq_wtensor *w, const char *name, int64_t c
                         m->info.arch_name);
     }
     int64_t trows = t->ne[1] * t->ne[2] * t->ne[3];
-    if (t->ne[0] != cols || trows != rows)
+    if (t->ne[0] != cols || trows != total)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: expected [%lld, %lld] (ne0 = columns), got [%lld, %lld]", m->path,
-                        name, (long long)cols, (long long)rows, (long long)t->ne[0], (long long)trows);
-    w->name = t->name, w->type = t->type, w->cols = cols, w->rows = rows, w->data = t->data;
-    w->row_bytes = rows ? t->nbytes / (size_t)rows : 0;
+                        name, (long long)cols, (long long)total, (long long)t->ne[0], (long long)trows);
+    w->name = t->name, w->type = t->type, w->cols = cols, w->rows = rows;
+    w->row_bytes = total ? t->nbytes / (size_t)total : 0;
+    w->data = t->data + (size_t)r0 * w->row_bytes;
     return KVQ_OK;
+}
+
+static kvq_status bind(kvq_model *m, kvq_wtensor *w, const char *name, int64_t cols, int64_t rows, int required,
+                       kvq_error *err)
+{
+    return bind_rows(m, w, name, cols, rows, 0, rows, required, err);
 }
 
 /* A required positive integer hyper-parameter `{arch}.suffix`. */
@@ -94,6 +107,72 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
     return kvq_vocab_index(v, err);
 }
 
+static const struct {
+    const char *name;
+    kvq_arch arch;
+} archs[] = {{"llama", KVQ_ARCH_LLAMA}, {"qwen2", KVQ_ARCH_QWEN2}, {"qwen3", KVQ_ARCH_QWEN3},
+             {"gemma3", KVQ_ARCH_GEMMA3}, {"phi3", KVQ_ARCH_PHI3}};
+
+/* A real `{arch}.suffix` (absent: *v unchanged) that must lie in (lo, hi). */
+static kvq_status hreal(kvq_model *m, const char *suffix, double lo, double hi, double *v, kvq_error *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->info.arch_name, suffix);
+    if (kvq_gguf_get_real(&m->gguf, key, v) < 0 || !(*v > lo) || !(*v < hi))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a number in (%g, %g)", m->path, key, lo, hi);
+    return KVQ_OK;
+}
+
+/* RoPE scaling: none, or linear with a factor (llama.cpp's freq_scale = 1 / factor). */
+static kvq_status rope_scaling(kvq_model *m, kvq_error *err)
+{
+    kvq_model_info *in = &m->info;
+    char key[128];
+    const char *s;
+    uint64_t len;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", in->arch_name);
+    int r = kvq_gguf_get_str(&m->gguf, key, &s, &len);
+    if (r == 1 && !(len == 4 && !memcmp(s, "none", 4)) && !(len == 6 && !memcmp(s, "linear", 6)))
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: metadata %s: \"%.*s\" RoPE scaling is not supported (kvq runs none and linear)",
+                        m->path, key, (int)(len < 40 ? len : 40), s);
+    double factor = 0;
+    kvq_status st = hreal(m, "rope.scaling.factor", -1, 1e6, &factor, err);
+    if (st) return st;
+    if (r == 1 && len == 4) factor = 0; /* "none" */
+    in->rope_scale = factor > 0 ? 1.0 / factor : 1.0;
+    return KVQ_OK;
+}
+
+/* gemma3's sliding-window layers: `attention.sliding_window` W > 0 and the
+ * pattern (an array of per-layer flags, or every n-th layer global; n = 6
+ * by default), as llama.cpp's load_swa_pattern. */
+static kvq_status sliding_layers(kvq_model *m, kvq_error *err)
+{
+    kvq_model_info *in = &m->info;
+    char key[128];
+    int64_t W = 0, n = 6;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", in->arch_name);
+    if (kvq_gguf_get_int(&m->gguf, key, &W) < 0 || W < 0 || W > (1 << 30))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a window of 0..2^30 positions", m->path, key);
+    if (W == 0) return KVQ_OK;
+    if (!(m->layer_swa = calloc((size_t)in->n_layers, 1))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", in->arch_name);
+    const gguf_kv *kv = kvq_gguf_find(&m->gguf, key);
+    if (kv && kv->type == GGUF_ARRAY) {
+        if ((kv->arr_type != GGUF_BOOL && kv->arr_type != GGUF_U8 && kv->arr_type != GGUF_I8) || kv->n != (uint64_t)in->n_layers)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected %d booleans (one per layer)", m->path, key, in->n_layers);
+        for (int l = 0; l < in->n_layers; l++) m->layer_swa[l] = kv->val[l] != 0;
+    } else {
+        if (kvq_gguf_get_int(&m->gguf, key, &n) < 0 || n < 0 || n > (1 << 20))
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a layer period or per-layer flags", m->path, key);
+        for (int l = 0; l < in->n_layers; l++) m->layer_swa[l] = n == 0 || l % n < n - 1;
+    }
+    in->sliding_window = (int)W;
+    for (int l = 0; l < in->n_layers; l++) in->n_swa_layers += m->layer_swa[l];
+    in->rope_theta_swa = 10000.0;
+    return hreal(m, "rope.freq_base_swa", 1, INFINITY, &in->rope_theta_swa, err);
+}
+
 kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
 {
     kvq_status st = kvq_gguf_parse(&m->gguf, m->path, m->map, m->map_size, err);
@@ -106,11 +185,13 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     if (kvq_gguf_get_str(g, "general.architecture", &s, &len) != 1)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata general.architecture: missing (required)", m->path);
     snprintf(in->arch_name, sizeof in->arch_name, "%.*s", (int)(len < 60 ? len : 60), s);
-    if (!strcmp(in->arch_name, "llama")) in->arch = KVQ_ARCH_LLAMA;
-    else if (!strcmp(in->arch_name, "qwen2")) in->arch = KVQ_ARCH_QWEN2;
-    else
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (kvq runs llama and qwen2)",
-                        m->path, in->arch_name);
+    int known = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strlen(archs[i].name) == len && !memcmp(archs[i].name, s, len)) in->arch = archs[i].arch, known = 1;
+    if (!known)
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: architecture \"%s\" is not supported (kvq runs llama, qwen2, qwen3, gemma3 and phi3)", m->path,
+                        in->arch_name);
     if (kvq_gguf_get_str(g, "general.name", &s, &len) == 1)
         snprintf(in->name, sizeof in->name, "%.*s", (int)(len < 250 ? len : 250), s);
     else
@@ -124,6 +205,11 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         (st = hparam(m, "context_length", 0, 1 << 30, 1 << 30, &in->context_length, err)) ||
         (st = hparam(m, "attention.key_length", 0, in->dim / in->n_heads, 1 << 16, &in->head_dim, err)))
         return st;
+    int vlen;
+    if ((st = hparam(m, "attention.value_length", 0, in->head_dim, 1 << 16, &vlen, err))) return st;
+    if (vlen != in->head_dim)
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %d differs from key_length %d (not supported)",
+                        m->path, in->arch_name, vlen, in->head_dim);
     if (in->n_heads % in->n_kv_heads)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d", m->path, in->n_heads, in->n_kv_heads);
     if (in->head_dim % 2)
@@ -133,18 +219,27 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     if (n_rot != in->head_dim)
         return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s.rope.dimension_count %d: partial rotary embeddings (head_dim %d) are not supported",
                         m->path, in->arch_name, n_rot, in->head_dim);
-    char key[128];
     double v = 1e-5;
-    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", in->arch_name);
-    if (kvq_gguf_get_real(g, key, &v) < 0 || !(v > 0) || !(v < 1))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a small positive number", m->path, key);
+    if ((st = hreal(m, "attention.layer_norm_rms_epsilon", 0, 1, &v, err))) return st;
     in->norm_eps = (float)v;
-    v = 10000.0;
-    snprintf(key, sizeof key, "%s.rope.freq_base", in->arch_name);
-    if (kvq_gguf_get_real(g, key, &v) < 0 || !(v > 1) || !isfinite(v))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a number above 1", m->path, key);
-    in->rope_theta = v;
-    in->rope_style = in->arch == KVQ_ARCH_QWEN2 ? KVQ_ROPE_HALF : KVQ_ROPE_INTERLEAVED;
+    in->rope_theta = 10000.0;
+    if ((st = hreal(m, "rope.freq_base", 1, INFINITY, &in->rope_theta, err)) || (st = rope_scaling(m, err))) return st;
+    in->rope_style = in->arch == KVQ_ARCH_LLAMA ? KVQ_ROPE_INTERLEAVED : KVQ_ROPE_HALF;
+    in->has_qkv_bias = in->arch == KVQ_ARCH_QWEN2;
+    in->has_qk_norm = in->arch == KVQ_ARCH_QWEN3 || in->arch == KVQ_ARCH_GEMMA3;
+    if (in->arch == KVQ_ARCH_GEMMA3) {
+        /* llama.cpp: x·sqrt(n_embd); Q scaled by 1/sqrt(head_dim), or by
+         * 1/sqrt(n_embd/n_head) for the 27B model (62 layers) */
+        in->has_post_norms = 1;
+        in->ffn_act = KVQ_ACT_GELU_TANH;
+        in->embed_scale = sqrtf((float)in->dim);
+        in->attn_scale = 1.0f / sqrtf((float)(in->n_layers == 62 ? in->dim / in->n_heads : in->head_dim));
+        double cap = 0;
+        if ((st = hreal(m, "final_logit_softcapping", -1, INFINITY, &cap, err)) || (st = sliding_layers(m, err))) return st;
+        in->logit_softcap = cap > 0 ? (float)cap : 0.0f;
+    }
+    /* phi3: llama.cpp v0.5.0 disables Phi's sliding window ("Phi SWA is
+     * currently disabled"), so kvq ignores phi3.attention.sliding_window too */
 
     const gguf_tensor *emb = kvq_gguf_tensor(g, "token_embd.weight");
     if (!emb) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor token_embd.weight: missing (required)", m->path);
@@ -152,33 +247,56 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor token_embd.weight: %lld rows: expected a vocabulary of 1..2^24 tokens",
                         m->path, (long long)emb->ne[1]);
     in->vocab_size = (int)emb->ne[1];
-    int dim = in->dim, qd = in->n_heads * in->head_dim, kd = in->n_kv_heads * in->head_dim, V = in->vocab_size;
+    int dim = in->dim, D = in->head_dim, qd = in->n_heads * D, kd = in->n_kv_heads * D, V = in->vocab_size, F = in->ffn_dim;
     if ((st = bind(m, &m->tok_embd, "token_embd.weight", dim, V, 1, err)) ||
         (st = bind(m, &m->output_norm, "output_norm.weight", dim, 1, 1, err)) ||
         (st = bind(m, &m->output, "output.weight", dim, V, 0, err)) ||
-        (st = bind(m, &m->rope_freqs, "rope_freqs.weight", in->head_dim / 2, 1, 0, err)))
+        (st = bind(m, &m->rope_freqs, "rope_freqs.weight", D / 2, 1, 0, err)))
         return st;
+    if (kvq_gguf_tensor(g, "blk.0.rope_factors_long.weight") || kvq_gguf_tensor(g, "blk.0.rope_factors_short.weight") ||
+        kvq_gguf_tensor(g, "rope_factors_long.weight"))
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: LongRoPE factor tensors (rope_factors_long/short) are not supported", m->path);
     in->tied_output = !m->output.data;
     if (in->tied_output) m->output = m->tok_embd;
     in->has_rope_freqs = m->rope_freqs.data != NULL;
-    in->has_qkv_bias = in->arch == KVQ_ARCH_QWEN2;
     if (!(m->layer = calloc((size_t)in->n_layers, sizeof *m->layer)))
         return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    int qkn = in->has_qk_norm, post = in->has_post_norms, bias = in->has_qkv_bias;
     for (int l = 0; l < in->n_layers; l++) {
         kvq_layer_weights *w = &m->layer[l];
-        char n[12][64];
-        const char *suffix[12] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
+        char n[18][64];
+        const char *suffix[18] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
                                   "attn_k.bias", "attn_v.bias", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
-                                  "ffn_up.weight", "ffn_down.weight"};
-        for (int i = 0; i < 12; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
-        int bias = in->has_qkv_bias;
-        if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->wq, n[1], dim, qd, 1, err)) ||
-            (st = bind(m, &w->wk, n[2], dim, kd, 1, err)) || (st = bind(m, &w->wv, n[3], dim, kd, 1, err)) ||
-            (st = bind(m, &w->bq, n[4], qd, 1, bias, err)) || (st = bind(m, &w->bk, n[5], kd, 1, bias, err)) ||
-            (st = bind(m, &w->bv, n[6], kd, 1, bias, err)) || (st = bind(m, &w->wo, n[7], qd, dim, 1, err)) ||
-            (st = bind(m, &w->ffn_norm, n[8], dim, 1, 1, err)) || (st = bind(m, &w->w_gate, n[9], dim, in->ffn_dim, 1, err)) ||
-            (st = bind(m, &w->w_up, n[10], dim, in->ffn_dim, 1, err)) || (st = bind(m, &w->w_down, n[11], in->ffn_dim, dim, 1, err)))
+                                  "ffn_up.weight", "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+                                  "post_attention_norm.weight", "post_ffw_norm.weight", "attn_qkv.weight", "?"};
+        for (int i = 0; i < 17; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+        if (kvq_gguf_tensor(g, n[16])) { /* fused [q | k | v] rows */
+            int64_t tot = (int64_t)qd + 2 * kd;
+            if ((st = bind_rows(m, &w->wq, n[16], dim, tot, 0, qd, 1, err)) ||
+                (st = bind_rows(m, &w->wk, n[16], dim, tot, qd, kd, 1, err)) ||
+                (st = bind_rows(m, &w->wv, n[16], dim, tot, qd + kd, kd, 1, err)))
+                return st;
+        } else if ((st = bind(m, &w->wq, n[1], dim, qd, 1, err)) || (st = bind(m, &w->wk, n[2], dim, kd, 1, err)) ||
+                   (st = bind(m, &w->wv, n[3], dim, kd, 1, err))) {
             return st;
+        }
+        if (in->arch == KVQ_ARCH_PHI3) { /* fused [gate | up] rows, as ggml_swiglu splits them */
+            if ((st = bind_rows(m, &w->w_gate, n[10], dim, 2 * (int64_t)F, 0, F, 1, err)) ||
+                (st = bind_rows(m, &w->w_up, n[10], dim, 2 * (int64_t)F, F, F, 1, err)))
+                return st;
+        } else if ((st = bind(m, &w->w_gate, n[9], dim, F, 1, err)) || (st = bind(m, &w->w_up, n[10], dim, F, 1, err))) {
+            return st;
+        }
+        if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->bq, n[4], qd, 1, bias, err)) ||
+            (st = bind(m, &w->bk, n[5], kd, 1, bias, err)) || (st = bind(m, &w->bv, n[6], kd, 1, bias, err)) ||
+            (st = bind(m, &w->wo, n[7], qd, dim, 1, err)) || (st = bind(m, &w->ffn_norm, n[8], dim, 1, 1, err)) ||
+            (st = bind(m, &w->w_down, n[11], F, dim, 1, err)) || (st = bind(m, &w->q_norm, n[12], D, 1, qkn, err)) ||
+            (st = bind(m, &w->k_norm, n[13], D, 1, qkn, err)) ||
+            (st = bind(m, &w->post_attn_norm, n[14], dim, 1, post, err)) ||
+            (st = bind(m, &w->post_ffn_norm, n[15], dim, 1, post, err)))
+            return st;
+        if (!qkn) memset(&w->q_norm, 0, sizeof w->q_norm), memset(&w->k_norm, 0, sizeof w->k_norm);
+        if (!post) memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm), memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
     }
     return load_vocab(m, err);
 }

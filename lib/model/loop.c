@@ -88,9 +88,9 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
         (st = kvq_dump_writer_attr_ints(job.w, "vocab_size", &in->vocab_size, 0, err)))
         goto done;
     if (layers && (st = kvq_dump_writer_attr_ints(job.w, "source_layers", layers, (size_t)nlayers, err))) goto done;
-    if (in->has_rope_freqs) { /* scaled RoPE: the exact angles as tables */
+    if (kvq_model_rope_tabled(m)) { /* scaled RoPE: the exact angles as tables */
         kvq_rope r;
-        if ((st = kvq_model_rope(m, T, in->rope_theta, &r, err))) goto done;
+        if ((st = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &r, err))) goto done;
         size_t n = (size_t)T * (in->head_dim / 2);
         float *c = kvq_alloc_array(n, sizeof *c), *sn = kvq_alloc_array(n, sizeof *sn);
         if (c && sn) {
@@ -147,6 +147,10 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         if (!o->calib) return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
     }
+    for (int i = 0; i < o->n_logit_pos; i++)
+        if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= T)
+            return kvq_fail(err, KVQ_ERR_USAGE, "logits of position %d: expected a position below %d and an output array",
+                            o->logit_pos[i], T);
     /* passes: as many streams at once as max_bytes of hidden states allow */
     size_t per = (size_t)T * ((size_t)in->dim * sizeof(float) + 4 * sizeof(double) + sizeof(float) + sizeof(int));
     size_t budget = o->max_bytes ? o->max_bytes : (size_t)4 << 30;
@@ -163,7 +167,8 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         ep.pass = pass;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
                           .seed = o->seed, .calib = o->calib, .progress = o->progress ? eval_tick : NULL,
-                          .progress_ud = &ep};
+                          .progress_ud = &ep, .logit_pos = o->logit_pos, .n_logit_pos = pass ? 0 : o->n_logit_pos,
+                          .logits = o->logits};
         if (!st && !(st = kvq_forward(m, &fo, err))) {
             if (nll_ref) *nll_ref = s[0].nll / (T - 1);
             for (int i = 1; i < ns; i++) {

@@ -75,6 +75,7 @@ void kvq_model_close(kvq_model *m)
     kvq_vocab_free(&m->vocab);
     if (m->map) munmap(m->map, m->map_size);
     free(m->layer);
+    free(m->layer_swa);
     free(m->path);
     free(m);
 }

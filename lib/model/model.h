@@ -150,9 +150,12 @@ struct kvq_fw_opts {
 };
 typedef struct kvq_fw_opts kvq_fw_opts;
 
-/* RoPE of the model for T positions (freq factors applied) with base theta
- * (the model's rope_theta, or rope_theta_swa for sliding-window layers). */
-kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, kvq_rope *out, kvq_error *err);
+/* RoPE of the model for T positions with base theta and linear scale
+ * (the model's rope_theta and rope_scale, or rope_theta_swa and 1 for
+ * sliding-window layers), rope_freqs factors applied. */
+kvq_status kvq_model_rope(const kvq_model *m, int T, double theta, double scale, kvq_rope *out, kvq_error *err);
+/* Whether the angles need tables (factors or scaling) rather than theta alone. */
+int kvq_model_rope_tabled(const kvq_model *m);
 /* Runs the streams through every layer and the output head. */
 kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err);
 
