@@ -465,6 +465,18 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a dataset (/%s is present)", p, has_cos ? "rope_sin" : "rope_cos", has_cos ? "rope_cos" : "rope_sin");
     }
     in->has_rope_table = has_cos && has_sin;
+
+    /* the model's attention scale and logit soft-cap (SPEC §1) */
+    double v = 0;
+    if ((st = attr_number(p, root, "attn_scale", 0, 0, &v, NULL, &present, err))) return st;
+    if (present && !(isfinite(v) && v > 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_scale: expected a positive finite number, got %g", p, v);
+    in->attn_scale = present ? v : 0;
+    v = 0;
+    if ((st = attr_number(p, root, "attn_softcap", 0, 0, &v, NULL, &present, err))) return st;
+    if (present && !(isfinite(v) && v >= 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_softcap: expected a finite number >= 0 (0: none), got %g", p, v);
+    in->attn_softcap = v;
     return KVQ_OK;
 }
 
@@ -494,7 +506,18 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
             H5Gclose(g);
             return st;
         }
+        long long win = 0;
+        int haswin;
+        char wname[48];
+        snprintf(wname, sizeof wname, "%s/sliding_window", gname + 1);
+        if ((st = attr_number(p, g, "sliding_window", 0, 1, NULL, &win, &haswin, err))) {
+            H5Gclose(g);
+            return st;
+        }
         H5Gclose(g);
+        if (win < 0 || win > INT32_MAX)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a window of 0 (none) to 2^31-1 positions, got %lld", p, wname, win);
+        in->window_layers += win > 0;
         if (!pk) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/key: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
         if (!pv) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/value: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
         if (l == 0) {
@@ -509,6 +532,10 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/%s: expected %s, as in /layer_000", p, gname, what, has0 ? "a dataset" : "no dataset");
         }
     }
+    double plain = 1.0 / sqrt((double)in->head_dim);
+    in->attn_unapplied = in->window_layers > 0 || in->attn_softcap > 0 ||
+                         (in->attn_scale > 0 && fabs(in->attn_scale - plain) > 1e-6 * plain);
+    if (in->attn_unapplied) in->has_query = 0;
     return KVQ_OK;
 }
 
@@ -859,6 +886,19 @@ kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer 
     if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
     H5Gclose(g);
     if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, h5_detail(det, sizeof det));
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_writer_layer_attr_int(kvq_dump_writer *w, int layer, const char *name, long long v,
+                                          kvq_error *err)
+{
+    char gname[32], det[256];
+    snprintf(gname, sizeof gname, "/layer_%03d", layer);
+    h5_quiet();
+    hid_t g = H5Gopen2(w->file, gname, H5P_DEFAULT);
+    herr_t r = g < 0 ? -1 : write_attr_num(g, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, &v);
+    if (g >= 0) H5Gclose(g);
+    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s/%s: cannot write: %s", w->path, gname, name, h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 

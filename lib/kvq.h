@@ -98,6 +98,14 @@ typedef struct kvq_dump_info {
     int has_key_pre_rope; /* every layer has `key_pre_rope` */
     int has_rope_table;   /* root `rope_cos`/`rope_sin` present */
     kvq_dtype key_dtype, value_dtype, query_dtype;
+    double attn_scale;    /* root `attn_scale` (0: absent, 1/sqrt(D)) */
+    double attn_softcap;  /* root `attn_softcap` (0: none) */
+    int window_layers;    /* layers with a `sliding_window` > 0 */
+    /* 1 when the dump's attention differs from plain causal softmax(q·k/sqrt(D))
+     * (a window, another scale, a soft-cap): kvq does not apply those to its
+     * attention metrics yet, so has_query is cleared and those columns stay
+     * empty rather than measure an attention the model does not compute */
+    int attn_unapplied;
 } kvq_dump_info;
 
 /* One layer in memory.  Arrays are owned by the struct (kvq_layer_free). */
@@ -173,6 +181,9 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
 /* Writes /layer_NNN from `l` (query and key_pre_rope when non-NULL). */
 kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer *l,
                                  kvq_error *err);
+/* Integer attribute `name` of /layer_NNN (written after that layer). */
+kvq_status kvq_dump_writer_layer_attr_int(kvq_dump_writer *w, int layer, const char *name, long long v,
+                                          kvq_error *err);
 /* Writes the root rope_cos/rope_sin tables ([T][D/2] each). */
 kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, const float *sin,
                                       kvq_error *err);

@@ -80,8 +80,39 @@ if [ -r "$shared/model/stories260K.gguf" ]; then
         --policy prefill,decode --format csv >"$tmp/k.csv" 2>/dev/null
     awk -F, 'NR > 1 {d[$5] = $11} END {exit !(d["prefill"] > 1.0 && d["prefill"] < 1.4 && d["decode"] > 0.03 && d["decode"] < 0.15)}' "$tmp/k.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kivi prefill/decode dnll"; cat "$tmp/k.csv"; }
+    # results do not depend on the thread count: byte-identical CSV at 1, 2, 3 threads;
+    # per-token groups give prefill == decode exactly (same nll text)
+    for n in 1 2 3; do
+        "$eval" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 512 -q per-token:bits=4 \
+            -q kivi:bits=2 --policy prefill,decode --threads $n --format csv >"$tmp/t$n.csv" 2>/dev/null
+    done
+    cmp -s "$tmp/t1.csv" "$tmp/t2.csv" && cmp -s "$tmp/t1.csv" "$tmp/t3.csv" && [ -s "$tmp/t1.csv" ] \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-eval output differs between --threads 1, 2, 3"; cat "$tmp/t"?.csv; }
+    awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {exit !(d["prefill"] != "" && d["prefill"] == d["decode"])}' "$tmp/t1.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill != decode"; cat "$tmp/t1.csv"; }
 else
     echo "test_model_cli: bundled model checks skipped: $shared/model absent"
+fi
+
+# --- real models' architectures (skipped without ../shared/data/models-tiny)
+if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
+    g3=$shared/models-tiny/tiny-gemma3.gguf
+    awk -F'\t' '$1 == "01.txt" {print $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3.ids"
+    awk -F'\t' '{printf "%s ", $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3-all.ids"
+    expect 0 "gemma3, 6 layers" -- "$dump" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -o "$tmp/g3.h5"
+    expect 0 "5 layer(s) with a sliding window" -- "$build/tools/kvq-info" "$tmp/g3.h5"
+    expect 0 "attention and output columns are left empty" -- "$analyze" -q kivi --format csv "$tmp/g3.h5"
+    for n in 1 2 3; do
+        "$eval" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -q per-token:bits=4 -q fp8:scale=token -q ggml \
+            --policy prefill,decode --threads $n --format csv >"$tmp/g$n.csv" 2>/dev/null
+    done
+    cmp -s "$tmp/g1.csv" "$tmp/g2.csv" && cmp -s "$tmp/g1.csv" "$tmp/g3.csv" && [ -s "$tmp/g1.csv" ] \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 kvq-eval differs between --threads 1, 2, 3"; cat "$tmp/g"?.csv; }
+    awk -F, 'NR > 1 {d[$4 "/" $5] = $10} END {n = 0; for (k in d) if (k ~ /prefill/) {j = k; sub(/prefill/, "decode", j); n += d[k] == d[j]}
+             exit n != 3}' "$tmp/g1.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 prefill != decode"; cat "$tmp/g1.csv"; }
+else
+    echo "test_model_cli: tiny real-architecture checks skipped: $shared/models-tiny absent"
 fi
 
 echo "$pass passed, $fail failed"

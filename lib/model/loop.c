@@ -45,6 +45,7 @@ static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, int T, int
 
 typedef struct dump_job {
     kvq_dump_writer *w;
+    const kvq_model *m;
     const int *map; /* model layer -> dump layer, or -1 */
 } dump_job;
 
@@ -52,7 +53,10 @@ static kvq_status dump_layer(void *ud, int layer, const kvq_layer *L, kvq_error 
 {
     dump_job *j = ud;
     if (j->map[layer] < 0) return KVQ_OK;
-    return kvq_dump_writer_layer(j->w, j->map[layer], L, err);
+    kvq_status st = kvq_dump_writer_layer(j->w, j->map[layer], L, err);
+    int W = kvq_model_layer_window(j->m, layer);
+    if (!st && W > 0) st = kvq_dump_writer_layer_attr_int(j->w, j->map[layer], "sliding_window", W, err);
+    return st;
 }
 
 kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *layers, int nlayers, const char *out_path,
@@ -80,7 +84,9 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
     snprintf(info.model, sizeof info.model, "%s", in->name);
     if ((st = stream_alloc(&s, NULL, T, in->dim, err))) goto done;
     if ((st = kvq_dump_writer_create(out_path, &info, KVQ_F32, &job.w, err))) goto done;
-    job.map = map;
+    job.map = map, job.m = m;
+    double scale = in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim);
+    if ((st = kvq_dump_writer_attr_real(job.w, "attn_scale", scale, err))) goto done;
     const char *base = strrchr(m->path, '/');
     if ((st = kvq_dump_writer_attr_string(job.w, "source_model", base ? base + 1 : m->path, err)) ||
         (st = kvq_dump_writer_attr_string(job.w, "source_format", in->format, err)) ||
