@@ -166,6 +166,8 @@ static inline int gw_half_fields(int type, int off[2], double *factor)
     case KVQ_GGML_Q4_K: off[0] = 0, off[1] = 2; *factor = 945; return 2;
     case KVQ_GGML_Q5_K: off[0] = 0, off[1] = 2; *factor = 1953; return 2;
     case KVQ_GGML_Q6_K: off[0] = 208; *factor = 4064; return 1;
+    case KVQ_GGML_IQ4_NL: off[0] = 0; *factor = 127; return 1;
+    case KVQ_GGML_IQ4_XS: off[0] = 0; *factor = 127 * 32; return 1;
     default: return 0;
     }
 }

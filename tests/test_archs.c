@@ -157,9 +157,12 @@ START_TEST(test_threads)
         unsigned fl = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
         for (int k = 0; k < 3; k++) ck_assert(kvq_dump_read_layer(d[k], l, fl, &x[k], &err) == KVQ_OK);
         size_t nk = (size_t)x[0].H * x[0].T * x[0].D, nq = (size_t)x[0].Hq * x[0].T * x[0].D;
+        /* gemma3's windows leave its queries out of kvq's attention metrics (and reads) for now */
+        ck_assert(_i ? !x[0].query : x[0].query != NULL);
         for (int k = 1; k < 3; k++)
             ck_assert_msg(!memcmp(x[0].key, x[k].key, nk * 4) && !memcmp(x[0].value, x[k].value, nk * 4) &&
-                              !memcmp(x[0].query, x[k].query, nq * 4) && !memcmp(x[0].key_pre_rope, x[k].key_pre_rope, nk * 4),
+                              (!x[0].query || !memcmp(x[0].query, x[k].query, nq * 4)) &&
+                              !memcmp(x[0].key_pre_rope, x[k].key_pre_rope, nk * 4),
                           "%s: dump layer %d differs between 1 and %d threads", arch, l, k + 1);
         for (int k = 0; k < 3; k++) kvq_layer_free(&x[k]);
     }
@@ -193,7 +196,7 @@ START_TEST(test_prefill_equals_decode)
             it[3 * i + p] = (kvq_eval_item){.spec = &sp[i], .layer = -1, .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
     }
     double nll;
-    int T = 160; /* past gemma3's window of 64 */
+    int T = 100; /* past gemma3's window of 64 */
     /* decode at stride 1 (items 3i+1) and at stride 7 (3i+2, a second run) */
     eval_at(m, g.tokens, T, it, 3 * NS, 2, 1, &nll, NULL, NULL, 0);
     kvq_eval_item s7[NS];

@@ -13,7 +13,9 @@
 
 static const int all_types[] = {KVQ_GGML_F32, KVQ_GGML_F16, KVQ_GGML_BF16, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1,
                                 KVQ_GGML_Q5_0, KVQ_GGML_Q5_1, KVQ_GGML_Q8_0, KVQ_GGML_Q2_K, KVQ_GGML_Q3_K,
-                                KVQ_GGML_Q4_K, KVQ_GGML_Q5_K, KVQ_GGML_Q6_K};
+                                KVQ_GGML_Q4_K, KVQ_GGML_Q5_K, KVQ_GGML_Q6_K, KVQ_GGML_IQ4_NL, KVQ_GGML_IQ4_XS};
+/* ggml-common.h's kvalues_iq4nl, written out again */
+static const int iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 enum { NTYPES = sizeof all_types / sizeof all_types[0] };
 
 static float h16(const uint8_t *p) { return kvq_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
@@ -56,6 +58,12 @@ static float formula(int type, const uint8_t *b, int i)
         int lo = k == 0 ? b[64 * n + l] & 15 : k == 1 ? b[64 * n + l + 32] & 15 : k == 2 ? b[64 * n + l] >> 4 : b[64 * n + l + 32] >> 4;
         int q = (lo | ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4) - 32;
         return h16(b + 208) * (float)(int8_t)b[192 + 8 * n + l / 16 + 2 * k] * (float)q;
+    }
+    case KVQ_GGML_IQ4_NL: { int nib = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4; return h16(b) * (float)iq4_levels[nib]; }
+    case KVQ_GGML_IQ4_XS: { /* sub-block ib: 6-bit scale (4 low bits in scales_l, 2 high in scales_h) − 32 */
+        int ib = i / 32, r = i % 32, ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((((b[2] | b[3] << 8) >> 2 * ib) & 3) << 4);
+        int nib = r < 16 ? b[8 + 16 * ib + r] & 15 : b[8 + 16 * ib + r - 16] >> 4;
+        return h16(b) * (float)(ls - 32) * (float)iq4_levels[nib];
     }
     case KVQ_GGML_F32: { float v; memcpy(&v, b + 4 * i, 4); return v; }
     case KVQ_GGML_F16: return h16(b + 2 * i);
@@ -366,6 +374,8 @@ static const gw_model_opts fw_cases[] = {
     {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q3_K, 1, 0, 0, 10},
     {"qwen2", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q4_K, 0, 1, 0, 11},
     {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_Q5_K, 0, 0, 0, 12},
+    {"llama", 1, 4, 2, 8, 64, 64, 256, KVQ_GGML_IQ4_NL, 0, 0, 0, 14},
+    {"llama", 1, 4, 2, 64, 256, 64, 256, KVQ_GGML_IQ4_XS, 1, 0, 0, 15},
     {"llama", 1, 4, 1, 64, 256, 64, 256, KVQ_GGML_Q6_K, 1, 0, 0, 13},
 };
 
@@ -613,6 +623,23 @@ START_TEST(test_bad_models)
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;
     expect_bad(&w, KVQ_ERR_UNSUPPORTED, "ggml type 99");
+    /* a metadata key or a tensor name given twice */
+    gw_tiny_model(&w, &o);
+    gw_kv_u32(&w, "llama.block_count", 7);
+    expect_bad(&w, KVQ_ERR_FORMAT, "metadata key llama.block_count appears twice");
+    gw_tiny_model(&w, &o);
+    memcpy(w.t[w.nt - 1].name, w.t[0].name, sizeof w.t[0].name);
+    expect_bad(&w, KVQ_ERR_FORMAT, "appears twice");
+    /* 100k tensor entries with the duplicate last: refused through the name
+     * index (linear; the pairwise check took 48 s on such a file) */
+    gw_tiny_model(&w, &o);
+    for (int i = 0; i < 100000; i++) {
+        char name[32];
+        float one = 1.0f;
+        snprintf(name, sizeof name, "extra.%d", i % 99999);
+        gw_tensor_raw(&w, name, KVQ_GGML_F32, 1, 0, &one, 4);
+    }
+    expect_bad(&w, KVQ_ERR_FORMAT, "tensor extra.0 appears twice");
     /* n_dims > 4 and absurd dimension */
     gw_tiny_model(&w, &o);
     w.t[1].n_dims = 5;

@@ -80,9 +80,51 @@ static kvq_status take_name(cursor *c, const char *kind, uint64_t i, char **out)
     return KVQ_OK;
 }
 
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int index_init(gguf_index *x, uint64_t count)
+{
+    size_t n = 16;
+    while (n < 2 * count + 16) n *= 2;
+    x->slot = calloc(n, sizeof *x->slot);
+    x->n = x->slot ? n : 0;
+    return x->slot ? 0 : -1;
+}
+
+/* The entry named `name` (names[i] for the entries inserted so far), or -1. */
+static int64_t index_find(const gguf_index *x, const char *name, const char *(*name_of)(const kvq_gguf *, uint64_t),
+                          const kvq_gguf *g)
+{
+    if (!x->n) return -1;
+    for (size_t i = name_hash(name) & (x->n - 1);; i = (i + 1) & (x->n - 1)) {
+        if (!x->slot[i]) return -1;
+        if (!strcmp(name_of(g, x->slot[i] - 1), name)) return (int64_t)(x->slot[i] - 1);
+    }
+}
+
+/* Inserts entry e; returns the earlier entry of the same name, or -1. */
+static int64_t index_insert(gguf_index *x, uint64_t e, const char *(*name_of)(const kvq_gguf *, uint64_t), const kvq_gguf *g)
+{
+    const char *name = name_of(g, e);
+    size_t i = name_hash(name) & (x->n - 1);
+    for (; x->slot[i]; i = (i + 1) & (x->n - 1))
+        if (!strcmp(name_of(g, x->slot[i] - 1), name)) return (int64_t)(x->slot[i] - 1);
+    x->slot[i] = e + 1;
+    return -1;
+}
+
+static const char *kv_name(const kvq_gguf *g, uint64_t i) { return g->kv[i].key; }
+static const char *tensor_name(const kvq_gguf *g, uint64_t i) { return g->tensors[i].name; }
+
 void kvq_gguf_free(kvq_gguf *g)
 {
     if (!g) return;
+    free(g->kv_index.slot), free(g->tensor_index.slot);
     for (uint64_t i = 0; g->kv && i < g->nkv; i++) free(g->kv[i].key);
     for (uint64_t i = 0; g->tensors && i < g->ntensors; i++) free(g->tensors[i].name);
     free(g->kv), free(g->tensors);
@@ -108,7 +150,7 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
                         path, (unsigned long long)g->nkv, (unsigned long long)g->ntensors, size);
     g->kv = calloc((size_t)g->nkv + 1, sizeof *g->kv);
     g->tensors = calloc((size_t)g->ntensors + 1, sizeof *g->tensors);
-    if (!g->kv || !g->tensors) {
+    if (!g->kv || !g->tensors || index_init(&g->kv_index, g->nkv) || index_init(&g->tensor_index, g->ntensors)) {
         kvq_gguf_free(g);
         return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the GGUF index", path);
     }
@@ -118,6 +160,10 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
         const uint8_t *s = NULL;
         uint64_t len = 0;
         if ((st = take_name(&c, "metadata key", i, &kv->key))) goto fail;
+        if (index_insert(&g->kv_index, i, kv_name, g) >= 0) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata key %s appears twice", path, kv->key);
+            goto fail;
+        }
         uint32_t type;
         if (take(&c, &type, 4)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated file (value type past the end)", path, kv->key); goto fail; }
         if (type >= GGUF_NTYPES) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: unknown GGUF value type %u", path, kv->key, type); goto fail; }
@@ -172,8 +218,10 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
         uint32_t type;
         if (take(&c, &type, 4) || take(&c, &t->offset, 8)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name); goto fail; }
         t->type = (int)type;
-        for (uint64_t k = 0; k < i; k++)
-            if (!strcmp(g->tensors[k].name, t->name)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s appears twice", path, t->name); goto fail; }
+        if (index_insert(&g->tensor_index, i, tensor_name, g) >= 0) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s appears twice", path, t->name);
+            goto fail;
+        }
     }
     /* the data section starts at the next multiple of the alignment */
     size_t hdr = (size_t)(c.p - map);
@@ -219,16 +267,14 @@ fail:
 
 const gguf_kv *kvq_gguf_find(const kvq_gguf *g, const char *key)
 {
-    for (uint64_t i = 0; i < g->nkv; i++)
-        if (g->kv[i].key && !strcmp(g->kv[i].key, key)) return &g->kv[i];
-    return NULL;
+    int64_t i = index_find(&g->kv_index, key, kv_name, g);
+    return i < 0 ? NULL : &g->kv[i];
 }
 
 const gguf_tensor *kvq_gguf_tensor(const kvq_gguf *g, const char *name)
 {
-    for (uint64_t i = 0; i < g->ntensors; i++)
-        if (!strcmp(g->tensors[i].name, name)) return &g->tensors[i];
-    return NULL;
+    int64_t i = index_find(&g->tensor_index, name, tensor_name, g);
+    return i < 0 ? NULL : &g->tensors[i];
 }
 
 int kvq_gguf_get_int(const kvq_gguf *g, const char *key, int64_t *out)

@@ -46,6 +46,12 @@ typedef struct gguf_tensor {
     size_t nbytes;
 } gguf_tensor;
 
+/* Open-addressing index of names: slot[i] = entry + 1 (0: empty). */
+typedef struct gguf_index {
+    uint64_t *slot;
+    size_t n; /* a power of two */
+} gguf_index;
+
 typedef struct kvq_gguf {
     const char *path;
     const uint8_t *map;
@@ -54,6 +60,7 @@ typedef struct kvq_gguf {
     uint64_t nkv, ntensors;
     gguf_kv *kv;
     gguf_tensor *tensors;
+    gguf_index kv_index, tensor_index; /* duplicates are refused while parsing: O(n) */
 } kvq_gguf;
 
 /* Parses and checks a mapped GGUF v2/v3 file: every key, value and tensor
