@@ -119,7 +119,7 @@ START_TEST(test_threads)
     ck_assert(tiny_path(arch, "golden.h5", gp, sizeof gp));
     golden g;
     golden_read(gp, in->vocab_size, &g);
-    const char *specs[] = {"per-token:bits=4", "kivi:bits=2", "turboquant"};
+    const char *specs[] = {"per-token:bits=4", "kivi:bits=2", "lloydmax:bits=2"};
     kvq_spec sp[3];
     kvq_error err = {0};
     for (int i = 0; i < 3; i++) ck_assert_msg(kvq_spec_parse(specs[i], &sp[i], &err) == KVQ_OK, "%s", err.msg);
