@@ -62,6 +62,20 @@ static kvq_model *open_tiny(const char *arch)
     return m;
 }
 
+/* The tiny model and its golden, or NULL (a line on stderr) without ../shared. */
+static kvq_model *open_case(const char *test, const char *arch, golden *g)
+{
+    kvq_model *m = open_tiny(arch);
+    if (!m) {
+        fprintf(stderr, "%s(%s): skipped: ../shared/data/models-tiny absent\n", test, arch);
+        return NULL;
+    }
+    char gp[1200];
+    ck_assert(tiny_path(arch, "golden.h5", gp, sizeof gp));
+    golden_read(gp, kvq_model_get_info(m)->vocab_size, g);
+    return m;
+}
+
 START_TEST(test_against_llama_cpp)
 {
     const char *arch = archs[_i];
@@ -112,13 +126,10 @@ static int same_bits(double a, double b) { return !memcmp(&a, &b, sizeof a); }
 START_TEST(test_threads)
 {
     const char *arch = _i ? "gemma3" : "llama3";
-    kvq_model *m = open_tiny(arch);
-    if (!m) { fprintf(stderr, "test_threads(%s): skipped: ../shared/data/models-tiny absent\n", arch); return; }
-    const kvq_model_info *in = kvq_model_get_info(m);
-    char gp[1200];
-    ck_assert(tiny_path(arch, "golden.h5", gp, sizeof gp));
     golden g;
-    golden_read(gp, in->vocab_size, &g);
+    kvq_model *m = open_case("test_threads", arch, &g);
+    if (!m) return;
+    const kvq_model_info *in = kvq_model_get_info(m);
     const char *specs[] = {"per-token:bits=4", "kivi:bits=2", "lloydmax:bits=2"};
     kvq_spec sp[3];
     kvq_error err = {0};
@@ -177,13 +188,9 @@ END_TEST
 START_TEST(test_prefill_equals_decode)
 {
     const char *arch = _i ? "gemma3" : "llama3";
-    kvq_model *m = open_tiny(arch);
-    if (!m) { fprintf(stderr, "test_prefill_equals_decode(%s): skipped: ../shared/data/models-tiny absent\n", arch); return; }
-    const kvq_model_info *in = kvq_model_get_info(m);
-    char gp[1200];
-    ck_assert(tiny_path(arch, "golden.h5", gp, sizeof gp));
     golden g;
-    golden_read(gp, in->vocab_size, &g);
+    kvq_model *m = open_case("test_prefill_equals_decode", arch, &g);
+    if (!m) return;
     const char *specs[] = {"per-token:bits=4", "fp8:scale=token", "fp8:scale=none", "ggml", "ggml:ktype=q4_0,vtype=iq4_nl",
                            "per-channel:bits=2"};
     enum { NS = 6 };

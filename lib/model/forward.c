@@ -397,6 +397,21 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     return kvq_quantize_layer(spec, &ctx, &L, &qo, err); /* BLAS runs one thread; the quantizers thread over heads */
 }
 
+/* x [T][dim] += a [T][in] · Wᵀ, RMS-normed first by post_norm when the
+ * model has one (gemma3; tmp [T][dim] holds the product), else
+ * accumulated by the product itself. */
+static void residual_add(float *x, const float *a, const float *W, const float *post_norm, float *tmp, int T, int in,
+                         int dim, float eps, int nt)
+{
+    if (!post_norm) {
+        linear(x, a, W, NULL, T, in, dim, 1, nt);
+        return;
+    }
+    linear(tmp, a, W, NULL, T, in, dim, 0, nt);
+    rmsnorm(tmp, tmp, post_norm, T, dim, eps, nt);
+    for (size_t i = 0, n = (size_t)T * dim; i < n; i++) x[i] += tmp[i];
+}
+
 /* GELU, tanh form, as ggml_gelu. */
 static float gelu_tanh(float x)
 {
@@ -453,14 +468,7 @@ static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err
         st->n_elem += (double)T * kd;
     }
     if (rc) return rc;
-    size_t nx = (size_t)T * dim;
-    if (w->post_attn_norm) {
-        linear(s->xo, s->att, w->wo, NULL, T, qd, dim, 0, nt);
-        rmsnorm(s->xo, s->xo, w->post_attn_norm, T, dim, in->norm_eps, nt);
-        for (size_t i = 0; i < nx; i++) st->x[i] += s->xo[i];
-    } else {
-        linear(st->x, s->att, w->wo, NULL, T, qd, dim, 1, nt);
-    }
+    residual_add(st->x, s->att, w->wo, w->post_attn_norm, s->xo, T, qd, dim, in->norm_eps, nt);
     rmsnorm(s->xn, st->x, w->ffn_norm, T, dim, in->norm_eps, nt);
     linear(s->g, s->xn, w->w_gate, NULL, T, dim, F, 0, nt);
     linear(s->u, s->xn, w->w_up, NULL, T, dim, F, 0, nt);
@@ -475,13 +483,7 @@ static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err
             s->g[i] = g / (1.0f + expf(-g)) * s->u[i]; /* SwiGLU: silu(gate) · up */
         }
     }
-    if (w->post_ffn_norm) {
-        linear(s->xo, s->g, w->w_down, NULL, T, F, dim, 0, nt);
-        rmsnorm(s->xo, s->xo, w->post_ffn_norm, T, dim, in->norm_eps, nt);
-        for (size_t i = 0; i < nx; i++) st->x[i] += s->xo[i];
-    } else {
-        linear(st->x, s->g, w->w_down, NULL, T, F, dim, 1, nt);
-    }
+    residual_add(st->x, s->g, w->w_down, w->post_ffn_norm, s->xo, T, F, dim, in->norm_eps, nt);
     return KVQ_OK;
 }
 
