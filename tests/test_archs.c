@@ -5,6 +5,7 @@
  * layout llama.cpp's converter writes (llama with Llama 3's shapes, qwen3,
  * gemma3 with sliding-window layers, phi3 with fused tensors) and llama.cpp's
  * own logits for 200 tokens of each (tiny-*.golden.h5).  Checked here:
+ *  - the tokenizers: llama.cpp's ids for 15 texts, exactly (tiny-*.tokens.tsv);
  *  - the forward pass: max |Δlogit| <= 0.05 at the stored positions and
  *    |Δ mean NLL| <= 5e-4 (llama.cpp rounds activations to f16/q8_0 inside
  *    its products; a missing window or a wrong RoPE base moves logits by ~2);
@@ -107,6 +108,56 @@ START_TEST(test_against_llama_cpp)
         ck_assert(in->rope_theta_swa == 10000.0 && in->rope_theta == 1e6);
     }
     free(g.logits), free(lg);
+    kvq_model_close(m);
+}
+END_TEST
+
+/* ------------------------------------------------------ tokenizers */
+
+/* llama_tokenize(add_special = true, parse_special = false) of the 15 texts
+ * of ../shared/data/texts/tokenizer (prose, numbers, code, whitespace runs,
+ * CJK, emoji, RTL scripts, combining marks, special-token strings as plain
+ * text): Llama 3's and Qwen3's GPT-2 BPE (pre-tokenizers llama-bpe and
+ * qwen2), Gemma 3's SentencePiece (no space prefix, user-defined tokens),
+ * phi3 with Llama 3's vocabulary; every id equal. */
+START_TEST(test_tokenizer_matches_llama_cpp)
+{
+    const char *arch = archs[_i];
+    kvq_model *m = open_tiny(arch);
+    if (!m) { fprintf(stderr, "test_tokenizer_matches_llama_cpp(%s): skipped: ../shared/data/models-tiny absent\n", arch); return; }
+    char tp[1200];
+    ck_assert(tiny_path(arch, "tokens.tsv", tp, sizeof tp));
+    FILE *tsv = fopen(tp, "r");
+    ck_assert(tsv);
+    static char line[1 << 20], text[1 << 20];
+    int ntexts = 0;
+    while (fgets(line, sizeof line, tsv)) {
+        char *tab = strchr(line, '\t');
+        ck_assert_msg(tab, "%s: expected NAME<TAB>ids", tp);
+        *tab = '\0';
+        char path[1400], name[64];
+        const char *e = getenv("KVQ_MODEL_DIR");
+        snprintf(name, sizeof name, "%.60s", line);
+        snprintf(path, sizeof path, "%s/texts/tokenizer/%s", e ? e : KVQ_SOURCE_ROOT "/../shared/data", name);
+        FILE *f = fopen(path, "rb");
+        ck_assert_msg(f, "%s: cannot open", path);
+        size_t n = fread(text, 1, sizeof text, f);
+        fclose(f);
+        int *want = malloc(sizeof(int) * (strlen(tab + 1) / 2 + 2)), nw = 0;
+        for (char *p = strtok(tab + 1, " \n"); p; p = strtok(NULL, " \n")) want[nw++] = atoi(p);
+        int *ids;
+        size_t k;
+        kvq_error err = {0};
+        ck_assert_msg(kvq_model_tokenize(m, text, n, &ids, &k, &err) == KVQ_OK, "%s %s: %s", arch, line, err.msg);
+        size_t i = 0;
+        while (i < k && i < (size_t)nw && ids[i] == want[i]) i++;
+        ck_assert_msg(i == k && k == (size_t)nw, "%s %s: token %zu: kvq %d, llama.cpp %d (%zu and %d tokens)", arch, line, i,
+                      i < k ? ids[i] : -1, i < (size_t)nw ? want[i] : -1, k, nw);
+        free(ids), free(want);
+        ntexts++;
+    }
+    fclose(tsv);
+    ck_assert_int_eq(ntexts, 15);
     kvq_model_close(m);
 }
 END_TEST
@@ -233,6 +284,7 @@ int main(void)
     TCase *tc = tcase_create("archs");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_against_llama_cpp, 0, NARCH);
+    tcase_add_loop_test(tc, test_tokenizer_matches_llama_cpp, 0, NARCH);
     tcase_add_loop_test(tc, test_threads, 0, 2);
     tcase_add_loop_test(tc, test_prefill_equals_decode, 0, 2);
     suite_add_tcase(s, tc);

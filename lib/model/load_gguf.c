@@ -7,8 +7,10 @@
  * Hyper-parameters from `{arch}.*` metadata, tensors bound by llama.cpp's
  * names and checked against those shapes, and the SentencePiece vocabulary
  * when `tokenizer.ggml.model` is `llama`. */
+#define _GNU_SOURCE /* qsort_r */
 #include "model.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -58,35 +60,129 @@ static kvq_status hparam(kvq_model *m, const char *suffix, int required, int64_t
     return KVQ_OK;
 }
 
+/* Pre-tokenizer names (tokenizer.ggml.pre) as llama.cpp's llama_vocab::load groups them. */
+static const struct {
+    const char *name;
+    kvq_bpe_pre pre;
+} bpe_pres[] = {
+    {"llama3", KVQ_PRE_LLAMA3},    {"llama-v3", KVQ_PRE_LLAMA3},   {"llama-bpe", KVQ_PRE_LLAMA3},
+    {"falcon3", KVQ_PRE_LLAMA3},   {"falcon-h1", KVQ_PRE_LLAMA3},  {"pixtral", KVQ_PRE_LLAMA3},
+    {"midm-2.0", KVQ_PRE_LLAMA3},  {"lfm2", KVQ_PRE_LLAMA3},       {"jina-v5-nano", KVQ_PRE_LLAMA3},
+    {"qwen2", KVQ_PRE_QWEN2},      {"deepseek-r1-qwen", KVQ_PRE_QWEN2}, {"kormo", KVQ_PRE_QWEN2},
+    {"f2llmv2", KVQ_PRE_QWEN2},    {"gpt-2", KVQ_PRE_GPT2},        {"phi-2", KVQ_PRE_GPT2},
+    {"jina-es", KVQ_PRE_GPT2},     {"jina-de", KVQ_PRE_GPT2},      {"gigachat", KVQ_PRE_GPT2},
+    {"jina-v2-es", KVQ_PRE_GPT2},  {"jina-v2-de", KVQ_PRE_GPT2},   {"a.x-4.0", KVQ_PRE_GPT2},
+    {"mellum", KVQ_PRE_GPT2},      {"modern-bert", KVQ_PRE_GPT2},  {"default", KVQ_PRE_DEFAULT},
+};
+
+/* Texts llama.cpp's llama_vocab::load marks as control tokens whatever
+ * their token_type says (end-of-generation and fill-in-the-middle names):
+ * a user-defined token with one of these texts is not matched in the text. */
+static const char *const control_looking[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
+    "<eos>", "<turn|>", "<|tool_response>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[",
+    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
+    "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>", "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>",
+    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>",
+    "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+};
+
+static int is_control_looking(const char *t)
+{
+    for (size_t i = 0; i < sizeof control_looking / sizeof control_looking[0]; i++)
+        if (!strcmp(t, control_looking[i])) return 1;
+    return 0;
+}
+
+/* An optional boolean `tokenizer.ggml.<key>`: *out unchanged when absent. */
+static kvq_status tok_bool(kvq_model *m, const char *key, int *out, kvq_error *err)
+{
+    int64_t b;
+    int r = kvq_gguf_get_int(&m->gguf, key, &b);
+    if (r < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a boolean", m->path, key);
+    if (r) *out = b != 0;
+    return KVQ_OK;
+}
+
+/* An optional token id `tokenizer.ggml.<key>` below n. */
+static kvq_status tok_id(kvq_model *m, const char *key, int n, int *out, kvq_error *err)
+{
+    int64_t id;
+    int r = kvq_gguf_get_int(&m->gguf, key, &id);
+    if (r < 0 || (r && (id < 0 || id >= n)))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a token id below %d", m->path, key, n);
+    if (r) *out = (int)id;
+    return KVQ_OK;
+}
+
+static int special_longer(const void *a, const void *b, void *pieces)
+{
+    char **p = pieces;
+    int x = *(const int *)a, y = *(const int *)b;
+    size_t lx = strlen(p[x]), ly = strlen(p[y]);
+    return lx != ly ? (lx < ly ? 1 : -1) : (x > y) - (x < y);
+}
+
+/* The vocabulary of tokenizer.ggml.model "llama" (SentencePiece) or "gpt2"
+ * (byte-level BPE with a pre-tokenizer), as llama.cpp loads it: BOS/EOS
+ * added as add_bos_token/add_eos_token say (defaults: SentencePiece BOS;
+ * BPE none, llama-bpe BOS), user-defined tokens (token_type 4) matched in
+ * the text before anything else, a piece given twice mapping to its last
+ * id.  Anything else leaves the model without a tokenizer (a clear error
+ * naming --tokens when --text is used). */
 static kvq_status load_vocab(kvq_model *m, kvq_error *err)
 {
     const char *s;
     uint64_t len;
     kvq_gguf *g = &m->gguf;
+    kvq_vocab *v = &m->vocab;
     if (kvq_gguf_get_str(g, "tokenizer.ggml.model", &s, &len) != 1) {
         snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing, "the file has no tokenizer.ggml.model");
         return KVQ_OK;
     }
     snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "%.*s", (int)(len < 60 ? len : 60), s);
-    if (strcmp(m->info.tokenizer, "llama")) {
+    int bpe = !strcmp(m->info.tokenizer, "gpt2");
+    if (!bpe && strcmp(m->info.tokenizer, "llama")) {
         snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
-                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads the SentencePiece \"llama\" one)", m->info.tokenizer);
+                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads \"llama\" and \"gpt2\")", m->info.tokenizer);
         return KVQ_OK;
     }
+    if (bpe) {
+        char pre[64] = "default";
+        if (kvq_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 1) snprintf(pre, sizeof pre, "%.*s", (int)(len < 60 ? len : 60), s);
+        int found = 0;
+        for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0]; i++)
+            if (!strcmp(pre, bpe_pres[i].name)) v->pre = bpe_pres[i].pre, found = 1;
+        if (!found) {
+            snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
+                     "pre-tokenizer \"%s\" is not implemented (kvq runs llama-bpe, qwen2, gpt-2 and default)", pre);
+            return KVQ_OK;
+        }
+        snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "gpt2/%s", pre);
+    }
     const gguf_kv *tk = kvq_gguf_find(g, "tokenizer.ggml.tokens"), *sc = kvq_gguf_find(g, "tokenizer.ggml.scores");
+    const gguf_kv *ty = kvq_gguf_find(g, "tokenizer.ggml.token_type"), *mg = kvq_gguf_find(g, "tokenizer.ggml.merges");
     if (!tk || tk->type != GGUF_ARRAY || tk->arr_type != GGUF_STRING)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: expected an array of strings", m->path);
     if (sc && (sc->type != GGUF_ARRAY || sc->arr_type != GGUF_F32 || sc->n != tk->n))
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.scores: expected %llu float32 values", m->path,
                         (unsigned long long)tk->n);
+    if (ty && (ty->type != GGUF_ARRAY || (ty->arr_type != GGUF_I32 && ty->arr_type != GGUF_U32) || ty->n != tk->n))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.token_type: expected %llu 32-bit integers", m->path,
+                        (unsigned long long)tk->n);
+    if (bpe && (!mg || mg->type != GGUF_ARRAY || mg->arr_type != GGUF_STRING || mg->n > (1u << 30)))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.merges: expected an array of strings (BPE)", m->path);
     if (tk->n != (uint64_t)m->info.vocab_size)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: %llu tokens, but token_embd has %d rows",
                         m->path, (unsigned long long)tk->n, m->info.vocab_size);
-    kvq_vocab *v = &m->vocab;
     v->n = (int)tk->n;
     v->piece = calloc((size_t)v->n, sizeof *v->piece);
     v->score = calloc((size_t)v->n, sizeof *v->score);
-    if (!v->piece || !v->score) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the vocabulary", m->path);
+    v->special = calloc((size_t)v->n, sizeof *v->special);
+    if (!v->piece || !v->score || !v->special) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the vocabulary", m->path);
     const uint8_t *p = tk->val; /* bounds were checked by the parser */
     for (int i = 0; i < v->n; i++) {
         uint64_t n;
@@ -96,13 +192,61 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
         v->piece[i][n] = '\0';
         p += 8 + n;
         if (sc) memcpy(&v->score[i], sc->val + 4 * (size_t)i, 4);
+        int32_t type = 1;
+        if (ty) memcpy(&type, ty->val + 4 * (size_t)i, 4);
+        if (type == 4) v->special[v->nspecial++] = i; /* USER_DEFINED */
     }
-    int64_t bos = 1, asp = 1;
-    if (kvq_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos) < 0 || bos < 0 || bos >= v->n)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.bos_token_id: expected a token id below %d", m->path, v->n);
-    if (kvq_gguf_get_int(g, "tokenizer.ggml.add_space_prefix", &asp) < 0)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.add_space_prefix: expected a boolean", m->path);
-    v->bos = (int)bos, v->add_space_prefix = asp != 0, v->space_is_u2581 = 1, v->byte_base = -1;
+    { /* control-looking texts are control tokens to llama.cpp (or, for "</s>" beside
+       * "<|tool_response>", normal ones): never matched here */
+        int k = 0;
+        for (int i = 0; i < v->nspecial; i++)
+            if (!is_control_looking(v->piece[v->special[i]])) v->special[k++] = v->special[i];
+        v->nspecial = k;
+    }
+    /* llama.cpp: models named phi-3/phi3 strip whitespace after their special tokens */
+    char lname[256];
+    snprintf(lname, sizeof lname, "%s", m->info.name);
+    for (char *c = lname; *c; c++) *c = (char)tolower((unsigned char)*c);
+    v->special_rstrip = strstr(lname, "phi-3") || strstr(lname, "phi3");
+    if (v->special_rstrip) { /* except <unk>, <s>, <|endoftext|> */
+        int k = 0;
+        for (int i = 0; i < v->nspecial; i++) {
+            const char *t = v->piece[v->special[i]];
+            if (strcmp(t, "<unk>") && strcmp(t, "<s>") && strcmp(t, "<|endoftext|>")) v->special[k++] = v->special[i];
+        }
+        v->nspecial = k; /* the others are control tokens, never matched here */
+    }
+    qsort_r(v->special, (size_t)v->nspecial, sizeof *v->special, special_longer, v->piece);
+    v->bos = bpe ? 11 : 1, v->eos = bpe ? 11 : 2;
+    v->add_bos = !bpe || v->pre == KVQ_PRE_LLAMA3, v->add_eos = 0, v->add_space_prefix = !bpe;
+    kvq_status st;
+    if ((st = tok_id(m, "tokenizer.ggml.bos_token_id", v->n, &v->bos, err)) ||
+        (st = tok_id(m, "tokenizer.ggml.eos_token_id", v->n, &v->eos, err)) ||
+        (st = tok_bool(m, "tokenizer.ggml.add_bos_token", &v->add_bos, err)) ||
+        (st = tok_bool(m, "tokenizer.ggml.add_eos_token", &v->add_eos, err)) ||
+        (st = tok_bool(m, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err)))
+        return st;
+    if ((v->add_bos && v->bos >= v->n) || (v->add_eos && v->eos >= v->n))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.bos/eos_token_id: expected a token id below %d", m->path, v->n);
+    v->space_is_u2581 = !bpe, v->byte_base = -1, v->last_wins = 1;
+    v->kind = bpe ? KVQ_TOK_BPE : KVQ_TOK_SPM;
+    if (bpe) {
+        v->add_space_prefix = 0;
+        v->ignore_merges = v->pre == KVQ_PRE_LLAMA3;
+        v->nmerge = mg->n;
+        v->merge = calloc((size_t)mg->n + 1, sizeof *v->merge);
+        v->merge_len = calloc((size_t)mg->n + 1, sizeof *v->merge_len);
+        if (!v->merge || !v->merge_len) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the merges", m->path);
+        p = mg->val;
+        for (uint64_t i = 0; i < mg->n; i++) {
+            uint64_t n;
+            memcpy(&n, p, 8);
+            if (n > UINT32_MAX) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: merge %llu: absurd length", m->path, (unsigned long long)i);
+            v->merge[i] = (const char *)p + 8, v->merge_len[i] = (uint32_t)n;
+            p += 8 + n;
+        }
+        if ((st = kvq_bpe_index(v, err))) return st;
+    }
     m->info.has_tokenizer = 1;
     return kvq_vocab_index(v, err);
 }

@@ -78,20 +78,52 @@ int kvq_gguf_get_str(const kvq_gguf *g, const char *key, const char **s, uint64_
 
 /* --------------------------------------------------------- tokenizer */
 
+/* Tokenizer kinds (GGUF tokenizer.ggml.model): SentencePiece-style "llama"
+ * (and llama2.c) or byte-level BPE "gpt2" with a pre-tokenizer. */
+typedef enum kvq_tok_kind { KVQ_TOK_SPM = 0, KVQ_TOK_BPE } kvq_tok_kind;
+typedef enum kvq_bpe_pre { KVQ_PRE_GPT2 = 0, KVQ_PRE_LLAMA3, KVQ_PRE_QWEN2, KVQ_PRE_DEFAULT } kvq_bpe_pre;
+
 typedef struct kvq_vocab {
     int n;
     char **piece;    /* [n] NUL-terminated token texts */
     float *score;    /* [n] */
-    int bos;
+    int bos, eos;
+    int add_bos, add_eos; /* llama_tokenize(add_special = true) adds them */
     int byte_base;   /* llama2.c: byte b is token b + 3; -1: look up "<0xXX>" */
     int space_is_u2581; /* GGUF SentencePiece: spaces written as U+2581 */
     int add_space_prefix;
+    int last_wins;   /* a piece given twice maps to its last id (llama.cpp's token_to_id), else its first */
+    kvq_tok_kind kind;
+    /* BPE: merges "left right" (in the mapped file) by rank, and their index */
+    kvq_bpe_pre pre;
+    int ignore_merges; /* llama3: a word that is a token is taken whole */
+    uint64_t nmerge;
+    const char **merge;
+    uint32_t *merge_len;
+    uint32_t *mslot; /* rank + 1, 0: empty */
+    size_t nmslot;
+    /* user-defined tokens, matched in the text before anything else (longest first) */
+    int *special;
+    int nspecial;
+    int special_rstrip; /* phi-3 models: whitespace after a matched token is dropped */
     /* open-addressing hash of pieces → id */
     int *slot;
     size_t nslot;
 } kvq_vocab;
 
 kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err);
+/* BPE: the rank of merging pieces a [0, na) and b [0, nb), or -1. */
+int kvq_bpe_rank(const kvq_vocab *v, const char *a, size_t na, const char *b, size_t nb);
+/* BPE: indexes v->merge (first occurrence of a merge string wins). */
+kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err);
+/* Growable token list. */
+typedef struct kvq_tokbuf {
+    int *id;
+    size_t n, cap;
+} kvq_tokbuf;
+int kvq_tokbuf_push(kvq_tokbuf *b, int id);
+/* BPE: the tokens of one raw-text fragment (pre-tokenized, byte-encoded, merged). */
+kvq_status kvq_bpe_encode(const kvq_vocab *v, const char *text, size_t n, kvq_tokbuf *out, kvq_error *err);
 void kvq_vocab_free(kvq_vocab *v);
 int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len);
 

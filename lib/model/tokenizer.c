@@ -7,6 +7,7 @@
  * texts take O(n log n).  Characters left outside the vocabulary become
  * their UTF-8 bytes (byte fallback).  BOS comes first.  Also the reader of
  * `--tokens` files. */
+#define _GNU_SOURCE /* memmem */
 #include "model.h"
 
 #include <ctype.h>
@@ -30,10 +31,10 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
     v->nslot = ns;
     for (int id = 0; id < v->n; id++) {
         size_t len = strlen(v->piece[id]);
-        if (kvq_vocab_lookup(v, v->piece[id], len) >= 0) continue; /* a duplicate piece keeps its first id */
         size_t s = hash_bytes(v->piece[id], len) & (ns - 1);
-        while (v->slot[s] >= 0) s = (s + 1) & (ns - 1);
-        v->slot[s] = id;
+        for (; v->slot[s] >= 0; s = (s + 1) & (ns - 1))
+            if (!strcmp(v->piece[v->slot[s]], v->piece[id])) break; /* a piece given twice */
+        if (v->slot[s] < 0 || v->last_wins) v->slot[s] = id;
     }
     return KVQ_OK;
 }
@@ -51,7 +52,7 @@ int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len)
 void kvq_vocab_free(kvq_vocab *v)
 {
     for (int i = 0; v->piece && i < v->n; i++) free(v->piece[i]);
-    free(v->piece), free(v->score), free(v->slot);
+    free(v->piece), free(v->score), free(v->slot), free(v->merge), free(v->merge_len), free(v->mslot), free(v->special);
     memset(v, 0, sizeof *v);
 }
 
@@ -131,23 +132,20 @@ static size_t utf8_len(unsigned char c)
     return 1; /* a stray byte is a character of its own */
 }
 
-kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids, kvq_error *err)
+/* SentencePiece: one raw-text fragment (space prefix when asked) into out. */
+static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int space_prefix, kvq_tokbuf *out,
+                             kvq_error *err)
 {
     const kvq_vocab *v = &m->vocab;
-    *ids = NULL, *nids = 0;
-    if (!v->n)
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: cannot tokenize --text: %s; give token ids with --tokens FILE",
-                        m->path, m->tokenizer_missing);
     /* normalise: optional space prefix, spaces as U+2581 for GGUF vocabularies */
     const char *sp = v->space_is_u2581 ? "\xe2\x96\x81" : " ";
     size_t spl = strlen(sp), cap = (n + 1) * spl + 1, tl = 0;
     char *t = malloc(cap);
-    symbol *sy = kvq_alloc_array(cap, sizeof *sy);  /* at most one symbol per byte of the normalised text */
-    int *out = kvq_alloc_array(cap + 1, sizeof *out); /* BOS + at most one token per byte (byte fallback) */
+    symbol *sy = kvq_alloc_array(cap, sizeof *sy); /* at most one symbol per byte of the normalised text */
     heap h = {0};
     kvq_status st = KVQ_OK;
-    if (!t || !sy || !out) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n); goto done; }
-    if (n && v->add_space_prefix) memcpy(t, sp, spl), tl = spl;
+    if (!t || !sy) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n); goto done; }
+    if (n && space_prefix) memcpy(t, sp, spl), tl = spl;
     for (size_t i = 0; i < n; i++) {
         if (text[i] == ' ') memcpy(t + tl, sp, spl), tl += spl;
         else t[tl++] = text[i];
@@ -176,11 +174,12 @@ kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, in
             goto done;
         }
     }
-    size_t k = 0;
-    out[k++] = v->bos;
     for (int i = 0; ns && i >= 0; i = sy[i].next) {
         int id = kvq_vocab_lookup(v, t + sy[i].off, sy[i].len);
-        if (id >= 0) { out[k++] = id; continue; }
+        if (id >= 0) {
+            if (kvq_tokbuf_push(out, id)) goto oom;
+            continue;
+        }
         for (size_t j = 0; j < sy[i].len; j++) { /* byte fallback */
             unsigned char c = (unsigned char)t[sy[i].off + j];
             int bid;
@@ -196,14 +195,100 @@ kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, in
                               m->path, c, c);
                 goto done;
             }
-            out[k++] = bid;
+            if (kvq_tokbuf_push(out, bid)) goto oom;
         }
     }
-    if (k < 2) { st = kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)"); goto done; }
-    *ids = out, *nids = k;
-    out = NULL;
+    goto done;
+oom:
+    st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
 done:
-    free(t), free(sy), free(out), free(h.b);
+    free(t), free(sy), free(h.b);
+    return st;
+}
+
+/* A piece of the text: raw text [off, off + len), or a matched user-defined token. */
+typedef struct fragment {
+    size_t off, len;
+    int token; /* -1: raw text */
+} fragment;
+
+/* llama.cpp's tokenizer_st_partition with parse_special = false: each
+ * user-defined token, longest first, is cut out of every raw fragment at
+ * each of its occurrences (left to right); with rstrip, whitespace after
+ * it is dropped.  *out is the fragment list (malloc'ed). */
+static int partition(const kvq_vocab *v, const char *text, size_t n, fragment **out, size_t *nout)
+{
+    size_t cap = 16, nf = 1;
+    fragment *f = malloc(cap * sizeof *f);
+    if (!f) return -1;
+    f[0] = (fragment){0, n, -1};
+    for (int k = 0; k < v->nspecial; k++) {
+        const char *tok = v->piece[v->special[k]];
+        size_t tl = strlen(tok);
+        if (!tl) continue;
+        for (size_t i = 0; i < nf; i++) {
+            if (f[i].token >= 0) continue;
+            const char *hit = memmem(text + f[i].off, f[i].len, tok, tl);
+            if (!hit) continue;
+            size_t at = (size_t)(hit - text), end = f[i].off + f[i].len, r = at + tl;
+            if (v->special_rstrip)
+                while (r < end && isspace((unsigned char)text[r])) r++;
+            /* [left][token][right]: replace fragment i by up to three */
+            if (nf + 2 > cap) {
+                fragment *nf2 = realloc(f, 2 * cap * sizeof *f);
+                if (!nf2) { free(f); return -1; }
+                f = nf2, cap *= 2;
+            }
+            fragment left = {f[i].off, at - f[i].off, -1}, mid = {at, tl, v->special[k]}, right = {r, end - r, -1};
+            fragment rep[3];
+            int nr = 0;
+            if (left.len) rep[nr++] = left;
+            rep[nr++] = mid;
+            if (right.len) rep[nr++] = right;
+            memmove(f + i + nr, f + i + 1, (nf - i - 1) * sizeof *f);
+            memcpy(f + i, rep, (size_t)nr * sizeof *f);
+            nf += (size_t)nr - 1;
+            i += (size_t)(left.len ? 1 : 0); /* continue with the right remainder */
+        }
+    }
+    *out = f, *nout = nf;
+    return 0;
+}
+
+kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids, kvq_error *err)
+{
+    const kvq_vocab *v = &m->vocab;
+    *ids = NULL, *nids = 0;
+    if (!v->n)
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: cannot tokenize --text: %s; give token ids with --tokens FILE",
+                        m->path, m->tokenizer_missing);
+    kvq_tokbuf out = {0};
+    fragment *f = NULL;
+    size_t nf = 0, ntext = 0;
+    kvq_status st = KVQ_OK;
+    if ((v->add_bos && kvq_tokbuf_push(&out, v->bos)) || (n && partition(v, text, n, &f, &nf))) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
+        goto done;
+    }
+    int prev_special = 1; /* SentencePiece: a space prefix at the start and after each matched token */
+    for (size_t i = 0; i < nf && !st; i++) {
+        size_t before = out.n;
+        if (f[i].token >= 0) {
+            if (kvq_tokbuf_push(&out, f[i].token)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+            prev_special = 1;
+        } else if (v->kind == KVQ_TOK_BPE) {
+            st = kvq_bpe_encode(v, text + f[i].off, f[i].len, &out, err);
+        } else {
+            st = spm_encode(m, text + f[i].off, f[i].len, v->add_space_prefix && prev_special, &out, err);
+            prev_special = 0;
+        }
+        ntext += out.n - before;
+    }
+    if (!st && v->add_eos && kvq_tokbuf_push(&out, v->eos)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+    if (!st && !ntext) st = kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)");
+    if (!st) *ids = out.id, *nids = out.n, out.id = NULL;
+done:
+    free(out.id), free(f);
     return st;
 }
 
