@@ -7,6 +7,7 @@
  * present — the bundled dump reproduced from the GGUF and llama2.c files. */
 #include "gguf_writer.h"
 #include "model/model.h"
+#include "model/unicode.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -480,6 +481,59 @@ START_TEST(test_eval_invariants)
 }
 END_TEST
 
+/* The words a pre-tokenizer cuts text into, joined by '|'. */
+static void pre_words(kvq_bpe_pre pre, const char *text, char *out, size_t cap)
+{
+    size_t n = strlen(text), ncp = 0, *len, nw;
+    uint32_t cp[256];
+    unsigned char cls[256];
+    for (size_t i = 0; i < n;) {
+        cp[ncp] = kvq_utf8_next((const unsigned char *)text, n, &i);
+        cls[ncp] = (unsigned char)kvq_cp_class(cp[ncp]);
+        ncp++;
+    }
+    ck_assert(kvq_bpe_pretokenize(pre, cp, cls, ncp, &len, &nw) == 0);
+    size_t o = 0, at = 0;
+    for (size_t w = 0; w < nw; w++) {
+        if (w) out[o++] = '|';
+        for (size_t c = at; c < at + len[w]; c++) { /* code points back to UTF-8 (tests use ASCII and a few others) */
+            uint32_t u = cp[c];
+            if (u < 0x80) out[o++] = (char)u;
+            else if (u < 0x800) out[o++] = (char)(0xC0 | u >> 6), out[o++] = (char)(0x80 | (u & 63));
+            else out[o++] = (char)(0xE0 | u >> 12), out[o++] = (char)(0x80 | ((u >> 6) & 63)), out[o++] = (char)(0x80 | (u & 63));
+        }
+        at += len[w];
+        ck_assert(o < cap - 8);
+    }
+    out[o] = '\0';
+    free(len);
+}
+
+/* The pre-tokenizers' regexes, worked by hand on small texts. */
+START_TEST(test_pretokenizers)
+{
+    char w[1024];
+    /* llama-bpe: contractions any case, an optional non-letter before letters, digits in threes,
+     * punctuation with trailing newlines, \s*[\r\n]+, \s+(?!\S) leaving one space */
+    pre_words(KVQ_PRE_LLAMA3, "I'M here, 12345 cats!!\n\n  ok   x", w, sizeof w);
+    ck_assert_str_eq(w, "I|'M| here|,| |123|45| cats|!!\n\n| | ok|  | x");
+    pre_words(KVQ_PRE_LLAMA3, "(abc) don't", w, sizeof w);
+    ck_assert_str_eq(w, "(abc|)| don|'t");
+    /* qwen2: the same with digits one at a time */
+    pre_words(KVQ_PRE_QWEN2, "I'M here, 12345", w, sizeof w);
+    ck_assert_str_eq(w, "I|'M| here|,| |1|2|3|4|5");
+    /* gpt-2: contractions lower case only, ' ?\p{N}+' keeps digits together */
+    pre_words(KVQ_PRE_GPT2, "I'M here, 12345 cats's", w, sizeof w);
+    ck_assert_str_eq(w, "I|'|M| here|,| 12345| cats|'s");
+    /* default: punctuation runs (and $+<=>^~|) first, then gpt-2, then \p{N}+, then ASCII-digit triples */
+    pre_words(KVQ_PRE_DEFAULT, "Hello, world!! 12345 $x", w, sizeof w);
+    ck_assert_str_eq(w, "Hello|,| world|!!| |123|45| |$|x");
+    /* non-ASCII: a letter run (é), a number (٣, Arabic-Indic three), U+3000 as whitespace */
+    pre_words(KVQ_PRE_LLAMA3, "caf\xc3\xa9 \xd9\xa3\xe3\x80\x80x", w, sizeof w);
+    ck_assert_str_eq(w, "caf\xc3\xa9| |\xd9\xa3|\xe3\x80\x80x");
+}
+END_TEST
+
 START_TEST(test_tokenizer)
 {
     gw_model_opts o = {"llama", 1, 4, 2, 16, 96, 400, 256, KVQ_GGML_F32, 0, 0, 1, 31};
@@ -861,6 +915,7 @@ int main(void)
     tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
     tcase_add_test(tc, test_eval_invariants);
     tcase_add_test(tc, test_tokenizer);
+    tcase_add_test(tc, test_pretokenizers);
     tcase_add_test(tc, test_bad_models);
     tcase_add_test(tc, test_mutated_models);
     tcase_add_test(tc, test_bundled_gguf);

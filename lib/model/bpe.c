@@ -226,7 +226,7 @@ static int in_number(uint32_t c, unsigned cls) { (void)c; return (cls & KVQ_CP_N
 static int in_digit(uint32_t c, unsigned cls) { (void)cls; return c >= '0' && c <= '9'; }
 
 /* Runs the pre-tokenizer over cp [0, n): word lengths into *len, *nw. */
-static int pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw)
+int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw)
 {
     size_t *seg = malloc(sizeof *seg), nseg = 1;
     if (!seg) return -1;
@@ -391,7 +391,7 @@ kvq_status kvq_bpe_encode(const kvq_vocab *v, const char *text, size_t n, kvq_to
         cls[ncp] = (unsigned char)kvq_cp_class(cp[ncp]);
         ncp++;
     }
-    if (pretokenize(v->pre, cp, cls, ncp, &len, &nw)) goto oom;
+    if (kvq_bpe_pretokenize(v->pre, cp, cls, ncp, &len, &nw)) goto oom;
     for (size_t k = 0, at = 0; k < nw; at += len[k++]) {
         size_t wl = 0;
         for (size_t c = at; c < at + len[k]; c++) { /* the word's UTF-8, each byte byte-encoded */

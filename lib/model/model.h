@@ -116,6 +116,9 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err);
 int kvq_bpe_rank(const kvq_vocab *v, const char *a, size_t na, const char *b, size_t nb);
 /* BPE: indexes v->merge (first occurrence of a merge string wins). */
 kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err);
+/* BPE: the pre-tokenizer's words of code points cp [0, n) (cls: their
+ * kvq_cp_class), as lengths into *len (malloc'ed), *nw of them; -1: no memory. */
+int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw);
 /* Growable token list. */
 typedef struct kvq_tokbuf {
     int *id;
