@@ -831,7 +831,9 @@ typedef struct kvq_eval_item {
     kvq_policy policy;
     /* results */
     double k_bits, v_bits;   /* stored bits per element, pooled over the quantized layers */
-    double nll, kl, top1;    /* means over positions 0..T−2 */
+    double nll, kl, top1;    /* means over the scored positions (0..T−2, or each window's second half) */
+    int positions;           /* how many positions were scored */
+    double dnll_se;          /* standard error of dnll: sample std of the per-position differences / sqrt(positions) */
 } kvq_eval_item;
 
 typedef struct kvq_eval_opts {
@@ -843,6 +845,17 @@ typedef struct kvq_eval_opts {
     /* progress (may be NULL): called after each layer of each pass */
     void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
     void *ud;
+    /* corpus evaluation (SPEC §8, llama.cpp perplexity's protocol): chunk > 0
+     * cuts the tokens into consecutive windows of `chunk` (the last partial
+     * one dropped; the first token of each replaced by BOS when the model's
+     * tokenizer adds one), evaluates each from an empty cache and scores
+     * positions t >= chunk/2; `chunks` > 0 keeps only the first ones.
+     * window_progress (may be NULL) is called after each window. */
+    int chunk, chunks;
+    void (*window_progress)(void *ud, int done, int total);
+    /* optional: the NLL of every scored position, [nitems + 1][positions]
+     * (row 0 the exact model, row 1 + i item i; windows one after another) */
+    double *position_nll;
     /* optional: the exact model's logits at positions logit_pos[0..n_logit_pos)
      * (each below T) into logits [n_logit_pos][vocab_size], for checks
      * against another implementation */
@@ -853,7 +866,8 @@ typedef struct kvq_eval_opts {
 
 /* Teacher-forced evaluation (SPEC §8): the exact model and every item's
  * quantized cache run together, a layer's weights dequantized once for
- * all; *nll_ref receives the exact model's mean NLL. */
+ * all; *nll_ref receives the exact model's mean NLL over the scored
+ * positions (pooled over the windows with o->chunk). */
 kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
                           const kvq_eval_opts *o, double *nll_ref, kvq_error *err);
 

@@ -424,6 +424,76 @@ START_TEST(test_forward_against_reference)
 }
 END_TEST
 
+/* --chunk (SPEC §8, llama.cpp perplexity's protocol) against a hand
+ * computation: two windows of 16 of 37 tokens (the last 5 dropped), each
+ * starting with BOS in place of its first token, scoring t = 8..14; the
+ * exact model's per-position NLL from its logits (one plain evaluation of
+ * each window), the quantized one's from plain evaluations of the same
+ * windows, and dnll_se as the sample standard deviation of the differences
+ * over the 14 positions / sqrt(14). */
+START_TEST(test_chunk_by_hand)
+{
+    gw_model_opts o = {"llama", 2, 4, 2, 16, 96, 300, 256, KVQ_GGML_F32, 0, 0, 1, 23};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    const kvq_model_info *in = kvq_model_get_info(m);
+    ck_assert(in->has_tokenizer);
+    enum { N = 16, T = 37, W = 2, P = N - 1 - N / 2 };
+    int tok[T];
+    random_tokens(tok, T, o.V, 9);
+    kvq_spec pt;
+    ck_assert(kvq_spec_parse("per-token:bits=2,group=8", &pt, &err) == KVQ_OK);
+    kvq_eval_item it = {.spec = &pt, .layer = -1};
+    double ref, pos[2 * W * P];
+    kvq_eval_opts eo = {.nthreads = 2, .chunk = N, .position_nll = pos};
+    ck_assert_msg(kvq_model_eval(m, tok, T, &it, 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_int_eq(it.positions, W * P);
+    double hand_ref = 0, dsum = 0, d[W * P];
+    for (int w = 0; w < W; w++) {
+        int win[N], lp[N];
+        memcpy(win, tok + w * N, sizeof win);
+        win[0] = 1; /* the tiny vocabulary's BOS */
+        for (int t = 0; t < N; t++) lp[t] = t;
+        float *lg = malloc((size_t)N * in->vocab_size * sizeof *lg);
+        kvq_eval_item pl = {.spec = &pt, .layer = -1};
+        double plain_pos[2 * (N - 1)], plain_ref;
+        kvq_eval_opts po = {.nthreads = 1, .logit_pos = lp, .n_logit_pos = N, .logits = lg, .position_nll = plain_pos};
+        ck_assert_msg(kvq_model_eval(m, win, N, &pl, 1, &po, &plain_ref, &err) == KVQ_OK, "%s", err.msg);
+        for (int t = N / 2; t < N - 1; t++) {
+            const float *z = lg + (size_t)t * in->vocab_size;
+            double mx = z[0], se = 0;
+            for (int v = 1; v < in->vocab_size; v++) mx = z[v] > mx ? z[v] : mx;
+            for (int v = 0; v < in->vocab_size; v++) se += exp((double)z[v] - mx);
+            double nll = mx + log(se) - z[win[t + 1]]; /* from the logits, by hand */
+            int k = w * P + t - N / 2;
+            ck_assert_msg(fabs(pos[k] - nll) < 1e-9, "window %d position %d: %.12g, by hand %.12g", w, t, pos[k], nll);
+            /* the windows are evaluated exactly as plain runs of the same tokens */
+            ck_assert(pos[k] == plain_pos[t] && pos[W * P + k] == plain_pos[N - 1 + t]);
+            hand_ref += nll;
+            d[k] = pos[W * P + k] - pos[k];
+            dsum += d[k];
+        }
+        free(lg);
+    }
+    ck_assert_msg(fabs(ref - hand_ref / (W * P)) < 1e-12, "nll_ref %.15g, by hand %.15g", ref, hand_ref / (W * P));
+    double mean = dsum / (W * P), ss = 0;
+    for (int k = 0; k < W * P; k++) ss += (d[k] - mean) * (d[k] - mean);
+    double se = sqrt(ss / (W * P - 1)) / sqrt((double)(W * P));
+    ck_assert_msg(close_rel(it.dnll_se, se, 1e-9, 1e-12) && se > 0, "dnll_se %.12g, direct %.12g", it.dnll_se, se);
+    ck_assert_msg(fabs(it.nll - ref - mean) < 1e-12, "dnll %.12g, mean difference %.12g", it.nll - ref, mean);
+    /* --chunks 1: the first window alone; a window longer than the tokens is refused */
+    kvq_eval_opts e1 = {.nthreads = 2, .chunk = N, .chunks = 1};
+    ck_assert(kvq_model_eval(m, tok, T, &it, 1, &e1, &ref, &err) == KVQ_OK && it.positions == P);
+    kvq_eval_opts e2 = {.nthreads = 2, .chunk = 40};
+    ck_assert(kvq_model_eval(m, tok, T, &it, 1, &e2, &ref, &err) == KVQ_ERR_USAGE && strstr(err.msg, "fewer than one window"));
+    kvq_model_close(m);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 START_TEST(test_eval_invariants)
 {
     gw_model_opts o = {"llama", 3, 4, 2, 16, 96, 64, 256, KVQ_GGML_F32, 0, 0, 0, 21};
@@ -914,6 +984,7 @@ int main(void)
     tcase_add_test(tc, test_gguf_values);
     tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
     tcase_add_test(tc, test_eval_invariants);
+    tcase_add_test(tc, test_chunk_by_hand);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_pretokenizers);
     tcase_add_test(tc, test_bad_models);

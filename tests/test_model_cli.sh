@@ -36,6 +36,16 @@ awk -F, 'NR > 1 && $3 == "none" && $11 == 0 && $13 == 0 && $14 == 1 && $7 == 16 
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: -q none rows"; cat "$tmp/e.csv"; }
 awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {x = d["prefill"] - d["decode"]; exit !(x < 1e-5 && x > -1e-5 && d["prefill"] > 0)}' "$tmp/e.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill and decode differ"; cat "$tmp/e.csv"; }
+# --chunk: corpus windows, the positions and dnll_se columns; bad window options
+printf '%s ' 1 $(seq 5 40) >"$tmp/ids40.txt"
+expect 0 "positions,dnll_se" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q per-token:bits=2 --chunk 16 --format csv
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none -q per-token:bits=2 --chunk 16 --format csv >"$tmp/ch.csv" 2>/dev/null
+awk -F, 'NR > 1 && $2 == 32 && $15 == 14 {n++} NR > 1 && $3 == "none" && $16 == 0 {z++} NR > 1 && $3 == "per-token" && $16 > 0 {p++}
+         END {exit !(n == 2 && z == 1 && p == 1)}' "$tmp/ch.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --chunk 16 rows (32 tokens, 14 positions, dnll_se)"; cat "$tmp/ch.csv"; }
+expect 2 "--chunks needs --chunk" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunks 2
+expect 2 "--chunk 3" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 3
+expect 1 "fewer than one window" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 48
 # --per-layer: one row per layer
 "$eval" "$tiny" --text "$tmp/text.txt" -q kivi:bits=2,group=8,residual=8 --per-layer -o "$tmp/pl.jsonl" 2>/dev/null
 [ "$(grep -c '"layer":"[0-9]"' "$tmp/pl.jsonl")" = 3 ] && ! ls "$tmp"/pl.jsonl.tmp.* >/dev/null 2>&1 \

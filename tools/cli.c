@@ -388,7 +388,7 @@ int cli_read_file(const char *prog, const char *path, char **buf, size_t *len)
 }
 
 int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
-                     long max_tokens, int **ids, int *T)
+                     long max_tokens, int no_context_cut, int **ids, int *T)
 {
     const kvq_model_info *in = kvq_model_get_info(m);
     const char *path = text_path ? text_path : tokens_path;
@@ -418,11 +418,15 @@ int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path
         int code = cli_fail(prog, &err);
         return st == KVQ_ERR_UNSUPPORTED ? CLI_USAGE : code;
     }
-    if (n > (size_t)in->context_length) {
+    if (!no_context_cut && n > (size_t)in->context_length) {
         fprintf(stderr, "%s: note: %s: %zu tokens cut to the model's context length %d\n", prog, path, n, in->context_length);
         n = (size_t)in->context_length;
     }
     if (max_tokens > 0 && n > (size_t)max_tokens) n = (size_t)max_tokens;
+    if (n > (size_t)INT32_MAX) {
+        fprintf(stderr, "%s: note: %s: %zu tokens cut to 2^31-1\n", prog, path, n);
+        n = (size_t)INT32_MAX;
+    }
     if (n < 2) {
         cli_error(prog, "%s: %zu token(s): the next-token loss needs at least 2", path, n);
         free(*ids), *ids = NULL;
@@ -473,7 +477,7 @@ int cli_model_load(const char *prog, char **argv, int optind, const cli_model *m
     kvq_error err = {0};
     *m = NULL, *ids = NULL;
     if (kvq_model_open(argv[optind], mo->tokenizer, m, &err)) return cli_fail(prog, &err);
-    return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, ids, T);
+    return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, mo->no_context_cut, ids, T);
 }
 
 int cli_push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp)

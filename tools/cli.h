@@ -100,6 +100,7 @@ enum { CLI_OPT_TEXT = 640, CLI_OPT_TOKENS, CLI_OPT_TOKENIZER, CLI_OPT_MAX_TOKENS
 typedef struct cli_model {
     const char *text, *tokens, *tokenizer;
     long max_tokens, threads; /* 0: no cut, all cores */
+    int no_context_cut;       /* kvq-eval --chunk: the stream is not cut to the context length */
 } cli_model;
 /* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
  * after printing the error; -1 if `c` is not a model option. */
@@ -132,7 +133,7 @@ kvq_format cli_pick_format(const char *format, const char *output);
  * context length (with a note) and to max_tokens (0: no cut).  CLI_OK or
  * the exit code after printing the error. */
 int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
-                     long max_tokens, int **ids, int *T);
+                     long max_tokens, int no_context_cut, int **ids, int *T);
 /* The whole file (NUL-terminated, *len without it); CLI_OK or CLI_RUNTIME after printing. */
 int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
 

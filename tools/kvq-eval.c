@@ -18,7 +18,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvq-eval MODEL (--text FILE | --tokens FILE) [-q SPEC]... [options]\n"
-        "Teacher-forced loss of a model (GGUF llama/qwen2, or llama2.c) with each\n"
+        "Teacher-forced loss of a model (GGUF llama/qwen2/qwen3/gemma3/phi3, or llama2.c) with each\n"
         "quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio, KL, top-1.\n\n"
         "  -q, --quant SPEC      quantizer spec NAME[:key=value,...], or none (the exact\n"
         "                        cache); repeatable (default: kvq-analyze's default set)\n"
@@ -28,6 +28,10 @@ static void usage(FILE *f)
         "                        cache as it holds t+1 tokens at position t), or prefill,decode\n"
         "      --stride N        decode: re-quantize the cache every N positions (default 1)\n"
         "      --per-layer       one row per layer with only that layer quantized\n"
+        "      --chunk N         corpus evaluation (llama.cpp perplexity's protocol): windows\n"
+        "                        of N tokens, each from an empty cache with BOS first when\n"
+        "                        the model adds one, scoring each window's second half\n"
+        "      --chunks K        evaluate only the first K windows\n"
         "      --text FILE       text, tokenized by the model's own tokenizer (BOS first)\n"
         "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
@@ -43,12 +47,23 @@ static void usage(FILE *f)
         "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n");
 }
 
-enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED };
+enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED, OPT_CHUNK, OPT_CHUNKS };
 
 typedef struct progress_state {
     int on;
     time_t start;
 } progress_state;
+
+/* After each corpus window: windows done, elapsed, and the time left at this pace. */
+static void window_progress(void *ud, int done, int total)
+{
+    progress_state *p = ud;
+    if (!p->on) return;
+    long el = (long)(time(NULL) - p->start);
+    fprintf(stderr, "\r%s: window %d/%d, %lds, about %lds left      %s", prog, done, total, el,
+            (long)((double)el / done * (total - done) + 0.5), done == total ? "\n" : "");
+    fflush(stderr);
+}
 
 static void progress(void *ud, int pass, int npasses, int layer, int nlayers)
 {
@@ -75,13 +90,14 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
-        {"per-layer", no_argument, 0, OPT_PER_LAYER}, CLI_MODEL_LONGOPTS,
+        {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"chunk", required_argument, 0, OPT_CHUNK},
+        {"chunks", required_argument, 0, OPT_CHUNKS}, CLI_MODEL_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *output = NULL, *format = NULL, *calib = NULL;
     int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
-    long stride = 1;
+    long stride = 1, chunk = 0, chunks = 0;
     cli_model mo = {0};
     uint64_t seed = 0;
     int per_layer = 0, policies[2] = {1, 0}, *ids = NULL, T = 0, rc = CLI_OK, c, nspecs = 0;
@@ -120,6 +136,14 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_PER_LAYER: per_layer = 1; break;
+        case OPT_CHUNK:
+        case OPT_CHUNKS:
+            if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, c == OPT_CHUNK ? &chunk : &chunks)) {
+                cli_error(prog, "--%s %s: expected an integer %s", c == OPT_CHUNK ? "chunk" : "chunks", optarg,
+                          c == OPT_CHUNK ? "4..2^30" : "1..2^30");
+                rc = CLI_USAGE; goto done;
+            }
+            break;
         case OPT_FORMAT:
             if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
@@ -148,8 +172,23 @@ int main(int argc, char **argv)
             cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
             rc = CLI_USAGE; goto done;
         }
+    if (chunks && !chunk) {
+        cli_error(prog, "--chunks needs --chunk N");
+        rc = CLI_USAGE; goto done;
+    }
+    mo.no_context_cut = chunk > 0;
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
+    if (chunk > in->context_length) {
+        cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, in->context_length);
+        rc = CLI_USAGE; goto done;
+    }
+    if (chunk && T < chunk) {
+        cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", mo.text ? mo.text : mo.tokens, T, chunk);
+        rc = CLI_RUNTIME; goto done;
+    }
+    int nwin = chunk ? (int)(T / chunk) : 1;
+    if (chunks && nwin > chunks) nwin = (int)chunks;
 
     int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];
     int nitems = nspecs * npol * nlay, k = 0;
@@ -162,18 +201,21 @@ int main(int argc, char **argv)
 
     kvq_format fmt = cli_pick_format(format, output);
     static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
-                                       "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1"};
+                                       "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se"};
+    enum { NCOL = sizeof cols / sizeof cols[0] };
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
-    if (!(rep = kvq_rows_new(out.f, fmt, cols, 14, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (!(rep = kvq_rows_new(out.f, fmt, cols, NCOL, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
     /* auto: on a terminal from the start (a pass is long), always, or never */
     progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
     kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
-                        .progress = progress, .ud = &ps};
+                        .progress = chunk ? NULL : progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks,
+                        .window_progress = window_progress};
     if (fmt == KVQ_FMT_TABLE)
-        fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens\n", prog, argv[optind],
-                in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T);
+        fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens%s\n", prog, argv[optind],
+                in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T,
+                chunk ? " (in windows)" : "");
     double nll_ref = NAN;
     if (kvq_model_eval(m, ids, T, items, nitems, &eo, &nll_ref, &err)) {
         if (ps.on) fputc('\n', stderr);
@@ -183,17 +225,20 @@ int main(int argc, char **argv)
     for (int i = 0; i < nitems; i++) {
         const kvq_eval_item *it = &items[i];
         char toks[16], layer[16];
-        snprintf(toks, sizeof toks, "%d", T);
+        snprintf(toks, sizeof toks, "%ld", chunk ? (long)nwin * chunk : (long)T);
+        char npos[16];
+        snprintf(npos, sizeof npos, "%d", it->positions);
         if (it->layer < 0) snprintf(layer, sizeof layer, "all");
         else snprintf(layer, sizeof layer, "%d", it->layer);
         const kvq_spec *sp = it->spec;
         double dnll = it->nll - nll_ref;
-        kvq_cell row[14] = {{.text = in->name}, {.text = toks}, {.text = sp ? sp->q->name : "none"},
+        kvq_cell row[NCOL] = {{.text = in->name}, {.text = toks}, {.text = sp ? sp->q->name : "none"},
                             {.text = sp ? sp->text : "none"},
                             {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"}, {.text = layer},
                             {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
                             {.num = nll_ref, .is_num = 1}, {.num = it->nll, .is_num = 1}, {.num = dnll, .is_num = 1},
-                            {.num = exp(dnll), .is_num = 1}, {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
+                            {.num = exp(dnll), .is_num = 1}, {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1},
+                            {.text = npos}, {.num = it->dnll_se, .is_num = 1}};
         errno = 0;
         kvq_status wst = kvq_rows_add(rep, row);
         if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }

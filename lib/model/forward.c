@@ -573,14 +573,19 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
     const kvq_fw_stream *r = &o->s[0];
     for (int i = 0; i < o->ns; i++) {
         kvq_fw_stream *st = &o->s[i];
-        st->nll = st->kl = st->top1 = 0;
-        for (int t = 0; t < N; t++) {
-            double lse = st->lmax[t] + log(st->lsum[t]);
-            st->nll += lse - st->ltgt[t];
+        st->nll = st->kl = st->top1 = st->d_n = st->d_mean = st->d_m2 = 0;
+        for (int t = o->score_from > 0 ? o->score_from : 0; t < N; t++) {
+            double lse = st->lmax[t] + log(st->lsum[t]), nll = lse - st->ltgt[t];
+            st->nll += nll;
+            if (o->pos_nll && o->pos_nll[i]) o->pos_nll[i][t - (o->score_from > 0 ? o->score_from : 0)] = nll;
             if (i) {
                 double lse_r = r->lmax[t] + log(r->lsum[t]), kl = st->lw[t] / r->lsum[t] - lse_r + lse;
                 st->kl += kl > 0 ? kl : 0.0;
                 st->top1 += st->arg[t] == r->arg[t];
+                double d = nll - (lse_r - r->ltgt[t]), delta = d - st->d_mean; /* Welford */
+                st->d_n += 1;
+                st->d_mean += delta / st->d_n;
+                st->d_m2 += delta * (d - st->d_mean);
             } else {
                 st->top1 += 1;
             }

@@ -136,14 +136,81 @@ static void eval_tick(void *ud, int layer, int nlayers)
     p->o->progress(p->o->ud, p->pass, p->npasses, layer, nlayers);
 }
 
+/* Sums of one item over the scored positions of every window. */
+typedef struct eval_acc {
+    double nll, kl, top1, kb, vb, ne;
+    double n, mean, m2; /* pooled Welford state of the per-position dnll (Chan's combination) */
+} eval_acc;
+
+static void acc_add(eval_acc *a, const kvq_fw_stream *s)
+{
+    a->nll += s->nll, a->kl += s->kl, a->top1 += s->top1;
+    a->kb += s->k_bits, a->vb += s->v_bits, a->ne += s->n_elem;
+    double n = a->n + s->d_n;
+    if (n > 0) {
+        double delta = s->d_mean - a->mean;
+        a->m2 += s->d_m2 + delta * delta * a->n * s->d_n / n;
+        a->mean += delta * s->d_n / n;
+        a->n = n;
+    }
+}
+
+/* One window: the exact model and the items, in passes bounded by memory. */
+static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items, int nitems,
+                              const kvq_eval_opts *o, int w, size_t total, eval_acc *acc, double *ref_nll, kvq_error *err)
+{
+    size_t per_win = (size_t)(T - 1 - score_from);
+    const kvq_model_info *in = &m->info;
+    size_t per = (size_t)T * ((size_t)in->dim * sizeof(float) + 4 * sizeof(double) + sizeof(float) + sizeof(int));
+    size_t budget = o->max_bytes ? o->max_bytes : (size_t)4 << 30;
+    int batch = (int)(budget / per > 0 ? budget / per : 1);
+    if (batch > nitems) batch = nitems > 0 ? nitems : 1;
+    int npasses = nitems ? (nitems + batch - 1) / batch : 1;
+    kvq_fw_stream *s = calloc((size_t)batch + 1, sizeof *s);
+    double **pos = calloc((size_t)batch + 1, sizeof *pos);
+    if (!s || !pos) {
+        free(s), free(pos);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    eval_progress ep = {o, 0, npasses};
+    kvq_status st = KVQ_OK;
+    for (int pass = 0; pass < npasses && !st; pass++) {
+        int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch, ns = 0;
+        st = stream_alloc(&s[ns++], NULL, T, in->dim, err); /* the exact model */
+        for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
+        ep.pass = pass;
+        for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
+            pos[i] = i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
+        kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
+                          .score_from = score_from, .pos_nll = o->position_nll ? pos : NULL, .seed = o->seed, .calib = o->calib,
+                          .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
+                          .n_logit_pos = pass || w ? 0 : o->n_logit_pos, .logits = o->logits};
+        if (!st && !(st = kvq_forward(m, &fo, err))) {
+            if (pass == 0) *ref_nll += s[0].nll;
+            for (int i = 1; i < ns; i++) acc_add(&acc[i0 + i - 1], &s[i]);
+        }
+        for (int i = 0; i < ns; i++) stream_free(&s[i]); /* a failed allocation left its stream zeroed */
+    }
+    free(s), free(pos);
+    return st;
+}
+
 kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
                           const kvq_eval_opts *o, double *nll_ref, kvq_error *err)
 {
     const kvq_model_info *in = &m->info;
-    kvq_status st = check_tokens(m, tokens, T, err);
+    int N = o->chunk > 0 ? o->chunk : T;
+    if (o->chunk > 0 && (o->chunk < 4 || o->chunk > in->context_length))
+        return kvq_fail(err, KVQ_ERR_USAGE, "--chunk %d: expected 4..%d (the model's context length)", o->chunk,
+                        in->context_length);
+    int W = o->chunk > 0 ? T / N : 1;
+    if (o->chunks > 0 && W > o->chunks) W = o->chunks;
+    if (W < 1)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%d tokens: fewer than one window of --chunk %d", T, o->chunk);
+    kvq_status st = check_tokens(m, tokens, o->chunk > 0 ? W * N : T, err);
     if (st) return st;
     kvq_dump_info shape = {.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
-                           .head_dim = in->head_dim, .seq_len = T};
+                           .head_dim = in->head_dim, .seq_len = N};
     for (int i = 0; i < nitems; i++) {
         const kvq_spec *sp = items[i].spec;
         if (items[i].layer < -1 || items[i].layer >= in->n_layers)
@@ -154,38 +221,36 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
     }
     for (int i = 0; i < o->n_logit_pos; i++)
-        if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= T)
+        if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= N)
             return kvq_fail(err, KVQ_ERR_USAGE, "logits of position %d: expected a position below %d and an output array",
-                            o->logit_pos[i], T);
-    /* passes: as many streams at once as max_bytes of hidden states allow */
-    size_t per = (size_t)T * ((size_t)in->dim * sizeof(float) + 4 * sizeof(double) + sizeof(float) + sizeof(int));
-    size_t budget = o->max_bytes ? o->max_bytes : (size_t)4 << 30;
-    int batch = (int)(budget / per > 0 ? budget / per : 1);
-    if (batch > nitems) batch = nitems > 0 ? nitems : 1;
-    int npasses = nitems ? (nitems + batch - 1) / batch : 1;
-    kvq_fw_stream *s = calloc((size_t)batch + 1, sizeof *s);
-    if (!s) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    eval_progress ep = {o, 0, npasses};
-    for (int pass = 0; pass < npasses && !st; pass++) {
-        int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch, ns = 0;
-        st = stream_alloc(&s[ns++], NULL, T, in->dim, err); /* the exact model */
-        for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
-        ep.pass = pass;
-        kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
-                          .seed = o->seed, .calib = o->calib, .progress = o->progress ? eval_tick : NULL,
-                          .progress_ud = &ep, .logit_pos = o->logit_pos, .n_logit_pos = pass ? 0 : o->n_logit_pos,
-                          .logits = o->logits};
-        if (!st && !(st = kvq_forward(m, &fo, err))) {
-            if (nll_ref) *nll_ref = s[0].nll / (T - 1);
-            for (int i = 1; i < ns; i++) {
-                kvq_eval_item *it = s[i].item;
-                it->nll = s[i].nll / (T - 1), it->kl = s[i].kl / (T - 1), it->top1 = s[i].top1 / (T - 1);
-                it->k_bits = s[i].n_elem ? s[i].k_bits / s[i].n_elem : NAN;
-                it->v_bits = s[i].n_elem ? s[i].v_bits / s[i].n_elem : NAN;
-            }
-        }
-        for (int i = 0; i < ns; i++) stream_free(&s[i]); /* a failed allocation left its stream zeroed */
+                            o->logit_pos[i], N);
+    eval_acc *acc = calloc((size_t)nitems + 1, sizeof *acc);
+    int *win = kvq_alloc_array((size_t)N, sizeof *win);
+    if (!acc || !win) {
+        free(acc), free(win);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
-    free(s);
+    /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
+    int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos, from = o->chunk > 0 ? N / 2 : 0;
+    double ref = 0;
+    for (int w = 0; w < W && !st; w++) {
+        memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);
+        if (bos) win[0] = m->vocab.bos;
+        st = eval_window(m, win, N, from, items, nitems, o, w, (size_t)W * (size_t)(N - 1 - from), acc, &ref, err);
+        if (!st && o->window_progress) o->window_progress(o->ud, w + 1, W);
+    }
+    double npos = (double)W * (N - 1 - from);
+    if (!st) {
+        if (nll_ref) *nll_ref = ref / npos;
+        for (int i = 0; i < nitems; i++) {
+            kvq_eval_item *it = &items[i];
+            const eval_acc *a = &acc[i];
+            it->nll = a->nll / npos, it->kl = a->kl / npos, it->top1 = a->top1 / npos;
+            it->k_bits = a->ne ? a->kb / a->ne : NAN, it->v_bits = a->ne ? a->vb / a->ne : NAN;
+            it->positions = (int)npos;
+            it->dnll_se = a->n > 1 ? sqrt(a->m2 / (a->n - 1)) / sqrt(a->n) : NAN;
+        }
+    }
+    free(acc), free(win);
     return st;
 }

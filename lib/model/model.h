@@ -164,7 +164,8 @@ typedef struct kvq_fw_stream {
     float *x;            /* [T][dim] hidden state */
     int active;          /* a one-layer item starts from the exact stream at its layer */
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
-    double nll, kl, top1;          /* sums */
+    double nll, kl, top1;          /* sums over the scored positions */
+    double d_n, d_mean, d_m2;      /* Welford state of d_t = nll'_t − nll_t over them (not for s[0]) */
     /* online log-softmax state of each position over the vocabulary chunks */
     double *lmax, *lsum, *ltgt, *lw; /* max, Σexp(z − max), target logit, KL cross term */
     float *amax;
@@ -177,6 +178,8 @@ struct kvq_fw_opts {
     kvq_fw_stream *s; /* s[0]: the exact model */
     int ns;
     int nthreads, stride;
+    int score_from; /* positions t < score_from are not scored (corpus windows score their second half) */
+    double **pos_nll; /* [ns] or NULL: stream i's NLL of each scored position into pos_nll[i][t − score_from] */
     uint64_t seed;
     kvq_calib *calib;
     /* the exact stream's tensors of each layer: key, value, query [.][T][D]
