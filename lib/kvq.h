@@ -809,6 +809,12 @@ void kvq_model_close(kvq_model *m);
  * malloc'ed).  KVQ_ERR_UNSUPPORTED naming --tokens if the model has none. */
 kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t len, int **ids, size_t *n,
                               kvq_error *err);
+/* The text file at `path`, tokenized as kvq_model_tokenize does, read and
+ * tokenized in segments so that with max_tokens > 0 only as much of the file
+ * is read as that many tokens need (cut after a newline followed by
+ * printable ASCII, where no token can span); a NUL byte is KVQ_ERR_FORMAT. */
+kvq_status kvq_model_tokenize_file(const kvq_model *m, const char *path, size_t max_tokens, int **ids, size_t *n,
+                                   kvq_error *err);
 /* Whitespace-separated token ids, each below vocab; `what` names the source. */
 kvq_status kvq_tokens_parse(const char *what, const char *text, size_t len, int vocab, int **ids,
                             size_t *n, kvq_error *err);

@@ -16,6 +16,7 @@
  *    ggml), also through gemma3's sliding windows and with a decode stride.
  * Every test skips (with a line on stderr) when ../shared is absent. */
 #include "testutil.h"
+#include "model/model.h"
 
 #include <hdf5.h>
 #include <hdf5_hl.h>
@@ -153,6 +154,18 @@ START_TEST(test_tokenizer_matches_llama_cpp)
         while (i < k && i < (size_t)nw && ids[i] == want[i]) i++;
         ck_assert_msg(i == k && k == (size_t)nw, "%s %s: token %zu: kvq %d, llama.cpp %d (%zu and %d tokens)", arch, line, i,
                       i < k ? ids[i] : -1, i < (size_t)nw ? want[i] : -1, k, nw);
+        /* streamed, read 7 and 61 bytes at a time: the same ids, and with max_tokens their prefix */
+        for (size_t bs = 7; bs < 100; bs += 54) {
+            int *sid;
+            size_t sn;
+            ck_assert_msg(kvq_tokenize_file_blocks(m, path, 0, bs, &sid, &sn, &err) == KVQ_OK, "%s", err.msg);
+            ck_assert_msg(sn == k && !memcmp(sid, ids, k * sizeof *ids), "%s %s: streamed in %zu-byte blocks differs", arch,
+                          name, bs);
+            free(sid);
+            ck_assert(kvq_tokenize_file_blocks(m, path, 5, bs, &sid, &sn, &err) == KVQ_OK);
+            ck_assert(sn >= (k < 5 ? k : 5) && sn <= k && !memcmp(sid, ids, sn * sizeof *ids));
+            free(sid);
+        }
         free(ids), free(want);
         ntexts++;
     }

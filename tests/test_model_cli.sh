@@ -36,6 +36,12 @@ awk -F, 'NR > 1 && $3 == "none" && $11 == 0 && $13 == 0 && $14 == 1 && $7 == 16 
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: -q none rows"; cat "$tmp/e.csv"; }
 awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {x = d["prefill"] - d["decode"]; exit !(x < 1e-5 && x > -1e-5 && d["prefill"] > 0)}' "$tmp/e.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill and decode differ"; cat "$tmp/e.csv"; }
+# streamed tokenization: a 24 MB text with --max-tokens 8 reads only its start; NUL bytes
+# (/dev/zero) are refused at the first block instead of being read until memory runs out
+yes "the cat at the inn. a cat." | head -c 24000000 >"$tmp/big.txt"
+expect 0 "8 tokens" -- "$eval" "$tiny" --text "$tmp/big.txt" --max-tokens 8 -q none --format table
+expect 1 "not a text file (a NUL byte at offset 0)" -- timeout 60 "$eval" "$tiny" --text /dev/zero -q none
+rm -f "$tmp/big.txt"
 # --chunk: corpus windows, the positions and dnll_se columns; bad window options
 printf '%s ' 1 $(seq 5 40) >"$tmp/ids40.txt"
 expect 0 "positions,dnll_se" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q per-token:bits=2 --chunk 16 --format csv

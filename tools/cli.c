@@ -396,30 +396,27 @@ int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path
     size_t len, n;
     kvq_error err = {0};
     kvq_status st;
-    int rc = cli_read_file(prog, path, &buf, &len);
-    if (rc) return rc;
-    if (text_path) {
-        if (memchr(buf, '\0', len)) {
-            cli_error(prog, "%s: not a text file (contains NUL bytes)", path);
-            free(buf);
-            return CLI_RUNTIME;
-        }
-        st = kvq_model_tokenize(m, buf, len, ids, &n, &err);
+    int rc;
+    if (text_path) { /* streamed: with --max-tokens only as much text is read as that many tokens need */
+        size_t need = max_tokens > 0 ? (size_t)max_tokens : 0;
+        if (!no_context_cut && (!need || need > (size_t)in->context_length)) need = (size_t)in->context_length + 1;
+        st = kvq_model_tokenize_file(m, path, need, ids, &n, &err);
         if (st == KVQ_ERR_USAGE) { /* an empty text: bad input, not a usage error */
             cli_error(prog, "%s: %s", path, err.msg);
-            free(buf);
             return CLI_RUNTIME;
         }
     } else {
+        if ((rc = cli_read_file(prog, path, &buf, &len))) return rc;
         st = kvq_tokens_parse(path, buf, len, in->vocab_size, ids, &n, &err);
+        free(buf);
     }
-    free(buf);
     if (st) {
         int code = cli_fail(prog, &err);
         return st == KVQ_ERR_UNSUPPORTED ? CLI_USAGE : code;
     }
     if (!no_context_cut && n > (size_t)in->context_length) {
-        fprintf(stderr, "%s: note: %s: %zu tokens cut to the model's context length %d\n", prog, path, n, in->context_length);
+        fprintf(stderr, "%s: note: %s: %s%zu tokens cut to the model's context length %d\n", prog, path,
+                text_path ? "more than " : "", text_path ? (size_t)in->context_length : n, in->context_length);
         n = (size_t)in->context_length;
     }
     if (max_tokens > 0 && n > (size_t)max_tokens) n = (size_t)max_tokens;

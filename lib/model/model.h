@@ -106,11 +106,13 @@ typedef struct kvq_vocab {
     int *special;
     int nspecial;
     int special_rstrip; /* phi-3 models: whitespace after a matched token is dropped */
+    int stream_unsafe;  /* a piece holds a newline followed by printable ASCII: no streamed cuts */
     /* open-addressing hash of pieces → id */
     int *slot;
     size_t nslot;
 } kvq_vocab;
 
+/* Indexes the pieces (set kind, special and last_wins first) and decides stream_unsafe. */
 kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err);
 /* BPE: the rank of merging pieces a [0, na) and b [0, nb), or -1. */
 int kvq_bpe_rank(const kvq_vocab *v, const char *a, size_t na, const char *b, size_t nb);
@@ -119,6 +121,9 @@ kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err);
 /* BPE: the pre-tokenizer's words of code points cp [0, n) (cls: their
  * kvq_cp_class), as lengths into *len (malloc'ed), *nw of them; -1: no memory. */
 int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw);
+/* kvq_model_tokenize_file reading `block` bytes at a time (tests cut small texts often). */
+kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t max_tokens, size_t block, int **ids,
+                                    size_t *nids, kvq_error *err);
 /* Growable token list. */
 typedef struct kvq_tokbuf {
     int *id;

@@ -36,6 +36,15 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
             if (!strcmp(v->piece[v->slot[s]], v->piece[id])) break; /* a piece given twice */
         if (v->slot[s] < 0 || v->last_wins) v->slot[s] = id;
     }
+    /* streamed tokenization cuts after a newline followed by printable ASCII: no piece that
+     * the text is matched against (SentencePiece: all; BPE: the user-defined ones, the others
+     * are byte-encoded) may hold such a pair */
+    int n = v->kind == KVQ_TOK_BPE ? v->nspecial : v->n;
+    for (int i = 0; i < n && !v->stream_unsafe; i++) {
+        const char *t = v->piece[v->kind == KVQ_TOK_BPE ? v->special[i] : i];
+        for (const char *c = strchr(t, '\n'); c && !v->stream_unsafe; c = strchr(c + 1, '\n'))
+            v->stream_unsafe = c[1] > ' ' && c[1] < 0x7F;
+    }
     return KVQ_OK;
 }
 
@@ -255,40 +264,132 @@ static int partition(const kvq_vocab *v, const char *text, size_t n, fragment **
     return 0;
 }
 
-kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids, kvq_error *err)
+/* Tokenization in segments: BOS, then each segment of the text (cut where
+ * no token or word can span the cut), then EOS. */
+typedef struct tok_state {
+    kvq_tokbuf out;
+    int prev_special; /* SentencePiece: a space prefix at the start and after each matched token */
+    size_t ntext;     /* tokens of the text itself */
+} tok_state;
+
+static kvq_status tok_segment(const kvq_model *m, tok_state *ts, const char *text, size_t n, kvq_error *err)
 {
     const kvq_vocab *v = &m->vocab;
-    *ids = NULL, *nids = 0;
+    fragment *f = NULL;
+    size_t nf = 0;
+    kvq_status st = KVQ_OK;
+    if (n && partition(v, text, n, &f, &nf)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
+    for (size_t i = 0; i < nf && !st; i++) {
+        size_t before = ts->out.n;
+        if (f[i].token >= 0) {
+            if (kvq_tokbuf_push(&ts->out, f[i].token)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+            ts->prev_special = 1;
+        } else if (v->kind == KVQ_TOK_BPE) {
+            st = kvq_bpe_encode(v, text + f[i].off, f[i].len, &ts->out, err);
+        } else {
+            st = spm_encode(m, text + f[i].off, f[i].len, v->add_space_prefix && ts->prev_special, &ts->out, err);
+            ts->prev_special = 0;
+        }
+        ts->ntext += ts->out.n - before;
+    }
+    free(f);
+    return st;
+}
+
+static kvq_status tok_begin(const kvq_model *m, tok_state *ts, kvq_error *err)
+{
+    const kvq_vocab *v = &m->vocab;
+    memset(ts, 0, sizeof *ts);
+    ts->prev_special = 1;
     if (!v->n)
         return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: cannot tokenize --text: %s; give token ids with --tokens FILE",
                         m->path, m->tokenizer_missing);
-    kvq_tokbuf out = {0};
-    fragment *f = NULL;
-    size_t nf = 0, ntext = 0;
-    kvq_status st = KVQ_OK;
-    if ((v->add_bos && kvq_tokbuf_push(&out, v->bos)) || (n && partition(v, text, n, &f, &nf))) {
-        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
-        goto done;
+    if (v->add_bos && kvq_tokbuf_push(&ts->out, v->bos)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+    return KVQ_OK;
+}
+
+static kvq_status tok_end(const kvq_model *m, tok_state *ts, int at_eof, int **ids, size_t *nids, kvq_error *err)
+{
+    const kvq_vocab *v = &m->vocab;
+    if (at_eof && v->add_eos && kvq_tokbuf_push(&ts->out, v->eos)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+    if (!ts->ntext) return kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)");
+    *ids = ts->out.id, *nids = ts->out.n, ts->out.id = NULL;
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids, kvq_error *err)
+{
+    tok_state ts;
+    *ids = NULL, *nids = 0;
+    kvq_status st = tok_begin(m, &ts, err);
+    if (!st) st = tok_segment(m, &ts, text, n, err);
+    if (!st) st = tok_end(m, &ts, 1, ids, nids, err);
+    free(ts.out.id);
+    return st;
+}
+
+/* A cut before text[p] is safe when text[p − 1] is a newline and text[p]
+ * printable ASCII other than space: no pre-tokenizer word, SentencePiece
+ * merge or user-defined token crosses it (the vocabulary was checked for
+ * pieces containing such a pair: v->stream_unsafe). */
+static size_t last_safe_cut(const char *b, size_t from, size_t n)
+{
+    for (size_t p = n; p-- > (from > 1 ? from : 1);)
+        if (b[p - 1] == '\n' && b[p] > ' ' && b[p] < 0x7F) return p;
+    return 0;
+}
+
+kvq_status kvq_model_tokenize_file(const kvq_model *m, const char *path, size_t max_tokens, int **ids, size_t *nids,
+                                   kvq_error *err)
+{
+    return kvq_tokenize_file_blocks(m, path, max_tokens, 1 << 16, ids, nids, err);
+}
+
+kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t max_tokens, size_t BLOCK, int **ids,
+                                    size_t *nids, kvq_error *err)
+{
+    tok_state ts;
+    *ids = NULL, *nids = 0;
+    kvq_status st = tok_begin(m, &ts, err);
+    if (st) return st;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        free(ts.out.id);
+        return kvq_fail(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     }
-    int prev_special = 1; /* SentencePiece: a space prefix at the start and after each matched token */
-    for (size_t i = 0; i < nf && !st; i++) {
-        size_t before = out.n;
-        if (f[i].token >= 0) {
-            if (kvq_tokbuf_push(&out, f[i].token)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
-            prev_special = 1;
-        } else if (v->kind == KVQ_TOK_BPE) {
-            st = kvq_bpe_encode(v, text + f[i].off, f[i].len, &out, err);
-        } else {
-            st = spm_encode(m, text + f[i].off, f[i].len, v->add_space_prefix && prev_special, &out, err);
-            prev_special = 0;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, offset = 0; /* offset: bytes of the file before buf */
+    int eof = 0, streaming = !m->vocab.stream_unsafe;
+    while (!st && !eof) {
+        if (cap - len < BLOCK) { /* a long line without cuts: the buffer grows geometrically */
+            size_t nc = cap < BLOCK ? 2 * BLOCK : 2 * cap;
+            char *nb = realloc(buf, nc);
+            if (!nb) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory reading the text", path); break; }
+            buf = nb, cap = nc;
         }
-        ntext += out.n - before;
+        size_t got = fread(buf + len, 1, BLOCK, f);
+        if (got == 0) {
+            if (ferror(f)) { st = kvq_fail(err, KVQ_ERR_IO, "%s: read failed: %s", path, strerror(errno)); break; }
+            eof = 1;
+        }
+        const char *nul = memchr(buf + len, '\0', got);
+        if (nul) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a text file (a NUL byte at offset %zu)", path,
+                          offset + (size_t)(nul - buf));
+            break;
+        }
+        len += got;
+        size_t cut = eof ? len : streaming ? last_safe_cut(buf, len - got, len) : 0; /* the rest has no cut */
+        if (!cut) continue;
+        if ((st = tok_segment(m, &ts, buf, cut, err))) break;
+        memmove(buf, buf + cut, len - cut);
+        len -= cut, offset += cut;
+        if (max_tokens && ts.out.n >= max_tokens) break; /* the rest cannot change these tokens */
     }
-    if (!st && v->add_eos && kvq_tokbuf_push(&out, v->eos)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
-    if (!st && !ntext) st = kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)");
-    if (!st) *ids = out.id, *nids = out.n, out.id = NULL;
-done:
-    free(out.id), free(f);
+    fclose(f);
+    free(buf);
+    if (!st) st = tok_end(m, &ts, eof && !len, ids, nids, err);
+    free(ts.out.id);
     return st;
 }
 
