@@ -164,7 +164,7 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
                 int h = p->heads[hi];
                 size_t off = (size_t)h * L->T * L->D;
                 hst[hi] = kvq_attn_ref_new_rows(rows + (size_t)h * G * p->npos * L->D, G, L->key + off,
-                                                L->value + off, L->T, L->D, info->query_prescaled, p->pos,
+                                                L->value + off, L->T, L->D, kvq_dump_attn_mode(d, p->layers[li]), p->pos,
                                                 p->npos, &p->ref[(size_t)li * nh + hi], &herr[hi]);
             }
             for (int hi = 0; hi < nh && !st; hi++)
@@ -192,7 +192,7 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
     }
 }
 
-static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, int h, int with_attn,
+static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
                                const kvq_attn_ref *ref, const float *qrows, int nspecs, float *const *kq,
                                float *const *vq, double *const *kbits, double *const *vbits,
                                double *const *sbytes, kvq_recon_acc *const *recon,
@@ -228,8 +228,8 @@ static kvq_status head_metrics(const kvq_layer *L, const kvq_dump_info *info, in
         if (ref)
             st = kvq_attn_ref_compare(ref, nspecs, Kh, Vh, aa, err);
         else
-            st = kvq_attention_rows(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D,
-                                    info->query_prescaled, pos, npos, nspecs, Kh, Vh, aa, err);
+            st = kvq_attention_rows(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos, nspecs,
+                                    Kh, Vh, aa, err);
         if (!st) merge_attn(acc, aa, nspecs);
     }
     free(Kh), free(Vh), free(aa);
@@ -293,6 +293,13 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     int ns = out->nspecs = o->nspecs, nl = out->nlayers = p->nl, nh = out->nheads = p->nh;
     int H = info->num_kv_heads;
     out->has_attn = info->has_query;
+    for (int li = 0; o->device && info->has_query && li < p->nl; li++) { /* the kernels compute plain attention */
+        kvq_attn_mode m = kvq_dump_attn_mode(p->d, p->layers[li]);
+        if (!kvq_attn_mode_plain(&m, info->head_dim))
+            return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                            "%s: /layer_%03d: attention with a sliding window, attn_scale or attn_softcap is computed on the "
+                            "CPU only (use --device cpu)", path, p->layers[li]);
+    }
     size_t nacc = (size_t)nl * nh * ns;
     out->acc = calloc(nacc ? nacc : 1, sizeof *out->acc);
     out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
@@ -387,7 +394,8 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         if (o->progress) o->progress(o->ud, li, nl, "metrics");
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)
-            hst[hi] = head_metrics(L, info, p->heads[hi], !o->device, p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
+            hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), p->heads[hi], !o->device,
+                                   p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
                                    qr, ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)

@@ -1,6 +1,7 @@
 /* attention.c — attention metrics of one KV head (SPEC §4): scores S = QKᵀ/√D
- * over causal rows, stable softmax A, outputs O = A·V, compared between the
- * exact K/V and each quantizer's K'/V'.
+ * over causal rows (or as the model computes them, SPEC §1: its attn_scale,
+ * attn_softcap and sliding window), stable softmax A, outputs O = A·V,
+ * compared between the exact K/V and each quantizer's K'/V'.
  *
  * kvq_attention_head: the score and output products go through cblas_sgemm
  * in chunks of query rows (memory bounded by chunk × T), and the exact side
@@ -65,6 +66,59 @@ static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, i
     return r;
 }
 
+/* --------------------------------------------------------------- modes */
+
+/* How a row's scores become attention (kvq_attn_mode, SPEC §1): plain (the
+ * reference order: divide by sqrt(D), skipped when prescaled; SIMD paths)
+ * or general (multiply by scale unless prescaled, soft-cap, window). */
+typedef struct att_mode {
+    int plain, prescaled, window;
+    float div;        /* plain: sqrt(D) */
+    float scale, cap; /* general */
+} att_mode;
+
+int kvq_attn_mode_plain(const kvq_attn_mode *m, int D)
+{
+    double plain = 1.0 / sqrt((double)D);
+    return m->window <= 0 && !(m->softcap > 0) && (!(m->scale > 0) || fabs(m->scale - plain) <= 1e-6 * plain);
+}
+
+static att_mode make_mode(kvq_attn_mode m, int D)
+{
+    att_mode a = {.plain = kvq_attn_mode_plain(&m, D), .prescaled = m.prescaled, .window = m.window > 0 ? m.window : 0,
+                  .div = sqrtf((float)D), .cap = m.softcap > 0 ? m.softcap : 0.0f};
+    a.scale = m.scale > 0 ? m.scale : 1.0f / sqrtf((float)D);
+    return a;
+}
+
+/* The first key row p attends to (p − W < k <= p). */
+static int row_lo(const att_mode *m, int p) { return m->window > 0 && p - m->window + 1 > 0 ? p - m->window + 1 : 0; }
+
+/* General mode: the scores s[lo..p] scaled (unless prescaled) and soft-capped, in place. */
+static void transform_row(float *s, int lo, int p, const att_mode *m)
+{
+    for (int u = lo; u <= p; u++) {
+        float x = m->prescaled ? s[u] : m->scale * s[u];
+        s[u] = m->cap > 0 ? m->cap * tanhf(x / m->cap) : x;
+    }
+}
+
+/* A row's softmax in its mode: the attended keys [*lo, p] (a = 0 elsewhere),
+ * argmax as a key index.  ref: the plain-loop reference softmax. */
+static row_stats mode_row(float *s, float *a, int p, int ncol, const att_mode *m, int ref, int *lo)
+{
+    if (m->plain) {
+        *lo = 0;
+        return ref ? softmax_row_ref(s, a, p, ncol, m->div, m->prescaled) : softmax_row(s, a, p, ncol, m->div, m->prescaled);
+    }
+    int l = *lo = row_lo(m, p);
+    transform_row(s, l, p, m);
+    row_stats r = ref ? softmax_row_ref(s + l, a + l, p - l, ncol - l, 1.0f, 1) : softmax_row(s + l, a + l, p - l, ncol - l, 1.0f, 1);
+    r.argmax += l;
+    memset(a, 0, (size_t)l * sizeof *a);
+    return r;
+}
+
 /* Σ (x − y)² over n elements, and Σ x² if sx2 != NULL. */
 static double sq_diff(const float *x, const float *y, size_t n, double *sx2)
 {
@@ -115,7 +169,7 @@ typedef struct {
 
 /* Fills c->Qc, S, A, O, rs and the norms from the chunk's query rows [nc][D]. */
 static void ref_chunk_compute(ref_chunk *c, const float *Qrows, const float *K, const float *V, int D,
-                              float scale, int prescaled)
+                              const att_mode *m)
 {
     int nc = c->nc, ncol = c->ncol;
     memcpy(c->Qc, Qrows, (size_t)nc * D * sizeof(float));
@@ -124,9 +178,10 @@ static void ref_chunk_compute(ref_chunk *c, const float *Qrows, const float *K, 
     double s2 = 0, a2 = 0, o2 = 0;
     for (int i = 0; i < nc; i++) {
         float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
-        c->rs[i] = softmax_row(srow, arow, c->p[i], ncol, scale, prescaled);
+        int lo;
+        c->rs[i] = mode_row(srow, arow, c->p[i], ncol, m, 0, &lo);
 #pragma omp simd reduction(+ : s2, a2)
-        for (int u = 0; u <= c->p[i]; u++) {
+        for (int u = lo; u <= c->p[i]; u++) {
             s2 += (double)srow[u] * srow[u];
             a2 += (double)arow[u] * arow[u];
         }
@@ -159,7 +214,7 @@ static void quant_ws_free(quant_ws *w)
 }
 
 /* Compares one exact chunk with each quantizer's K'/V' [T][D]. */
-static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int prescaled, int nquant,
+static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               quant_ws *w)
 {
@@ -173,16 +228,19 @@ static void ref_chunk_compare(const ref_chunk *c, int D, float scale, int presca
         for (int i = 0; i < nc; i++) {
             const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
             float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
-            int p = c->p[i];
-            if (fused) { /* softmax and sums, its last pass fused */
+            int p = c->p[i], lo = m->plain ? 0 : row_lo(m, p);
+            if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
                 double sum;
-                fused(srow, arow, sqrow, aqrow, (size_t)p + 1, (size_t)ncol, scale, prescaled, c->rs[i].m, c->rs[i].lse,
-                      &w->rq[i].m, &sum, &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+                if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
+                fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
+                      m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum,
+                      &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
                 w->rq[i].lse = log(sum);
+                w->rq[i].argmax += lo;
             } else {
-                w->rq[i] = softmax_row(sqrow, aqrow, p, ncol, scale, prescaled);
-                ac->s_diff2 += sq_diff(srow, sqrow, (size_t)p + 1, NULL);
-                ac->a_diff2 += sq_diff(arow, aqrow, (size_t)p + 1, NULL);
+                w->rq[i] = mode_row(sqrow, aqrow, p, ncol, m, 0, &lo);
+                ac->s_diff2 += sq_diff(srow + lo, sqrow + lo, (size_t)(p - lo) + 1, NULL);
+                ac->a_diff2 += sq_diff(arow + lo, aqrow + lo, (size_t)(p - lo) + 1, NULL);
                 ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, w->rq[i], p);
             }
             ac->top1_same += c->rs[i].argmax == w->rq[i].argmax;
@@ -211,24 +269,24 @@ static float *gather_rows(const float *Q, int G, int T, int D, const int *pos, s
 }
 
 kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float *V, int T, int D,
-                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err)
 {
     float *rows = gather_rows(Q, G, T, D, pos, npos);
     if (!rows) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu query rows", npos);
-    kvq_status st = kvq_attention_rows(rows, G, K, V, T, D, query_prescaled, pos, npos, nquant, Kq, Vq, acc, err);
+    kvq_status st = kvq_attention_rows(rows, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, acc, err);
     free(rows);
     return st;
 }
 
 kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
-                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err)
 {
     if (npos == 0) return KVQ_OK;
-    const float scale = sqrtf((float)D);
+    const att_mode m = make_mode(mode, D);
     size_t chunk = chunk_rows(T, npos);
     quant_ws w = {0};
     ref_chunk c = {0};
@@ -246,8 +304,8 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
             c.nc = (int)(npos - r0 < chunk ? npos - r0 : chunk);
             c.p = pos + r0;
             c.ncol = c.p[c.nc - 1] + 1; /* positions ascend: the last row sees the most keys */
-            ref_chunk_compute(&c, Qj + r0 * D, K, V, D, scale, query_prescaled);
-            ref_chunk_compare(&c, D, scale, query_prescaled, nquant, Kq, Vq, acc, &w);
+            ref_chunk_compute(&c, Qj + r0 * D, K, V, D, &m);
+            ref_chunk_compare(&c, D, &m, nquant, Kq, Vq, acc, &w);
         }
     }
     free(c.Qc), free(c.S), free(c.A), free(c.O), free(c.rs);
@@ -258,7 +316,8 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
 /* ------------------------------------------------- cached exact attention */
 
 struct kvq_attn_ref {
-    int G, T, D, prescaled;
+    int G, T, D;
+    att_mode mode;
     size_t npos, chunk, nchunk; /* chunks per query head */
     int *pos;                   /* [npos] */
     ref_chunk *c;               /* [G][nchunk] */
@@ -294,25 +353,25 @@ void kvq_attn_ref_free(kvq_attn_ref *r)
 }
 
 kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *V, int T, int D,
-                            int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                            kvq_attn_mode mode, const int *pos, size_t npos, kvq_attn_ref **out,
                             kvq_error *err)
 {
     float *rows = gather_rows(Q, G, T, D, pos, npos);
     *out = NULL;
     if (!rows) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu query rows", npos);
-    kvq_status st = kvq_attn_ref_new_rows(rows, G, K, V, T, D, query_prescaled, pos, npos, out, err);
+    kvq_status st = kvq_attn_ref_new_rows(rows, G, K, V, T, D, mode, pos, npos, out, err);
     free(rows);
     return st;
 }
 
 kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
-                                 int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                                 kvq_attn_mode mode, const int *pos, size_t npos, kvq_attn_ref **out,
                                  kvq_error *err)
 {
     kvq_attn_ref *r = calloc(1, sizeof *r);
     *out = NULL;
     if (!r) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    r->G = G, r->T = T, r->D = D, r->prescaled = query_prescaled, r->npos = npos;
+    r->G = G, r->T = T, r->D = D, r->mode = make_mode(mode, D), r->npos = npos;
     if (npos == 0) {
         *out = r;
         return KVQ_OK;
@@ -329,7 +388,6 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
                         G, npos);
     }
     memcpy(r->pos, pos, npos * sizeof *pos);
-    const float scale = sqrtf((float)D);
     float *m = r->mem;
     for (int j = 0; j < G; j++) {
         const float *Qj = Qrows + (size_t)j * npos * D;
@@ -344,7 +402,7 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
             c->O = m, m += (size_t)c->nc * D;
             c->S = m, m += (size_t)c->nc * c->ncol;
             c->A = m, m += (size_t)c->nc * c->ncol;
-            ref_chunk_compute(c, Qj + r0 * D, K, V, D, scale, query_prescaled);
+            ref_chunk_compute(c, Qj + r0 * D, K, V, D, &r->mode);
         }
     }
     *out = r;
@@ -357,9 +415,8 @@ kvq_status kvq_attn_ref_compare(const kvq_attn_ref *r, int nquant, const float *
     if (r->npos == 0) return KVQ_OK;
     quant_ws w = {0};
     kvq_status st = quant_ws_alloc(&w, r->chunk, r->T, r->D, err);
-    const float scale = sqrtf((float)r->D);
     for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i++)
-        ref_chunk_compare(&r->c[i], r->D, scale, r->prescaled, nquant, Kq, Vq, acc, &w);
+        ref_chunk_compare(&r->c[i], r->D, &r->mode, nquant, Kq, Vq, acc, &w);
     quant_ws_free(&w);
     return st;
 }
@@ -377,7 +434,7 @@ static void scores_ref(const float *q, const float *K, int D, int p, float *s)
 }
 
 kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const float *V, int T,
-                                  int D, int query_prescaled, const int *pos, size_t npos,
+                                  int D, kvq_attn_mode mode, const int *pos, size_t npos,
                                   int nquant, const float *const *Kq, const float *const *Vq,
                                   kvq_attn_acc *acc, kvq_error *err)
 {
@@ -389,6 +446,7 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
     }
     float *a = s + T, *sq = s + 2 * (size_t)T, *aq = s + 3 * (size_t)T;
     float *ov = o + D, *oj = o + 2 * D;
+    const att_mode m = make_mode(mode, D);
     for (int q = 0; q < nquant; q++) {
         kvq_attn_acc *ac = &acc[q];
         for (int j = 0; j < G; j++) {
@@ -398,9 +456,10 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                 const float *qv = Qj + (size_t)p * D;
                 scores_ref(qv, K, D, p, s);
                 scores_ref(qv, Kq[q], D, p, sq);
-                row_stats rs = softmax_row_ref(s, a, p, p + 1, sqrtf((float)D), query_prescaled);
-                row_stats rq = softmax_row_ref(sq, aq, p, p + 1, sqrtf((float)D), query_prescaled);
-                for (int u = 0; u <= p; u++) {
+                int lo;
+                row_stats rs = mode_row(s, a, p, p + 1, &m, 1, &lo);
+                row_stats rq = mode_row(sq, aq, p, p + 1, &m, 1, &lo);
+                for (int u = lo; u <= p; u++) { /* the keys the row attends to */
                     ac->s_ref2 += (double)s[u] * s[u];
                     ac->s_diff2 += ((double)s[u] - sq[u]) * ((double)s[u] - sq[u]);
                     ac->a_ref2 += (double)a[u] * a[u];

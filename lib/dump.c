@@ -26,6 +26,7 @@ struct kvq_dump {
     kvq_dump_info info;
     uint16_t *stage; /* float16 values on their way to float32, kept between reads */
     size_t stage_n;
+    int *window;     /* [num_layers] each layer's sliding_window (0: none) */
 };
 
 struct kvq_dump_writer {
@@ -487,6 +488,8 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
     hsize_t H = (hsize_t)in->num_kv_heads, Hq = (hsize_t)in->num_heads;
     hsize_t T = (hsize_t)in->seq_len, D = (hsize_t)in->head_dim;
     char det[256];
+    if (!(d->window = calloc((size_t)in->num_layers, sizeof *d->window)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p);
     for (int l = 0; l < in->num_layers; l++) {
         char gname[32];
         snprintf(gname, sizeof gname, "/layer_%03d", l);
@@ -518,6 +521,7 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
         if (win < 0 || win > INT32_MAX)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a window of 0 (none) to 2^31-1 positions, got %lld", p, wname, win);
         in->window_layers += win > 0;
+        d->window[l] = (int)win;
         if (!pk) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/key: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
         if (!pv) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/value: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
         if (l == 0) {
@@ -532,10 +536,6 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/%s: expected %s, as in /layer_000", p, gname, what, has0 ? "a dataset" : "no dataset");
         }
     }
-    double plain = 1.0 / sqrt((double)in->head_dim);
-    in->attn_unapplied = in->window_layers > 0 || in->attn_softcap > 0 ||
-                         (in->attn_scale > 0 && fabs(in->attn_scale - plain) > 1e-6 * plain);
-    if (in->attn_unapplied) in->has_query = 0;
     return KVQ_OK;
 }
 
@@ -584,7 +584,16 @@ void kvq_dump_close(kvq_dump *d)
     H5Eclear2(H5E_DEFAULT);
     free(d->path);
     free(d->stage);
+    free(d->window);
     free(d);
+}
+
+kvq_attn_mode kvq_dump_attn_mode(const kvq_dump *d, int layer)
+{
+    const kvq_dump_info *in = &d->info;
+    return (kvq_attn_mode){.prescaled = in->query_prescaled, .scale = (float)in->attn_scale,
+                           .softcap = (float)in->attn_softcap,
+                           .window = d->window && layer >= 0 && layer < in->num_layers ? d->window[layer] : 0};
 }
 
 void kvq_layer_free(kvq_layer *l)

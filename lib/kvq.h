@@ -100,12 +100,7 @@ typedef struct kvq_dump_info {
     kvq_dtype key_dtype, value_dtype, query_dtype;
     double attn_scale;    /* root `attn_scale` (0: absent, 1/sqrt(D)) */
     double attn_softcap;  /* root `attn_softcap` (0: none) */
-    int window_layers;    /* layers with a `sliding_window` > 0 */
-    /* 1 when the dump's attention differs from plain causal softmax(q·k/sqrt(D))
-     * (a window, another scale, a soft-cap): kvq does not apply those to its
-     * attention metrics yet, so has_query is cleared and those columns stay
-     * empty rather than measure an attention the model does not compute */
-    int attn_unapplied;
+    int window_layers;    /* layers with a `sliding_window` > 0 (kvq_dump_attn_mode gives each) */
 } kvq_dump_info;
 
 /* One layer in memory.  Arrays are owned by the struct (kvq_layer_free). */
@@ -528,18 +523,34 @@ kvq_status kvq_query_sel_parse(const char *text, kvq_query_sel *out, kvq_error *
 kvq_status kvq_query_positions(const kvq_query_sel *sel, int T, uint64_t seed, int **pos,
                                size_t *npos, kvq_error *err);
 
+/* How the model turns q·k into attention (SPEC §1): softmax(scale · q·k)
+ * (prescaled: the queries already carry the scale), each score soft-capped
+ * c·tanh(s/c) when softcap > 0, over the causal keys p − window < k <= p
+ * (window 0: all of 0..p).  scale 0 (or 1/sqrt(D) within 1e-6) is the plain
+ * attention, computed as a division by sqrt(D) (SPEC §4's order). */
+typedef struct kvq_attn_mode {
+    int prescaled;
+    float scale, softcap;
+    int window;
+} kvq_attn_mode;
+/* The mode of a dump's layer (root attn_scale, attn_softcap, query_prescaled,
+ * the layer's sliding_window). */
+kvq_attn_mode kvq_dump_attn_mode(const kvq_dump *d, int layer);
+/* 1 when the mode is plain causal softmax(q·k/sqrt(D)) (what the GPU path computes). */
+int kvq_attn_mode_plain(const kvq_attn_mode *m, int D);
+
 /* Attention metrics of one KV head for several quantizers at once (§4).
  * Q: the G query heads reading this KV head, [G][T][D].  K, V: [T][D].
  * Kq[i], Vq[i]: quantizer i's reconstruction, [T][D].  acc[i] receives the
  * sums.  Score matrices go through cblas_sgemm in row chunks of bounded size. */
 kvq_status kvq_attention_head(const float *Q, int G, const float *K, const float *V, int T, int D,
-                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err);
 /* The same with only the query rows at pos: Qrows [G][npos][D] (what
  * kvq_dump_read_query_rows reads, one KV head's G query heads). */
 kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
-                              int query_prescaled, const int *pos, size_t npos, int nquant,
+                              kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err);
 /* The exact side of one KV head's attention (query rows, S, A, O in the
@@ -547,11 +558,11 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
  * of later quantizers are compared against it with bit-identical sums. */
 typedef struct kvq_attn_ref kvq_attn_ref;
 kvq_status kvq_attn_ref_new(const float *Q, int G, const float *K, const float *V, int T, int D,
-                            int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                            kvq_attn_mode mode, const int *pos, size_t npos, kvq_attn_ref **out,
                             kvq_error *err);
 /* The same from the query rows at pos, Qrows [G][npos][D]. */
 kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
-                                 int query_prescaled, const int *pos, size_t npos, kvq_attn_ref **out,
+                                 kvq_attn_mode mode, const int *pos, size_t npos, kvq_attn_ref **out,
                                  kvq_error *err);
 /* Same sums as kvq_attention_head with the K, V, Q the reference was built from. */
 kvq_status kvq_attn_ref_compare(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
@@ -561,7 +572,7 @@ size_t kvq_attn_ref_bytes(int G, int T, int D, const int *pos, size_t npos);
 void kvq_attn_ref_free(kvq_attn_ref *ref);
 /* Plain reference of the same (no BLAS, no chunking), for tests. */
 kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const float *V, int T,
-                                  int D, int query_prescaled, const int *pos, size_t npos,
+                                  int D, kvq_attn_mode mode, const int *pos, size_t npos,
                                   int nquant, const float *const *Kq, const float *const *Vq,
                                   kvq_attn_acc *acc, kvq_error *err);
 

@@ -199,7 +199,7 @@ int main(int argc, char **argv)
                 const float *kh[5], *vh[5];
                 kvq_attn_acc acc[5] = {0};
                 for (int s = 0; s < nq; s++) kh[s] = kqs[s] + off, vh[s] = vqs[s] + off;
-                if (kvq_attention_head(L.query + off * G, G, L.key + off, L.value + off, T, D, 0, pos,
+                if (kvq_attention_head(L.query + off * G, G, L.key + off, L.value + off, T, D, (kvq_attn_mode){0}, pos,
                                        (size_t)np, nq, kh, vh, acc, &err)) die(&err);
             }
             double dt = now() - ta;

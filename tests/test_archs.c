@@ -232,11 +232,10 @@ START_TEST(test_threads)
         unsigned fl = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
         for (int k = 0; k < 3; k++) ck_assert(kvq_dump_read_layer(d[k], l, fl, &x[k], &err) == KVQ_OK);
         size_t nk = (size_t)x[0].H * x[0].T * x[0].D, nq = (size_t)x[0].Hq * x[0].T * x[0].D;
-        /* gemma3's windows leave its queries out of kvq's attention metrics (and reads) for now */
-        ck_assert(_i ? !x[0].query : x[0].query != NULL);
+        ck_assert(x[0].query != NULL);
         for (int k = 1; k < 3; k++)
             ck_assert_msg(!memcmp(x[0].key, x[k].key, nk * 4) && !memcmp(x[0].value, x[k].value, nk * 4) &&
-                              (!x[0].query || !memcmp(x[0].query, x[k].query, nq * 4)) &&
+                              !memcmp(x[0].query, x[k].query, nq * 4) &&
                               !memcmp(x[0].key_pre_rope, x[k].key_pre_rope, nk * 4),
                           "%s: dump layer %d differs between 1 and %d threads", arch, l, k + 1);
         for (int k = 0; k < 3; k++) kvq_layer_free(&x[k]);

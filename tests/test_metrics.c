@@ -91,7 +91,7 @@ START_TEST(attention_one_hot)
         kvq_attn_acc a = {0};
         kvq_error err = {0};
         /* query_prescaled = 1: no division by sqrt(D) */
-        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, 1, pos, 1, 1, kq, vq, &a, &err), KVQ_OK);
+        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, (kvq_attn_mode){.prescaled = 1}, pos, 1, 1, kq, vq, &a, &err), KVQ_OK);
         kvq_acc acc = {.has_attn = 1, .attn = a, .k = {.n = 1, .sum_x2 = 1}, .v = {.n = 1, .sum_x2 = 1}};
         kvq_metrics m;
         kvq_metrics_finalize(&acc, &m);
@@ -104,7 +104,7 @@ START_TEST(attention_one_hot)
     }
     /* with division by sqrt(D) = sqrt(2): scores 100/√2 — still one-hot */
     kvq_attn_acc a = {0};
-    kvq_attention_head(Q, 1, K, V, 3, 2, 0, pos, 1, 1, kq, vq, &a, NULL);
+    kvq_attention_head(Q, 1, K, V, 3, 2, (kvq_attn_mode){0}, pos, 1, 1, kq, vq, &a, NULL);
     ck_assert(fabs(a.kl_sum - 100.0 / sqrtf(2.0f)) < 1e-3);
 }
 END_TEST
@@ -119,7 +119,7 @@ START_TEST(attention_identical_is_zero)
     int pos[5] = {0, 1, 17, 38, 39};
     const float *kq[1] = {K}, *vq[1] = {V};
     kvq_attn_acc a = {0};
-    kvq_attention_head(Q, G, K, V, T, D, 0, pos, 5, 1, kq, vq, &a, NULL);
+    kvq_attention_head(Q, G, K, V, T, D, (kvq_attn_mode){0}, pos, 5, 1, kq, vq, &a, NULL);
     ck_assert(a.rows == 10 && a.top1_same == 10);
     ck_assert(a.s_diff2 == 0 && a.a_diff2 == 0 && a.kl_sum == 0 && a.o_diff2 == 0 && a.o_joint_diff2 == 0);
     ck_assert(a.s_ref2 > 0 && a.a_ref2 > 0 && a.o_ref2 > 0);
@@ -146,12 +146,12 @@ START_TEST(attention_blas_equals_reference)
         for (int i = 0; i < T; i++) pos[i] = i;
         const float *kq[2] = {K2, K}, *vq[2] = {V2, V2};
         kvq_attn_acc b[2] = {0};
-        kvq_attention_head_ref(Q, G, K, V, T, D, 0, pos, (size_t)T, 2, kq, vq, b, NULL);
+        kvq_attention_head_ref(Q, G, K, V, T, D, (kvq_attn_mode){0}, pos, (size_t)T, 2, kq, vq, b, NULL);
         /* the SIMD rows where the CPU has them (AVX-512 or AVX2), then the portable ones */
         for (int mode = 0; mode < 2; mode++) {
         kvq_attn_acc a[2] = {0};
         kvq_simd_force(mode == 0);
-        kvq_attention_head(Q, G, K, V, T, D, 0, pos, (size_t)T, 2, kq, vq, a, NULL);
+        kvq_attention_head(Q, G, K, V, T, D, (kvq_attn_mode){0}, pos, (size_t)T, 2, kq, vq, a, NULL);
         kvq_simd_force(1);
         for (int q = 0; q < 2; q++) {
             ck_assert(a[q].rows == b[q].rows);
@@ -168,6 +168,94 @@ START_TEST(attention_blas_equals_reference)
         }
         free(Q), free(K), free(V), free(K2), free(V2), free(pos);
     }
+}
+END_TEST
+
+/* A model's attention (SPEC §1), worked by hand: with a window of 1 each
+ * row attends to itself only, so A = A' = 1 on the diagonal whatever K'
+ * does (attn_rel 0, KL 0, top-1 all kept) and the output is the row's own
+ * value (out_rel = |V − V'| over the rows); the scores compared are the
+ * diagonal ones, scale·q·k soft-capped: c·tanh(s/c). */
+START_TEST(attention_window_one_by_hand)
+{
+    const float Q[3 * 2] = {1, 0, 0, 2, 1, 1};
+    const float K[3 * 2] = {2, 0, 0, 1, 3, 0}, Kq[3 * 2] = {1, 0, 0, 3, 3, 3};
+    const float V[3 * 2] = {1, 0, 0, 1, 1, 1}, Vq[3 * 2] = {1, 0, 0, 2, 1, 1};
+    const int pos[3] = {0, 1, 2};
+    const float *kq[1] = {Kq}, *vq[1] = {Vq};
+    kvq_attn_mode mode = {.scale = 0.5f, .softcap = 2.0f, .window = 1};
+    /* diagonal scores: q·k = 2, 2, 3 (exact) and 1, 6, 6 (quantized); x 0.5, then 2·tanh(x/2) */
+    double se[3] = {2 * tanh(0.5), 2 * tanh(0.5), 2 * tanh(0.75)}, sq[3] = {2 * tanh(0.25), 2 * tanh(1.5), 2 * tanh(1.5)};
+    double s_ref2 = 0, s_diff2 = 0;
+    for (int i = 0; i < 3; i++) s_ref2 += se[i] * se[i], s_diff2 += (se[i] - sq[i]) * (se[i] - sq[i]);
+    for (int ref = 0; ref < 2; ref++) {
+        kvq_attn_acc a = {0};
+        kvq_error err = {0};
+        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, mode, pos, 3, 1, kq, vq, &a, &err), KVQ_OK);
+        ck_assert(a.rows == 3 && a.top1_same == 3 && a.a_diff2 == 0 && a.kl_sum == 0 && a.a_ref2 == 3);
+        ck_assert_msg(fabs(a.s_ref2 - s_ref2) < 1e-5 && fabs(a.s_diff2 - s_diff2) < 1e-5, "scores %g %g, by hand %g %g",
+                      a.s_ref2, a.s_diff2, s_ref2, s_diff2);
+        ck_assert(fabs(a.o_ref2 - 4.0) < 1e-6 && fabs(a.o_diff2 - 1.0) < 1e-6); /* only V[1] moved, by 1 */
+    }
+    /* the same dump without the window: rows see earlier keys and the attention moves */
+    kvq_attn_acc b = {0};
+    kvq_attention_head(Q, 1, K, V, 3, 2, (kvq_attn_mode){.scale = 0.5f, .softcap = 2.0f}, pos, 3, 1, kq, vq, &b, NULL);
+    ck_assert(b.a_diff2 > 1e-3 && b.kl_sum > 1e-4);
+}
+END_TEST
+
+/* Windows, another scale, a soft-cap and prescaled queries: the chunked
+ * BLAS path (at every SIMD level) and the cached exact side equal the
+ * plain reference, and the plain mode (scale 1/sqrt(D), given or not) is
+ * bit for bit the default. */
+START_TEST(attention_modes_equal_reference)
+{
+    const kvq_attn_mode modes[] = {{.window = 7}, {.scale = 0.11f}, {.softcap = 3.0f, .scale = 0.3f},
+                                   {.prescaled = 1, .softcap = 2.5f, .window = 33}, {.window = 1}, {.window = 5000}};
+    int T = 300, D = 16, G = 2;
+    size_t n = (size_t)T * D;
+    float *Q = malloc(G * n * 4), *K = malloc(n * 4), *V = malloc(n * 4), *K2 = malloc(n * 4), *V2 = malloc(n * 4);
+    fill_normal(Q, G * n, 61, 1.5);
+    fill_normal(K, n, 62, 1);
+    fill_normal(V, n, 63, 1);
+    fill_normal(K2, n, 64, 0.2);
+    fill_normal(V2, n, 65, 0.2);
+    for (size_t i = 0; i < n; i++) K2[i] += K[i], V2[i] += V[i];
+    int pos[40];
+    for (int i = 0; i < 40; i++) pos[i] = i * 7 + 6;
+    const float *kq[2] = {K2, K}, *vq[2] = {V2, V2};
+    for (size_t mi = 0; mi < sizeof modes / sizeof modes[0]; mi++) {
+        kvq_attn_acc b[2] = {0}, c[2] = {0};
+        kvq_attention_head_ref(Q, G, K, V, T, D, modes[mi], pos, 40, 2, kq, vq, b, NULL);
+        kvq_attn_ref *r;
+        ck_assert(kvq_attn_ref_new(Q, G, K, V, T, D, modes[mi], pos, 40, &r, NULL) == KVQ_OK);
+        ck_assert(kvq_attn_ref_compare(r, 2, kq, vq, c, NULL) == KVQ_OK);
+        kvq_attn_ref_free(r);
+        for (int simd = 0; simd < 2; simd++) {
+            kvq_attn_acc a[2] = {0};
+            kvq_simd_force(simd == 0);
+            kvq_attention_head(Q, G, K, V, T, D, modes[mi], pos, 40, 2, kq, vq, a, NULL);
+            kvq_simd_force(1);
+            for (int q = 0; q < 2; q++) {
+                ck_assert(a[q].rows == b[q].rows && (simd || !memcmp(&a[q], &c[q], sizeof a[q]))); /* cached == streamed */
+                ck_assert_msg(close_rel(a[q].s_ref2, b[q].s_ref2, 1e-5, 0) && close_rel(a[q].s_diff2, b[q].s_diff2, 1e-4, 1e-12),
+                              "mode %zu: scores %g / %g vs %g / %g", mi, a[q].s_ref2, a[q].s_diff2, b[q].s_ref2, b[q].s_diff2);
+                ck_assert(close_rel(a[q].a_ref2, b[q].a_ref2, 1e-5, 0) && close_rel(a[q].a_diff2, b[q].a_diff2, 1e-4, 1e-12));
+                ck_assert_msg(close_rel(a[q].kl_sum, b[q].kl_sum, 1e-3, 1e-9), "mode %zu: kl %g vs %g", mi, a[q].kl_sum, b[q].kl_sum);
+                ck_assert(fabs(a[q].top1_same - b[q].top1_same) <= 1);
+                ck_assert(close_rel(a[q].o_ref2, b[q].o_ref2, 1e-5, 0) && close_rel(a[q].o_diff2, b[q].o_diff2, 1e-4, 1e-12));
+                ck_assert(close_rel(a[q].o_joint_diff2, b[q].o_joint_diff2, 1e-4, 1e-12));
+            }
+        }
+    }
+    /* a window past every position, or scale given as 1/sqrt(D): the default, bit for bit */
+    kvq_attn_acc d[2] = {0}, e[2] = {0}, f[2] = {0};
+    kvq_attention_head(Q, G, K, V, T, D, (kvq_attn_mode){0}, pos, 40, 2, kq, vq, d, NULL);
+    kvq_attention_head(Q, G, K, V, T, D, (kvq_attn_mode){.scale = 0.25f}, pos, 40, 2, kq, vq, e, NULL);
+    kvq_attention_head(Q, G, K, V, T, D, (kvq_attn_mode){.window = 5000}, pos, 40, 2, kq, vq, f, NULL);
+    ck_assert(!memcmp(d, e, sizeof d));
+    ck_assert(d[0].s_ref2 > 0 && close_rel(f[0].kl_sum, d[0].kl_sum, 1e-6, 1e-12) && f[0].top1_same == d[0].top1_same);
+    free(Q), free(K), free(V), free(K2), free(V2);
 }
 END_TEST
 
@@ -254,7 +342,7 @@ START_TEST(gqa_mapping)
         int h = j / G; /* SPEC: h = j / (Hq / H) */
         size_t off = (size_t)h * T * D;
         const float *kqh[1] = {kq + off}, *vqh[1] = {vq + off};
-        kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D, 0, pos, 7, 1, kqh, vqh, &ref[h], &err);
+        kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D, (kvq_attn_mode){0}, pos, 7, 1, kqh, vqh, &ref[h], &err);
     }
     for (int h = 0; h < H; h++) {
         const kvq_attn_acc *x = &a.acc[h].attn;
@@ -482,6 +570,8 @@ int main(void)
     tcase_add_test(tc, attention_one_hot);
     tcase_add_test(tc, attention_identical_is_zero);
     tcase_add_test(tc, attention_blas_equals_reference);
+    tcase_add_test(tc, attention_window_one_by_hand);
+    tcase_add_test(tc, attention_modes_equal_reference);
     tcase_add_test(tc, query_positions);
     tcase_add_test(tc, gqa_mapping);
     tcase_add_test(tc, threads_do_not_change_results);

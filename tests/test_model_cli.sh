@@ -117,7 +117,11 @@ if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
     awk -F'\t' '{printf "%s ", $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3-all.ids"
     expect 0 "gemma3, 6 layers" -- "$dump" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -o "$tmp/g3.h5"
     expect 0 "5 layer(s) with a sliding window" -- "$build/tools/kvq-info" "$tmp/g3.h5"
-    expect 0 "attention and output columns are left empty" -- "$analyze" -q kivi --format csv "$tmp/g3.h5"
+    # the windows apply: KIVI's full-precision residual (128) covers a local layer's window (64)
+    # for the last 64 query rows, so their outputs are exact there, not in the global layer 5
+    "$analyze" -q kivi --format csv "$tmp/g3.h5" >"$tmp/g3.csv" 2>/dev/null
+    awk -F, 'NR > 1 && $2 < 5 && $22 == 0 {loc++} NR > 1 && $2 == 5 && $22 > 0.01 {glob++} END {exit !(loc == 5 && glob == 1)}' "$tmp/g3.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 dump: windows in the attention metrics"; cat "$tmp/g3.csv"; }
     for n in 1 2 3; do
         "$eval" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -q per-token:bits=4 -q fp8:scale=token -q ggml \
             --policy prefill,decode --threads $n --format csv >"$tmp/g$n.csv" 2>/dev/null

@@ -129,11 +129,6 @@ int main(int argc, char **argv)
         kvq_analysis a;
         if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
         const kvq_dump_info *info = kvq_dump_get_info(dump);
-        if (info->attn_unapplied)
-            fprintf(stderr,
-                    "%s: note: %s: %d layer(s) with a sliding window, attn_scale %g, attn_softcap %g: kvq does not apply "
-                    "these to its attention metrics yet, so the attention and output columns are left empty\n",
-                    prog, argv[i], info->window_layers, info->attn_scale, info->attn_softcap);
         if (fmt == KVQ_FMT_TABLE)
             fprintf(stderr, "%s: %s: model %s, %d layers, %d KV heads (%d query heads), head_dim %d, %d tokens%s\n",
                     prog, argv[i], info->model, info->num_layers, info->num_kv_heads, info->num_heads,

@@ -119,7 +119,7 @@ static int describe(FILE *f, const char *path, int channels)
                 in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim, in->seq_len);
         fprintf(f, "  key %s, value %s, query %s, key_pre_rope %s, rope tables %s\n",
                 dtype_name(in->key_dtype), dtype_name(in->value_dtype),
-                in->has_query ? dtype_name(in->query_dtype) : in->attn_unapplied ? "present (not used: see attention)" : "absent",
+                in->has_query ? dtype_name(in->query_dtype) : "absent",
                 in->has_key_pre_rope ? "present" : "absent", in->has_rope_table ? "present" : "absent");
         fprintf(f, "  rope_theta %s", in->has_rope_theta ? "" : "unset");
         if (in->has_rope_theta) fprintf(f, "%g", in->rope_theta);
@@ -127,9 +127,8 @@ static int describe(FILE *f, const char *path, int channels)
                 in->rope_style == KVQ_ROPE_HALF ? "half" : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved" : "unset",
                 in->query_prescaled);
         if (in->attn_scale > 0 || in->attn_softcap > 0 || in->window_layers)
-            fprintf(f, "  attention: attn_scale %g, attn_softcap %g, %d layer(s) with a sliding window%s\n",
-                    in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap, in->window_layers,
-                    in->attn_unapplied ? " (not applied by kvq's attention metrics yet: those columns stay empty)" : "");
+            fprintf(f, "  attention: attn_scale %g, attn_softcap %g, %d layer(s) with a sliding window\n",
+                    in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap, in->window_layers);
         fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
                    "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
         fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
