@@ -743,6 +743,43 @@ START_TEST(test_bad_models)
         kvq_model_close(m);
         unlink(path);
     }
+    /* a NaN weight, and weights so large that the hidden state overflows: exit 1 naming the
+     * tensor (row, column) or the layer and position, never a result */
+    for (int k = 0; k < 2; k++) {
+        gw_tiny_model(&w, &o);
+        for (int i = 0; i < w.nt; i++) {
+            if (k == 0 && !strcmp(w.t[i].name, "blk.0.attn_q.weight")) {
+                float nan = NAN;
+                memcpy(w.t[i].data + 4 * (3 * 32 + 5), &nan, 4); /* row 3, column 5 */
+            }
+            if (k == 1 && !strcmp(w.t[i].name, "blk.0.ffn_down.weight"))
+                for (size_t e = 0; e < w.t[i].nbytes / 4; e++) {
+                    float big = 3e38f;
+                    memcpy(w.t[i].data + 4 * e, &big, 4);
+                }
+        }
+        uint8_t *pn;
+        size_t nn;
+        gw_serialise(&w, &pn, &nn);
+        gw_free(&w);
+        char path[] = "/tmp/kvq-nan-XXXXXX";
+        int fd = mkstemp(path);
+        ck_assert(fd >= 0);
+        close(fd);
+        ck_assert(gw_write_file(path, pn, nn) == 0);
+        free(pn);
+        kvq_model *m = NULL;
+        ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+        int toks[3] = {1, 2, 3};
+        kvq_eval_item item = {.spec = NULL, .layer = -1};
+        kvq_eval_opts eo = {.nthreads = 1};
+        double nll;
+        ck_assert(kvq_model_eval(m, toks, 3, &item, 1, &eo, &nll, &err) == KVQ_ERR_FORMAT);
+        ck_assert_msg(strstr(err.msg, k ? "layer 0, position 0: the hidden state is" : "tensor blk.0.attn_q.weight: row 3, column 5 is nan"),
+                      "%s", err.msg);
+        kvq_model_close(m);
+        unlink(path);
+    }
     /* unknown ggml type, named */
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;

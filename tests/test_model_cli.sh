@@ -116,6 +116,11 @@ if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
     awk -F'\t' '$1 == "01.txt" {print $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3.ids"
     awk -F'\t' '{printf "%s ", $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3-all.ids"
     expect 0 "gemma3, 6 layers" -- "$dump" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -o "$tmp/g3.h5"
+    # every architecture: --text through its own tokenizer, a dump kvq-info accepts
+    for a in llama3 qwen3 phi3; do
+        expect 0 "kvq tiny random" -- "$dump" "$shared/models-tiny/tiny-$a.gguf" --text "$shared/texts/tokenizer/03.txt" -o "$tmp/$a.h5"
+        expect 0 "kvq-dump/1" -- "$build/tools/kvq-info" "$tmp/$a.h5"
+    done
     expect 0 "5 layer(s) with a sliding window" -- "$build/tools/kvq-info" "$tmp/g3.h5"
     # the windows apply: KIVI's full-precision residual (128) covers a local layer's window (64)
     # for the last 64 query rows, so their outputs are exact there, not in the global layer 5
