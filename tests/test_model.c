@@ -344,6 +344,21 @@ static char *write_model(const gw_model_opts *o)
     return path;
 }
 
+/* Serialises w (freed) into a temporary file; the caller unlinks it. */
+static void write_temp(gguf_w *w, char path[static 32])
+{
+    uint8_t *p;
+    size_t n;
+    gw_serialise(w, &p, &n);
+    gw_free(w);
+    snprintf(path, 32, "/tmp/kvq-model-XXXXXX");
+    int fd = mkstemp(path);
+    ck_assert(fd >= 0);
+    close(fd);
+    ck_assert(gw_write_file(path, p, n) == 0);
+    free(p);
+}
+
 static void random_tokens(int *tok, int T, int V, uint64_t seed)
 {
     uint64_t s = seed * 7919 + 1;
@@ -722,16 +737,8 @@ START_TEST(test_bad_models)
             memcpy(w.t[i].data + 4, &bad, 4);
         }
     {
-        uint8_t *pf;
-        size_t nf;
-        gw_serialise(&w, &pf, &nf);
-        gw_free(&w);
-        char path[] = "/tmp/kvq-freqs-XXXXXX";
-        int fd = mkstemp(path);
-        ck_assert(fd >= 0);
-        close(fd);
-        ck_assert(gw_write_file(path, pf, nf) == 0);
-        free(pf);
+        char path[32];
+        write_temp(&w, path);
         kvq_model *m = NULL;
         ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
         int toks[3] = {1, 2, 3};
@@ -758,16 +765,8 @@ START_TEST(test_bad_models)
                     memcpy(w.t[i].data + 4 * e, &big, 4);
                 }
         }
-        uint8_t *pn;
-        size_t nn;
-        gw_serialise(&w, &pn, &nn);
-        gw_free(&w);
-        char path[] = "/tmp/kvq-nan-XXXXXX";
-        int fd = mkstemp(path);
-        ck_assert(fd >= 0);
-        close(fd);
-        ck_assert(gw_write_file(path, pn, nn) == 0);
-        free(pn);
+        char path[32];
+        write_temp(&w, path);
         kvq_model *m = NULL;
         ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
         int toks[3] = {1, 2, 3};

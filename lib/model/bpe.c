@@ -283,62 +283,22 @@ static size_t put_utf8(uint32_t c, char *o)
     return 4;
 }
 
-typedef struct sym {
-    size_t off, len; /* in the encoded word; len 0: merged away */
-    int prev, next;
-} sym;
+typedef struct bpe_ctx {
+    const kvq_vocab *v;
+    const char *w;
+} bpe_ctx;
 
-typedef struct pair {
-    int rank, left, right;
-    size_t llen, rlen; /* the lengths when pushed: stale entries differ */
-} pair;
-
-/* min-heap on (rank, left) */
-static int pair_before(const pair *a, const pair *b) { return a->rank < b->rank || (a->rank == b->rank && a->left < b->left); }
-
-typedef struct pheap {
-    pair *p;
-    size_t n, cap;
-} pheap;
-
-static int pheap_push(pheap *h, pair x)
+/* BPE: (l, r) may merge if the merges list them, lower rank first. */
+static int bpe_pair(void *ctx, const kvq_sym *sy, int l, int r, kvq_bigram_heap *h)
 {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? 2 * h->cap : 64;
-        pair *np = realloc(h->p, nc * sizeof *np);
-        if (!np) return -1;
-        h->p = np, h->cap = nc;
-    }
-    size_t i = h->n++;
-    while (i && pair_before(&x, &h->p[(i - 1) / 2])) h->p[i] = h->p[(i - 1) / 2], i = (i - 1) / 2;
-    h->p[i] = x;
-    return 0;
-}
-
-static pair pheap_pop(pheap *h)
-{
-    pair top = h->p[0], last = h->p[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && pair_before(&h->p[c + 1], &h->p[c])) c++;
-        if (!pair_before(&h->p[c], &last)) break;
-        h->p[i] = h->p[c], i = c;
-    }
-    if (h->n) h->p[i] = last;
-    return top;
-}
-
-static int try_pair(const kvq_vocab *v, const char *w, const sym *sy, int l, int r, pheap *h)
-{
+    const bpe_ctx *c = ctx;
     if (l < 0 || r < 0) return 0;
-    int rank = kvq_bpe_rank(v, w + sy[l].off, sy[l].len, w + sy[r].off, sy[r].len);
-    return rank < 0 ? 0 : pheap_push(h, (pair){rank, l, r, sy[l].len, sy[r].len});
+    int rank = kvq_bpe_rank(c->v, c->w + sy[l].off, sy[l].len, c->w + sy[r].off, sy[r].len);
+    return rank < 0 ? 0 : kvq_bigram_push(h, (kvq_bigram){-(double)rank, l, r, sy[l].len + sy[r].len});
 }
 
 /* One byte-encoded word w [0, n) into tokens. */
-static int encode_word(const kvq_vocab *v, const char *w, size_t n, sym *sy, pheap *h, kvq_tokbuf *out)
+static int encode_word(const kvq_vocab *v, const char *w, size_t n, kvq_sym *sy, kvq_bigram_heap *h, kvq_tokbuf *out)
 {
     int id;
     if (v->ignore_merges && (id = kvq_vocab_lookup(v, w, n)) >= 0) return kvq_tokbuf_push(out, id);
@@ -347,23 +307,12 @@ static int encode_word(const kvq_vocab *v, const char *w, size_t n, sym *sy, phe
         unsigned char c = (unsigned char)w[i];
         size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
         if (len > n - i) len = n - i;
-        sy[ns] = (sym){i, len, ns - 1, -1};
+        sy[ns] = (kvq_sym){i, len, ns - 1, -1};
         if (ns) sy[ns - 1].next = ns;
         i += len;
     }
-    h->n = 0;
-    for (int i = 0; i + 1 < ns; i++)
-        if (try_pair(v, w, sy, i, i + 1, h)) return -1;
-    while (h->n) {
-        pair p = pheap_pop(h);
-        sym *l = &sy[p.left], *r = &sy[p.right];
-        if (!l->len || !r->len || l->len != p.llen || r->len != p.rlen || l->next != p.right) continue; /* stale */
-        l->len += r->len;
-        r->len = 0;
-        l->next = r->next;
-        if (r->next >= 0) sy[r->next].prev = p.left;
-        if (try_pair(v, w, sy, l->prev, p.left, h) || try_pair(v, w, sy, p.left, l->next, h)) return -1;
-    }
+    bpe_ctx ctx = {v, w};
+    if (kvq_merge_symbols(sy, ns, h, bpe_pair, &ctx)) return -1;
     for (int i = 0; ns && i >= 0; i = sy[i].next) {
         if ((id = kvq_vocab_lookup(v, w + sy[i].off, sy[i].len)) >= 0) {
             if (kvq_tokbuf_push(out, id)) return -1;
@@ -381,9 +330,9 @@ kvq_status kvq_bpe_encode(const kvq_vocab *v, const char *text, size_t n, kvq_to
     uint32_t *cp = malloc((n + 1) * sizeof *cp);
     unsigned char *cls = malloc(n + 1);
     char *w = malloc(8 * n + 8); /* a word's bytes, each byte-encoded in at most 2 */
-    sym *sy = malloc((8 * n + 8) * sizeof *sy);
+    kvq_sym *sy = malloc((8 * n + 8) * sizeof *sy);
     size_t *len = NULL, nw = 0, ncp = 0;
-    pheap h = {0};
+    kvq_bigram_heap h = {0};
     kvq_status st = KVQ_OK;
     if (!cp || !cls || !w || !sy) goto oom;
     for (size_t i = 0; i < n;) {
@@ -405,6 +354,6 @@ kvq_status kvq_bpe_encode(const kvq_vocab *v, const char *text, size_t n, kvq_to
 oom:
     st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
 done:
-    free(cp), free(cls), free(w), free(sy), free(len), free(h.p);
+    free(cp), free(cls), free(w), free(sy), free(len), free(h.b);
     return st;
 }

@@ -124,6 +124,28 @@ int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char
 /* kvq_model_tokenize_file reading `block` bytes at a time (tests cut small texts often). */
 kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t max_tokens, size_t block, int **ids,
                                     size_t *nids, kvq_error *err);
+/* Merging a text's symbols (SentencePiece and BPE alike): symbol i holds
+ * bytes [off, off + len) (len 0: merged into its left neighbour); the best
+ * candidate pair merges first — highest score, then leftmost (BPE scores a
+ * pair −rank) — until no pair is a candidate. */
+typedef struct kvq_sym {
+    size_t off, len;
+    int prev, next;
+} kvq_sym;
+typedef struct kvq_bigram {
+    double score;
+    int left, right;
+    size_t len; /* the merged length when pushed: a stale entry differs */
+} kvq_bigram;
+typedef struct kvq_bigram_heap {
+    kvq_bigram *b;
+    size_t n, cap;
+} kvq_bigram_heap;
+int kvq_bigram_push(kvq_bigram_heap *h, kvq_bigram x);
+/* try_pair pushes (l, r) when they may merge (l or r may be −1: nothing);
+ * -1 from either: out of memory. */
+typedef int kvq_try_pair_fn(void *ctx, const kvq_sym *sy, int l, int r, kvq_bigram_heap *h);
+int kvq_merge_symbols(kvq_sym *sy, int ns, kvq_bigram_heap *h, kvq_try_pair_fn *try_pair, void *ctx);
 /* Growable token list. */
 typedef struct kvq_tokbuf {
     int *id;

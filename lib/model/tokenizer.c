@@ -67,33 +67,17 @@ void kvq_vocab_free(kvq_vocab *v)
 
 /* ------------------------------------------------------------ encode */
 
-typedef struct symbol {
-    size_t off, len; /* bytes of the normalised text; len 0: merged away */
-    int prev, next;
-} symbol;
-
-typedef struct bigram {
-    float score;
-    int left, right;
-    size_t len; /* the merged length when pushed (stale entries differ) */
-} bigram;
-
 /* max-heap on (score, then smaller left) */
-static int bigram_before(const bigram *a, const bigram *b)
+static int bigram_before(const kvq_bigram *a, const kvq_bigram *b)
 {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-typedef struct heap {
-    bigram *b;
-    size_t n, cap;
-} heap;
-
-static int heap_push(heap *h, bigram x)
+int kvq_bigram_push(kvq_bigram_heap *h, kvq_bigram x)
 {
     if (h->n == h->cap) {
         size_t nc = h->cap ? 2 * h->cap : 256;
-        bigram *nb = realloc(h->b, nc * sizeof *nb);
+        kvq_bigram *nb = realloc(h->b, nc * sizeof *nb);
         if (!nb) return -1;
         h->b = nb, h->cap = nc;
     }
@@ -106,9 +90,9 @@ static int heap_push(heap *h, bigram x)
     return 0;
 }
 
-static bigram heap_pop(heap *h)
+static kvq_bigram heap_pop(kvq_bigram_heap *h)
 {
-    bigram top = h->b[0], last = h->b[--h->n];
+    kvq_bigram top = h->b[0], last = h->b[--h->n];
     size_t i = 0;
     for (;;) {
         size_t c = 2 * i + 1;
@@ -122,14 +106,38 @@ static bigram heap_pop(heap *h)
     return top;
 }
 
-/* Pushes the pair (l, r) if their concatenation is a piece. */
-static int try_pair(const kvq_vocab *v, const char *text, const symbol *sy, int l, int r, heap *h)
+int kvq_merge_symbols(kvq_sym *sy, int ns, kvq_bigram_heap *h, kvq_try_pair_fn *try_pair, void *ctx)
 {
+    h->n = 0;
+    for (int i = 0; i + 1 < ns; i++)
+        if (try_pair(ctx, sy, i, i + 1, h)) return -1;
+    while (h->n) {
+        kvq_bigram b = heap_pop(h);
+        kvq_sym *l = &sy[b.left], *r = &sy[b.right];
+        if (!l->len || !r->len || l->len + r->len != b.len || l->next != b.right) continue; /* stale */
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0) sy[r->next].prev = b.left;
+        if (try_pair(ctx, sy, l->prev, b.left, h) || try_pair(ctx, sy, b.left, l->next, h)) return -1;
+    }
+    return 0;
+}
+
+typedef struct spm_ctx {
+    const kvq_vocab *v;
+    const char *text;
+} spm_ctx;
+
+/* SentencePiece: (l, r) may merge if their concatenation is a piece, scored by it. */
+static int spm_pair(void *ctx, const kvq_sym *sy, int l, int r, kvq_bigram_heap *h)
+{
+    const spm_ctx *c = ctx;
     if (l < 0 || r < 0) return 0;
     size_t len = sy[l].len + sy[r].len;
-    int id = kvq_vocab_lookup(v, text + sy[l].off, len);
+    int id = kvq_vocab_lookup(c->v, c->text + sy[l].off, len);
     if (id < 0) return 0;
-    return heap_push(h, (bigram){v->score[id], l, r, len});
+    return kvq_bigram_push(h, (kvq_bigram){c->v->score[id], l, r, len});
 }
 
 static size_t utf8_len(unsigned char c)
@@ -150,8 +158,8 @@ static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int
     const char *sp = v->space_is_u2581 ? "\xe2\x96\x81" : " ";
     size_t spl = strlen(sp), cap = (n + 1) * spl + 1, tl = 0;
     char *t = malloc(cap);
-    symbol *sy = kvq_alloc_array(cap, sizeof *sy); /* at most one symbol per byte of the normalised text */
-    heap h = {0};
+    kvq_sym *sy = kvq_alloc_array(cap, sizeof *sy); /* at most one symbol per byte of the normalised text */
+    kvq_bigram_heap h = {0};
     kvq_status st = KVQ_OK;
     if (!t || !sy) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n); goto done; }
     if (n && space_prefix) memcpy(t, sp, spl), tl = spl;
@@ -164,25 +172,12 @@ static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int
     for (size_t i = 0; i < tl; ns++) {
         size_t len = utf8_len((unsigned char)t[i]);
         if (len > tl - i) len = tl - i;
-        sy[ns] = (symbol){i, len, ns - 1, -1};
+        sy[ns] = (kvq_sym){i, len, ns - 1, -1};
         if (ns) sy[ns - 1].next = ns;
         i += len;
     }
-    for (int i = 0; i + 1 < ns; i++)
-        if (try_pair(v, t, sy, i, i + 1, &h)) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing"); goto done; }
-    while (h.n) {
-        bigram b = heap_pop(&h);
-        symbol *l = &sy[b.left], *r = &sy[b.right];
-        if (!l->len || !r->len || l->len + r->len != b.len || l->next != b.right) continue; /* stale */
-        l->len += r->len;
-        r->len = 0;
-        l->next = r->next;
-        if (r->next >= 0) sy[r->next].prev = b.left;
-        if (try_pair(v, t, sy, l->prev, b.left, &h) || try_pair(v, t, sy, b.left, l->next, &h)) {
-            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
-            goto done;
-        }
-    }
+    spm_ctx ctx = {v, t};
+    if (kvq_merge_symbols(sy, ns, &h, spm_pair, &ctx)) goto oom;
     for (int i = 0; ns && i >= 0; i = sy[i].next) {
         int id = kvq_vocab_lookup(v, t + sy[i].off, sy[i].len);
         if (id >= 0) {
