@@ -46,11 +46,27 @@ static void metrics_values(const kvq_metrics *m, double v[NMETRIC])
     memcpy(v, all, sizeof all);
 }
 
+/* Integer values print as integers (k_bits 10, static_bytes 680), never in
+ * exponent form (SPEC §5). */
+static int fmt_integer(char *buf, size_t len, double x)
+{
+    if (x != floor(x) || fabs(x) >= 1e15) return 0;
+    snprintf(buf, len, "%.0f", x);
+    return 1;
+}
+
+/* The table's 4 significant digits, integers whole. */
+static void fmt_table(char *buf, size_t len, double x)
+{
+    if (!fmt_integer(buf, len, x)) snprintf(buf, len, "%.4g", x);
+}
+
 /* Shortest "%.Ng" that reads back to the same double (like Python's repr). */
 static void fmt_exact(char *buf, size_t len, double x)
 {
     if (isnan(x)) { snprintf(buf, len, "nan"); return; }
     if (isinf(x)) { snprintf(buf, len, x > 0 ? "inf" : "-inf"); return; }
+    if (fmt_integer(buf, len, x)) return;
     for (int p = 1; p <= 17; p++) {
         snprintf(buf, len, "%.*g", p, x);
         if (strtod(buf, NULL) == x) return;
@@ -156,7 +172,7 @@ kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
         for (int i = 0; i < NTABLE; i++) {
             int k = table_cols[i];
             if (attn_missing(k, m)) snprintf(num, sizeof num, "-");
-            else snprintf(num, sizeof num, "%.4g", v[k]);
+            else fmt_table(num, sizeof num, v[k]);
             if (table_push(r, num)) return KVQ_ERR_NOMEM;
         }
         for (int i = 0; i < r->nextra; i++) if (table_push(r, extra && extra[i] ? extra[i] : "")) return KVQ_ERR_NOMEM;
@@ -260,7 +276,7 @@ kvq_status kvq_rows_add(kvq_report *r, const kvq_cell *cells)
         for (int i = 0; i < nc; i++) {
             if (!cells[i].is_num) snprintf(num, sizeof num, "%s", "");
             else if (isnan(cells[i].num)) snprintf(num, sizeof num, "-");
-            else snprintf(num, sizeof num, "%.4g", cells[i].num);
+            else fmt_table(num, sizeof num, cells[i].num);
             if (table_push(r, cells[i].is_num ? num : cells[i].text)) return KVQ_ERR_NOMEM;
         }
         return KVQ_OK;

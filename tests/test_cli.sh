@@ -266,5 +266,11 @@ sigterm_leaves_nothing term.csv "$analyze" -q gear:lowrank=svd -q gear -q lloydm
 # the same for a dump being written (kvq-gen; kvq-dump shares the writer and the hook)
 sigterm_leaves_nothing gen.h5 "$gen" --preset llama3-8b --tokens 8192 -o "$o/gen.h5"
 
+# integer values print as integers (SPEC §5): v_bits 10, static_bytes 25920, never 1e+01 / 2.592e+04
+"$analyze" -q kivi:bits=4 --per model --format csv "$src/data/stories260K.h5" >"$tmp/int.csv" 2>/dev/null
+"$analyze" -q cluster:centroids=16 --calib "$src/data/stories260K-calib.h5" --per model --format jsonl "$src/data/stories260K.h5" >"$tmp/int.jsonl" 2>/dev/null
+awk -F, 'NR == 2 && $7 == "10" && $24 == "0" {ok = 1} END {exit !ok}' "$tmp/int.csv" && grep -q '"static_bytes": *25920[,}]' "$tmp/int.jsonl" \
+    && ! grep -q 'e+0' "$tmp/int.csv" "$tmp/int.jsonl" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: integers in exponent form"; cat "$tmp/int.csv" "$tmp/int.jsonl"; }
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
