@@ -5,6 +5,7 @@
  * a plain reference written here, the tokenizer, kvq_model_eval's
  * invariants, every bad-input path, and — when ../shared/data/model is
  * present — the bundled dump reproduced from the GGUF and llama2.c files. */
+#define _GNU_SOURCE /* memmem */
 #include "gguf_writer.h"
 #include "model/model.h"
 #include "model/unicode.h"
@@ -811,6 +812,21 @@ START_TEST(test_bad_models)
     ck_assert(open_bytes(p, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "5 dimensions"));
     free(p);
     gw_free(&w);
+    /* ne = [0, 2^61, 7]: no bytes, but the rows overflow (UBSan caught the product); a tensor
+     * name with a NUL byte in it */
+    gw_tiny_model(&w, &o);
+    for (int i = 0; i < w.nt; i++)
+        if (!strcmp(w.t[i].name, "blk.0.attn_q.weight"))
+            w.t[i].n_dims = 3, w.t[i].ne[0] = 0, w.t[i].ne[1] = 1ull << 61, w.t[i].ne[2] = 7, w.t[i].nbytes = 0;
+    expect_bad(&w, KVQ_ERR_FORMAT, "blk.0.attn_q.weight: dimensions 2305843009213693952 x 7 x 1 overflow");
+    gw_tiny_model(&w, &o);
+    gw_serialise(&w, &p, &n);
+    gw_free(&w);
+    uint8_t *nm = memmem(p, n, "blk.0.attn_k.weight", 19);
+    ck_assert(nm);
+    nm[5] = '\0'; /* "blk.0\0attn_k.weight" */
+    ck_assert(open_bytes(p, n, &err) == KVQ_ERR_FORMAT && strstr(err.msg, "holds a NUL byte"));
+    free(p);
     /* tensor data past the end of the file */
     gw_tiny_model(&w, &o);
     gw_serialise(&w, &p, &n);
@@ -1007,6 +1023,22 @@ START_TEST(test_bundled_llama2c)
 {
     if (!model_dir()) { fprintf(stderr, "test_bundled_llama2c: skipped: ../shared/data/model absent\n"); return; }
     compare_with_bundled("stories260K.bin", "tok512.bin", 512);
+    /* a tokenizer with more tokens than the model's vocabulary (another model's) is refused */
+    char tp[1200], mp[1200], big[] = "/tmp/kvq-tok-XXXXXX";
+    snprintf(tp, sizeof tp, "%s/model/tok512.bin", model_dir());
+    snprintf(mp, sizeof mp, "%s/model/stories260K.bin", model_dir());
+    FILE *in = fopen(tp, "rb"), *out = fdopen(mkstemp(big), "wb");
+    ck_assert(in && out);
+    for (int c; (c = fgetc(in)) != EOF;) fputc(c, out);
+    float score = 0;
+    int32_t len = 3;
+    fwrite(&score, 4, 1, out), fwrite(&len, 4, 1, out), fwrite("xyz", 1, 3, out);
+    fclose(in), fclose(out);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert(kvq_model_open(mp, big, &m, &err) == KVQ_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, "more tokens than the model's vocabulary of 512"), "%s", err.msg);
+    unlink(big);
 }
 END_TEST
 

@@ -76,6 +76,8 @@ static kvq_status take_name(cursor *c, const char *kind, uint64_t i, char **out)
     snprintf(what, sizeof what, "%s %llu", kind, (unsigned long long)i);
     kvq_status st = take_string(c, what, &s, &len);
     if (st) return st;
+    if (memchr(s, '\0', (size_t)len))
+        return kvq_fail(c->err, KVQ_ERR_FORMAT, "%s: %s: the name holds a NUL byte", c->path, what);
     if (!(*out = dup_bytes(s, len))) return kvq_fail(c->err, KVQ_ERR_NOMEM, "%s: out of memory", c->path);
     return KVQ_OK;
 }

@@ -50,6 +50,11 @@ static kvq_status load_tokenizer(kvq_model *m, const char *path, kvq_error *err)
         }
         v->piece[i][len] = '\0';
     }
+    if (fgetc(f) != EOF) { /* llama2.c reads vocab_size entries; a longer file belongs to another model */
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: more tokens than the model's vocabulary of %d (a tokenizer of another model?)",
+                      path, v->n);
+        goto done;
+    }
     v->bos = 1, v->add_bos = 1, v->byte_base = 3, v->space_is_u2581 = 0, v->add_space_prefix = 1;
     if (v->n <= 258) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %d tokens: a llama2.c vocabulary has the 256 byte tokens after id 2", path, v->n); goto done; }
     snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "llama2.c");

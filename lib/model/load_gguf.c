@@ -27,7 +27,10 @@ static kvq_status bind_rows(kvq_model *m, kvq_wtensor *w, const char *name, int6
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: missing (required by architecture %s)", m->path, name,
                         m->info.arch_name);
     }
-    int64_t trows = t->ne[1] * t->ne[2] * t->ne[3];
+    int64_t trows;
+    if (__builtin_mul_overflow(t->ne[1], t->ne[2], &trows) || __builtin_mul_overflow(trows, t->ne[3], &trows))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: dimensions %lld x %lld x %lld overflow", m->path, name,
+                        (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3]);
     if (t->ne[0] != cols || trows != total)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: expected [%lld, %lld] (ne0 = columns), got [%lld, %lld]", m->path,
                         name, (long long)cols, (long long)total, (long long)t->ne[0], (long long)trows);
