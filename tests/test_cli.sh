@@ -272,5 +272,19 @@ sigterm_leaves_nothing gen.h5 "$gen" --preset llama3-8b --tokens 8192 -o "$o/gen
 awk -F, 'NR == 2 && $7 == "10" && $24 == "0" {ok = 1} END {exit !ok}' "$tmp/int.csv" && grep -q '"static_bytes": *25920[,}]' "$tmp/int.jsonl" \
     && ! grep -q 'e+0' "$tmp/int.csv" "$tmp/int.jsonl" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: integers in exponent form"; cat "$tmp/int.csv" "$tmp/int.jsonl"; }
+# -o that is one of the run's inputs (by inode: ./x and x are one file) is a usage error and
+# nothing is written; -o "" too (SPEC §5)
+cp "$src/data/stories260K.h5" "$tmp/in.h5"
+cp "$src/data/stories260K-calib.h5" "$tmp/cal.h5"
+sum0=$(cksum <"$tmp/in.h5")
+expect 2 "that is an input of this run" -- env -C "$tmp" "$analyze" -q kivi -o ./in.h5 in.h5
+expect 2 "that is an input of this run" -- "$analyze" -q cluster --calib "$tmp/cal.h5" -o "$tmp/cal.h5" "$tmp/in.h5"
+expect 2 "that is an input of this run" -- "$build/tools/kvq-info" -o "$tmp/in.h5" "$tmp/in.h5"
+expect 2 "that is an input of this run" -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2,4 -o "$tmp/in.h5"
+ln -sf "$tmp/in.h5" "$tmp/link.h5"
+expect 2 "that is an input of this run" -- "$analyze" -q kivi -o "$tmp/link.h5" "$tmp/in.h5"
+[ "$(cksum <"$tmp/in.h5")" = "$sum0" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an input was overwritten"; }
+expect 2 "-o: expected a file name" -- "$analyze" -q kivi -o "" "$tmp/in.h5"
+expect 2 "-o: expected a file name" -- "$build/tools/kvq-gen" -o ""
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -84,6 +84,13 @@ expect 2 "layer 7: expected 0..2" -- "$dump" "$tiny" --text "$tmp/text.txt" --la
 expect 0 "usage: kvq-eval" -- "$eval" --help
 expect 0 "kvq-dump" -- "$dump" --version
 
+# -o that is an input (the model, the text) is a usage error; the input is kept
+cp "$tiny" "$tmp/keep.gguf"
+expect 2 "that is an input of this run" -- "$dump" "$tmp/keep.gguf" --text "$tmp/text.txt" -o "$tmp/keep.gguf"
+expect 2 "that is an input of this run" -- "$eval" "$tmp/keep.gguf" --text "$tmp/text.txt" -q none -o "$tmp/text.txt"
+cmp -s "$tiny" "$tmp/keep.gguf" && grep -q "the cat" "$tmp/text.txt" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an input was overwritten"; }
+expect 2 "-o: expected a file name" -- "$dump" "$tiny" --text "$tmp/text.txt" -o ""
+
 # --- the bundled model (skipped without ../shared/data/model)
 shared=${KVQ_MODEL_DIR:-$src/../shared/data}
 if [ -r "$shared/model/stories260K.gguf" ]; then

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -258,6 +259,23 @@ void cli_temp_unregister(const char *tmp)
 {
     for (int i = 0; i < CLI_MAX_TEMPS; i++)
         if (cli_temps[i] == tmp) cli_temps[i] = NULL;
+}
+
+int cli_check_output(const char *prog, const char *output, const char *const *inputs, int n)
+{
+    struct stat so, si;
+    if (!output) return CLI_OK;
+    if (!*output) {
+        cli_error(prog, "-o: expected a file name, got an empty string");
+        return CLI_USAGE;
+    }
+    if (!strcmp(output, "-") || stat(output, &so) != 0) return CLI_OK; /* stdout, or a new file */
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+            cli_error(prog, "-o %s: that is an input of this run (%s); nothing written", output, inputs[i]);
+            return CLI_USAGE;
+        }
+    return CLI_OK;
 }
 
 int cli_out_open(cli_out *o, const char *path, const char *prog)

@@ -49,6 +49,11 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
 int cli_analysis_device(const char *prog, cli_analysis *a);
 void cli_analysis_free(cli_analysis *a);
 
+/* SPEC §5: -o "" is a usage error, and so is an -o path that is one of the
+ * run's inputs (same device and inode, through links: ./x.h5 and x.h5 are
+ * one file); nothing is written then.  inputs may hold NULLs.  CLI_OK or
+ * CLI_USAGE after printing. */
+int cli_check_output(const char *prog, const char *output, const char *const *inputs, int n);
 /* Output: stdout when path is NULL or "-"; a FIFO or a device written in
  * place; else a temporary file beside the target (a symlink followed) that
  * cli_out_commit renames into place, with the mode a new file gets (or the

@@ -116,6 +116,12 @@ int main(int argc, char **argv)
 
     kvq_format fmt = cli_pick_format(format, output);
 
+    {
+        const char *in[] = {calib};
+        if ((rc = cli_check_output(prog, output, in, 1)) ||
+            (rc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind)))
+            goto done;
+    }
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 

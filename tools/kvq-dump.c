@@ -71,6 +71,10 @@ int main(int argc, char **argv)
         cli_error(prog, "no output given (-o OUT.h5)");
         rc = CLI_USAGE; goto done;
     }
+    {
+        const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer};
+        if ((rc = cli_check_output(prog, output, in, 4))) goto done;
+    }
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     double nll;

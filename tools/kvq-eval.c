@@ -165,6 +165,10 @@ int main(int argc, char **argv)
     }
     if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
         goto done;
+    {
+        const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
+        if ((rc = cli_check_output(prog, output, in, 5))) goto done;
+    }
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
     if (nspecs == 0 && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
     for (int s = 0; s < nspecs; s++)

@@ -134,6 +134,8 @@ int main(int argc, char **argv)
         return CLI_USAGE;
     }
     kvq_error err = {0};
+    int crc = cli_check_output(prog, output, NULL, 0);
+    if (crc) return crc;
     if (kvq_gen_write(output, &o, &err)) return cli_fail(prog, &err);
     return CLI_OK;
 }

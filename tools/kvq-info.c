@@ -209,6 +209,8 @@ int main(int argc, char **argv)
         cli_error(prog, "--channels and --values write different tables: choose one");
         return CLI_USAGE;
     }
+    int crc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind);
+    if (crc) return crc;
     if (cli_out_open(&out, output, prog)) return CLI_RUNTIME;
     /* the report is built in memory and written only when every dump
      * succeeded: a failing run leaves nothing that looks like a result */

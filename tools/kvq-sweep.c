@@ -581,6 +581,12 @@ int main(int argc, char **argv)
         }
     }
     if (o.progress < 0) o.progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
+    { /* the dumps, the calibration dump, or the merged files may not be OUT (a --resume OUT is not an input) */
+        const char *in[] = {o.calib};
+        if ((rc = cli_check_output(prog, o.output, in, 1)) ||
+            (rc = cli_check_output(prog, o.output, (const char *const *)argv + optind, argc - optind)))
+            goto done;
+    }
 
     if (o.merge) {
         if (o.resume || o.list_points || o.shard_n != 1) {
