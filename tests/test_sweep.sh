@@ -175,5 +175,24 @@ for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/to
 bash "$src/tools/kvq-sweep.slurm" merge 2>"$tmp/err"
 check "Slurm example: merged array equals the unsharded run" cmp -s "$tmp/slurm/sweep.csv" "$tmp/all.csv"
 
+# one run at a time on an OUT (its lock): a second --resume exits 1 at once instead of
+# tearing the file; a FIFO as OUT is refused, not waited on
+"$gen" --layers 4 --heads 8 --kv-heads 4 --head-dim 64 --tokens 4096 -o "$tmp/lock.h5" 2>/dev/null
+"$sweep" "$tmp/lock.h5" --quant gear --grid bits=2,3,4 --grid rank=1,2,4,8 --grid sparsity=0,0.01 --progress never \
+    -o "$tmp/lock.csv" 2>/dev/null &
+first=$!
+for _ in $(seq 50); do [ -s "$tmp/lock.csv" ] && break; sleep 0.1; done
+"$sweep" "$tmp/lock.h5" --quant gear --grid bits=2,3,4 --grid rank=1,2,4,8 --grid sparsity=0,0.01 --resume \
+    -o "$tmp/lock.csv" >/dev/null 2>"$tmp/lock.err"
+rc=$?
+kill -TERM $first 2>/dev/null
+wait $first 2>/dev/null
+check "second run on a locked OUT: exit 1, says so" [ $rc = 1 ]
+check "the lock message" grep -q "another kvq-sweep run is writing it" "$tmp/lock.err"
+mkfifo "$tmp/fifo.csv"
+timeout 20 "$sweep" "$tmp/lock.h5" --quant kivi --grid bits=2,4 --resume -o "$tmp/fifo.csv" >/dev/null 2>"$tmp/fifo.err"
+rc=$?
+check "a FIFO as OUT: refused at once (exit 1, not a timeout)" [ $rc = 1 ]
+check "the FIFO message" grep -q "not a regular file" "$tmp/fifo.err"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -15,6 +15,7 @@
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -278,6 +279,18 @@ static size_t rows_per_dump(const opts_t *o, const kvq_dump_info *info)
     return o->an.per == KVQ_PER_HEAD ? nl * nh : o->an.per == KVQ_PER_LAYER ? nl : 1;
 }
 
+/* An exclusive lock on OUT for the whole run (SPEC §5): a second run on the
+ * same OUT exits at once instead of tearing the file. */
+static int lock_out(int fd, const char *path)
+{
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return CLI_OK;
+    if (errno == EWOULDBLOCK)
+        cli_error(prog, "%s: another kvq-sweep run is writing it (it holds the lock); wait for it or choose another -o", path);
+    else
+        cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
+    return CLI_RUNTIME;
+}
+
 static int do_sweep(opts_t *o, char **dumps, int ndumps)
 {
     int rc = CLI_OK, fd = -1;
@@ -369,8 +382,20 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         rc = CLI_RUNTIME;
         goto done;
     }
+    if (exists && !S_ISREG(stbuf.st_mode)) { /* a FIFO would block the read of --resume forever */
+        cli_error(prog, "%s: not a regular file (a sweep's OUT is read back, truncated and appended to)", o->output);
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     size_t keep = 0;
     if (exists) {
+        /* the lock first: a second run on OUT must not read what this one is about to truncate */
+        if ((fd = open(o->output, O_WRONLY)) < 0) {
+            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        if ((rc = lock_out(fd, o->output))) goto done;
         if (kvq_sweep_file_read(o->output, &old, &err)) { rc = cli_fail(prog, &err); goto done; }
         if (old.columns && (old.fmt != fmt || strcmp(old.columns, header))) {
             cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
@@ -400,8 +425,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             state[u->point] = 3, ncomplete++, nrun--;
             keep = u->end;
         }
-        fd = open(o->output, O_WRONLY);
-        if (fd < 0 || ftruncate(fd, (off_t)keep) != 0 || lseek(fd, 0, SEEK_END) < 0) {
+        if (ftruncate(fd, (off_t)keep) != 0 || lseek(fd, 0, SEEK_END) < 0) {
             cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
             goto done;
@@ -415,6 +439,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             rc = CLI_RUNTIME;
             goto done;
         }
+        if ((rc = lock_out(fd, o->output))) goto done;
     }
     if (keep == 0 && fmt == KVQ_FMT_CSV) {
         header[header_len] = '\n';
