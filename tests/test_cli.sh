@@ -286,5 +286,15 @@ expect 2 "that is an input of this run" -- "$analyze" -q kivi -o "$tmp/link.h5" 
 [ "$(cksum <"$tmp/in.h5")" = "$sum0" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an input was overwritten"; }
 expect 2 "-o: expected a file name" -- "$analyze" -q kivi -o "" "$tmp/in.h5"
 expect 2 "-o: expected a file name" -- "$build/tools/kvq-gen" -o ""
+# what a tool prints must reach stdout: --help and --list-quantizers into /dev/full exit 1
+if [ -w /dev/full ]; then
+    for t in analyze info gen sweep dump eval; do
+        "$build/tools/kvq-$t" --help >/dev/full 2>"$tmp/full.err"
+        rc=$?
+        [ $rc = 1 ] && grep -q "standard output: write failed" "$tmp/full.err" && pass=$((pass + 1)) \
+            || { fail=$((fail + 1)); echo "FAIL: kvq-$t --help >/dev/full: exit $rc"; }
+    done
+    expect 1 "write failed" -- sh -c '"$1" --list-quantizers >/dev/full' sh "$analyze"
+fi
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -261,6 +261,24 @@ void cli_temp_unregister(const char *tmp)
         if (cli_temps[i] == tmp) cli_temps[i] = NULL;
 }
 
+static const char *stdout_prog = "kvq";
+
+/* At exit: output that never reached stdout (/dev/full, a closed pipe) is a
+ * failure, exit 1, not a silent 0 (gnulib's close_stdout idiom). */
+static void close_stdout(void)
+{
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "%s: error: standard output: write failed: %s\n", stdout_prog, strerror(errno ? errno : EIO));
+        _exit(CLI_RUNTIME);
+    }
+}
+
+void cli_check_stdout_at_exit(const char *prog)
+{
+    stdout_prog = prog;
+    atexit(close_stdout);
+}
+
 int cli_check_output(const char *prog, const char *output, const char *const *inputs, int n)
 {
     struct stat so, si;

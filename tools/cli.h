@@ -49,6 +49,10 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
 int cli_analysis_device(const char *prog, cli_analysis *a);
 void cli_analysis_free(cli_analysis *a);
 
+/* Registers the exit-time check of stdout: what a tool printed there (--help,
+ * --list-*, results) must have been written, else one line and exit 1. */
+void cli_check_stdout_at_exit(const char *prog);
+
 /* SPEC §5: -o "" is a usage error, and so is an -o path that is one of the
  * run's inputs (same device and inode, through links: ./x.h5 and x.h5 are
  * one file); nothing is written then.  inputs may hold NULLs.  CLI_OK or

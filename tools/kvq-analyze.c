@@ -45,6 +45,7 @@ enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},

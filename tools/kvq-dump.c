@@ -32,6 +32,7 @@ enum { OPT_LAYERS = 256 };
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
     static const struct option longopts[] = {

@@ -86,6 +86,7 @@ static int add_spec(kvq_spec **specs, int *n, const char *text)
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},

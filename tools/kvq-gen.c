@@ -48,6 +48,7 @@ static int parse_pos_double(const char *s, double *out)
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
     static const struct option longopts[] = {
         {"preset", required_argument, 0, OPT_PRESET}, {"layers", required_argument, 0, OPT_LAYERS},

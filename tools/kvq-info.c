@@ -171,6 +171,7 @@ done:
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     static const struct option longopts[] = {
         {"channels", no_argument, 0, 'c'}, {"values", required_argument, 0, 'v'},
         {"output", required_argument, 0, 'o'},

@@ -533,6 +533,7 @@ done:
 
 int main(int argc, char **argv)
 {
+    cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
