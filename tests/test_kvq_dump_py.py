@@ -3,6 +3,7 @@
 torch tensors when torch is installed, and every validation error.
     python3 test_kvq_dump_py.py BUILD_DIR SOURCE_DIR"""
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,18 @@ bad = [
                   dict(key=np.zeros((H, T, 4)), value=np.zeros((H, T, 4)))]), "layers[1]: shapes"),
     (dict(layers=[]), "at least one layer"),
     (dict(layers=[dict(key=np.zeros((H, T, D)), value=np.zeros((H, T, D)))], rope_style="sideways"), "rope_style"),
+    (dict(layers=[dict(key=np.zeros((H, 0, D)), value=np.zeros((H, 0, D)))]), "is empty"),
+    (dict(layers=[dict(key=np.zeros((H, T, 0)), value=np.zeros((H, T, 0)))]), "is empty"),
+    (dict(layers=[dict(key=np.zeros((0, T, D)), value=np.zeros((0, T, D)), query=np.zeros((0, T, D)))]), "is empty"),
+    (dict(layers=[dict(key=None, value=np.zeros((H, T, D)))]), "with 'key' and 'value'"),
+    (dict(layers=[dict(key=np.zeros((H, T, D)), value=np.zeros((H, T, D)))], rope_theta=float("inf")), "positive finite"),
+    (dict(layers=[dict(key=np.zeros((H, T, D)), value=np.zeros((H, T, D)))], rope_theta="x"), "positive finite"),
+    (dict(layers=[dict(key=np.zeros((H, T, D)), value=np.zeros((H, T, D)))], layout="THD"), "layout"),
+    # [B,T,H,D] (flash-attention / vLLM) read as [B,H,T,D]: detected through grouped-query shapes
+    (dict(layers=[dict(key=np.zeros((B, T, H, D)), value=np.zeros((B, T, H, D)), query=np.zeros((B, T, Hq, D)))], batch=0),
+     'look like [T,H,D] (flash-attention / vLLM order [B,T,H,D])'),
+    # a query that fits neither reading names both layouts
+    (dict(layers=[dict(key=np.zeros((H, T, D)), value=np.zeros((H, T, D)), query=np.zeros((3, T, D)))]), 'layout="BTHD"'),
 ]
 for kw, needle in bad:
     out = os.path.join(tmp, "bad.h5")
@@ -87,6 +100,41 @@ for kw, needle in bad:
     except DumpError as e:
         check(needle in str(e), f"message {e!s} lacks {needle!r}")
     check(not os.path.exists(out), "a rejected dump left a file")
+
+# layout="BTHD": transposed to [H,T,D]
+bthd = [dict(key=np.ascontiguousarray(l["key"].transpose(0, 2, 1, 3)), value=np.ascontiguousarray(l["value"].transpose(0, 2, 1, 3)),
+             query=np.ascontiguousarray(l["query"].transpose(0, 2, 1, 3))) for l in layers]
+write_dump(os.path.join(tmp, "bthd.h5"), bthd, model="toy", batch=1, layout="BTHD")
+with h5py.File(os.path.join(tmp, "bthd.h5")) as f:
+    check(np.array_equal(f["layer_001/key"][...], layers[1]["key"][1]) and f.attrs["num_heads"] == Hq,
+          "layout BTHD transposed to [H,T,D]")
+
+# only regular files are replaced: a symlink's target is written (the link stays), a FIFO or a
+# symlink loop is refused and left as it is; the mode follows the umask (022: 0644)
+small = [dict(key=np.zeros((H, T, D), np.float32), value=np.zeros((H, T, D), np.float32))]
+real, link = os.path.join(tmp, "real.h5"), os.path.join(tmp, "link.h5")
+old_umask = os.umask(0o022)
+try:
+    write_dump(real, small, model="m")
+    check(os.stat(real).st_mode & 0o777 == 0o644, f"mode {oct(os.stat(real).st_mode & 0o777)} under umask 022")
+    os.symlink(real, link)
+    write_dump(link, small, model="through-link")
+    check(os.path.islink(link), "the symlink was replaced by a file")
+    with h5py.File(real) as f:
+        check(f.attrs["model"] == "through-link", "the link's target was not written")
+    fifo = os.path.join(tmp, "fifo.h5")
+    os.mkfifo(fifo)
+    loop = os.path.join(tmp, "loop.h5")
+    os.symlink(loop, loop)
+    for target, needle in ((fifo, "not a regular file"), (loop, "cannot use as the output"), (tmp, "not a regular file")):
+        try:
+            write_dump(target, small, model="m")
+            check(False, f"wrote to {target}")
+        except DumpError as e:
+            check(needle in str(e), f"message {e!s} lacks {needle!r}")
+    check(stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(loop), "a FIFO or a link loop was replaced")
+finally:
+    os.umask(old_umask)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -8,12 +8,20 @@ h5py; torch is optional (tensors are moved to the CPU and converted).
 
 `layers` is a list (one entry per layer) of dicts with "key", "value" and
 optionally "query", "key_pre_rope": numpy arrays or torch tensors of shape
-[H, T, D] ([Hq, T, D] for queries), or [B, H, T, D] with `batch` picking one
-sequence.  float16 and float32 are written as they are; bfloat16 (and
-float64) are widened/narrowed to float32.  The file is written to a
-temporary name in the same directory and renamed into place.
+[H, T, D] ([Hq, T, D] for queries), or [B, H, T, D] (Hugging Face's order)
+with `batch` picking one sequence; tensors in flash-attention / vLLM order,
+[B, T, H, D] or [T, H, D], need layout="BTHD" (they are transposed).  A
+4-D layout mix-up is detected where the shapes allow it (grouped-query
+attention: T agrees and H does not).  float16 and float32 are written as
+they are; bfloat16 (and float64) are widened/narrowed to float32.  The file
+is written to a temporary name in the same directory and renamed into place;
+only a regular file (or none) is replaced — a symlink's target is written,
+and a FIFO, device or directory at the path is refused — and the file gets
+the mode a new file would (0666 less the umask), or the replaced file's.
 """
+import math
 import os
+import stat
 import tempfile
 
 import numpy as np
@@ -27,7 +35,7 @@ class DumpError(ValueError):
     """A tensor or argument that kvq-dump/1 cannot hold; the message names it."""
 
 
-def _to_numpy(x, what, batch):
+def _to_numpy(x, what, batch, layout):
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach()
         if str(x.dtype) in ("torch.bfloat16",):
@@ -44,6 +52,10 @@ def _to_numpy(x, what, batch):
         x = x[batch]
     elif x.ndim != 3:
         raise DumpError(f"{what}: expected [H,T,D] or [B,H,T,D], got shape {list(x.shape)}")
+    if layout == "BTHD":  # [T, H, D] -> [H, T, D]
+        x = x.transpose(1, 0, 2)
+    if 0 in x.shape:
+        raise DumpError(f"{what}: shape {list(x.shape)} is empty: expected at least one head, token and channel")
     if x.dtype == np.float64:
         x = x.astype(np.float32)
     if x.dtype not in (np.float16, np.float32):
@@ -53,29 +65,72 @@ def _to_numpy(x, what, batch):
     return np.ascontiguousarray(x)
 
 
+def _target(path):
+    """The file the dump replaces: path with its links followed; refuses what is not a
+    regular file (a FIFO, a device, a directory) and a symlink loop."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # ELOOP, EACCES, ...
+        raise DumpError(f"{path}: cannot use as the output: {e.strerror}") from None
+    target = os.path.realpath(path)
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return target, None
+    if not stat.S_ISREG(st.st_mode):
+        raise DumpError(f"{path}: not a regular file (a FIFO, device or directory is never replaced)")
+    return target, stat.S_IMODE(st.st_mode)
+
+
+def _layout_hint(i, a):
+    """With grouped-query attention a [B,T,H,D] tensor read as [B,H,T,D] shows: T agrees
+    and H does not (query [Hq,T,D] vs key [H,T,D] become [T,Hq,D] vs [T,H,D])."""
+    k, q = a["key"].shape, a["query"].shape
+    if q[0] == k[0] and q[1] != k[1] and q[1] % k[1] == 0:
+        return (f"layers[{i}]: query {list(q)} and key {list(k)} look like [T,H,D] (flash-attention / vLLM "
+                f"order [B,T,H,D]), not [H,T,D] (Hugging Face's [B,H,T,D]): pass layout=\"BTHD\"")
+    return None
+
+
 def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=None,
-               query_prescaled=False):
+               query_prescaled=False, layout="BHTD"):
     """Write `layers` to `path` as kvq-dump/1; raises DumpError on bad input."""
     import h5py  # imported here so the module loads (and says what is missing) without it
 
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise DumpError("path: expected a file name")
     if not isinstance(model, str) or not model:
         raise DumpError("model: expected a non-empty string")
+    if layout not in ("BHTD", "BTHD"):
+        raise DumpError(f'layout: expected "BHTD" ([B,]H,T,D: Hugging Face) or "BTHD" ([B,]T,H,D: '
+                        f'flash-attention / vLLM), got {layout!r}')
     if rope_style not in (None, "interleaved", "half"):
         raise DumpError(f'rope_style: expected "interleaved" or "half", got {rope_style!r}')
-    if rope_theta is not None and not (float(rope_theta) > 0):
-        raise DumpError(f"rope_theta: expected a positive number, got {rope_theta!r}")
+    if rope_theta is not None:
+        try:
+            theta = float(rope_theta)
+        except (TypeError, ValueError):
+            theta = math.nan
+        if not (theta > 0 and math.isfinite(theta)):
+            raise DumpError(f"rope_theta: expected a positive finite number, got {rope_theta!r}")
     layers = list(layers)
     if not layers:
         raise DumpError("layers: expected at least one layer")
     arrays, shape = [], None
     for i, layer in enumerate(layers):
-        if not isinstance(layer, dict) or "key" not in layer or "value" not in layer:
+        if not isinstance(layer, dict) or layer.get("key") is None or layer.get("value") is None:
             raise DumpError(f"layers[{i}]: expected a dict with 'key' and 'value'")
         unknown = set(layer) - {"key", "value", "query", "key_pre_rope"}
         if unknown:
             raise DumpError(f"layers[{i}]: unknown entries {sorted(unknown)} (expected key, value, query, key_pre_rope)")
-        a = {k: _to_numpy(v, f"layers[{i}].{k}", batch) for k, v in layer.items() if v is not None}
+        a = {k: _to_numpy(v, f"layers[{i}].{k}", batch, layout) for k, v in layer.items() if v is not None}
         H, T, D = a["key"].shape
+        if "query" in a and layout == "BHTD":
+            hint = _layout_hint(i, a)
+            if hint:
+                raise DumpError(hint)
         for k in ("value", "key_pre_rope"):
             if k in a and a[k].shape != (H, T, D):
                 raise DumpError(f"layers[{i}].{k}: expected {[H, T, D]} like key, got {list(a[k].shape)}")
@@ -83,7 +138,8 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
             Hq = a["query"].shape[0]
             if a["query"].shape[1:] != (T, D) or Hq % H:
                 raise DumpError(f"layers[{i}].query: expected [Hq,{T},{D}] with Hq a multiple of {H}, "
-                                f"got {list(a['query'].shape)}")
+                                f"got {list(a['query'].shape)} (tensors are read as [H,T,D] / [B,H,T,D]; "
+                                f"for [T,H,D] / [B,T,H,D] pass layout=\"BTHD\")")
         this = (H, T, D, a["query"].shape[0] if "query" in a else None, "key_pre_rope" in a)
         if shape is not None and this != shape:
             raise DumpError(f"layers[{i}]: shapes or tensors differ from layers[0] "
@@ -91,7 +147,12 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
         shape = this
         arrays.append(a)
     H, T, D, Hq, _ = shape
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.", dir=os.path.dirname(os.path.abspath(path)))
+    target, mode = _target(os.fspath(path))
+    if mode is None:  # a new file: what open(2) with 0666 would give under the umask
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(target) + ".tmp.", dir=os.path.dirname(target))
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
@@ -108,7 +169,8 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
                     g[k] = v
             f.flush()
             os.fsync(f.id.get_vfd_handle())
-        os.replace(tmp, path)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
