@@ -297,28 +297,6 @@ out:
  * < shape[1]) selects the rows of the middle axis to read: dst is then
  * [shape[0]][nrows][shape[2]] (a hyperslab: only those rows leave the file);
  * rows == NULL reads everything. */
-/* Index of the first inf or NaN in x[0..n), or n: blocks are checked by a
- * loop without early exit (it vectorises: the largest |x| bit pattern,
- * which is at least inf's when one is not finite), then searched. */
-static size_t first_nonfinite(const float *x, size_t n)
-{
-    enum { BLOCK = 4096 };
-    for (size_t b = 0; b < n; b += BLOCK) {
-        size_t e = n - b < BLOCK ? n : b + BLOCK;
-        int32_t worst = 0; /* |x| bit patterns fit in 31 bits: signed compares vectorise on every x86-64 */
-        for (size_t i = b; i < e; i++) {
-            int32_t u;
-            memcpy(&u, &x[i], sizeof u);
-            u &= 0x7fffffff;
-            worst = u > worst ? u : worst;
-        }
-        if (worst >= 0x7f800000)
-            for (size_t i = b; i < e; i++)
-                if (!isfinite(x[i])) return i;
-    }
-    return n;
-}
-
 /* d->stage with room for n halves (grown, never shrunk: the next layer's
  * read reuses it without fresh pages). */
 static uint16_t *stage_room(kvq_dump *d, size_t n)
@@ -390,7 +368,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
         goto out;
     }
     /* finite check; a float64 value beyond float32 range also lands here as inf */
-    size_t i = first_nonfinite(dst, n);
+    size_t i = kvq_first_nonfinite(dst, n);
     if (i < n) {
         size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
         size_t b = r % mid, a = r / mid;

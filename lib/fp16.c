@@ -1,8 +1,11 @@
 /* fp16.c — IEEE binary16 <-> float32 conversion (round half to even).
  * The scalar functions are the definition; the array path uses F16C
- * (_mm256_cvtph_ps) when the CPU has it and is tested against the scalar one. */
+ * (_mm256_cvtph_ps) when the CPU has it and is tested against the scalar one.
+ * Also the finite check of float32 arrays that dump reads and the model's
+ * weights and activations share. */
 #include "internal.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -118,4 +121,26 @@ void kvq_f32_to_f16_array(const float *src, uint16_t *dst, size_t n)
     }
 #endif
     for (size_t i = 0; i < n; i++) dst[i] = kvq_f32_to_f16(src[i]);
+}
+
+/* Index of the first inf or NaN in x[0..n), or n: blocks are checked by a
+ * loop without early exit (it vectorises: the largest |x| bit pattern,
+ * which is at least inf's when one is not finite), then searched. */
+size_t kvq_first_nonfinite(const float *x, size_t n)
+{
+    enum { BLOCK = 4096 };
+    for (size_t b = 0; b < n; b += BLOCK) {
+        size_t e = n - b < BLOCK ? n : b + BLOCK;
+        int32_t worst = 0; /* |x| bit patterns fit in 31 bits: signed compares vectorise on every x86-64 */
+        for (size_t i = b; i < e; i++) {
+            int32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            u &= 0x7fffffff;
+            worst = u > worst ? u : worst;
+        }
+        if (worst >= 0x7f800000)
+            for (size_t i = b; i < e; i++)
+                if (!isfinite(x[i])) return i;
+    }
+    return n;
 }

@@ -42,6 +42,9 @@ void *kvq_alloc_array(size_t n, size_t size);
  * stream into; free() releases it.  NULL on failure. */
 void *kvq_alloc_lines(size_t bytes);
 
+/* Index of the first inf or NaN in x[0..n), or n (vectorised screen, then a search). */
+size_t kvq_first_nonfinite(const float *x, size_t n);
+
 /* Effective thread count (<= 0: all cores). */
 int kvq_threads(int requested);
 

@@ -62,23 +62,13 @@ static size_t wt_floats(const kvq_wtensor *t) { return t->data ? (size_t)t->cols
 /* float32 tensors aligned for float loads are used in place. */
 static int in_place(const kvq_wtensor *t) { return t->type == KVQ_GGML_F32 && ((uintptr_t)t->data & 3) == 0; }
 
-/* The first non-finite value of x [n] (n if none); blocks are screened by
- * their exponent bits first (a loop the compiler vectorises). */
-static size_t first_nonfinite(const float *x, size_t n)
+/* The error for the first non-finite weight, index bad of the rows from r0 at x. */
+static kvq_status nonfinite_weight(const kvq_model *m, const kvq_wtensor *t, int64_t r0, const float *x, size_t bad,
+                                   kvq_error *err)
 {
-    for (size_t i = 0; i < n; i += 4096) {
-        size_t e = i + 4096 < n ? i + 4096 : n;
-        uint32_t bad = 0;
-        for (size_t j = i; j < e; j++) {
-            uint32_t u;
-            memcpy(&u, &x[j], sizeof u);
-            bad |= (u & 0x7f800000u) == 0x7f800000u;
-        }
-        if (!bad) continue;
-        for (size_t j = i; j < e; j++)
-            if (!isfinite(x[j])) return j;
-    }
-    return n;
+    size_t cols = (size_t)t->cols;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %zu is %g: expected finite weights", m->path,
+                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(bad / cols)), bad % cols, (double)x[bad]);
 }
 
 /* Rows [r0, r1) of t dequantized into out, rows shared among nt threads
@@ -95,12 +85,10 @@ static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t 
         int64_t b = a + chunk < r1 ? a + chunk : r1;
         float *y = out + (size_t)(a - r0) * cols;
         kvq_wtensor_rows(t, a, b, y);
-        size_t n = (size_t)(b - a) * cols, i = first_nonfinite(y, n);
+        size_t n = (size_t)(b - a) * cols, i = kvq_first_nonfinite(y, n);
         if (i < n && (size_t)(a - r0) * cols + i < bad) bad = (size_t)(a - r0) * cols + i;
     }
-    if (bad == SIZE_MAX) return KVQ_OK;
-    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %zu is %g: expected finite weights", m->path,
-                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(bad / cols)), bad % cols, (double)out[bad]);
+    return bad == SIZE_MAX ? KVQ_OK : nonfinite_weight(m, t, r0, out, bad, err);
 }
 
 static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, kvq_error *err)
@@ -130,11 +118,8 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, k
             *dst[i] = NULL;
         } else if (in_place(t)) {
             *dst[i] = (const float *)t->data;
-            size_t n = wt_floats(t), bad = first_nonfinite(*dst[i], n);
-            if (bad < n)
-                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %lld is %g: expected finite weights",
-                              m->path, t->name ? t->name : "?", (long long)(bad / (size_t)t->cols),
-                              (long long)(bad % (size_t)t->cols), (double)(*dst[i])[bad]);
+            size_t n = wt_floats(t), bad = kvq_first_nonfinite(*dst[i], n);
+            if (bad < n) st = nonfinite_weight(m, t, 0, *dst[i], bad, err);
         } else {
             st = weight_rows(m, t, 0, t->rows, w->buf + off, nt, err);
             *dst[i] = w->buf + off;
@@ -147,7 +132,7 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, k
 
 /* --------------------------------------------------------- small ops */
 
-/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n with stride ld. */
+/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n. */
 static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -659,7 +644,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
                 }
                 goto done;
             }
-            size_t nx = (size_t)T * dim, bad = first_nonfinite(o->s[i].x, nx);
+            size_t nx = (size_t)T * dim, bad = kvq_first_nonfinite(o->s[i].x, nx);
             if (bad < nx) {
                 const kvq_eval_item *it = o->s[i].item;
                 rc = kvq_fail(err, KVQ_ERR_FORMAT, "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
