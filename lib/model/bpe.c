@@ -33,13 +33,6 @@ int kvq_tokbuf_push(kvq_tokbuf *b, int id)
 
 /* ------------------------------------------------------------ merges */
 
-static uint64_t fnv(uint64_t h, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
-#define FNV0 1469598103934665603ull
-
 kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err)
 {
     size_t ns = 16;
@@ -47,7 +40,7 @@ kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err)
     if (!(v->mslot = calloc(ns, sizeof *v->mslot))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the BPE merges");
     v->nmslot = ns;
     for (uint64_t r = 0; r < v->nmerge; r++) {
-        size_t s = fnv(FNV0, v->merge[r], v->merge_len[r]) & (ns - 1);
+        size_t s = kvq_fnv1a(KVQ_FNV_SEED, v->merge[r], v->merge_len[r]) & (ns - 1);
         int dup = 0;
         for (; v->mslot[s]; s = (s + 1) & (ns - 1)) {
             uint32_t o = v->mslot[s] - 1;
@@ -61,7 +54,7 @@ kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err)
 int kvq_bpe_rank(const kvq_vocab *v, const char *a, size_t na, const char *b, size_t nb)
 {
     /* merge strings are "left right" (llama.cpp splits them at the first space after index 0) */
-    uint64_t h = fnv(fnv(fnv(FNV0, a, na), " ", 1), b, nb);
+    uint64_t h = kvq_fnv1a(kvq_fnv1a(kvq_fnv1a(KVQ_FNV_SEED, a, na), " ", 1), b, nb);
     size_t len = na + 1 + nb;
     for (size_t s = h & (v->nmslot - 1);; s = (s + 1) & (v->nmslot - 1)) {
         if (!v->mslot[s]) return -1;
@@ -302,15 +295,7 @@ static int encode_word(const kvq_vocab *v, const char *w, size_t n, kvq_sym *sy,
 {
     int id;
     if (v->ignore_merges && (id = kvq_vocab_lookup(v, w, n)) >= 0) return kvq_tokbuf_push(out, id);
-    int ns = 0;
-    for (size_t i = 0; i < n; ns++) {
-        unsigned char c = (unsigned char)w[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-        if (len > n - i) len = n - i;
-        sy[ns] = (kvq_sym){i, len, ns - 1, -1};
-        if (ns) sy[ns - 1].next = ns;
-        i += len;
-    }
+    int ns = kvq_utf8_symbols(w, n, sy);
     bpe_ctx ctx = {v, w};
     if (kvq_merge_symbols(sy, ns, h, bpe_pair, &ctx)) return -1;
     for (int i = 0; ns && i >= 0; i = sy[i].next) {

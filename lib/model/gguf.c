@@ -82,12 +82,7 @@ static kvq_status take_name(cursor *c, const char *kind, uint64_t i, char **out)
     return KVQ_OK;
 }
 
-static uint64_t name_hash(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
+static uint64_t name_hash(const char *s) { return kvq_fnv1a(KVQ_FNV_SEED, s, strlen(s)); }
 
 static int index_init(gguf_index *x, uint64_t count)
 {

@@ -146,6 +146,13 @@ int kvq_bigram_push(kvq_bigram_heap *h, kvq_bigram x);
  * -1 from either: out of memory. */
 typedef int kvq_try_pair_fn(void *ctx, const kvq_sym *sy, int l, int r, kvq_bigram_heap *h);
 int kvq_merge_symbols(kvq_sym *sy, int ns, kvq_bigram_heap *h, kvq_try_pair_fn *try_pair, void *ctx);
+/* FNV-1a of s [0, n) continuing from h (start with KVQ_FNV_SEED): the hash of
+ * the vocabulary, merge and GGUF name indexes. */
+#define KVQ_FNV_SEED 1469598103934665603ull
+uint64_t kvq_fnv1a(uint64_t h, const char *s, size_t n);
+/* Splits t [0, n) into one linked symbol per UTF-8 character (a stray or
+ * cut byte is a character of its own) into sy; returns how many. */
+int kvq_utf8_symbols(const char *t, size_t n, kvq_sym *sy);
 /* Growable token list. */
 typedef struct kvq_tokbuf {
     int *id;

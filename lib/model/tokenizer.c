@@ -15,9 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static uint64_t hash_bytes(const char *s, size_t n)
+uint64_t kvq_fnv1a(uint64_t h, const char *s, size_t n)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
     return h;
 }
@@ -31,7 +30,7 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
     v->nslot = ns;
     for (int id = 0; id < v->n; id++) {
         size_t len = strlen(v->piece[id]);
-        size_t s = hash_bytes(v->piece[id], len) & (ns - 1);
+        size_t s = kvq_fnv1a(KVQ_FNV_SEED, v->piece[id], len) & (ns - 1);
         for (; v->slot[s] >= 0; s = (s + 1) & (ns - 1))
             if (!strcmp(v->piece[v->slot[s]], v->piece[id])) break; /* a piece given twice */
         if (v->slot[s] < 0 || v->last_wins) v->slot[s] = id;
@@ -51,7 +50,7 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
 int kvq_vocab_lookup(const kvq_vocab *v, const char *s, size_t len)
 {
     if (!v->nslot) return -1;
-    for (size_t i = hash_bytes(s, len) & (v->nslot - 1);; i = (i + 1) & (v->nslot - 1)) {
+    for (size_t i = kvq_fnv1a(KVQ_FNV_SEED, s, len) & (v->nslot - 1);; i = (i + 1) & (v->nslot - 1)) {
         int id = v->slot[i];
         if (id < 0) return -1;
         if (!strncmp(v->piece[id], s, len) && v->piece[id][len] == '\0') return id;
@@ -149,6 +148,19 @@ static size_t utf8_len(unsigned char c)
     return 1; /* a stray byte is a character of its own */
 }
 
+int kvq_utf8_symbols(const char *t, size_t n, kvq_sym *sy)
+{
+    int ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        size_t len = utf8_len((unsigned char)t[i]);
+        if (len > n - i) len = n - i;
+        sy[ns] = (kvq_sym){i, len, ns - 1, -1};
+        if (ns) sy[ns - 1].next = ns;
+        i += len;
+    }
+    return ns;
+}
+
 /* SentencePiece: one raw-text fragment (space prefix when asked) into out. */
 static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int space_prefix, kvq_tokbuf *out,
                              kvq_error *err)
@@ -168,14 +180,7 @@ static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int
         else t[tl++] = text[i];
     }
     t[tl] = '\0';
-    int ns = 0;
-    for (size_t i = 0; i < tl; ns++) {
-        size_t len = utf8_len((unsigned char)t[i]);
-        if (len > tl - i) len = tl - i;
-        sy[ns] = (kvq_sym){i, len, ns - 1, -1};
-        if (ns) sy[ns - 1].next = ns;
-        i += len;
-    }
+    int ns = kvq_utf8_symbols(t, tl, sy);
     spm_ctx ctx = {v, t};
     if (kvq_merge_symbols(sy, ns, &h, spm_pair, &ctx)) goto oom;
     for (int i = 0; ns && i >= 0; i = sy[i].next) {
