@@ -41,38 +41,59 @@ static void (*temp_created)(const char *), (*temp_gone)(const char *);
 
 /* ------------------------------------------------------------ HDF5 errors */
 
-static void h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+/* Before any other HDF5 call: no automatic error printing, and no library
+ * shutdown at exit — HDF5 1.10 crashes there closing a file whose close
+ * already failed (a flush that hit ENOSPC); the OS reclaims all at exit. */
+static void h5_quiet(void)
+{
+    static int once;
+    if (!once) H5dont_atexit(), once = 1;
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+}
 
 typedef struct {
     char desc[256];
-    int found;
+    int found, sys_errno;
 } h5_walk_data;
 
 static herr_t h5_walk_cb(unsigned n, const H5E_error2_t *e, void *p)
 {
     h5_walk_data *w = p;
+    if (!e->desc || !e->desc[0]) return 0;
     /* upward walk: the first entry is the innermost (most specific) error */
-    if (!w->found && e->desc && e->desc[0]) {
+    if (!w->found) {
         snprintf(w->desc, sizeof w->desc, "%s", e->desc);
         w->found = 1;
     }
+    /* a failed system call: HDF5's file drivers write "..., errno = 28, ..." */
+    const char *en = strstr(e->desc, "errno = ");
+    if (en && !w->sys_errno) w->sys_errno = atoi(en + 8);
     (void)n;
     return 0;
 }
 
-/* The innermost message on HDF5's error stack, or a generic phrase. */
+/* What went wrong, from HDF5's error stack: the system error when a system
+ * call failed (ENOSPC: "No space left on device"), else the innermost
+ * message, else a generic phrase.  Every HDF5 API call clears the stack:
+ * close objects with h5_close_id, which keeps it. */
 static const char *h5_detail(char *buf, size_t len)
 {
     h5_walk_data w = {.found = 0};
     H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_walk_cb, &w);
     H5Eclear2(H5E_DEFAULT);
-    snprintf(buf, len, "%s", w.found ? w.desc : "HDF5 call failed");
+    if (w.sys_errno > 0)
+        snprintf(buf, len, "%s", strerror(w.sys_errno));
+    else
+        snprintf(buf, len, "%s", w.found ? w.desc : "HDF5 call failed");
     return buf;
 }
 
+/* Closes any HDF5 object, keeping the error stack: every API call clears it
+ * on entry, and the clean-up after a failure must not erase its reason. */
 static void h5_close_id(hid_t id)
 {
     if (id < 0) return;
+    hid_t saved = H5Eget_current_stack();
     switch (H5Iget_type(id)) {
     case H5I_FILE: H5Fclose(id); break;
     case H5I_GROUP: H5Gclose(id); break;
@@ -82,6 +103,7 @@ static void h5_close_id(hid_t id)
     case H5I_DATASPACE: H5Sclose(id); break;
     default: break;
     }
+    if (saved >= 0) H5Eset_current_stack(saved);
 }
 
 /* ------------------------------------------------------------- attributes */
@@ -789,7 +811,7 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     kvq_status st0 = kvq_output_target(path, &w->path, &special, err);
     if (!st0 && special)
         st0 = kvq_fail(err, KVQ_ERR_IO, "%s: expected a regular file for an HDF5 dump (it is a FIFO or a device)", path);
-    if (!st0) st0 = kvq_output_temp(w->path, &w->tmp, &fd, err);
+    if (!st0) st0 = kvq_output_temp(path, w->path, &w->tmp, &fd, err);
     if (st0) {
         free(w->path), free(w);
         return st0;
@@ -871,7 +893,7 @@ kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer 
     if (r >= 0) r = write_tensor(g, "value", l->value, l->H, l->T, l->D, w->dtype);
     if (r >= 0 && l->query) r = write_tensor(g, "query", l->query, l->Hq, l->T, l->D, w->dtype);
     if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
-    H5Gclose(g);
+    h5_close_id(g);
     if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, h5_detail(det, sizeof det));
     return KVQ_OK;
 }
@@ -884,7 +906,7 @@ kvq_status kvq_dump_writer_layer_attr_int(kvq_dump_writer *w, int layer, const c
     h5_quiet();
     hid_t g = H5Gopen2(w->file, gname, H5P_DEFAULT);
     herr_t r = g < 0 ? -1 : write_attr_num(g, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, &v);
-    if (g >= 0) H5Gclose(g);
+    h5_close_id(g);
     if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s/%s: cannot write: %s", w->path, gname, name, h5_detail(det, sizeof det));
     return KVQ_OK;
 }
@@ -987,6 +1009,9 @@ void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const cha
 void kvq_dump_writer_abort(kvq_dump_writer *w)
 {
     if (!w) return;
+    /* A close that fails (its flush hit ENOSPC or EFBIG) leaves HDF5 1.10
+     * half-closed state behind: it is not closed again (that crashes) and
+     * h5_quiet keeps HDF5 from closing it at exit. */
     if (w->file >= 0) H5Fclose(w->file);
     H5Eclear2(H5E_DEFAULT);
     unlink(w->tmp);

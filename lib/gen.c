@@ -75,13 +75,14 @@ kvq_status kvq_gen_write(const char *path, const kvq_gen_opts *o, kvq_error *err
 {
     if (o->num_layers < 1 || o->num_layers > 1000 || o->num_heads < 1 || o->num_kv_heads < 1 ||
         o->head_dim < 2 || o->head_dim > 4096 || o->seq_len < 1)
-        return kvq_fail(err, KVQ_ERR_USAGE, "kvq-gen: layers 1..1000, heads >= 1, head_dim 2..4096 and tokens >= 1 expected");
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: expected layers 1..1000, heads >= 1, head_dim 2..4096 and tokens >= 1");
     if (o->num_heads % o->num_kv_heads)
-        return kvq_fail(err, KVQ_ERR_USAGE, "kvq-gen: heads (%d) must be a multiple of kv-heads (%d)", o->num_heads, o->num_kv_heads);
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: %d heads: expected a multiple of the KV heads (%d)", o->num_heads, o->num_kv_heads);
     if (o->head_dim % 2)
-        return kvq_fail(err, KVQ_ERR_USAGE, "kvq-gen: head_dim (%d) must be even for RoPE", o->head_dim);
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: head_dim %d: expected an even number (RoPE rotates pairs)", o->head_dim);
     if (o->outlier_channels < 0 || o->outlier_channels > o->head_dim / 2)
-        return kvq_fail(err, KVQ_ERR_USAGE, "kvq-gen: outlier channels must be 0..head_dim/2 (%d)", o->head_dim / 2);
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: %d outlier channels: expected 0..head_dim/2 (%d)",
+                        o->outlier_channels, o->head_dim / 2);
 
     kvq_dump_info info = {0};
     snprintf(info.model, sizeof info.model, "kvq-gen synthetic (seed %llu)", (unsigned long long)o->seed);
@@ -98,6 +99,7 @@ kvq_status kvq_gen_write(const char *path, const kvq_gen_opts *o, kvq_error *err
         return st;
     }
     for (int l = 0; l < o->num_layers && !st; l++) {
+        if (o->progress) o->progress(o->progress_ud, l, o->num_layers, "generating and writing");
 #pragma omp parallel for schedule(dynamic, 1)
         for (int h = 0; h < o->num_kv_heads; h++) gen_head(o, l, h, &L);
         st = kvq_dump_writer_layer(w, l, &L, err);

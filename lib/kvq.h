@@ -162,11 +162,12 @@ kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned f
 /* Result files (every writer of kvq): *target (malloc'ed) is path with its
  * symlinks followed, so that a temporary + rename replaces the link's target;
  * *special = 1 when the target exists and is a FIFO or a device (written in
- * place, never replaced).  A directory is KVQ_ERR_IO. */
+ * place, never replaced).  A directory or a symlink loop is KVQ_ERR_IO. */
 kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_error *err);
 /* Creates "target.tmp.XXXXXX" (*tmp malloc'ed, *fd open) with the mode the
- * file keeps after the rename: an existing target's, else 0666 & ~umask. */
-kvq_status kvq_output_temp(const char *target, char **tmp, int *fd, kvq_error *err);
+ * file keeps after the rename: an existing target's, else 0666 & ~umask.
+ * Messages name path, the name the user gave. */
+kvq_status kvq_output_temp(const char *path, const char *target, char **tmp, int *fd, kvq_error *err);
 
 /* Writer: the file is built under a temporary name and renamed into place by
  * kvq_dump_writer_finish, so a crash never leaves a half-written dump. */
@@ -732,6 +733,9 @@ typedef struct kvq_gen_opts {
     int with_query, with_key_pre_rope;
     kvq_dtype dtype;
     uint64_t seed;
+    /* optional: called before each layer is generated and written */
+    void (*progress)(void *ud, int layer_index, int nlayers, const char *stage);
+    void *progress_ud;
 } kvq_gen_opts;
 
 void kvq_gen_defaults(kvq_gen_opts *o);

@@ -36,7 +36,7 @@ static char *follow_links(const char *path)
         free(cur);
         cur = next;
     }
-    return cur; /* a loop: the open will report it */
+    return cur; /* a loop (or 40 links): still a link, the caller refuses it */
 }
 
 kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_error *err)
@@ -44,6 +44,11 @@ kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_
     *special = 0;
     if (!(*target = follow_links(path))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
     struct stat st;
+    if (lstat(*target, &st) == 0 && S_ISLNK(st.st_mode)) {
+        free(*target), *target = NULL;
+        return kvq_fail(err, KVQ_ERR_IO, "%s: cannot write the output: a symlink loop (or more than 40 links); "
+                        "nothing written", path);
+    }
     if (stat(*target, &st) == 0 && !S_ISREG(st.st_mode)) {
         if (S_ISDIR(st.st_mode)) {
             free(*target), *target = NULL;
@@ -54,14 +59,17 @@ kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_
     return KVQ_OK;
 }
 
-kvq_status kvq_output_temp(const char *target, char **tmp, int *fd, kvq_error *err)
+kvq_status kvq_output_temp(const char *path, const char *target, char **tmp, int *fd, kvq_error *err)
 {
     size_t len = strlen(target) + 16;
     *fd = -1;
-    if (!(*tmp = malloc(len))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", target);
+    if (!(*tmp = malloc(len))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
     snprintf(*tmp, len, "%s.tmp.XXXXXX", target);
     if ((*fd = mkstemp(*tmp)) < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create output: %s", target, strerror(errno));
+        kvq_status st = strcmp(path, target)
+                            ? kvq_fail(err, KVQ_ERR_IO, "%s: cannot create %s, where the symlink points: %s", path,
+                                       target, strerror(errno))
+                            : kvq_fail(err, KVQ_ERR_IO, "%s: cannot create output: %s", path, strerror(errno));
         free(*tmp), *tmp = NULL;
         return st;
     }
@@ -76,7 +84,7 @@ kvq_status kvq_output_temp(const char *target, char **tmp, int *fd, kvq_error *e
         mode = 0666 & ~mask;
     }
     if (fchmod(*fd, mode) != 0) {
-        kvq_status st2 = kvq_fail(err, KVQ_ERR_IO, "%s: cannot set the mode of %s: %s", target, *tmp, strerror(errno));
+        kvq_status st2 = kvq_fail(err, KVQ_ERR_IO, "%s: cannot set the mode of %s: %s", path, *tmp, strerror(errno));
         close(*fd), unlink(*tmp), free(*tmp);
         *fd = -1, *tmp = NULL;
         return st2;

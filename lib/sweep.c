@@ -38,17 +38,33 @@ void kvq_grid_free(kvq_grid *g)
     free(g);
 }
 
+/* An option's argument as messages show it: at most 64 characters, so that a
+ * long list never pushes the reason out of the message. */
+typedef struct {
+    char text[96];
+} shown_arg;
+
+static shown_arg shorten(const char *arg)
+{
+    shown_arg s;
+    size_t n = strlen(arg);
+    if (n <= 64) snprintf(s.text, sizeof s.text, "%s", arg);
+    else snprintf(s.text, sizeof s.text, "%.48s...(%zu characters)", arg, n);
+    return s;
+}
+
 /* "key=..." → index of key in q's parameters; the value part in *rest. */
-static kvq_status split_key(const kvq_grid *g, const char *opt, const char *arg, char *key, size_t klen,
+static kvq_status split_key(const kvq_grid *g, const char *opt, const char *full, char *key, size_t klen,
                             const char **rest, int *param, kvq_error *err)
 {
-    const char *eq = strchr(arg, '=');
-    if (!eq || eq == arg || !eq[1])
+    shown_arg shown = shorten(full);
+    const char *arg = shown.text, *eq = strchr(full, '=');
+    if (!eq || eq == full || !eq[1])
         return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: expected key=value%s", opt, arg,
                         !strcmp(opt, "--grid") ? "1,value2,..." : "");
-    if ((size_t)(eq - arg) >= klen) return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: key too long", opt, arg);
-    memcpy(key, arg, (size_t)(eq - arg));
-    key[eq - arg] = '\0';
+    if ((size_t)(eq - full) >= klen) return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: key too long", opt, arg);
+    memcpy(key, full, (size_t)(eq - full));
+    key[eq - full] = '\0';
     *rest = eq + 1;
     *param = kvq_spec_param_index(g->q, key);
     if (*param < 0) {
@@ -64,12 +80,14 @@ static kvq_status split_key(const kvq_grid *g, const char *opt, const char *arg,
 }
 
 /* Adds one --grid key=v1,v2,... */
-static kvq_status add_grid(kvq_grid *g, const char *arg, kvq_error *err)
+static kvq_status add_grid(kvq_grid *g, const char *full, kvq_error *err)
 {
     char key[64];
     const char *rest;
     int param;
-    kvq_status st = split_key(g, "--grid", arg, key, sizeof key, &rest, &param, err);
+    shown_arg shown = shorten(full);
+    const char *arg = shown.text;
+    kvq_status st = split_key(g, "--grid", full, key, sizeof key, &rest, &param, err);
     if (st) return st;
     if (g->nkeys == KVQ_MAX_PARAMS) return kvq_fail(err, KVQ_ERR_USAGE, "--grid %s: too many grid keys", arg);
     int k = g->nkeys;

@@ -122,7 +122,11 @@ expect 2 "--device gpu: expected cpu or cuda" -- "$sweep" --device gpu -q kivi -
 expect 2 "unknown key 'nope'" -- "$sweep" --device cuda -q kivi -g nope=1 -o "$tmp/x.csv" "$real"
 expect 2 "unknown option --bogus" -- "$info" --bogus "$real"
 expect 2 "no dump given" -- "$info"
-expect 2 "heads (7) must be a multiple of kv-heads (2)" -- "$gen" --heads 7 --kv-heads 2 -o "$tmp/g.h5"
+expect 2 "kvq-gen: error: synthetic dump: 7 heads: expected a multiple of the KV heads (2)" -- "$gen" --heads 7 --kv-heads 2 -o "$tmp/g.h5"
+expect 0 "progress.h5: layer 1/2, generating and writing" "layer 2/2" -- "$gen" --layers 2 --progress always -o "$tmp/progress.h5"
+expect 2 "--progress sometimes: expected auto, always or never" -- "$gen" --progress sometimes -o "$tmp/g.h5"
+expect 2 "kvq-gen: error: synthetic dump: head_dim 7: expected an even number" -- "$gen" --head-dim 7 -o "$tmp/g.h5"
+expect 2 "kvq-gen: error: synthetic dump: 99 outlier channels: expected 0..head_dim/2 (32)" -- "$gen" --outliers 99 -o "$tmp/g.h5"
 expect 2 "no output given" -- "$gen"
 expect 2 "--dtype float8" -- "$gen" --dtype float8 -o "$tmp/g.h5"
 [ ! -e "$tmp/g.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-gen left $tmp/g.h5 after a usage error"; }
@@ -253,12 +257,13 @@ expect 1 "cannot write the output: it is a directory" -- "$analyze" -q kivi -o "
 sigterm_leaves_nothing() {
     local name=$1
     shift
-    "$@" 2>/dev/null &
+    "$@" 2>"$tmp/victim.err" &
     local victim=$!
     for _ in $(seq 50); do ls "$o" | grep -q "$name.tmp" && break; sleep 0.1; done
     kill -TERM $victim
     wait $victim
     check "$name: SIGTERM gives exit 143" [ $? = 143 ]
+    check "$name: SIGTERM says nothing was written" grep -q "interrupted: nothing written" "$tmp/victim.err"
     check "$name: SIGTERM leaves no temporary and no result" [ -z "$(ls "$o" | grep "$name")" ]
 }
 "$gen" --layers 2 --tokens 4096 --heads 8 --kv-heads 4 --head-dim 64 -o "$tmp/big.h5" 2>/dev/null
@@ -284,6 +289,28 @@ expect 2 "that is an input of this run" -- "$build/tools/kvq-sweep" "$tmp/in.h5"
 ln -sf "$tmp/in.h5" "$tmp/link.h5"
 expect 2 "that is an input of this run" -- "$analyze" -q kivi -o "$tmp/link.h5" "$tmp/in.h5"
 [ "$(cksum <"$tmp/in.h5")" = "$sum0" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an input was overwritten"; }
+# a symlink loop at -o is refused with exit 1 and left as it is; a dangling link is written
+# through (kvq-sweep too), and where its directory is missing the message names both
+ln -s loop-b "$o/loop-a" && ln -s loop-a "$o/loop-b"
+expect 1 "loop-a: cannot write the output: a symlink loop" -- "$analyze" -q kivi -o "$o/loop-a" "$tmp/in.h5"
+expect 1 "loop-a: cannot write the output: a symlink loop" -- "$build/tools/kvq-info" -o "$o/loop-a" "$tmp/in.h5"
+expect 1 "loop-a: cannot write the output: a symlink loop" -- "$build/tools/kvq-gen" -o "$o/loop-a"
+expect 1 "loop-a: cannot write the output: a symlink loop" -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2,4 -o "$o/loop-a"
+check "-o a symlink loop: both links kept" [ -L "$o/loop-a" -a -L "$o/loop-b" ]
+ln -s swept.csv "$o/sweep-link.csv"
+expect 0 -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2,4 -o "$o/sweep-link.csv"
+check "kvq-sweep -o a dangling symlink: written where it points" [ -L "$o/sweep-link.csv" -a -s "$o/swept.csv" ]
+expect 0 -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2,4,8 -o "$o/sweep-link.csv" --resume
+check "kvq-sweep --resume through a symlink: the link kept, the target continued" \
+    [ -L "$o/sweep-link.csv" -a "$(grep -c 'kivi:bits=2' "$o/swept.csv")" -gt 0 -a "$(grep -c 'kivi:bits=8' "$o/swept.csv")" -gt 0 ]
+ln -s no-such-dir/x.csv "$o/nodir.csv"
+expect 1 "nodir.csv: cannot create" "no-such-dir/x.csv, where the symlink points: No such file or directory" -- "$analyze" -q kivi -o "$o/nodir.csv" "$tmp/in.h5"
+expect 1 "nodir.csv: cannot create" "where the symlink points: No such file or directory" -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2 -o "$o/nodir.csv"
+# a write that fails part-way (EFBIG under a file-size limit, as ENOSPC would) names the
+# system error, for the HDF5 writer too, and leaves no temporary behind
+expect 1 "big-out.h5: /layer_000: cannot write: File too large" -- sh -c 'trap "" XFSZ; ulimit -f 100; exec "$1" -o "$2"' sh "$build/tools/kvq-gen" "$o/big-out.h5"
+expect 1 "big-out.csv: write failed: File too large" -- sh -c 'trap "" XFSZ; ulimit -f 1; exec "$1" -q kivi -o "$2" "$3"' sh "$analyze" "$o/big-out.csv" "$tmp/in.h5"
+check "a failed write leaves nothing" [ -z "$(ls "$o" | grep big-out)" ]
 expect 2 "-o: expected a file name" -- "$analyze" -q kivi -o "" "$tmp/in.h5"
 expect 2 "-o: expected a file name" -- "$build/tools/kvq-gen" -o ""
 # what a tool prints must reach stdout: --help and --list-quantizers into /dev/full exit 1

@@ -38,6 +38,9 @@ check "--shard 1/2 lists point 1 only" [ "$(cut -f1 "$tmp/points" | tr '\n' ' ')
 expect 2 "--grid foo=1,2: kivi: unknown key 'foo' (keys: bits, group, residual" -- "$sweep" "$real" --quant kivi --grid foo=1,2 -o "$tmp/x.csv"
 expect 2 "--grid bits=2,x: kivi: bits=x: expected an integer" -- "$sweep" "$real" --quant kivi --grid bits=2,x -o "$tmp/x.csv"
 expect 2 "--grid bits=2,99: kivi: bits=99: out of range" -- "$sweep" "$real" --quant kivi --grid bits=2,99 -o "$tmp/x.csv"
+# a long list is shortened in the message, which keeps its reason
+expect 2 "--grid group=1,2,3,4,5," "...(1097 characters): more than 256 values" -- "$sweep" "$real" --quant kivi --grid "group=$(seq -s, 1 300)" -o "$tmp/x.csv"
+expect 2 "...(116 characters): kivi: bits=17: out of range" -- "$sweep" "$real" --quant kivi --grid "bits=$(seq -s, 2 40),99" -o "$tmp/x.csv"
 expect 2 "--grid bits=2,2: value '2' given twice" -- "$sweep" "$real" --quant kivi --grid bits=2,2 -o "$tmp/x.csv"
 expect 2 "--grid bits=2,,3: empty value" -- "$sweep" "$real" --quant kivi --grid bits=2,,3 -o "$tmp/x.csv"
 expect 2 "--grid bits=3: key 'bits' is already fixed" -- "$sweep" "$real" --quant kivi --fixed bits=2 --grid bits=3 -o "$tmp/x.csv"
@@ -179,7 +182,7 @@ check "Slurm example: merged array equals the unsharded run" cmp -s "$tmp/slurm/
 # tearing the file; a FIFO as OUT is refused, not waited on
 "$gen" --layers 4 --heads 8 --kv-heads 4 --head-dim 64 --tokens 4096 -o "$tmp/lock.h5" 2>/dev/null
 "$sweep" "$tmp/lock.h5" --quant gear --grid bits=2,3,4 --grid rank=1,2,4,8 --grid sparsity=0,0.01 --progress never \
-    -o "$tmp/lock.csv" 2>/dev/null &
+    -o "$tmp/lock.csv" 2>"$tmp/first.err" &
 first=$!
 for _ in $(seq 50); do [ -s "$tmp/lock.csv" ] && break; sleep 0.1; done
 "$sweep" "$tmp/lock.h5" --quant gear --grid bits=2,3,4 --grid rank=1,2,4,8 --grid sparsity=0,0.01 --resume \
@@ -187,7 +190,11 @@ for _ in $(seq 50); do [ -s "$tmp/lock.csv" ] && break; sleep 0.1; done
 rc=$?
 kill -TERM $first 2>/dev/null
 wait $first 2>/dev/null
+first_rc=$?
 check "second run on a locked OUT: exit 1, says so" [ $rc = 1 ]
+# the interrupted run says what OUT keeps and how to go on (SPEC §5)
+check "SIGTERM: exit 143" [ $first_rc = 143 ]
+check "SIGTERM: says what was kept" grep -Eq "kvq-sweep: interrupted: .*lock.csv keeps [0-9]+ of 24 points complete; the same command with --resume continues" "$tmp/first.err"
 check "the lock message" grep -q "another kvq-sweep run is writing it" "$tmp/lock.err"
 mkfifo "$tmp/fifo.csv"
 timeout 20 "$sweep" "$tmp/lock.h5" --quant kivi --grid bits=2,4 --resume -o "$tmp/fifo.csv" >/dev/null 2>"$tmp/fifo.err"

@@ -221,33 +221,62 @@ void cli_progress_end(cli_progress *p)
 }
 
 /* Temporaries to remove if SIGINT, SIGTERM or SIGHUP ends the run (SIGKILL
- * cannot be caught).  The handler only unlinks (async-signal-safe), then
- * re-raises the signal with its default action. */
+ * cannot be caught).  The handler only unlinks and write(2)s a message it
+ * finds ready (both async-signal-safe), then re-raises the signal with its
+ * default action, so the exit status still says which signal it was. */
 #define CLI_MAX_TEMPS 8
 static const char *volatile cli_temps[CLI_MAX_TEMPS];
+static const char *stdout_prog = "kvq";
+/* what an interrupted run kept: "<head><count><tail>" (cli_interrupt_note) */
+static char intr_head[512], intr_tail[512];
+static volatile sig_atomic_t intr_count = -1;
+
+static void write_str(const char *s) /* to stderr, from the handler */
+{
+    size_t n = strlen(s);
+    while (n) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0) return;
+        s += w, n -= (size_t)w;
+    }
+}
 
 static void cli_on_signal(int sig)
 {
+    int removed = 0;
     for (int i = 0; i < CLI_MAX_TEMPS; i++)
-        if (cli_temps[i]) unlink(cli_temps[i]);
+        if (cli_temps[i]) removed += unlink(cli_temps[i]) == 0;
+    if (intr_count >= 0) {
+        char digits[24], *d = digits + sizeof digits;
+        long n = intr_count;
+        *--d = '\0';
+        do *--d = (char)('0' + n % 10), n /= 10; while (n);
+        write_str(intr_head), write_str(d), write_str(intr_tail);
+    } else if (removed) {
+        write_str(stdout_prog), write_str(": interrupted: nothing written (the unfinished output was removed)\n");
+    }
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
-void cli_temp_register(const char *tmp)
+static void install_signal_handlers(void)
 {
     static int installed;
-    if (!installed) {
-        const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
-            struct sigaction sa;
-            memset(&sa, 0, sizeof sa);
-            sa.sa_handler = cli_on_signal;
-            sigemptyset(&sa.sa_mask);
-            sigaction(sigs[i], &sa, NULL);
-        }
-        installed = 1;
+    if (installed) return;
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = cli_on_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sigs[i], &sa, NULL);
     }
+    installed = 1;
+}
+
+void cli_temp_register(const char *tmp)
+{
+    install_signal_handlers();
     for (int i = 0; i < CLI_MAX_TEMPS; i++)
         if (!cli_temps[i]) {
             cli_temps[i] = tmp;
@@ -261,7 +290,17 @@ void cli_temp_unregister(const char *tmp)
         if (cli_temps[i] == tmp) cli_temps[i] = NULL;
 }
 
-static const char *stdout_prog = "kvq";
+void cli_interrupt_note(const char *head, const char *tail)
+{
+    intr_count = -1; /* the handler never reads a half-copied note */
+    snprintf(intr_head, sizeof intr_head, "%s", head);
+    snprintf(intr_tail, sizeof intr_tail, "%s", tail);
+    intr_count = 0;
+    install_signal_handlers();
+}
+
+void cli_interrupt_count(long n) { intr_count = n; }
+
 
 /* At exit: output that never reached stdout (/dev/full, a closed pipe) is a
  * failure, exit 1, not a silent 0 (gnulib's close_stdout idiom). */
@@ -322,7 +361,7 @@ int cli_out_open(cli_out *o, const char *path, const char *prog)
         }
         return 0;
     }
-    if (kvq_output_temp(o->target, &o->tmp, &fd, &err)) {
+    if (kvq_output_temp(path, o->target, &o->tmp, &fd, &err)) {
         cli_error(prog, "%s", err.msg);
         cli_out_abort(o);
         return -1;

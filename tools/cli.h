@@ -91,6 +91,11 @@ int cli_write_error(const char *prog, const char *output, kvq_status st, int sav
  * string must live until cli_temp_unregister.  At most 8 at once. */
 void cli_temp_register(const char *tmp);
 void cli_temp_unregister(const char *tmp);
+/* What a SIGINT/SIGTERM/SIGHUP says it kept (SPEC §5): "<head><count><tail>",
+ * count as last given to cli_interrupt_count (0 at first).  Without a note,
+ * an interrupted run that removed its temporary says nothing was written. */
+void cli_interrupt_note(const char *head, const char *tail);
+void cli_interrupt_count(long n);
 
 /* Heavy tools call this first.  Their large temporaries (a head's score
  * matrices, a quantizer's scratch, a read's stage, up to tens of MB) are

@@ -29,13 +29,16 @@ static void usage(FILE *f)
         "      --no-query        omit queries\n"
         "      --no-key-pre-rope omit pre-RoPE keys\n"
         "      --seed N          seed (default 0)\n"
+        "      --progress WHEN   auto (default: a line on a terminal once a run takes\n"
+        "                        more than a second), always or never\n"
         "  -o, --output FILE     output dump (written atomically)\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
 }
 
 enum { OPT_PRESET = 256, OPT_LAYERS, OPT_HEADS, OPT_KV, OPT_DIM, OPT_TOKENS, OPT_DTYPE,
-       OPT_STYLE, OPT_THETA, OPT_OUTLIERS, OPT_OSCALE, OPT_PEAK, OPT_NOQ, OPT_NOPRE, OPT_SEED };
+       OPT_STYLE, OPT_THETA, OPT_OUTLIERS, OPT_OSCALE, OPT_PEAK, OPT_NOQ, OPT_NOPRE, OPT_SEED,
+       OPT_PROGRESS };
 
 static int parse_pos_double(const char *s, double *out)
 {
@@ -58,12 +61,14 @@ int main(int argc, char **argv)
         {"rope-theta", required_argument, 0, OPT_THETA}, {"outliers", required_argument, 0, OPT_OUTLIERS},
         {"outlier-scale", required_argument, 0, OPT_OSCALE}, {"peak", required_argument, 0, OPT_PEAK},
         {"no-query", no_argument, 0, OPT_NOQ}, {"no-key-pre-rope", no_argument, 0, OPT_NOPRE},
-        {"seed", required_argument, 0, OPT_SEED}, {"output", required_argument, 0, 'o'},
+        {"seed", required_argument, 0, OPT_SEED}, {"progress", required_argument, 0, OPT_PROGRESS},
+        {"output", required_argument, 0, 'o'},
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     kvq_gen_opts o;
     kvq_gen_defaults(&o);
     const char *output = NULL;
-    int c;
+    int c, progress_mode = -1;
+    cli_progress progress = {0};
     long v;
     /* presets first, so that explicit options override them in any order */
     for (int i = 1; i < argc; i++) {
@@ -119,6 +124,9 @@ int main(int argc, char **argv)
         case OPT_SEED:
             if (cli_parse_u64(optarg, &o.seed)) { cli_error(prog, "--seed %s: expected a non-negative integer", optarg); return CLI_USAGE; }
             break;
+        case OPT_PROGRESS:
+            if ((c = cli_progress_option(prog, optarg, &progress_mode))) return c;
+            break;
         case 'o': output = optarg; break;
         case 'h': usage(stdout); return CLI_OK;
         case 'V': printf("kvq-gen %s\n", kvq_version()); return CLI_OK;
@@ -137,6 +145,10 @@ int main(int argc, char **argv)
     kvq_error err = {0};
     int crc = cli_check_output(prog, output, NULL, 0);
     if (crc) return crc;
-    if (kvq_gen_write(output, &o, &err)) return cli_fail(prog, &err);
-    return CLI_OK;
+    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
+    cli_progress_start(&progress, prog, progress_mode, output);
+    o.progress = cli_progress_stage, o.progress_ud = &progress;
+    kvq_status st = kvq_gen_write(output, &o, &err);
+    cli_progress_end(&progress);
+    return st ? cli_fail(prog, &err) : CLI_OK;
 }

@@ -294,6 +294,7 @@ static int lock_out(int fd, const char *path)
 static int do_sweep(opts_t *o, char **dumps, int ndumps)
 {
     int rc = CLI_OK, fd = -1;
+    char *target = NULL; /* OUT with its symlinks followed: a link's target is what is written */
     kvq_error err = {0};
     kvq_grid *grid = NULL;
     kvq_calib *calib = NULL;
@@ -375,8 +376,10 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     header[--header_len] = '\0'; /* the columns, without the newline */
 
     /* OUT: created, or continued with --resume */
+    int special;
+    if (kvq_output_target(o->output, &target, &special, &err)) { rc = cli_fail(prog, &err); goto done; }
     struct stat stbuf;
-    int exists = stat(o->output, &stbuf) == 0;
+    int exists = stat(target, &stbuf) == 0;
     if (exists && !o->resume) {
         cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)", o->output);
         rc = CLI_RUNTIME;
@@ -390,7 +393,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     size_t keep = 0;
     if (exists) {
         /* the lock first: a second run on OUT must not read what this one is about to truncate */
-        if ((fd = open(o->output, O_WRONLY)) < 0) {
+        if ((fd = open(target, O_WRONLY)) < 0) {
             cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
             goto done;
@@ -433,9 +436,12 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         if (keep < old.size)
             fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output, old.size - keep);
     } else {
-        fd = open(o->output, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        fd = open(target, O_WRONLY | O_CREAT | O_EXCL, 0666);
         if (fd < 0) {
-            cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
+            if (strcmp(target, o->output))
+                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, target, strerror(errno));
+            else
+                cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
             goto done;
         }
@@ -448,7 +454,16 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         if (bad) { cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
     }
     if (fsync(fd) != 0) { cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
-    if (!exists) sync_dir(o->output);
+    if (!exists) sync_dir(target);
+    {
+        /* interrupted, the sweep says what OUT keeps and how to go on (SPEC §5) */
+        char head[512], tail[256];
+        snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
+        snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
+                 ncomplete + nrun);
+        cli_interrupt_note(head, tail);
+        cli_interrupt_count((long)ncomplete);
+    }
 
     for (size_t p = 0; p < npoints; p++) {
         kvq_spec sp;
@@ -510,6 +525,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             goto done;
         }
         written++;
+        cli_interrupt_count((long)(ncomplete + written));
         progress_point(&pr, p, sp.text, now() - tp);
     }
     if (close(fd) != 0) { fd = -1; cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
@@ -520,6 +536,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             o->shard_i, o->shard_n, npoints, total, prep_s, written ? (total - prep_s) / (double)written : 0.0);
 done:
     if (fd >= 0) close(fd);
+    free(target);
     kvq_report_discard(rep);
     if (ms) fclose(ms);
     free(unit), free(header);

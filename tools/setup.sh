@@ -12,6 +12,39 @@ cd "$(dirname "$0")/.."
 what=${1:-build}
 case "$what" in demo|test|figures|build) ;; *) echo "usage: tools/setup.sh demo|test|figures|build" >&2; exit 2 ;; esac
 
+# say() names each step; run_step shows a step's own output — apt's packages,
+# meson's checks, ninja's [n/N] — as one line that rewrites itself on a
+# terminal (so the demo's table is not buried under it), or line by line into
+# a log (CI); a failing step prints the last lines of its output.
+say() { echo "setup: $*" >&2; }
+run_step() { # what command...
+    local what=$1 log rc=0
+    shift
+    say "$what"
+    log=$(mktemp "${TMPDIR:-/tmp}/kvq-setup.XXXXXX")
+    set +e
+    if [ -t 2 ]; then
+        local cols
+        cols=$(tput cols 2>/dev/null || echo 80)
+        "$@" 2>&1 | tee "$log" | while IFS= read -r line; do
+            printf '\r\033[K  %s' "${line:0:$((cols - 4))}" >&2
+        done
+        rc=${PIPESTATUS[0]}
+        printf '\r\033[K' >&2
+    else
+        "$@" 2>&1 | sed -u 's/^/  /' >&2
+        rc=${PIPESTATUS[0]}
+    fi
+    set -e
+    if [ "$rc" != 0 ]; then
+        [ -t 2 ] && tail -n 30 "$log" >&2
+        say "error: $what failed (exit $rc)"
+        rm -f "$log"
+        exit 1
+    fi
+    rm -f "$log"
+}
+
 pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check
       python3-matplotlib python3-numpy python3-h5py) # figure scripts (notebooks-export/), tools/kvq_dump.py
 missing=()
@@ -19,25 +52,25 @@ for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]}" >&2
     if [ "$(id -u)" = 0 ]; then sudo=""; elif command -v sudo >/dev/null; then sudo="sudo"; else
         echo "setup: error: missing packages ${missing[*]} and not root (install them, then rerun)" >&2
         exit 1
     fi
     export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get update -qq
-    $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    run_step "updating the package lists (apt-get update)" $sudo apt-get update
+    run_step "installing ${missing[*]} (apt-get install, about a minute)" \
+        $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
 configure() { # dir, extra meson options...
     local dir=$1
     shift
     if [ -f "$dir/build.ninja" ]; then
-        meson setup --reconfigure "$dir" "$@" >/dev/null
+        run_step "configuring $dir (meson setup --reconfigure $*)" meson setup --reconfigure "$dir" "$@"
     else
-        meson setup "$dir" "$@" >/dev/null
+        run_step "configuring $dir (meson setup $*)" meson setup "$dir" "$@"
     fi
-    ninja -C "$dir" >/dev/null
+    run_step "building $dir (ninja)" ninja -C "$dir"
 }
 
 configure build -Dtests=enabled
@@ -49,8 +82,10 @@ figures)
     exec notebooks-export/make_figures.sh --build build figures
     ;;
 test)
+    say "testing build (meson test: every suite)"
     meson test -C build --print-errorlogs
     configure build-asan -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+    say "testing build-asan (every suite under AddressSanitizer + UndefinedBehaviorSanitizer)"
     meson test -C build-asan --print-errorlogs
     ;;
 esac
