@@ -347,6 +347,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                           path, o->specs[s].text);
             goto done;
         }
+        kvq_error shape_err = {0};
+        if (kvq_spec_check_shape(&o->specs[s], info->head_dim, &shape_err)) {
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", path, shape_err.msg);
+            goto done;
+        }
         if (!kvq_spec_needs_calib(&o->specs[s])) continue;
         if (!o->calib) {
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)", o->specs[s].text);

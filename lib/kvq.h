@@ -404,6 +404,9 @@ typedef struct kvq_quantizer {
     const char *default_spec; /* the spec the default set uses ("" = defaults) */
     /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
     kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
+    /* Whether the spec can run on heads of D channels (e.g. llama.cpp's rule:
+     * D a multiple of the block); NULL if any D.  KVQ_ERR_USAGE says why. */
+    kvq_status (*check_shape)(const kvq_spec *spec, int D, kvq_error *err);
     /* Exactly one of the two: the whole layer (may use ctx->nthreads), or one
      * tensor (0 = K, 1 = V) of one head, which kvq_quantize_layer runs over all
      * heads in parallel and must write only that head's output and bits.
@@ -434,6 +437,9 @@ const kvq_quantizer *kvq_quantizer_at(size_t i);
 const kvq_quantizer *kvq_quantizer_find(const char *name);
 
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err);
+/* The quantizer's check_shape for heads of head_dim channels (KVQ_OK if it
+ * has none); kvq_quantize_layer checks it too. */
+kvq_status kvq_spec_check_shape(const kvq_spec *spec, int head_dim, kvq_error *err);
 /* The spec q contributes to kvq-analyze's default set: "name", or
  * "name:default_spec" when it has one. */
 kvq_status kvq_spec_default(const kvq_quantizer *q, kvq_spec *out, kvq_error *err);
@@ -764,7 +770,7 @@ typedef enum kvq_ggml_type {
     KVQ_GGML_F32 = 0, KVQ_GGML_F16 = 1, KVQ_GGML_Q4_0 = 2, KVQ_GGML_Q4_1 = 3, KVQ_GGML_Q5_0 = 6,
     KVQ_GGML_Q5_1 = 7, KVQ_GGML_Q8_0 = 8, KVQ_GGML_Q2_K = 10, KVQ_GGML_Q3_K = 11, KVQ_GGML_Q4_K = 12,
     KVQ_GGML_Q5_K = 13, KVQ_GGML_Q6_K = 14, KVQ_GGML_IQ4_NL = 20, KVQ_GGML_IQ4_XS = 23,
-    KVQ_GGML_BF16 = 30
+    KVQ_GGML_BF16 = 30, KVQ_GGML_MXFP4 = 39, KVQ_GGML_NVFP4 = 40
 } kvq_ggml_type;
 
 /* Values and bytes per block of `type`; 0 if kvq does not read the type. */
@@ -773,11 +779,39 @@ const char *kvq_ggml_type_name(int type); /* "q4_K", ...; NULL if unknown */
 /* n values (a multiple of the block) of `type` at src, as ggml's
  * dequantize_row_<type> computes them, bit for bit. */
 void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
-/* n values (a multiple of 32 for block types) of x to `type` at dst, as
- * ggml's quantize_row_<type>_ref (f16, bf16: round to nearest even), bit for
- * bit: the KV-cache types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, f16, bf16.
- * Returns 0 for any other type. */
+/* n values (a multiple of the block for block types) of x to `type` at dst,
+ * as ggml's quantize_row_<type>_ref (f16, bf16: round to nearest even), bit
+ * for bit: the KV-cache types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, f16,
+ * bf16, and mxfp4, nvfp4.  Returns 0 for any other type. */
 int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n);
+
+/* FP4 micro-scaled formats (§3.9, formats/fp4.c), ggml's bit for bit.
+ * Element values are doubled (kvq_e2m1_doubled[code]) and scales halved,
+ * as in ggml: value = doubled · half-scale. */
+#define KVQ_MXFP4_BLOCK 32 /* values per E8M0 scale */
+#define KVQ_NVFP4_BLOCK 16 /* values per UE4M3 scale (ggml's nvfp4 blocks hold four) */
+extern const int8_t kvq_e2m1_doubled[16];
+uint8_t kvq_e8m0_mxfp4(float amax);    /* floor(log2 amax) − 2 + 127, 0 for 0 (and below 2^-125) */
+float kvq_e8m0_half(uint8_t e);        /* 2^(e − 128) */
+uint8_t kvq_ue4m3_encode(float x);     /* ggml_fp32_to_ue4m3: [256, 448] all give 448 (0x7E) */
+uint8_t kvq_ue4m3_encode_rne(float x); /* E4M3 nearest even, saturating at 448: the code */
+float kvq_ue4m3_half(uint8_t u);       /* half the unsigned E4M3 value */
+int kvq_e2m1_index(float x, float d);  /* the code minimising |doubled·d − x|, first of equals */
+/* One MXFP4 block: 32 values → 17 bytes (ggml's block_mxfp4) and back. */
+void kvq_mxfp4_block_ref(const float *x, uint8_t *blk);
+void kvq_mxfp4_block_dequantize(const uint8_t *blk, float *y);
+/* One NVFP4 block of 16 values with second-level scale g: its UE4M3 scale
+ * of amax/6/g (rne = 0: ggml's encoder, with g = 1 ggml's nvfp4; rne = 1:
+ * E4M3 nearest even, the two-level scheme) and 8 bytes of codes; returns
+ * the half-scale (decoded scale · g) the codes were chosen with. */
+float kvq_nvfp4_block_ref(const float *x, float g, int rne, uint8_t *scale, uint8_t *qs);
+void kvq_nvfp4_block_dequantize(uint8_t scale, const uint8_t *qs, float g, float *y);
+/* The fast path the fp4 family runs, equal to the above bit for bit: a
+ * block's half-scale, then y = the E2M1 value nearest each x at half-scale d
+ * (kvq_e2m1_doubled[kvq_e2m1_index(x, d)] · d), n values, vectorised. */
+float kvq_mxfp4_block_scale(const float *x);
+float kvq_nvfp4_block_scale(const float *x, float g, int rne);
+void kvq_fp4_round(const float *x, float *y, int n, float d);
 
 typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2, KVQ_ARCH_QWEN3, KVQ_ARCH_GEMMA3, KVQ_ARCH_PHI3 } kvq_arch;
 /* The feed-forward's gate activation: silu (SwiGLU) or GELU, tanh form (GeGLU). */

@@ -53,12 +53,23 @@ for b in 1 2 3 4; do specs+=(-q "lloydmax:bits=$b"); done
 for c in 4 16 64; do specs+=(-q "cluster:centroids=$c"); done
 for f in e4m3 e5m2; do specs+=(-q "fp8:format=$f" -q "fp8:format=$f,scale=token"); done
 for b in 3 4 8; do specs+=(-q "tender:bits=$b"); done
-for t in q8_0 q5_1 q4_0 iq4_nl; do specs+=(-q "ggml:ktype=$t,vtype=$t"); done
 for b in 2 3 4; do specs+=(-q "kvquant:bits=$b" -q "turboquant:bits=$b"); done
 "$bin/kvq-analyze" "${specs[@]}" --calib "$calib" --per model -o "$data/analyze-model.csv" "$dump"
 "$bin/kvq-analyze" -q per-token:bits=4 -q kivi:bits=2,group=32,residual=32 -q kcvt:bits=2 \
     -q gear:bits=2,rank=2,lowrank=svd -q lloydmax:bits=2 -q cluster:centroids=16 \
     --calib "$calib" --per layer -o "$data/analyze-layer.csv" "$dump"
+
+# the deployed cache formats need head_dim a multiple of their blocks (llama.cpp's rule;
+# the bundled model's is 8): compared on a synthetic dump of Llama-3-8B's attention shape
+say "kvq-gen + kvq-analyze: cache formats (FP8, FP4, llama.cpp types) on a Llama-3-8B-shaped dump"
+"$bin/kvq-gen" --preset llama3-8b --layers 2 --tokens 1024 --progress never -o "$data/llama3-8b-shape.h5"
+fspecs=()
+for f in e4m3 e5m2; do fspecs+=(-q "fp8:format=$f"); done
+fspecs+=(-q fp4:format=mxfp4 -q fp4:format=nvfp4 -q fp4:format=nvfp4,global=tensor)
+for t in q8_0 q5_1 q4_0 iq4_nl; do fspecs+=(-q "ggml:ktype=$t,vtype=$t"); done
+for b in 2 4; do fspecs+=(-q "kivi:bits=$b" -q "turboquant:bits=$((b + 1))"); done
+for b in 4 8; do fspecs+=(-q "per-token:bits=$b"); done
+"$bin/kvq-analyze" "${fspecs[@]}" --per model -o "$data/analyze-formats.csv" "$data/llama3-8b-shape.h5"
 
 say "kvq-sweep: KIVI group x residual x bits"
 rm -f "$data/sweep-kivi.csv"
@@ -87,6 +98,7 @@ fi
 say "figures (python: $python)"
 "$python" "$here/channel_magnitudes.py" --values "$data/values-L1-H0.csv" --channels "$data/channels.csv" --out "$out"
 "$python" "$here/error_vs_bits.py" --input "$data/analyze-model.csv" --out "$out"
+"$python" "$here/error_vs_bits.py" --input "$data/analyze-formats.csv" --name error_vs_bits_formats --out "$out"
 "$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric out_rel_joint --out "$out"
 "$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
     --name sweep_heatmap_bits --out "$out"

@@ -160,7 +160,8 @@ int main(int argc, char **argv)
                n / best[0] / 1e6, n / best[1] / 1e6);
         const char *fam[] = {"fp8", "fp8:scale=token", "fp8:scale=channel", "tender", "tender:span=head",
                              "tender:chunk=0,groups=16", "ggml", "ggml:ktype=q4_0,vtype=q4_0",
-                             "ggml:ktype=iq4_nl,vtype=iq4_nl", "kvquant:codebook=uniform,prerope=0",
+                             "ggml:ktype=iq4_nl,vtype=iq4_nl", "fp4:format=mxfp4", "fp4:format=nvfp4",
+                             "fp4:format=nvfp4,global=tensor", "kvquant:codebook=uniform,prerope=0",
                              "turboquant", "turboquant:variant=mse", "per-token:bits=4,group=128,prerotate=hadamard"};
         double pt = bench_quant("per-token:bits=4,group=128", &L, kq, vq);
         printf("quantize + reconstruction error, one core, the families beside per-token:bits=4,group=128 (%.0f M elements/s;"

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 EXPECTED = {  # name -> (width, height) in pixels
     "channel_magnitudes": (1200, 900),
     "error_vs_bits": (1200, 900),
+    "error_vs_bits_formats": (1200, 900),
     "layer_profile": (1200, 900),
     "sweep_heatmap": (1250, 550),      # two panels (bits = 2, 4)
     "sweep_heatmap_bits": (1250, 550),

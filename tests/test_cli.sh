@@ -190,16 +190,31 @@ expect 2 "turboquant:bits=1: bits=1: variant=prod needs bits >= 2" -- "$analyze"
 expect 2 "ggml:ktype=q3_K: ktype=q3_K: expected one of q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|f16|bf16" -- "$analyze" -q ggml:ktype=q3_K "$real"
 expect 2 "per-token:prerotate=fwht: prerotate=fwht: expected one of none|hadamard|qr" -- "$analyze" -q per-token:prerotate=fwht "$real"
 expect 2 "d12.h5" "not a power of two" -- "$analyze" -q kivi:prerotate=hadamard "$tmp/d12.h5"
-# ggml on a head_dim-12 dump with 4 KV heads: 48 values per token row, not a multiple of 32
-expect 2 "ggml: ktype=q8_0: a token's row of 4 KV heads x head_dim 12 = 48 values is not a multiple of the 32-value blocks" -- \
+# llama.cpp's block rule: head_dim a multiple of the block (a block never spans heads), else
+# exit 2 naming the rule; the default set leaves ggml and fp4 out with a note
+expect 2 "d12.h5: ggml: ktype=q8_0: head_dim 12 is not a multiple of the 32-value blocks (llama.cpp refuses it" -- \
     "$analyze" -q ggml "$tmp/d12.h5"
+expect 2 "stories260K.h5: ggml:vtype=q8_0,ktype=f16: vtype=q8_0: head_dim 8 is not a multiple" -- \
+    "$analyze" -q ggml:vtype=q8_0,ktype=f16 "$real"
+expect 0 -- "$analyze" -q ggml:ktype=f16,vtype=bf16 "$real"
+expect 2 "stories260K.h5: fp4:format=nvfp4: head_dim 8 is not a multiple of the 16-value blocks" -- \
+    "$analyze" -q fp4:format=nvfp4 "$real"
+expect 2 "fp4:global=token: global: a second-level scale is nvfp4's" -- "$analyze" -q fp4:global=token "$real"
+"$gen" --layers 1 --tokens 40 --head-dim 32 -o "$tmp/d32.h5" 2>/dev/null
+"$analyze" --per model --format csv "$tmp/d32.h5" >"$tmp/def32.csv" 2>"$tmp/def32.err"
+grep -q ',ggml,ggml,8.5,8.5,' "$tmp/def32.csv" && grep -q ',fp4,fp4,4.25,4.25,' "$tmp/def32.csv" && ! grep -q 'head_dim' "$tmp/def32.err" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set on head_dim 32 has ggml and fp4"; cat "$tmp/def32.err"; }
 # default set: without --calib cluster is skipped with a note after the results, with it included
 "$analyze" --per model --format csv "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
 grep -q 'without cluster, kvquant: needs --calib' "$tmp/def.err" && ! grep -q ',cluster,' "$tmp/def.csv" && ! grep -q ',kvquant,' "$tmp/def.csv" && grep -q ',gear,' "$tmp/def.csv" \
     && grep -q ',fp8,fp8,8.001953125,' "$tmp/def.csv" && grep -q ',tender,tender,4.076171875,' "$tmp/def.csv" \
     && grep -q ',lloydmax,' "$tmp/def.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set without --calib"; }
 "$analyze" --per model --format csv --calib "$calib" "$real" >"$tmp/def.csv" 2>"$tmp/def.err"
-grep -q ',cluster,' "$tmp/def.csv" && ! [ -s "$tmp/def.err" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set with --calib"; }
+grep -q ',cluster,' "$tmp/def.csv" && ! grep -q 'needs --calib' "$tmp/def.err" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set with --calib"; }
+# head_dim 8: ggml and fp4 left out, with a note after the results
+grep -q 'note: default set without fp4, ggml: head_dim 8 is not a multiple of their blocks (llama.cpp refuses' "$tmp/def.err" \
+    && ! grep -q ',ggml,' "$tmp/def.csv" && ! grep -q ',fp4,' "$tmp/def.csv" && [ "$(wc -l <"$tmp/def.err")" = 1 ] \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set on head_dim 8 without ggml and fp4"; cat "$tmp/def.err"; }
 # cluster rows carry static bytes, uniform quantizers none
 awk -F, '$4 == "cluster" && $NF > 0 {c++} $4 == "kivi" && $NF == 0 {k++} END {exit !(c == 1 && k == 1)}' "$tmp/def.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: static_bytes column"; }

@@ -353,7 +353,8 @@ END_TEST
 START_TEST(families_thread_invariant)
 {
     const char *specs[] = {"fp8", "fp8:scale=channel", "fp8:format=e5m2,scale=token", "tender",
-                           "tender:span=head,chunk=7", "tender:chunk=1,groups=64,alpha=3,scale=fp32"};
+                           "tender:span=head,chunk=7", "tender:chunk=1,groups=64,alpha=3,scale=fp32",
+                           "fp4:format=nvfp4,global=tensor", "fp4:format=nvfp4,global=token"};
     int H = 3, T = 40, D = 16;
     size_t n = (size_t)H * T * D;
     kvq_layer L;
@@ -492,10 +493,10 @@ END_TEST
 
 START_TEST(ggml_rows_bits_and_errors)
 {
-    /* H = 2, D = 16: a token's row is one 32-value block across both heads */
-    int H = 2, T = 3, D = 16;
+    /* H = 2, D = 32: a token's row of 64 values is two blocks, one per head */
+    int H = 2, T = 3, D = 32;
     size_t n = (size_t)H * T * D;
-    float k[96], kq[96], vq[96];
+    float k[192], kq[192], vq[192];
     fill_normal(k, n, 41, 2.0);
     kvq_layer L;
     layer_from(&L, H, T, D, k);
@@ -509,27 +510,289 @@ START_TEST(ggml_rows_bits_and_errors)
         ck_assert_double_eq(kb[0], bpe[i] * T * D);
         ck_assert_double_eq(vb[1], bpe[(i + 3) % 8] * T * D);
         for (int t = 0; t < T; t++) { /* x' = dequantize(quantize(row of both heads)) */
-            float row[32], back[32];
+            float row[64], back[64];
             for (int h = 0; h < H; h++) memcpy(row + h * D, k + ((size_t)h * T + t) * D, D * sizeof(float));
-            ggml_round_trip(types[i], row, back, 32);
+            ggml_round_trip(types[i], row, back, 64);
             for (int h = 0; h < H; h++)
                 ck_assert(!memcmp(back + h * D, kq + ((size_t)h * T + t) * D, D * sizeof(float)));
         }
     }
     kvq_layer_free(&L);
-    /* H·D = 24: block types refuse with a clear message, f16 and bf16 take it */
-    layer_from(&L, 3, 2, 8, k);
+    /* head_dim 16 with H·D = 48: block types refuse it (llama.cpp's rule,
+     * even where H·D would be a multiple of 32), f16 and bf16 take it */
+    layer_from(&L, 3, 2, 16, k);
     kvq_spec sp;
     kvq_error err = {0};
     double sb[3] = {0}, kb[3], vb[3];
     kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
     kvq_quant_ctx ctx = {.nthreads = 1};
-    ck_assert_int_eq(kvq_spec_parse("ggml:ktype=q4_0", &sp, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_spec_parse("ggml:ktype=f16,vtype=q4_0", &sp, &err), KVQ_OK);
     ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
-    ck_assert_msg(strstr(err.msg, "ktype=q4_0") && strstr(err.msg, "24 values is not a multiple of the 32-value blocks"),
+    ck_assert_msg(strstr(err.msg, "vtype=q4_0: head_dim 16 is not a multiple of the 32-value blocks (llama.cpp refuses"),
                   "%s", err.msg);
+    ck_assert_int_eq(kvq_spec_check_shape(&sp, 16, &err), KVQ_ERR_USAGE);
+    ck_assert_int_eq(kvq_spec_check_shape(&sp, 64, &err), KVQ_OK);
     run_spec("ggml:ktype=f16,vtype=bf16", &L, kq, vq, kb, vb, 1);
     kvq_layer_free(&L);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ fp4 */
+
+/* One MXFP4 block of 32 through ggml's format and back. */
+static void mxfp4_round_trip(const float *x, float *y, uint8_t *e)
+{
+    uint8_t blk[17];
+    kvq_mxfp4_block_ref(x, blk);
+    kvq_mxfp4_block_dequantize(blk, y);
+    if (e) *e = blk[0];
+}
+
+/* One NVFP4 block of 16 with second-level scale g (rne as the family uses it). */
+static void nvfp4_round_trip(const float *x, float *y, float g, int rne, uint8_t *scale)
+{
+    uint8_t sc, qs[8];
+    kvq_nvfp4_block_ref(x, g, rne, &sc, qs);
+    kvq_nvfp4_block_dequantize(sc, qs, g, y);
+    if (scale) *scale = sc;
+}
+
+START_TEST(fp4_hand_blocks)
+{
+    float x[32], y[32];
+    uint8_t e;
+    /* all zero: E8M0 0 and UE4M3 0, every value back as 0 */
+    memset(x, 0, sizeof x);
+    mxfp4_round_trip(x, y, &e);
+    ck_assert_int_eq(e, 0);
+    for (int j = 0; j < 32; j++) ck_assert(y[j] == 0.0f);
+    nvfp4_round_trip(x, y, 1.0f, 0, &e);
+    ck_assert_int_eq(e, 0);
+    for (int j = 0; j < 16; j++) ck_assert(y[j] == 0.0f);
+    /* one huge value: amax 1000, floor(log2) = 9, e = 134, half-scale 2^6;
+     * 1000/64 = 15.6 takes the largest doubled value 12 -> 768; 0.5 -> 0 */
+    for (int j = 0; j < 32; j++) x[j] = j == 5 ? 1000.0f : 0.5f;
+    mxfp4_round_trip(x, y, &e);
+    ck_assert_int_eq(e, 134);
+    for (int j = 0; j < 32; j++) ck_assert(y[j] == (j == 5 ? 768.0f : 0.0f));
+    /* negative only, amax 10: e = 128, half-scale 1, so the doubled values
+     * are the grid {0, 1, 2, 3, 4, 6, 8, 12}; midpoints go to the first of
+     * equals in ggml's table order: the smaller magnitude */
+    {
+        const float in[] = {-0.5f, -1.5f, -2.5f, -3.5f, -5.0f, -7.0f, -10.0f, -0.0f, -0.75f, -5.5f, -11.0f, -1.0f};
+        const float out[] = {0.0f, -1.0f, -2.0f, -3.0f, -4.0f, -6.0f, -8.0f, 0.0f, -1.0f, -6.0f, -12.0f, -1.0f};
+        for (int j = 0; j < 32; j++) x[j] = -1.0f;
+        memcpy(x, in, sizeof in);
+        mxfp4_round_trip(x, y, &e);
+        ck_assert_int_eq(e, 128);
+        for (size_t j = 0; j < sizeof in / sizeof in[0]; j++)
+            ck_assert_msg(y[j] == out[j], "mxfp4 %g -> %g, expected %g", (double)in[j], (double)y[j], (double)out[j]);
+        /* the same midpoints positive: smaller magnitude too */
+        for (size_t j = 0; j < sizeof in / sizeof in[0]; j++) x[j] = -in[j];
+        for (int j = sizeof in / sizeof in[0]; j < 32; j++) x[j] = 1.0f;
+        mxfp4_round_trip(x, y, &e);
+        for (size_t j = 0; j < sizeof in / sizeof in[0]; j++) ck_assert(y[j] == -out[j] + 0.0f);
+    }
+    /* code choice: index 0 for +-0 and for every value nearer 0 than half the first step */
+    ck_assert_int_eq(kvq_e2m1_index(-0.0f, 1.0f), 0);
+    ck_assert_int_eq(kvq_e2m1_index(-0.5f, 1.0f), 0);
+    ck_assert_int_eq(kvq_e2m1_index(-0.50001f, 1.0f), 9);
+    ck_assert_int_eq(kvq_e2m1_index(14.0f, 1.0f), 7);
+    ck_assert_int_eq(kvq_e2m1_index(-14.0f, 1.0f), 15);
+    /* E8M0 at the exponent extremes */
+    ck_assert_int_eq(kvq_e8m0_mxfp4(0x1.8p126f), 251);
+    ck_assert_int_eq(kvq_e8m0_mxfp4(FLT_MAX), 253);          /* log2f rounds to 128 */
+    ck_assert_int_eq(kvq_e8m0_mxfp4(0x1p-120f), 5);
+    ck_assert_int_eq(kvq_e8m0_mxfp4(0x1p-125f), 0);
+    ck_assert_int_eq(kvq_e8m0_mxfp4(0x1p-126f), 0);          /* ggml's cast is undefined below: kvq keeps 0 */
+    ck_assert_int_eq(kvq_e8m0_mxfp4(0x1p-149f), 0);
+    ck_assert(kvq_e8m0_half(0) == 0x1p-128f && kvq_e8m0_half(1) == 0x1p-127f && kvq_e8m0_half(2) == 0x1p-126f);
+    ck_assert(kvq_e8m0_half(128) == 1.0f && kvq_e8m0_half(254) == 0x1p126f);
+    for (int j = 0; j < 32; j++) x[j] = j ? -0x1p124f : 0x1.8p126f;
+    mxfp4_round_trip(x, y, &e);
+    ck_assert_int_eq(e, 251);
+    ck_assert(y[0] == 0x1.8p126f && y[1] == -0x1p124f); /* 12 and 2 times the half-scale 2^123 */
+    /* FLT_MAX: e = 253; FLT_MAX/2^125 is nearest 8, but 8·2^125 overflows
+     * in float and so does its error: 6·2^125 is chosen, as in ggml (the
+     * values stay finite for any finite input) */
+    x[0] = FLT_MAX;
+    mxfp4_round_trip(x, y, &e);
+    ck_assert(e == 253 && y[0] == 0x1.8p127f);
+    for (int j = 0; j < 32; j++) x[j] = j ? 0x1p-149f : 0x1p-126f; /* e = 0: half-scale 2^-128 */
+    mxfp4_round_trip(x, y, &e);
+    ck_assert_int_eq(e, 0);
+    ck_assert(y[0] == 0x1p-126f && y[1] == 0.0f); /* 4 times the half-scale */
+    /* UE4M3: rounding half up in the mantissa, subnormals, underflow and saturation */
+    ck_assert_int_eq(kvq_ue4m3_encode(1.0f), 7 << 3);
+    ck_assert_int_eq(kvq_ue4m3_encode(1.0625f), 7 << 3 | 1);       /* a tie: up */
+    ck_assert_int_eq(kvq_ue4m3_encode_rne(1.0625f), 7 << 3);        /* a tie: to even */
+    ck_assert_int_eq(kvq_ue4m3_encode(0x1p-9f), 1);                 /* smallest subnormal */
+    ck_assert_int_eq(kvq_ue4m3_encode(0x1p-10f), 1);                /* half of it: up */
+    ck_assert_int_eq(kvq_ue4m3_encode(0x1.fp-11f), 0);              /* below: underflow */
+    ck_assert_int_eq(kvq_ue4m3_encode(448.0f), 0x7E);
+    ck_assert_int_eq(kvq_ue4m3_encode(1e30f), 0x7E);                /* saturates */
+    ck_assert_int_eq(kvq_ue4m3_encode(300.0f), 0x7E);               /* ggml: [256, 448) -> 448 */
+    ck_assert_int_eq(kvq_ue4m3_encode_rne(300.0f), 15 << 3 | 1);    /* E4M3: 288 */
+    ck_assert_int_eq(kvq_ue4m3_encode_rne(1e30f), 0x7E);
+    ck_assert_int_eq(kvq_ue4m3_encode_rne(0x1p-10f), 0);            /* a tie with 0: to even */
+    ck_assert(kvq_ue4m3_half(0x7E) == 224.0f && kvq_ue4m3_half(1) == 0x1p-10f && kvq_ue4m3_half(0x7F) == 0.0f);
+    ck_assert(kvq_ue4m3_half(15 << 3 | 1) == 144.0f);
+    /* every code the RNE encoder makes decodes to the E4M3 value it rounded to */
+    for (int c = 1; c < 0x7F; c++) {
+        float v = 2.0f * kvq_ue4m3_half((uint8_t)c);
+        ck_assert_int_eq(kvq_ue4m3_encode_rne(v), c);
+        ck_assert(v == kvq_fp8_cast_ref(v, KVQ_FP8_E4M3));
+    }
+    /* NVFP4 scale underflow: amax/6 below 2^-10 gives scale 0, the block comes back 0 */
+    for (int j = 0; j < 16; j++) x[j] = j % 2 ? 1e-4f : -5e-4f;
+    nvfp4_round_trip(x, y, 1.0f, 0, &e);
+    ck_assert_int_eq(e, 0);
+    for (int j = 0; j < 16; j++) ck_assert(y[j] == 0.0f);
+    /* NVFP4 saturation: amax 6000, scale 448 (half 224), 6000 -> 12·224 =
+     * 2688; 150 -> 1·224 (E2M1 0.5), 100 -> 0 */
+    for (int j = 0; j < 16; j++) x[j] = j == 0 ? 6000.0f : j == 1 ? 150.0f : 100.0f;
+    nvfp4_round_trip(x, y, 1.0f, 0, &e);
+    ck_assert_int_eq(e, 0x7E);
+    ck_assert(y[0] == 2688.0f && y[1] == 224.0f && y[2] == 0.0f);
+}
+END_TEST
+
+/* The fast rounding the family runs equals ggml's 16-way search on every
+ * float16 value (both signs, 0, subnormals) at half-scales that are powers
+ * of two (mxfp4), E4M3 values (nvfp4) and arbitrary floats (E4M3 · g),
+ * including 0 (an underflowed scale); run at every SIMD level by the simd suite. */
+START_TEST(fp4_fast_round_equals_reference)
+{
+    const float ds[] = {1.0f, 0x1p-20f, 0x1p-128f, 0x1p100f, 0x1p125f, 0.0f, 224.0f, 0x1.4p-3f, 0x1.ep-10f,
+                        0.3748f * 1.7e-3f, 3.14159f, 1e-30f};
+    enum { N = 65536 };
+    float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
+    for (int i = 0; i < N; i++) x[i] = kvq_f16_to_f32((uint16_t)i);
+    for (int i = 0; i < N; i++)
+        if (!isfinite(x[i])) x[i] = 0.5f;
+    for (size_t k = 0; k < sizeof ds / sizeof ds[0]; k++)
+        for (int m = 0; m < 3; m++) { /* the values as they are, scaled to the grid, and near its midpoints */
+            float *xs = malloc(N * sizeof *xs);
+            for (int i = 0; i < N; i++) xs[i] = m == 0 ? x[i] : m == 1 ? x[i] * ds[k] : nextafterf(x[i] * ds[k], 0.0f);
+            kvq_fp4_round(xs, y, N, ds[k]);
+            for (int i = 0; i < N; i++) {
+                float want = (float)kvq_e2m1_doubled[kvq_e2m1_index(xs[i], ds[k])] * ds[k];
+                if (memcmp(&want, &y[i], 4)) /* (ck_assert per value would write to check's pipe each time) */
+                    ck_abort_msg("d %a x %a: %a, expected %a", (double)ds[k], (double)xs[i], (double)y[i], (double)want);
+            }
+            free(xs);
+        }
+    free(x), free(y);
+}
+END_TEST
+
+/* nvfp4 with a second-level scale, by hand on two blocks (one head, one
+ * token of 32): global=tensor/head g = amax/2688 = 2 for amax 5376 */
+START_TEST(fp4_global_scales_by_hand)
+{
+    int H = 1, T = 1, D = 32;
+    float k[32], kq[32], vq[32];
+    for (int j = 0; j < 16; j++) k[j] = j ? 100.0f : 5376.0f; /* block A: s = 5376/6/2 = 448 */
+    for (int j = 16; j < 32; j++) k[j] = j == 16 ? 96.0f : 20.0f; /* block B: s = 96/6/2 = 8 */
+    kvq_layer L;
+    layer_from(&L, H, T, D, k);
+    const char *specs[] = {"fp4:format=nvfp4,global=tensor", "fp4:format=nvfp4,global=head",
+                           "fp4:format=nvfp4,global=token"};
+    for (int i = 0; i < 3; i++) {
+        double kb[1], vb[1];
+        run_spec(specs[i], &L, kq, vq, kb, vb, 1);
+        /* A: half-scale 224·2 = 448, 5376 -> 12·448, 100/448 -> 0;
+         * B: half-scale 4·2 = 8, 96 -> 12·8, 20/8 = 2.5, a tie -> 2·8 = 16 */
+        ck_assert_msg(kq[0] == 5376.0f && kq[1] == 0.0f && kq[16] == 96.0f && kq[17] == 16.0f, "%s: %g %g %g %g",
+                      specs[i], (double)kq[0], (double)kq[1], (double)kq[16], (double)kq[17]);
+        ck_assert(!memcmp(kq, vq, sizeof kq));
+        ck_assert_double_eq(kb[0], 4.5 * 32 + 32.0); /* one g: per tensor of 1 head, per head, per token */
+    }
+    /* global=none on the same blocks: ggml's nvfp4; A's scale 896 saturates to 448 (half 224) */
+    double kb[1], vb[1];
+    run_spec("fp4:format=nvfp4", &L, kq, vq, kb, vb, 1);
+    ck_assert(kq[0] == 2688.0f && kq[16] == 96.0f);
+    ck_assert_double_eq(kb[0], 4.5 * 32);
+    kvq_layer_free(&L);
+    /* bits of g: 32/H per head (tensor), 32 per head, 32 per token */
+    H = 2, T = 3;
+    float big[192], bq[192], bv[192];
+    fill_normal(big, 192, 5, 1.0);
+    layer_from(&L, H, T, D, big);
+    double b2[2], v2[2];
+    run_spec("fp4:format=nvfp4,global=tensor", &L, bq, bv, b2, v2, 1);
+    ck_assert_double_eq(b2[1], 4.5 * T * D + 16.0);
+    run_spec("fp4:format=nvfp4,global=token", &L, bq, bv, b2, v2, 1);
+    ck_assert_double_eq(b2[0], 4.5 * T * D + 32.0 * T);
+    run_spec("fp4", &L, bq, bv, b2, v2, 1);
+    ck_assert_double_eq(b2[0], 4.25 * T * D);
+    kvq_layer_free(&L);
+}
+END_TEST
+
+/* The family equals ggml's row functions on each token's head-major row
+ * (blocks never span heads), round trips are idempotent, head_dim must be a
+ * multiple of the block. */
+START_TEST(fp4_rows_idempotent_and_shape)
+{
+    int H = 2, T = 5, D = 64;
+    size_t n = (size_t)H * T * D;
+    float *k = malloc(n * sizeof *k), *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
+    float *k2 = malloc(n * sizeof *k2), *v2 = malloc(n * sizeof *v2);
+    fill_normal(k, n, 77, 3.0);
+    for (size_t i = 0; i < n; i += 37) k[i] *= 40.0f; /* outliers */
+    kvq_layer L, L2;
+    layer_from(&L, H, T, D, k);
+    const char *specs[] = {"fp4:format=mxfp4", "fp4:format=nvfp4"};
+    const int fp4_types[] = {KVQ_GGML_MXFP4, KVQ_GGML_NVFP4};
+    for (int i = 0; i < 2; i++) {
+        double kb[2], vb[2];
+        run_spec(specs[i], &L, kq, vq, kb, vb, 2);
+        for (int t = 0; t < T; t++) {
+            float row[128], back[128];
+            uint8_t blk[4 * 36];
+            for (int h = 0; h < H; h++) memcpy(row + h * D, k + ((size_t)h * T + t) * D, D * sizeof(float));
+            ck_assert(kvq_ggml_quantize_ref(fp4_types[i], row, blk, 128));
+            kvq_ggml_dequantize(fp4_types[i], blk, back, 128);
+            for (int h = 0; h < H; h++)
+                ck_assert_msg(!memcmp(back + h * D, kq + ((size_t)h * T + t) * D, D * sizeof(float)), "%s", specs[i]);
+        }
+        /* idempotent: quantizing x' again gives x' */
+        layer_from(&L2, H, T, D, kq);
+        run_spec(specs[i], &L2, k2, v2, kb, vb, 1);
+        ck_assert_msg(!memcmp(k2, kq, n * sizeof *kq), "%s not idempotent", specs[i]);
+        kvq_layer_free(&L2);
+    }
+    /* the two-level variants: idempotent up to g's float rounding */
+    const char *gspecs[] = {"fp4:format=nvfp4,global=tensor", "fp4:format=nvfp4,global=head",
+                            "fp4:format=nvfp4,global=token"};
+    for (int i = 0; i < 3; i++) {
+        double kb[2], vb[2];
+        run_spec(gspecs[i], &L, kq, vq, kb, vb, 2);
+        layer_from(&L2, H, T, D, kq);
+        run_spec(gspecs[i], &L2, k2, v2, kb, vb, 1);
+        for (size_t j = 0; j < n; j++)
+            ck_assert_msg(fabsf(k2[j] - kq[j]) <= 1e-6f * fabsf(kq[j]), "%s [%zu] %g vs %g", gspecs[i], j,
+                          (double)k2[j], (double)kq[j]);
+        kvq_layer_free(&L2);
+    }
+    kvq_layer_free(&L);
+    /* head_dim 48: a multiple of nvfp4's 16, not of mxfp4's 32 */
+    layer_from(&L, 2, 2, 48, k);
+    kvq_spec sp;
+    kvq_error err = {0};
+    double sb[2] = {0}, kb[2], vb[2];
+    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = 1};
+    ck_assert_int_eq(kvq_spec_parse("fp4", &sp, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "fp4: head_dim 48 is not a multiple of the 32-value blocks"), "%s", err.msg);
+    run_spec("fp4:format=nvfp4", &L, kq, vq, kb, vb, 1);
+    kvq_layer_free(&L);
+    /* mxfp4 takes no second-level scale */
+    ck_assert_int_eq(kvq_spec_parse("fp4:global=tensor", &sp, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "global"), "%s", err.msg);
+    free(k), free(kq), free(vq), free(k2), free(v2);
 }
 END_TEST
 
@@ -757,6 +1020,10 @@ int main(void)
     tc = tcase_create("ggml");
     tcase_add_test(tc, ggml_hand_blocks);
     tcase_add_test(tc, ggml_rows_bits_and_errors);
+    tcase_add_test(tc, fp4_hand_blocks);
+    tcase_add_test(tc, fp4_fast_round_equals_reference);
+    tcase_add_test(tc, fp4_global_scales_by_hand);
+    tcase_add_test(tc, fp4_rows_idempotent_and_shape);
     tcase_add_test(tc, prerotate_wrapper);
     tcase_add_test(tc, turboquant_mse_prod);
     tcase_add_test(tc, kvquant_rows);

@@ -26,8 +26,13 @@ rc=$?
 # bad inputs: one line naming the file and what is wrong, exit 1
 d=$out/data
 # the error-vs-bits table has every family, the seed families FP8 and Tender included
-for fam in per-token per-channel kivi kcvt absmax gear gear-l cluster lloydmax fp8 tender ggml kvquant turboquant; do
+for fam in per-token per-channel kivi kcvt absmax gear gear-l cluster lloydmax fp8 tender kvquant turboquant; do
     grep -q "^stories260K.h5,all,all,$fam," "$d/analyze-model.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $fam not in analyze-model.csv"; }
+done
+# the cache formats (head_dim 128): FP8, FP4 (mxfp4 4.25 bits, nvfp4 4.5) and llama.cpp's types
+for row in ',fp8,fp8:format=e5m2,8.000030517578125,' ',fp4,fp4:format=mxfp4,4.25,4.25,' ',fp4,fp4:format=nvfp4,4.5,4.5,' \
+           ',ggml,"ggml:ktype=q4_0,vtype=q4_0",4.5,4.5,'; do
+    grep -qF "$row" "$d/analyze-formats.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $row not in analyze-formats.csv"; }
 done
 sed 's/,attn_rel,/,attn_relx,/' "$d/analyze-model.csv" >"$tmp/no-attn.csv"
 sed 's/,point$/,pt/' "$d/sweep-kivi.csv" >"$tmp/no-point.csv"

@@ -165,9 +165,16 @@ grep ',"tender:groups=4,chunk=64",' "$tmp/tender.csv" | sed -E 's/(,[^,]*){3}$//
 check "tender sweep row equals kvq-analyze's" cmp -s "$tmp/t-an.csv" "$tmp/t-sw.csv"
 
 # --- the frontier families: cache types and pre-rotation as grid keys
-"$sweep" "$real" --quant ggml --grid ktype=q8_0,q4_0,iq4_nl --fixed vtype=q4_1 --per model --progress never \
+"$gen" --layers 2 --heads 4 --kv-heads 2 --head-dim 32 --tokens 64 -o "$tmp/d32.h5" 2>/dev/null
+"$sweep" "$tmp/d32.h5" --quant ggml --grid ktype=q8_0,q4_0,iq4_nl --fixed vtype=q4_1 --per model --progress never \
     -o "$tmp/ggml.csv" 2>/dev/null
 check "ggml ktype grid: 3 rows" [ "$(tail -n +2 "$tmp/ggml.csv" | wc -l)" = 3 ]
+"$sweep" "$tmp/d32.h5" --quant fp4 --grid format=mxfp4,nvfp4 --per model --progress never -o "$tmp/fp4.csv" 2>/dev/null
+check "fp4 format grid: 4.25 and 4.5 bits" \
+    [ "$(grep -c ',fp4,fp4:format=mxfp4,4.25,4.25,' "$tmp/fp4.csv")" = 1 -a "$(grep -c ',fp4,fp4:format=nvfp4,4.5,4.5,' "$tmp/fp4.csv")" = 1 ]
+# llama.cpp's block rule: on head_dim 8 a ggml or fp4 sweep is a usage error
+expect 2 "stories260K.h5: ggml:ktype=q4_0,vtype=q4_1: ktype=q4_0: head_dim 8 is not a multiple of the 32-value blocks" -- \
+    "$sweep" "$real" --quant ggml --grid ktype=q4_0 --fixed vtype=q4_1 -o "$tmp/ggml8.csv"
 "$sweep" "$real" --quant per-token --grid prerotate=none,hadamard,qr --fixed bits=3 --per model --progress never \
     -o "$tmp/rot.csv" 2>/dev/null
 check "prerotate grid: 3 rows, the spec names the rotation" grep -q ',"per-token:bits=3,prerotate=qr",' "$tmp/rot.csv"

@@ -592,6 +592,27 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
     return CLI_OK;
 }
 
+int cli_fit_specs_to_head_dim(const char *prog, const char *where, int defaults, kvq_spec *specs, int *n,
+                              int head_dim, char *skipped, size_t len)
+{
+    int kept = 0;
+    for (int i = 0; i < *n; i++) {
+        kvq_error err = {0};
+        if (!specs[i].q || !kvq_spec_check_shape(&specs[i], head_dim, &err)) {
+            specs[kept++] = specs[i];
+            continue;
+        }
+        if (!defaults) {
+            cli_error(prog, "%s: %s", where, err.msg);
+            return CLI_USAGE;
+        }
+        size_t o = strlen(skipped);
+        if (!strstr(skipped, specs[i].q->name)) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", specs[i].q->name);
+    }
+    *n = kept;
+    return CLI_OK;
+}
+
 int cli_format_option(const char *prog, const char *arg, const char **format)
 {
     if (strcmp(arg, "table") && strcmp(arg, "csv") && strcmp(arg, "jsonl")) {

@@ -135,6 +135,12 @@ int cli_push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp
  * (have_calib 0) the families that need one are left out and named in
  * `skipped` ("cluster, ..."; may be NULL). */
 int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, int *n, char *skipped, size_t len);
+/* Specs that cannot run on heads of head_dim channels (kvq_spec_check_shape:
+ * llama.cpp's block rule): from the default set (defaults != 0) they are
+ * dropped and their family names appended to skipped (a note for the end of
+ * the run); given explicitly they are a usage error naming `where`. */
+int cli_fit_specs_to_head_dim(const char *prog, const char *where, int defaults, kvq_spec *specs, int *n,
+                              int head_dim, char *skipped, size_t len);
 
 /* --format: CLI_OK or CLI_USAGE after printing; the format of a run: the
  * one asked for, else JSON lines for -o NAME.jsonl or NAME.json, CSV for other files,

@@ -60,7 +60,8 @@ int main(int argc, char **argv)
     int nspecs = 0;
     cli_analysis an;
     const char *calib = NULL, *output = NULL, *format = NULL;
-    char skipped[256] = "";
+    char skipped[256] = "", skipped_shape[256] = "";
+    int shape_dim = 0; /* the head_dim that left families out */
     kvq_dump *dump = NULL;
     kvq_calib *calib_dump = NULL;
     kvq_report *report = NULL;
@@ -106,8 +107,21 @@ int main(int argc, char **argv)
         if (kvq_calib_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
     }
     /* the default set; families left out for want of --calib are said at the end of a successful run */
-    if (nspecs == 0 && (rc = cli_add_default_specs(prog, calib_dump != NULL, &specs, &nspecs, skipped, sizeof skipped)))
+    int defaults = nspecs == 0;
+    if (defaults && (rc = cli_add_default_specs(prog, calib_dump != NULL, &specs, &nspecs, skipped, sizeof skipped)))
         goto done;
+    /* llama.cpp's block rule (ggml, fp4): the default set leaves out what a
+     * dump's head_dim cannot take; a spec given explicitly is a usage error */
+    for (int i = optind; i < argc; i++) {
+        if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
+        int head_dim = kvq_dump_get_info(dump)->head_dim;
+        kvq_dump_close(dump);
+        dump = NULL;
+        if ((rc = cli_fit_specs_to_head_dim(prog, argv[i], defaults, specs, &nspecs, head_dim, skipped_shape,
+                                            sizeof skipped_shape)))
+            goto done;
+        if (skipped_shape[0] && !shape_dim) shape_dim = head_dim;
+    }
     for (int s = 0; s < nspecs; s++)
         if (kvq_spec_needs_calib(&specs[s]) && !calib_dump) {
             cli_error(prog, "%s: needs --calib FILE (a calibration dump of the same model)", specs[s].text);
@@ -162,6 +176,9 @@ int main(int argc, char **argv)
     if (!rc && skipped[0])
         fprintf(stderr, "%s: note: default set without %s: needs --calib FILE (a calibration dump of the same model)\n",
                 prog, skipped);
+    if (!rc && skipped_shape[0])
+        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
+                "(llama.cpp refuses such a KV cache)\n", prog, skipped_shape, shape_dim);
 
 done:
     kvq_report_discard(report); /* after an error: print no partial table */

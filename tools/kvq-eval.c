@@ -171,7 +171,8 @@ int main(int argc, char **argv)
         if ((rc = cli_check_output(prog, output, in, 5))) goto done;
     }
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
-    if (nspecs == 0 && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
+    int defaults = nspecs == 0;
+    if (defaults && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
     for (int s = 0; s < nspecs; s++)
         if (specs[s].q && kvq_spec_needs_calib(&specs[s]) && !cal) {
             cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
@@ -184,6 +185,15 @@ int main(int argc, char **argv)
     mo.no_context_cut = chunk > 0;
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
+    { /* llama.cpp's block rule (ggml, fp4): as kvq-analyze */
+        char skipped[256] = "";
+        if ((rc = cli_fit_specs_to_head_dim(prog, argv[optind], defaults, specs, &nspecs, in->head_dim, skipped,
+                                            sizeof skipped)))
+            goto done;
+        if (skipped[0])
+            fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
+                    "(llama.cpp refuses such a KV cache)\n", prog, skipped, in->head_dim);
+    }
     if (chunk > in->context_length) {
         cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, in->context_length);
         rc = CLI_USAGE; goto done;

@@ -17,7 +17,8 @@
  *   q3_K  {hmask[32]; qs[64]; scales[12]; d}          256 values, 110 bytes
  *   q4_K  {d; dmin; scales[12]; qs[128]}              256 values, 144 bytes
  *   q5_K  {d; dmin; scales[12]; qh[32]; qs[128]}      256 values, 176 bytes
- *   q6_K  {ql[128]; qh[64]; int8 scales[16]; d}       256 values, 210 bytes */
+ *   q6_K  {ql[128]; qh[64]; int8 scales[16]; d}       256 values, 210 bytes
+ *   mxfp4, nvfp4: see fp4.c */
 #include "../internal.h"
 
 #include <float.h>
@@ -39,7 +40,8 @@ static const ggml_type_row types[] = {
     {KVQ_GGML_Q3_K, "q3_K", 256, 110},  {KVQ_GGML_Q4_K, "q4_K", 256, 144},
     {KVQ_GGML_Q5_K, "q5_K", 256, 176},  {KVQ_GGML_Q6_K, "q6_K", 256, 210},
     {KVQ_GGML_BF16, "bf16", 1, 2},      {KVQ_GGML_IQ4_NL, "iq4_nl", 32, 18},
-    {KVQ_GGML_IQ4_XS, "iq4_xs", 256, 136},
+    {KVQ_GGML_IQ4_XS, "iq4_xs", 256, 136}, {KVQ_GGML_MXFP4, "mxfp4", 32, 17},
+    {KVQ_GGML_NVFP4, "nvfp4", 64, 36},
 };
 
 /* ggml-common.h's kvalues_iq4nl: the 16 non-linear levels of iq4_nl */
@@ -284,6 +286,10 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
         case KVQ_GGML_Q4_K: deq_q45_K(p, dst, 0); break;
         case KVQ_GGML_Q5_K: deq_q45_K(p, dst, 1); break;
         case KVQ_GGML_Q6_K: deq_q6_K(p, dst); break;
+        case KVQ_GGML_MXFP4: kvq_mxfp4_block_dequantize(p, dst); break;
+        case KVQ_GGML_NVFP4:
+            for (int s = 0; s < 4; s++) kvq_nvfp4_block_dequantize(p[s], p + 4 + 8 * s, 1.0f, dst + 16 * s);
+            break;
         default: break;
         }
     }
@@ -447,6 +453,16 @@ int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n)
     case KVQ_GGML_Q8_0: case KVQ_GGML_Q4_0: case KVQ_GGML_Q4_1: case KVQ_GGML_Q5_0: case KVQ_GGML_Q5_1:
     case KVQ_GGML_IQ4_NL:
         break;
+    case KVQ_GGML_MXFP4:
+        for (size_t i = 0; i + 32 <= n; i += 32) kvq_mxfp4_block_ref(x + i, p + i / 32 * 17);
+        return 1;
+    case KVQ_GGML_NVFP4:
+        for (size_t i = 0; i + 64 <= n; i += 64)
+            for (int s = 0; s < 4; s++) {
+                uint8_t *b = p + i / 64 * 36;
+                kvq_nvfp4_block_ref(x + i + 16 * s, 1.0f, 0, &b[s], b + 4 + 8 * s);
+            }
+        return 1;
     default:
         return 0;
     }

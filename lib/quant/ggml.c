@@ -1,7 +1,9 @@
 /* ggml.c — llama.cpp's KV-cache types (SPEC §3.6, `-ctk`/`-ctv`): each
  * token's K (and V) row of all heads, head-major (H·D values), goes through
  * ggml's quantize_row_<type>_ref and dequantize_row_<type>, bit for bit
- * (formats/ggml_types.c).  Block types need H·D to be a multiple of 32.
+ * (formats/ggml_types.c).  Block types need head_dim to be a multiple of
+ * 32, as llama.cpp does (it refuses a block that does not divide
+ * n_embd_head), so that a block never spans two heads.
  * Bits: block bytes · 8 / 32 per element (8.5, 4.5, 5, 5.5, 6, 4.5; 16 for
  * f16 and bf16). */
 #include "../internal.h"
@@ -22,6 +24,20 @@ static const kvq_param ggml_params[] = {
                   .help = "llama.cpp cache type of V (-ctv)"},
     KVQ_PARAM_PREROTATE,
 };
+
+static kvq_status ggml_check_shape(const kvq_spec *sp, int D, kvq_error *err)
+{
+    for (int tensor = 0; tensor < 2; tensor++) {
+        int type = cache_type[(int)sp->val[tensor ? GG_VTYPE : GG_KTYPE]], vals;
+        kvq_ggml_type_size(type, &vals, NULL);
+        if (D % vals)
+            return kvq_fail(err, KVQ_ERR_USAGE,
+                            "%s: %s=%s: head_dim %d is not a multiple of the %d-value blocks (llama.cpp refuses "
+                            "it: \"block size %d does not divide n_embd_head\"; a block would span heads)",
+                            sp->text, tensor ? "vtype" : "ktype", kvq_ggml_type_name(type), D, vals, vals);
+    }
+    return KVQ_OK;
+}
 
 /* One tensor [H][T][D]: token rows of H·D values, gathered head-major,
  * through the type and back.  Returns KVQ_ERR_NUMERIC if a block's fp16
@@ -60,12 +76,7 @@ static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
     for (int tensor = 0; tensor < 2; tensor++) {
         int type = cache_type[(int)sp->val[tensor ? GG_VTYPE : GG_KTYPE]], vals;
         size_t bytes;
-        kvq_ggml_type_size(type, &vals, &bytes);
-        if (((size_t)H * D) % (size_t)vals)
-            return kvq_fail(err, KVQ_ERR_USAGE,
-                            "%s: %s=%s: a token's row of %d KV heads x head_dim %d = %d values is not a multiple "
-                            "of the %d-value blocks", sp->text, tensor ? "vtype" : "ktype", kvq_ggml_type_name(type),
-                            H, D, H * D, vals);
+        kvq_ggml_type_size(type, &vals, &bytes); /* D % vals == 0: checked by check_shape */
         kvq_status st = ggml_tensor(tensor ? in->value : in->key, tensor ? out->value : out->key, H, T, D, type, nt);
         if (st == KVQ_ERR_NUMERIC)
             return kvq_fail(err, st, "/layer_%03d, %s: %s: a block's fp16 scale overflows (values too large for %s)",
@@ -84,5 +95,6 @@ const kvq_quantizer kvq_q_ggml = {
     .nparams = sizeof ggml_params / sizeof ggml_params[0],
     .in_default_set = 1,
     .default_spec = "",
+    .check_shape = ggml_check_shape,
     .quantize = ggml_quantize,
 };

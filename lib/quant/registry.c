@@ -20,6 +20,7 @@ static const kvq_quantizer *const registry[] = {
     &kvq_q_cluster,
     &kvq_q_lloydmax,
     &kvq_q_fp8,
+    &kvq_q_fp4,
     &kvq_q_tender,
     &kvq_q_ggml,
     &kvq_q_kvquant,
@@ -242,9 +243,16 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
 static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                         kvq_quant_out *out, kvq_error *err);
 
+kvq_status kvq_spec_check_shape(const kvq_spec *spec, int head_dim, kvq_error *err)
+{
+    return spec->q->check_shape ? spec->q->check_shape(spec, head_dim, err) : KVQ_OK;
+}
+
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                               kvq_quant_out *out, kvq_error *err)
 {
+    kvq_status st = kvq_spec_check_shape(spec, in->D, err);
+    if (st) return st;
     if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
     return quantize_layer_direct(spec, ctx, in, out, err);
 }

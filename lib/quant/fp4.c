@@ -1,0 +1,143 @@
+/* fp4.c — the `fp4` family (SPEC §3.9): the FP4 micro-scaled KV-cache
+ * formats MXFP4 (OCP, ggml `mxfp4`: blocks of 32, E8M0 scales) and NVFP4
+ * (NVIDIA: blocks of 16, unsigned E4M3 scales, and optionally the
+ * second-level float32 scale g of TensorRT-LLM and vLLM, per tensor, head
+ * or token).  Blocks run along each token's head vector and never span
+ * heads, so head_dim must be a multiple of the block (llama.cpp's rule for
+ * its cache types).  With global=none the codes and values are ggml's
+ * quantize_row_*_ref + dequantize_row_* bit for bit (formats/fp4.c); with
+ * a second-level scale the block scales round as E4M3 does (nearest even;
+ * ggml's encoder stores every scale in [256, 448) as 448, which is where
+ * the two-level scheme puts the largest blocks).
+ *
+ * Bits per element: 4 + 8/32 = 4.25 (mxfp4), 4 + 8/16 = 4.5 (nvfp4), plus
+ * 32 per g: 32/H per head for global=tensor, 32 per head, 32 per token. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <math.h>
+#include <string.h>
+
+enum { F4_FORMAT, F4_GLOBAL };
+enum { FMT_MXFP4, FMT_NVFP4 };
+enum { G_NONE, G_TENSOR, G_HEAD, G_TOKEN };
+
+static const kvq_param fp4_params[] = {
+    [F4_FORMAT] = {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "mxfp4", .choices = "mxfp4|nvfp4",
+                   .help = "mxfp4: 32-value blocks, E8M0 scales; nvfp4: 16-value blocks, E4M3 scales"},
+    [F4_GLOBAL] = {.key = "global", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|tensor|head|token",
+                   .help = "nvfp4's second-level float32 scale amax/(6*448) per layer tensor, KV head or token "
+                           "(none: 1, ggml's nvfp4)"},
+    KVQ_PARAM_PREROTATE,
+};
+
+static int fp4_block(const kvq_spec *sp)
+{
+    return (int)sp->val[F4_FORMAT] == FMT_MXFP4 ? KVQ_MXFP4_BLOCK : KVQ_NVFP4_BLOCK;
+}
+
+static kvq_status fp4_check(const kvq_spec *sp, kvq_error *err)
+{
+    if ((int)sp->val[F4_FORMAT] == FMT_MXFP4 && (int)sp->val[F4_GLOBAL] != G_NONE)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: global: a second-level scale is nvfp4's (mxfp4's E8M0 scales need "
+                        "none); use format=nvfp4 or global=none", sp->text);
+    return KVQ_OK;
+}
+
+static kvq_status fp4_check_shape(const kvq_spec *sp, int D, kvq_error *err)
+{
+    int B = fp4_block(sp);
+    if (D % B)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: head_dim %d is not a multiple of the %d-value blocks (blocks never "
+                        "span heads; llama.cpp refuses such a cache)", sp->text, D, B);
+    return KVQ_OK;
+}
+
+static float absmax_of(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* The second-level scale amax/(6·448) in float32; 1 where amax is 0 (or
+ * the quotient underflows), as fp8's scales. */
+static float global_scale(float amax)
+{
+    float g = amax / (6.0f * 448.0f);
+    return g > 0.0f ? g : 1.0f;
+}
+
+/* One row of D values (D a multiple of the block) through the format and
+ * back, with second-level scale g (nvfp4; rne: E4M3 rounding of the block
+ * scales, see formats/fp4.c). */
+static void fp4_row(const float *x, float *y, int D, int format, float g, int rne)
+{
+    if (format == FMT_MXFP4)
+        for (int b = 0; b < D; b += KVQ_MXFP4_BLOCK)
+            kvq_fp4_round(x + b, y + b, KVQ_MXFP4_BLOCK, kvq_mxfp4_block_scale(x + b));
+    else
+        for (int b = 0; b < D; b += KVQ_NVFP4_BLOCK)
+            kvq_fp4_round(x + b, y + b, KVQ_NVFP4_BLOCK, kvq_nvfp4_block_scale(x + b, g, rne));
+}
+
+/* One head [T][D]; tensor_g: the layer tensor's g (global=tensor).  Values
+ * stay finite: a code whose value would overflow has an infinite error and
+ * is never the nearest. */
+static void fp4_head(const float *x, float *y, int H, int T, int D, int format, int global, float tensor_g,
+                     double *bits)
+{
+    size_t n = (size_t)T * D;
+    double per_elem = format == FMT_MXFP4 ? 4.0 + 8.0 / KVQ_MXFP4_BLOCK : 4.0 + 8.0 / KVQ_NVFP4_BLOCK;
+    float g = global == G_TENSOR ? tensor_g : global == G_HEAD ? global_scale(absmax_of(x, n)) : 1.0f;
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * D;
+        fp4_row(xt, y + (size_t)t * D, D, format, global == G_TOKEN ? global_scale(absmax_of(xt, (size_t)D)) : g,
+                global != G_NONE);
+    }
+    double g_bits = global == G_TENSOR ? 32.0 / H : global == G_HEAD ? 32.0 : global == G_TOKEN ? 32.0 * T : 0.0;
+    *bits = per_elem * (double)n + g_bits;
+}
+
+static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                               kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D, format = (int)sp->val[F4_FORMAT], global = (int)sp->val[F4_GLOBAL];
+    kvq_status st = fp4_check_shape(sp, D, err);
+    if (st) return st;
+    size_t n = (size_t)T * D;
+    int nt = kvq_threads(ctx->nthreads);
+    float g[2] = {1.0f, 1.0f}; /* global=tensor: K's and V's, from per-head maxima */
+    if (global == G_TENSOR) {
+        float *head_max = malloc((size_t)2 * H * sizeof *head_max);
+        if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int i = 0; i < 2 * H; i++) head_max[i] = absmax_of(kvq_head_in(in, i / H, i % H), n);
+        float amax[2] = {0.0f, 0.0f};
+        for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
+        free(head_max);
+        g[0] = global_scale(amax[0]), g[1] = global_scale(amax[1]);
+    }
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int i = 0; i < 2 * H; i++) {
+        int tensor = i / H, h = i % H;
+        fp4_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), H, T, D, format, global, g[tensor],
+                 kvq_head_bits(out, tensor, h));
+    }
+    return KVQ_OK;
+}
+
+const kvq_quantizer kvq_q_fp4 = {
+    .name = "fp4",
+    .description = "FP4 micro-scaled formats MXFP4 / NVFP4 (E2M1 + block scales), bit-exact ggml (SPEC 3.9)",
+    .params = fp4_params,
+    .nparams = sizeof fp4_params / sizeof fp4_params[0],
+    .in_default_set = 1,
+    .default_spec = "",
+    .check = fp4_check,
+    .check_shape = fp4_check_shape,
+    .quantize = fp4_quantize,
+};
