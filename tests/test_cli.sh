@@ -182,7 +182,7 @@ expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1e+09" -- "$analyze" -q ten
 expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q tender "$tmp/huge.h5"
 expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
 # --- the frontier families (SPEC 2.3, 3.6-3.8)
-expect 0 "ggml " "ktype=q8_0" "iq4_nl" "kvquant " "codebook=nuq" "turboquant " "variant=prod" "prerotate=none" -- "$analyze" --list-quantizers
+expect 0 "ggml " "ktype=q8_0" "iq4_nl" "fp4 " "format=mxfp4" "global=none" "kvquant " "codebook=nuq" "turboquant " "variant=prod" "prerotate=none" -- "$analyze" --list-quantizers
 expect 2 "kvquant: needs --calib FILE" -- "$analyze" -q kvquant "$real"
 expect 0 "kvquant" -- "$analyze" -q kvquant --calib "$calib" --per model "$real"
 expect 0 "kvquant:codebook=uniform" -- "$analyze" -q kvquant:codebook=uniform --per model "$real"
