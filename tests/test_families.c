@@ -350,31 +350,6 @@ START_TEST(tender_span_head_and_layer)
 }
 END_TEST
 
-START_TEST(families_thread_invariant)
-{
-    const char *specs[] = {"fp8", "fp8:scale=channel", "fp8:format=e5m2,scale=token", "tender",
-                           "tender:span=head,chunk=7", "tender:chunk=1,groups=64,alpha=3,scale=fp32",
-                           "fp4:format=nvfp4,global=tensor", "fp4:format=nvfp4,global=token"};
-    int H = 3, T = 40, D = 16;
-    size_t n = (size_t)H * T * D;
-    kvq_layer L;
-    kvq_error err;
-    ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, 0, &err), KVQ_OK);
-    fill_normal(L.key, n, 1, 2.0);
-    fill_normal(L.value, n, 2, 1.0);
-    float *k[2], *v[2];
-    for (int r = 0; r < 2; r++) k[r] = malloc(n * sizeof(float)), v[r] = malloc(n * sizeof(float));
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        double kb[2][3], vb[2][3];
-        for (int r = 0; r < 2; r++) run_spec(specs[i], &L, k[r], v[r], kb[r], vb[r], r + 1);
-        ck_assert_msg(!memcmp(k[0], k[1], n * sizeof(float)) && !memcmp(v[0], v[1], n * sizeof(float)), "%s", specs[i]);
-        ck_assert(!memcmp(kb[0], kb[1], sizeof kb[0]) && !memcmp(vb[0], vb[1], sizeof vb[0]));
-    }
-    for (int r = 0; r < 2; r++) free(k[r]), free(v[r]);
-    kvq_layer_free(&L);
-}
-END_TEST
-
 START_TEST(families_usage_errors)
 {
     const char *bad[][2] = {{"fp8:format=e3m4", "format"}, {"fp8:scale=block", "scale"}, {"tender:alpha=1", "alpha"},
@@ -1014,7 +989,6 @@ int main(void)
     tcase_add_test(tc, tender_groups_on_boundaries);
     tcase_add_test(tc, tender_tmax_zero_and_chunks);
     tcase_add_test(tc, tender_span_head_and_layer);
-    tcase_add_test(tc, families_thread_invariant);
     tcase_add_test(tc, families_usage_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("ggml");

@@ -519,35 +519,6 @@ START_TEST(lloydmax_structure)
 }
 END_TEST
 
-START_TEST(new_quantizers_thread_invariant)
-{
-    const char *specs[] = {"gear", "gear:lowrank=svd,span=layer", "lloydmax", "lloydmax:rotate=hadamard"};
-    int H = 3, T = 40, D = 16;
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        kvq_spec sp;
-        kvq_error err;
-        kvq_layer L;
-        ck_assert_int_eq(kvq_spec_parse(specs[i], &sp, &err), KVQ_OK);
-        ck_assert_int_eq(kvq_layer_alloc(&L, H, H, T, D, 0, &err), KVQ_OK);
-        size_t n = (size_t)H * T * D;
-        fill_normal(L.key, n, 1, 2.0);
-        fill_normal(L.value, n, 2, 1.0);
-        float *k[2], *v[2];
-        double kb[2][3], vb[2][3], sb[2][3] = {{0}};
-        for (int r = 0; r < 2; r++) {
-            k[r] = malloc(n * sizeof(float)), v[r] = malloc(n * sizeof(float));
-            kvq_quant_out out = {.key = k[r], .value = v[r], .k_bits = kb[r], .v_bits = vb[r], .static_bytes = sb[r]};
-            kvq_quant_ctx ctx = {.nthreads = r + 1, .seed = 3, .layer = 1};
-            ck_assert_msg(kvq_quantize_layer(&sp, &ctx, &L, &out, &err) == KVQ_OK, "%s", err.msg);
-        }
-        ck_assert_msg(!memcmp(k[0], k[1], n * sizeof(float)) && !memcmp(v[0], v[1], n * sizeof(float)), "%s", specs[i]);
-        ck_assert(!memcmp(kb[0], kb[1], sizeof kb[0]) && !memcmp(sb[0], sb[1], sizeof sb[0]));
-        for (int r = 0; r < 2; r++) free(k[r]), free(v[r]);
-        kvq_layer_free(&L);
-    }
-}
-END_TEST
-
 START_TEST(hadamard_needs_power_of_two)
 {
     kvq_spec sp;
@@ -625,7 +596,6 @@ int main(void)
     tcase_add_test(tc, gear_outliers_exact_and_lowrank_helps);
     tcase_add_test(tc, lloydmax_structure);
     tcase_add_test(tc, lloydmax_snap_equals_search);
-    tcase_add_test(tc, new_quantizers_thread_invariant);
     tcase_add_test(tc, hadamard_needs_power_of_two);
     tcase_add_test(tc, span_layer_groups_cross_heads);
     suite_add_tcase(s, tc);

@@ -1,0 +1,190 @@
+/* test_registry.c — every registered quantizer, found by looping over the
+ * registry (ggml's test-quantize-fns style), so a new family is covered by
+ * its table entry alone: its default spec and one spec with a key changed
+ * (the first alternative value that parses), each on a GQA layer with
+ * pre-RoPE keys and RoPE, calibrated on a second layer where the spec asks:
+ *   - results bit-identical at 1, 2 and 3 threads and at every SIMD level
+ *     (portable, AVX2, all the CPU has);
+ *   - every output finite, bits per element in (0, 64], static bytes >= 0;
+ *   - relative reconstruction error of K and V below 1 (better than 0);
+ *   - a second run is identical (no hidden state) and the input untouched.
+ * A few variants with code paths of their own are listed beside. */
+#include "testutil.h"
+#include "simd.h"
+
+#include <float.h>
+
+enum { H = 2, HQ = 4, T = 48, D = 32 };
+
+typedef struct run_result {
+    float *k, *v;
+    double kb[H], vb[H], sb[H];
+} run_result;
+
+static void fill_layer(kvq_layer *L, uint64_t seed, const kvq_rope *rope)
+{
+    size_t n = (size_t)H * T * D;
+    fill_normal(L->key_pre_rope, n, seed, 1.0);
+    for (int h = 0; h < H; h++) /* outlier channels, as real keys have */
+        for (int t = 0; t < T; t++) L->key_pre_rope[((size_t)h * T + t) * D + 3] *= 8.0f;
+    memcpy(L->key, L->key_pre_rope, n * sizeof(float));
+    for (int h = 0; h < H; h++)
+        for (int t = 0; t < T; t++) kvq_rope_rotate(rope, L->key + ((size_t)h * T + t) * D, t, 0);
+    fill_normal(L->value, n, seed + 1, 0.5);
+    fill_normal(L->query, (size_t)HQ * T * D, seed + 2, 1.0);
+}
+
+/* One spec on L at `threads` threads and SIMD cap `simd` (-1: the environment's). */
+static void run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope,
+                int threads, int simd, run_result *r)
+{
+    kvq_error err = {0};
+    size_t n = (size_t)H * T * D;
+    r->k = malloc(n * sizeof(float)), r->v = malloc(n * sizeof(float));
+    ck_assert(r->k && r->v);
+    memset(r->sb, 0, sizeof r->sb);
+    kvq_simd_cap(simd);
+    kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = threads, .rope = rope};
+    void *state = NULL;
+    char key[256];
+    if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
+        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: calibrate: %s", sp->text, err.msg);
+        ctx.calib = state;
+    }
+    kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
+    ck_assert_msg(kvq_quantize_layer(sp, &ctx, L, &out, &err) == KVQ_OK, "%s (%d threads, simd %d): %s", sp->text,
+                  threads, simd, err.msg);
+    if (state) sp->q->calib_free(state);
+    kvq_simd_cap(-1);
+}
+
+static void same(const kvq_spec *sp, const run_result *a, const run_result *b, const char *what)
+{
+    size_t n = (size_t)H * T * D;
+    ck_assert_msg(!memcmp(a->k, b->k, n * sizeof(float)) && !memcmp(a->v, b->v, n * sizeof(float)),
+                  "%s: K'/V' differ %s", sp->text, what);
+    ck_assert_msg(!memcmp(a->kb, b->kb, sizeof a->kb) && !memcmp(a->vb, b->vb, sizeof a->vb) &&
+                      !memcmp(a->sb, b->sb, sizeof a->sb),
+                  "%s: bits differ %s", sp->text, what);
+}
+
+static double rel_error(const float *x, const float *y, size_t n)
+{
+    double e = 0, s = 0;
+    for (size_t i = 0; i < n; i++) e += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), s += (double)x[i] * x[i];
+    return sqrt(e / s);
+}
+
+/* The first spec of q with one key changed from its default that parses
+ * and runs on heads of D (prerotate last: the family's own keys first). */
+static int alternative_spec(const kvq_quantizer *q, kvq_spec *out)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < q->nparams; i++) {
+            const kvq_param *p = &q->params[i];
+            if ((pass == 0) == !strcmp(p->key, "prerotate")) continue;
+            char vals[8][64];
+            int nv = 0;
+            if (p->type == KVQ_PARAM_CHOICE) {
+                const char *c = p->choices;
+                while (*c && nv < 8) {
+                    size_t len = strcspn(c, "|");
+                    snprintf(vals[nv++], sizeof vals[0], "%.*s", (int)len, c);
+                    c += len + (c[len] == '|');
+                }
+            } else {
+                double d = p->def ? atof(p->def) : p->min, cand[] = {d + 1, d * 2, d / 2, p->min, p->max};
+                for (size_t k = 0; k < sizeof cand / sizeof cand[0]; k++)
+                    snprintf(vals[nv++], sizeof vals[0], p->type == KVQ_PARAM_INT ? "%.0f" : "%g", cand[k]);
+            }
+            for (int k = 0; k < nv; k++) {
+                if (p->def && !strcmp(vals[k], p->def)) continue;
+                char text[2 * KVQ_SPEC_MAX];
+                kvq_error err = {0};
+                snprintf(text, sizeof text, "%.64s:%.64s=%.63s", q->name, p->key, vals[k]);
+                if (kvq_spec_parse(text, out, &err) == KVQ_OK && kvq_spec_check_shape(out, D, &err) == KVQ_OK) return 1;
+            }
+        }
+    return 0;
+}
+
+static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope)
+{
+    if (getenv("KVQ_TEST_VERBOSE")) fprintf(stderr, "registry: %s\n", sp->text);
+    size_t n = (size_t)H * T * D;
+    float *k0 = malloc(n * sizeof(float));
+    memcpy(k0, L->key, n * sizeof(float));
+    run_result base, other;
+    run(sp, L, calib, rope, 1, -1, &base);
+    ck_assert_msg(!memcmp(k0, L->key, n * sizeof(float)), "%s wrote to its input", sp->text);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(base.k[i]) || !isfinite(base.v[i])) ck_abort_msg("%s: non-finite output at %zu", sp->text, i);
+    for (int h = 0; h < H; h++) {
+        double kbe = base.kb[h] / ((double)T * D), vbe = base.vb[h] / ((double)T * D);
+        ck_assert_msg(kbe > 0 && kbe <= 64 && vbe > 0 && vbe <= 64, "%s: head %d bits per element %g, %g", sp->text, h,
+                      kbe, vbe);
+        ck_assert_msg(base.sb[h] >= 0, "%s: static bytes %g", sp->text, base.sb[h]);
+    }
+    double ek = rel_error(L->key, base.k, n), ev = rel_error(L->value, base.v, n);
+    ck_assert_msg(ek < 1 && ev < 1, "%s: relative error K %g, V %g", sp->text, ek, ev);
+    /* again, at 1 thread: no hidden state; then 2 and 3 threads; then each SIMD level */
+    const struct { int threads, simd; const char *what; } variants[] = {
+        {1, -1, "on a second run"}, {2, -1, "at 2 threads"}, {3, -1, "at 3 threads"},
+        {1, KVQ_SIMD_NONE, "with the portable paths"}, {2, KVQ_SIMD_AVX2, "at AVX2"}, {3, KVQ_SIMD_AVX512, "at AVX-512"}};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        run(sp, L, calib, rope, variants[i].threads, variants[i].simd, &other);
+        same(sp, &base, &other, variants[i].what);
+        free(other.k), free(other.v);
+    }
+    free(base.k), free(base.v), free(k0);
+}
+
+START_TEST(every_registered_quantizer)
+{
+    kvq_error err = {0};
+    kvq_rope rope;
+    ck_assert_int_eq(kvq_rope_from_theta(&rope, T, D, 10000.0, KVQ_ROPE_HALF, &err), KVQ_OK);
+    kvq_layer L, C;
+    unsigned flags = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
+    ck_assert_int_eq(kvq_layer_alloc(&L, H, HQ, T, D, flags, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_layer_alloc(&C, H, HQ, T, D, flags, &err), KVQ_OK);
+    fill_layer(&L, 11, &rope);
+    fill_layer(&C, 23, &rope);
+    ck_assert(kvq_quantizer_count() >= 15);
+    int alternatives = 0;
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        kvq_spec sp;
+        ck_assert_msg(kvq_spec_default(q, &sp, &err) == KVQ_OK, "%s: %s", q->name, err.msg);
+        check_spec(&sp, &L, &C, &rope);
+        if (alternative_spec(q, &sp)) {
+            check_spec(&sp, &L, &C, &rope);
+            alternatives++;
+        }
+    }
+    ck_assert_int_eq(alternatives, (int)kvq_quantizer_count()); /* every family has a second spec */
+    /* variants with paths of their own that neither spec above takes */
+    const char *extra[] = {"gear:lowrank=svd,span=layer", "lloydmax:rotate=hadamard", "fp8:scale=channel",
+                           "fp8:format=e5m2,scale=token", "tender:span=head,chunk=7",
+                           "tender:chunk=1,groups=64,alpha=3,scale=fp32", "fp4:format=nvfp4,global=tensor",
+                           "fp4:format=nvfp4,global=token", "per-token:bits=3,prerotate=hadamard",
+                           "per-token:span=layer", "kivi:residual=0,prerotate=qr"};
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+        kvq_spec sp;
+        ck_assert_msg(kvq_spec_parse(extra[i], &sp, &err) == KVQ_OK, "%s: %s", extra[i], err.msg);
+        check_spec(&sp, &L, &C, &rope);
+    }
+    kvq_layer_free(&L), kvq_layer_free(&C);
+    kvq_rope_free(&rope);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("registry");
+    TCase *tc = tcase_create("registry");
+    tcase_add_test(tc, every_registered_quantizer);
+    tcase_set_timeout(tc, 300);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
