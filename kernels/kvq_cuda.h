@@ -1,6 +1,6 @@
 /* kvq_cuda.h — host interface of the CUDA path (kernels/), built with the
  * meson `cuda` feature as a separate module, libkvq-cuda.so, which
- * lib/device.c opens with dlopen only when a device is asked for: CPU runs
+ * lib/base/device.c opens with dlopen only when a device is asked for: CPU runs
  * never load the CUDA runtime.  The module exports one symbol,
  * kvq_cuda_module_api, the table of the functions below.
  *

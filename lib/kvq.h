@@ -226,6 +226,9 @@ float kvq_fp8_max(kvq_fp8_format format);
 /* y[i] = fp8(x[i] / s) · s (float32 divide), the vectorised hot loop (s
  * finite and > 0, x finite); equal to the reference. */
 void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8_format format);
+/* Rows x, y [rows][D]; column c scaled by s[c]: y = fp8(x / s[c]) · s[c]. */
+void kvq_fp8_quantize_columns(const float *x, float *y, size_t rows, size_t D, const float *s,
+                              kvq_fp8_format format);
 
 /* A quantizer of the uniform families written as steps over token ranges
  * (a "plan"): the definition both the CPU (kvq_plan_quantize_head) and the

@@ -1,5 +1,5 @@
 /* make_dumps.c — writes valid and deliberately malformed kvq dumps with the
- * raw HDF5 API (test code only; libkvq keeps hdf5.h in lib/dump.c), one per
+ * raw HDF5 API (test code only; libkvq keeps hdf5.h in lib/io/), one per
  * class of bad input that tests/test_cli.sh checks:  make-dumps OUTDIR */
 #include <hdf5.h>
 

@@ -19,18 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int kvq_tokbuf_push(kvq_tokbuf *b, int id)
-{
-    if (b->n == b->cap) {
-        size_t nc = b->cap ? 2 * b->cap : 256;
-        int *ni = realloc(b->id, nc * sizeof *ni);
-        if (!ni) return -1;
-        b->id = ni, b->cap = nc;
-    }
-    b->id[b->n++] = id;
-    return 0;
-}
-
 /* ------------------------------------------------------------ merges */
 
 kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err)

@@ -1,7 +1,7 @@
 /* group.c — the uniform group quantizer families of SPEC §3: per-token,
  * per-channel, kivi and kcvt.  Each is a parameter table plus a plan (which
  * U step covers which tokens, kvq.h); plan.c runs plans on the CPU and
- * kernels/ on a GPU; the registry (registry.c) lists them. */
+ * kernels/ on a GPU; the registry (table.c) lists them. */
 #include "../internal.h"
 #include "quant.h"
 

@@ -124,6 +124,12 @@ kvq_status kvq_prerotate_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
                                   kvq_status (*run)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *,
                                                     kvq_quant_out *, kvq_error *));
 
+/* params.c: text of a parameter value checked against its type and range
+ * (spec: the spec text messages name); the quantizer's keys, comma-separated. */
+kvq_status kvq_param_value_parse(const char *spec, const kvq_param *p, const char *text, double *v,
+                                 kvq_error *err);
+void kvq_param_list_keys(const kvq_quantizer *q, char *buf, size_t len);
+
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);

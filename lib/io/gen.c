@@ -3,7 +3,7 @@
  * large scale and offset (the KIVI paper's Figure 2 pattern); RoPE of either
  * style is applied; values have no outlier channels; each query points at
  * one earlier key (plus noise) so attention is peaked. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * angle t·theta^(−2i/D) unless the dump gives explicit cos/sin tables.
  * Used by kvq-gen to make dumps and by the clustered-residual quantizer to
  * put key centres back at a position. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <string.h>

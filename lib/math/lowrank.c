@@ -2,7 +2,7 @@
  * approximation by truncated SVD (LAPACKE dgesdd, double), and GEAR's power
  * iteration (in double: cblas_dgemm + QR through LAPACKE dgeqrf/dorgqr), as in
  * GEAR's fake_poweriteration_group. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <cblas.h>
 #include <lapacke.h>

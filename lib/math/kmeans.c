@@ -7,7 +7,7 @@
  * update: the mean of its points, summed in double in point order, so the
  * result does not depend on threads.  The objective is evaluated exactly
  * (double) for the caller's records. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -8,7 +8,7 @@
  * AVX-512F and F16C; tests/test_quant.c and test_metrics.c check them against
  * the references.  With simd_avx2.c and fp16.c, the only places with ISA
  * intrinsics. */
-#include "simd.h"
+#include "../simd.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * xoshiro256** (Blackman & Vigna) with its state filled by splitmix64 from
  * the run seed and up to three stream indices (layer, head, tensor), so each
  * stream is reproducible and independent of thread scheduling. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 

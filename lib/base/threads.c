@@ -1,7 +1,7 @@
 /* threads.c — kvq's threading layers: how many OpenMP threads a call uses,
  * and BLAS kept out of their way.  Shared by the analysis driver, the
  * quantizers and the forward pass (so none of them imports another for it). */
-#include "internal.h"
+#include "../internal.h"
 
 #include <cblas.h>
 #include <omp.h>

@@ -5,7 +5,7 @@
  * centroids).  States are computed on first use and kept until the run ends,
  * so several specs, dumps and sweep points pay for calibration once.  The
  * calibration layer is read once per layer however many states need it. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <string.h>
 

@@ -4,7 +4,7 @@
  * is never replaced (the caller writes it directly); the temporary is
  * created with the mode the file will keep (an existing file's permissions,
  * else 0666 & ~umask, as open(2) gives a new file). */
-#include "internal.h"
+#include "../internal.h"
 
 #include <errno.h>
 #include <fcntl.h>

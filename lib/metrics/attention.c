@@ -9,8 +9,8 @@
  * kvq_attn_ref: the exact side of a head kept in memory (same chunks), so
  * that sweeps compare any number of later quantizers against it.
  * kvq_attention_head_ref: the definition, with plain loops, used by tests. */
-#include "internal.h"
-#include "simd.h"
+#include "../internal.h"
+#include "../simd.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -5,7 +5,7 @@
  * no FMA in U), 8 lanes instead of 16.  Selected at run time
  * (kvq_simd_avx2_active); tests/test_metrics.c checks the rows against expf
  * and the plain C reference, tests/test_quant.c U against the reference. */
-#include "simd.h"
+#include "../simd.h"
 
 #include <math.h>
 

@@ -1,8 +1,8 @@
 /* metrics.c — reconstruction sums (SPEC §4), their pooling and the final
  * columns, and the query-position selection used by the attention metrics.
  * Sums of squares are accumulated in double. */
-#include "internal.h"
-#include "simd.h"
+#include "../internal.h"
+#include "../simd.h"
 
 #include <errno.h>
 #include <math.h>

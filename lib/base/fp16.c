@@ -3,7 +3,7 @@
  * (_mm256_cvtph_ps) when the CPU has it and is tested against the scalar one.
  * Also the finite check of float32 arrays that dump reads and the model's
  * weights and activations share. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <string.h>

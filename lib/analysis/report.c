@@ -1,7 +1,7 @@
 /* report.c — result rows as CSV, JSON lines or an aligned table (SPEC §5
  * columns), and the per head / layer / model pooling of an analysis.
  * Writes only to the FILE the caller gives. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* stats.c — descriptive statistics of dumps for kvq-info: per-channel
  * magnitudes (the outlier-channel view), their max/median ratio, kurtosis. */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /* error.c — status codes, their strings and the detail message helper. */
-#include "internal.h"
+#include "../internal.h"
 #include "kvq_config.h"
 
 #include <stdio.h>

@@ -15,7 +15,7 @@
  * do not underflow and their levels still move.
  * gauss: closed forms through erfc and the normal density.
  * data: sorted samples with prefix sums (exact cell means in double). */
-#include "internal.h"
+#include "../internal.h"
 
 #include <math.h>
 #include <string.h>

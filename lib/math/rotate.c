@@ -2,7 +2,7 @@
  * double through LAPACKE, column signs fixed by diag R) and randomized
  * `hadamard` (±1 diagonal, then the normalised Sylvester–Hadamard matrix,
  * applied with the O(D log D) fast Walsh–Hadamard transform). */
-#include "internal.h"
+#include "../internal.h"
 
 #include <cblas.h>
 #include <lapacke.h>

@@ -1,5 +1,4 @@
-/* dump.c — kvq-dump/1 reader and writer (SPEC §1).  The only file of libkvq
- * that includes hdf5.h.
+/* dump_read.c — the kvq-dump/1 reader (SPEC §1).
  *
  * kvq_dump_open validates every attribute and the type and shape of every
  * dataset up front (metadata only, cheap), so a malformed file fails before
@@ -7,18 +6,13 @@
  * converts them to float32 and checks that every value is finite.
  * float16 datasets are read in their file type and converted here (F16C),
  * because HDF5's own half->float path is a slow soft conversion. */
-#include "internal.h"
-
-#include <hdf5.h>
+#include "h5.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
-
-#define FORMAT_TAG "kvq-dump/1"
 
 struct kvq_dump {
     char *path;
@@ -28,83 +22,6 @@ struct kvq_dump {
     size_t stage_n;
     int *window;     /* [num_layers] each layer's sliding_window (0: none) */
 };
-
-struct kvq_dump_writer {
-    char *path, *tmp;
-    hid_t file;
-    kvq_dump_info info;
-    kvq_dtype dtype;
-};
-
-/* kvq_set_temp_hooks: a tool's bookkeeping of the writers' temporaries */
-static void (*temp_created)(const char *), (*temp_gone)(const char *);
-
-/* ------------------------------------------------------------ HDF5 errors */
-
-/* Before any other HDF5 call: no automatic error printing, and no library
- * shutdown at exit — HDF5 1.10 crashes there closing a file whose close
- * already failed (a flush that hit ENOSPC); the OS reclaims all at exit. */
-static void h5_quiet(void)
-{
-    static int once;
-    if (!once) H5dont_atexit(), once = 1;
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-}
-
-typedef struct {
-    char desc[256];
-    int found, sys_errno;
-} h5_walk_data;
-
-static herr_t h5_walk_cb(unsigned n, const H5E_error2_t *e, void *p)
-{
-    h5_walk_data *w = p;
-    if (!e->desc || !e->desc[0]) return 0;
-    /* upward walk: the first entry is the innermost (most specific) error */
-    if (!w->found) {
-        snprintf(w->desc, sizeof w->desc, "%s", e->desc);
-        w->found = 1;
-    }
-    /* a failed system call: HDF5's file drivers write "..., errno = 28, ..." */
-    const char *en = strstr(e->desc, "errno = ");
-    if (en && !w->sys_errno) w->sys_errno = atoi(en + 8);
-    (void)n;
-    return 0;
-}
-
-/* What went wrong, from HDF5's error stack: the system error when a system
- * call failed (ENOSPC: "No space left on device"), else the innermost
- * message, else a generic phrase.  Every HDF5 API call clears the stack:
- * close objects with h5_close_id, which keeps it. */
-static const char *h5_detail(char *buf, size_t len)
-{
-    h5_walk_data w = {.found = 0};
-    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5_walk_cb, &w);
-    H5Eclear2(H5E_DEFAULT);
-    if (w.sys_errno > 0)
-        snprintf(buf, len, "%s", strerror(w.sys_errno));
-    else
-        snprintf(buf, len, "%s", w.found ? w.desc : "HDF5 call failed");
-    return buf;
-}
-
-/* Closes any HDF5 object, keeping the error stack: every API call clears it
- * on entry, and the clean-up after a failure must not erase its reason. */
-static void h5_close_id(hid_t id)
-{
-    if (id < 0) return;
-    hid_t saved = H5Eget_current_stack();
-    switch (H5Iget_type(id)) {
-    case H5I_FILE: H5Fclose(id); break;
-    case H5I_GROUP: H5Gclose(id); break;
-    case H5I_DATASET: H5Dclose(id); break;
-    case H5I_ATTR: H5Aclose(id); break;
-    case H5I_DATATYPE: H5Tclose(id); break;
-    case H5I_DATASPACE: H5Sclose(id); break;
-    default: break;
-    }
-    if (saved >= 0) H5Eset_current_stack(saved);
-}
 
 /* ------------------------------------------------------------- attributes */
 
@@ -117,7 +34,7 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
     hid_t a = -1, t = -1, mt = -1, sp = -1;
     *present = 0;
     htri_t ex = H5Aexists(obj, name);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, h5_detail(det, sizeof det));
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
     if (ex == 0) {
         if (required)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected a string)", path, name);
@@ -125,7 +42,7 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
     }
     if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
         (sp = H5Aget_space(a)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if (H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(sp) != 1) {
@@ -137,7 +54,7 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
         mt = H5Tcopy(H5T_C_S1);
         if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 || H5Tset_cset(mt, H5Tget_cset(t)) < 0 ||
             H5Aread(a, mt, &s) < 0) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, kvq_h5_detail(det, sizeof det));
             goto out;
         }
         snprintf(buf, len, "%s", s ? s : "");
@@ -151,7 +68,7 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
             H5Tset_strpad(mt, H5Tget_strpad(t)) < 0 ||
             H5Aread(a, mt, tmp) < 0) {
             free(tmp);
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, kvq_h5_detail(det, sizeof det));
             goto out;
         }
         tmp[sz] = '\0'; /* null-padded strings need not hold a terminator */
@@ -162,10 +79,10 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
     }
     *present = 1;
 out:
-    h5_close_id(mt);
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(a);
+    kvq_h5_close_id(mt);
+    kvq_h5_close_id(sp);
+    kvq_h5_close_id(t);
+    kvq_h5_close_id(a);
     return st;
 }
 
@@ -180,7 +97,7 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     const char *what = integer ? "an integer" : "a number";
     *present = 0;
     htri_t ex = H5Aexists(obj, name);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, h5_detail(det, sizeof det));
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
     if (ex == 0) {
         if (required)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected %s)", path, name, what);
@@ -188,7 +105,7 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     }
     if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
         (sp = H5Aget_space(a)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     H5T_class_t cls = H5Tget_class(t);
@@ -200,7 +117,7 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     if (cls == H5T_INTEGER) {
         long long v;
         if (H5Aread(a, H5T_NATIVE_LLONG, &v) < 0) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, kvq_h5_detail(det, sizeof det));
             goto out;
         }
         if (ival) *ival = v;
@@ -208,16 +125,16 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     } else {
         double v;
         if (H5Aread(a, H5T_NATIVE_DOUBLE, &v) < 0) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read: %s", path, name, kvq_h5_detail(det, sizeof det));
             goto out;
         }
         if (val) *val = v;
     }
     *present = 1;
 out:
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(a);
+    kvq_h5_close_id(sp);
+    kvq_h5_close_id(t);
+    kvq_h5_close_id(a);
     return st;
 }
 
@@ -271,14 +188,14 @@ static kvq_status check_dataset(const char *path, hid_t g, const char *gname, co
     snprintf(obj, sizeof obj, "%s/%s", gname, name);
     *present = 0;
     htri_t ex = H5Lexists(g, name, H5P_DEFAULT);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot query: %s", path, obj, h5_detail(det, sizeof det));
+    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot query: %s", path, obj, kvq_h5_detail(det, sizeof det));
     if (ex == 0) return KVQ_OK;
     if ((ds = H5Dopen2(g, name, H5P_DEFAULT)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a dataset: %s", path, obj, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a dataset: %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if ((t = H5Dget_type(ds)) < 0 || (sp = H5Dget_space(ds)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot read type/shape: %s", path, obj, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot read type/shape: %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if ((st = float_kind(path, obj, t, dt, err))) goto out;
@@ -308,9 +225,9 @@ static kvq_status check_dataset(const char *path, hid_t g, const char *gname, co
     }
     *present = 1;
 out:
-    h5_close_id(sp);
-    h5_close_id(t);
-    h5_close_id(ds);
+    kvq_h5_close_id(sp);
+    kvq_h5_close_id(t);
+    kvq_h5_close_id(ds);
     return st;
 }
 
@@ -341,7 +258,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
     hid_t ds = -1, t = -1, fspace = H5S_ALL, mspace = H5S_ALL;
     size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
     if ((ds = H5Dopen2(d->file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if (rows) { /* one block per run of consecutive rows */
@@ -355,7 +272,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
             i = j;
         }
         if (h < 0) {
-            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select %zu rows: %s", path, obj, nrows, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select %zu rows: %s", path, obj, nrows, kvq_h5_detail(det, sizeof det));
             goto out;
         }
     }
@@ -371,14 +288,14 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
         if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per); goto out; }
         hsize_t sdims[3] = {1, (hsize_t)mid, (hsize_t)shape[2]};
         if (slabs > 1 && ((fspace = H5Dget_space(ds)) < 0 || (mspace = H5Screate_simple(3, sdims, NULL)) < 0)) {
-            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select a slab: %s", path, obj, h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select a slab: %s", path, obj, kvq_h5_detail(det, sizeof det));
             goto out;
         }
         for (size_t a = 0; a < slabs; a++) {
             hsize_t start[3] = {a, 0, 0};
             if ((slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
                 H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
-                st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+                st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, kvq_h5_detail(det, sizeof det));
                 goto out;
             }
             if (H5Tget_order(t) == H5T_ORDER_BE)
@@ -386,7 +303,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
             kvq_f16_to_f32_array(half, dst + a * per, per);
         }
     } else if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst) < 0) {
-        st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     /* finite check; a float64 value beyond float32 range also lands here as inf */
@@ -399,10 +316,10 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
                       rows ? (size_t)rows[b] : b, c);
     }
 out:
-    if (fspace != H5S_ALL) h5_close_id(fspace);
-    if (mspace != H5S_ALL) h5_close_id(mspace);
-    h5_close_id(t);
-    h5_close_id(ds);
+    if (fspace != H5S_ALL) kvq_h5_close_id(fspace);
+    if (mspace != H5S_ALL) kvq_h5_close_id(mspace);
+    kvq_h5_close_id(t);
+    kvq_h5_close_id(ds);
     return st;
 }
 
@@ -418,8 +335,8 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     kvq_status st;
 
     if ((st = attr_string(p, root, "kvq_format", 1, tag, sizeof tag, &present, err))) return st;
-    if (strcmp(tag, FORMAT_TAG) != 0)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, FORMAT_TAG, tag);
+    if (strcmp(tag, KVQ_DUMP_FORMAT_TAG) != 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, KVQ_DUMP_FORMAT_TAG, tag);
     if ((st = attr_string(p, root, "model", 1, in->model, sizeof in->model, &present, err))) return st;
     if ((st = attr_dim(p, root, "num_layers", &in->num_layers, err)) ||
         (st = attr_dim(p, root, "num_heads", &in->num_heads, err)) ||
@@ -498,7 +415,7 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: missing group (num_layers is %d)", p, gname, in->num_layers);
         hid_t g = H5Gopen2(d->file, gname, H5P_DEFAULT);
         if (g < 0)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a group: %s", p, gname, h5_detail(det, sizeof det));
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a group: %s", p, gname, kvq_h5_detail(det, sizeof det));
         int pk, pv, pq, pr;
         kvq_dtype dk = KVQ_F32, dv = KVQ_F32, dq = KVQ_F32, dr;
         kvq_status st;
@@ -546,7 +463,7 @@ kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err)
     FILE *f = fopen(path, "rb");
     if (!f) return kvq_fail(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     fclose(f);
-    h5_quiet();
+    kvq_h5_quiet();
     htri_t is = H5Fis_hdf5(path);
     if (is <= 0) {
         H5Eclear2(H5E_DEFAULT);
@@ -559,7 +476,7 @@ kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err)
     }
     d->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (d->file < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: cannot open as HDF5 (truncated or corrupt file?): %s", path, h5_detail(det, sizeof det));
+        kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: cannot open as HDF5 (truncated or corrupt file?): %s", path, kvq_h5_detail(det, sizeof det));
         free(d->path);
         free(d);
         return st;
@@ -641,7 +558,7 @@ static kvq_status read_into(kvq_dump *d, int layer, kvq_layer *out, kvq_error *e
         {"query", out->query, sq},
         {"key_pre_rope", out->key_pre_rope, skv},
     };
-    h5_quiet();
+    kvq_h5_quiet();
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (!items[i].dst) continue;
         snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
@@ -710,7 +627,7 @@ kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size
     for (size_t i = 0; i < npos; i++)
         if (pos[i] < 0 || pos[i] >= in->seq_len || (i && pos[i] <= pos[i - 1]))
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: query rows: expected ascending positions below %d", d->path, in->seq_len);
-    h5_quiet();
+    kvq_h5_quiet();
     size_t bytes;
     if (!kvq_tensor_bytes((size_t)in->num_heads, npos ? npos : 1, (size_t)in->head_dim, &bytes) ||
         !(*out = malloc(bytes)))
@@ -748,7 +665,7 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the RoPE tables", d->path);
     } else {
         int shape[3] = {1, T, half};
-        h5_quiet();
+        kvq_h5_quiet();
         if (!(st = read_floats(d, "/rope_cos", c, shape, NULL, 0, err)) &&
             !(st = read_floats(d, "/rope_sin", s, shape, NULL, 0, err)))
             for (size_t i = 0; i < n; i++) out->cos[i] = c[i], out->sin[i] = s[i];
@@ -762,259 +679,27 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     return KVQ_OK;
 }
 
-/* ----------------------------------------------------------------- writer */
-
-static hid_t f16_type(void)
-{
-    hid_t t = H5Tcopy(H5T_IEEE_F32LE);
-    if (t < 0) return t;
-    if (H5Tset_fields(t, 15, 10, 5, 0, 10) < 0 || H5Tset_size(t, 2) < 0 || H5Tset_ebias(t, 15) < 0) {
-        H5Tclose(t);
-        return -1;
-    }
-    return t;
-}
-
-static herr_t write_attr_string(hid_t obj, const char *name, const char *val)
-{
-    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR), a = -1;
-    herr_t r = -1;
-    if (t >= 0 && sp >= 0 && H5Tset_size(t, strlen(val) + 1) >= 0 &&
-        (a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
-        r = H5Awrite(a, t, val);
-    h5_close_id(a);
-    h5_close_id(sp);
-    h5_close_id(t);
-    return r;
-}
-
-static herr_t write_attr_num(hid_t obj, const char *name, hid_t ftype, hid_t mtype, const void *v)
-{
-    hid_t sp = H5Screate(H5S_SCALAR), a = -1;
-    herr_t r = -1;
-    if (sp >= 0 && (a = H5Acreate2(obj, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
-        r = H5Awrite(a, mtype, v);
-    h5_close_id(a);
-    h5_close_id(sp);
-    return r;
-}
-
-kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, kvq_dtype dtype,
-                                  kvq_dump_writer **out, kvq_error *err)
-{
-    char det[256];
-    *out = NULL;
-    h5_quiet();
-    kvq_dump_writer *w = calloc(1, sizeof *w);
-    if (!w) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
-    int special = 0, fd = -1;
-    kvq_status st0 = kvq_output_target(path, &w->path, &special, err);
-    if (!st0 && special)
-        st0 = kvq_fail(err, KVQ_ERR_IO, "%s: expected a regular file for an HDF5 dump (it is a FIFO or a device)", path);
-    if (!st0) st0 = kvq_output_temp(path, w->path, &w->tmp, &fd, err);
-    if (st0) {
-        free(w->path), free(w);
-        return st0;
-    }
-    close(fd);
-    if (temp_created) temp_created(w->tmp);
-    w->info = *info;
-    w->dtype = dtype;
-    w->file = H5Fcreate(w->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-    if (w->file < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create HDF5 file: %s", path, h5_detail(det, sizeof det));
-        unlink(w->tmp);
-        free(w->tmp), free(w->path), free(w);
-        return st;
-    }
-    long long dims[5] = {info->num_layers, info->num_heads, info->num_kv_heads, info->head_dim, info->seq_len};
-    const char *names[5] = {"num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len"};
-    herr_t r = write_attr_string(w->file, "kvq_format", FORMAT_TAG);
-    if (r >= 0) r = write_attr_string(w->file, "model", info->model);
-    for (int i = 0; i < 5 && r >= 0; i++)
-        r = write_attr_num(w->file, names[i], H5T_STD_I64LE, H5T_NATIVE_LLONG, &dims[i]);
-    if (r >= 0 && info->has_rope_theta)
-        r = write_attr_num(w->file, "rope_theta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &info->rope_theta);
-    if (r >= 0 && info->rope_style != KVQ_ROPE_UNSET)
-        r = write_attr_string(w->file, "rope_style", info->rope_style == KVQ_ROPE_HALF ? "half" : "interleaved");
-    long long qp = info->query_prescaled;
-    if (r >= 0) r = write_attr_num(w->file, "query_prescaled", H5T_STD_I64LE, H5T_NATIVE_LLONG, &qp);
-    if (r < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot write root attributes: %s", path, h5_detail(det, sizeof det));
-        kvq_dump_writer_abort(w);
-        return st;
-    }
-    *out = w;
-    return KVQ_OK;
-}
-
-/* Writes x as a dataset [a][b][c], or [b][c] when a == 0. */
-static herr_t write_tensor(hid_t g, const char *name, const float *x, int a, int b, int c,
-                           kvq_dtype dt)
-{
-    hsize_t dims[3] = {(hsize_t)a, (hsize_t)b, (hsize_t)c};
-    size_t n = (size_t)(a ? a : 1) * b * c;
-    hid_t sp = a ? H5Screate_simple(3, dims, NULL) : H5Screate_simple(2, dims + 1, NULL), ft = -1, ds = -1;
-    herr_t r = -1;
-    uint16_t *half = NULL;
-    if (sp < 0) return -1;
-    if (dt == KVQ_F16) ft = f16_type();
-    else ft = H5Tcopy(dt == KVQ_F64 ? H5T_IEEE_F64LE : H5T_IEEE_F32LE);
-    if (ft < 0) goto out;
-    if ((ds = H5Dcreate2(g, name, ft, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) goto out;
-    if (dt == KVQ_F16) {
-        if (!(half = kvq_alloc_array(n, sizeof *half))) goto out;
-        kvq_f32_to_f16_array(x, half, n);
-        r = H5Dwrite(ds, ft, H5S_ALL, H5S_ALL, H5P_DEFAULT, half);
-    } else {
-        r = H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x);
-    }
-out:
-    free(half);
-    h5_close_id(ds);
-    h5_close_id(ft);
-    h5_close_id(sp);
-    return r;
-}
-
-kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer *l,
-                                 kvq_error *err)
-{
-    char gname[32], det[256];
-    const kvq_dump_info *in = &w->info;
-    if (layer < 0 || layer >= in->num_layers || l->H != in->num_kv_heads || l->T != in->seq_len ||
-        l->D != in->head_dim || (l->query && l->Hq != in->num_heads))
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: shape disagrees with the dump's attributes", w->path, layer);
-    h5_quiet();
-    snprintf(gname, sizeof gname, "/layer_%03d", layer);
-    hid_t g = H5Gcreate2(w->file, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot create group: %s", w->path, gname, h5_detail(det, sizeof det));
-    herr_t r = write_tensor(g, "key", l->key, l->H, l->T, l->D, w->dtype);
-    if (r >= 0) r = write_tensor(g, "value", l->value, l->H, l->T, l->D, w->dtype);
-    if (r >= 0 && l->query) r = write_tensor(g, "query", l->query, l->Hq, l->T, l->D, w->dtype);
-    if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
-    h5_close_id(g);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
-kvq_status kvq_dump_writer_layer_attr_int(kvq_dump_writer *w, int layer, const char *name, long long v,
-                                          kvq_error *err)
-{
-    char gname[32], det[256];
-    snprintf(gname, sizeof gname, "/layer_%03d", layer);
-    h5_quiet();
-    hid_t g = H5Gopen2(w->file, gname, H5P_DEFAULT);
-    herr_t r = g < 0 ? -1 : write_attr_num(g, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, &v);
-    h5_close_id(g);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s/%s: cannot write: %s", w->path, gname, name, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
-kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, const float *sin,
-                                      kvq_error *err)
-{
-    char det[256];
-    h5_quiet();
-    int T = w->info.seq_len, half = w->info.head_dim / 2;
-    herr_t r = write_tensor(w->file, "rope_cos", cos, 0, T, half, KVQ_F32);
-    if (r >= 0) r = write_tensor(w->file, "rope_sin", sin, 0, T, half, KVQ_F32);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: /rope_cos, /rope_sin: cannot write: %s", w->path, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
-kvq_status kvq_dump_writer_attr_ints(kvq_dump_writer *w, const char *name, const int *v, size_t n, kvq_error *err)
-{
-    char det[256];
-    h5_quiet();
-    hsize_t dims[1] = {(hsize_t)n};
-    hid_t sp = n ? H5Screate_simple(1, dims, NULL) : H5Screate(H5S_SCALAR), a = -1;
-    herr_t r = -1;
-    if (sp >= 0 && (a = H5Acreate2(w->file, name, H5T_STD_I32LE, sp, H5P_DEFAULT, H5P_DEFAULT)) >= 0)
-        r = H5Awrite(a, H5T_NATIVE_INT, v);
-    h5_close_id(a);
-    h5_close_id(sp);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
-kvq_status kvq_dump_writer_attr_real(kvq_dump_writer *w, const char *name, double v, kvq_error *err)
-{
-    char det[256];
-    h5_quiet();
-    if (write_attr_num(w->file, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v) < 0)
-        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
-kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, const char *v, kvq_error *err)
-{
-    char det[256];
-    h5_quiet();
-    if (write_attr_string(w->file, name, v) < 0)
-        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, h5_detail(det, sizeof det));
-    return KVQ_OK;
-}
-
 kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err)
 {
     char det[256];
     *tokens = NULL, *n = 0;
-    h5_quiet();
+    kvq_h5_quiet();
     if (H5Aexists(d->file, "tokens") <= 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: attribute missing", d->path);
     hid_t a = H5Aopen(d->file, "tokens", H5P_DEFAULT), sp = a >= 0 ? H5Aget_space(a) : -1, t = a >= 0 ? H5Aget_type(a) : -1;
     kvq_status st = KVQ_OK;
     hssize_t cnt = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
     if (a < 0 || sp < 0 || t < 0 || cnt < 1 || H5Tget_class(t) != H5T_INTEGER) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: expected an integer array: %s", d->path, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: expected an integer array: %s", d->path, kvq_h5_detail(det, sizeof det));
     } else if (!(*tokens = kvq_alloc_array((size_t)cnt, sizeof **tokens))) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", d->path);
     } else if (H5Aread(a, H5T_NATIVE_INT, *tokens) < 0) {
         free(*tokens), *tokens = NULL;
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: cannot read: %s", d->path, h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: cannot read: %s", d->path, kvq_h5_detail(det, sizeof det));
     } else {
         *n = (size_t)cnt;
     }
-    h5_close_id(t);
-    h5_close_id(sp);
-    h5_close_id(a);
+    kvq_h5_close_id(t);
+    kvq_h5_close_id(sp);
+    kvq_h5_close_id(a);
     return st;
-}
-
-kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
-{
-    char det[256];
-    kvq_status st = KVQ_OK;
-    h5_quiet();
-    if (H5Fclose(w->file) < 0) {
-        w->file = -1;
-        st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot close: %s", w->path, h5_detail(det, sizeof det));
-    } else if (rename(w->tmp, w->path) != 0) {
-        st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot rename %s into place: %s", w->path, w->tmp, strerror(errno));
-    }
-    w->file = -1;
-    if (st) unlink(w->tmp);
-    if (temp_gone) temp_gone(w->tmp);
-    free(w->tmp), free(w->path), free(w);
-    return st;
-}
-
-const char *kvq_dump_writer_temp(const kvq_dump_writer *w) { return w->tmp; }
-
-void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const char *tmp))
-{
-    temp_created = created, temp_gone = gone;
-}
-
-void kvq_dump_writer_abort(kvq_dump_writer *w)
-{
-    if (!w) return;
-    /* A close that fails (its flush hit ENOSPC or EFBIG) leaves HDF5 1.10
-     * half-closed state behind: it is not closed again (that crashes) and
-     * h5_quiet keeps HDF5 from closing it at exit. */
-    if (w->file >= 0) H5Fclose(w->file);
-    H5Eclear2(H5E_DEFAULT);
-    unlink(w->tmp);
-    if (temp_gone) temp_gone(w->tmp);
-    free(w->tmp), free(w->path), free(w);
 }

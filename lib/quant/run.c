@@ -1,0 +1,55 @@
+/* run.c — running a spec on one layer: the shape check, the `prerotate`
+ * wrapper, and the per-head runner that spreads a family's quantize_head
+ * over the heads (K and V) in parallel and names the head that failed. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <omp.h>
+#include <string.h>
+
+/* Per-head quantizers: tensor 0 (K) and 1 (V) of every head spread over
+ * ctx->nthreads threads; the first failure in task order (independent of
+ * scheduling) becomes the error. */
+static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err);
+
+kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_error *err)
+{
+    kvq_status st = kvq_spec_check_shape(spec, in->D, err);
+    if (st) return st;
+    if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
+    return quantize_layer_direct(spec, ctx, in, out, err);
+}
+
+static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err)
+{
+    if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
+    kvq_status (*fn)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *, kvq_quant_out *, int,
+                     int, kvq_error *) = spec->q->quantize_head;
+    int ntask = 2 * in->H;
+    kvq_status *sts = calloc((size_t)ntask, sizeof *sts);
+    kvq_error *errs = calloc((size_t)ntask, sizeof *errs);
+    if (!sts || !errs) {
+        free(sts), free(errs);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    int nt = kvq_threads(ctx->nthreads);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int i = 0; i < ntask; i++) sts[i] = fn(spec, ctx, in, out, i / in->H, i % in->H, &errs[i]);
+    kvq_status st = KVQ_OK;
+    int bad = 0;
+    for (int i = 0; i < ntask && !st; i++) st = sts[i], bad = i;
+    char msg[sizeof err->msg];
+    snprintf(msg, sizeof msg, "%s", errs[bad].msg);
+    free(sts), free(errs);
+    const char *tensor = bad / in->H ? "value" : "key";
+    if (!st) return KVQ_OK;
+    if (msg[0])
+        return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor, bad % in->H, msg);
+    if (st == KVQ_ERR_NUMERIC) return kvq_quant_numeric_error(err, spec, ctx, tensor, bad % in->H);
+    if (st == KVQ_ERR_NOMEM) return kvq_fail(err, st, "%s: out of memory", spec->text);
+    return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor,
+                    bad % in->H, kvq_strerror(st));
+}

@@ -1,0 +1,55 @@
+/* table.c — the one table of quantizers (SPEC §3), in the style of ggml's
+ * type traits: CLIs, sweeps, --list-quantizers and the tests loop over it.
+ * Adding a quantizer: one new file with its kvq_quantizer, one line below. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <string.h>
+
+static const kvq_quantizer *const registry[] = {
+    &kvq_q_per_token,
+    &kvq_q_per_channel,
+    &kvq_q_kivi,
+    &kvq_q_kcvt,
+    &kvq_q_absmax,
+    &kvq_q_gear,
+    &kvq_q_gear_l,
+    &kvq_q_cluster,
+    &kvq_q_lloydmax,
+    &kvq_q_fp8,
+    &kvq_q_fp4,
+    &kvq_q_tender,
+    &kvq_q_ggml,
+    &kvq_q_kvquant,
+    &kvq_q_turboquant,
+};
+
+size_t kvq_quantizer_count(void) { return sizeof registry / sizeof registry[0]; }
+
+const kvq_quantizer *kvq_quantizer_at(size_t i)
+{
+    return i < kvq_quantizer_count() ? registry[i] : NULL;
+}
+
+const kvq_quantizer *kvq_quantizer_find(const char *name)
+{
+    for (size_t i = 0; i < kvq_quantizer_count(); i++)
+        if (!strcmp(registry[i]->name, name)) return registry[i];
+    return NULL;
+}
+
+void kvq_registry_describe(FILE *f)
+{
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = registry[i];
+        fprintf(f, "%-12s %s%s\n", q->name, q->description, q->needs_calib ? " [needs --calib]" : "");
+        for (int k = 0; k < q->nparams; k++) {
+            const kvq_param *p = &q->params[k];
+            char kv[64], range[64];
+            snprintf(kv, sizeof kv, "%s=%s", p->key, p->def ? p->def : "(unset)");
+            if (p->type == KVQ_PARAM_CHOICE) snprintf(range, sizeof range, "%s", p->choices);
+            else snprintf(range, sizeof range, "%g..%g", p->min, p->max);
+            fprintf(f, "    %-16s %s [%s]\n", kv, p->help, range);
+        }
+    }
+}

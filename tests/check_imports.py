@@ -1,0 +1,88 @@
+"""check_imports.py — libkvq's import graph, read from its object files
+(`nm`: which file defines each symbol another file uses): no cycle between
+files, and every room (lib/<room>/) uses only the rooms before it in
+ORDER, as the README's layout says.   check_imports.py OBJDIR"""
+import collections
+import glob
+import os
+import subprocess
+import sys
+
+ORDER = ["base", "math", "metrics", "formats", "io", "quant", "analysis", "model"]
+
+
+def graph(objdir):
+    defs, uses = {}, collections.defaultdict(set)
+    for o in glob.glob(os.path.join(objdir, "*.o")):
+        name = os.path.basename(o)
+        out = subprocess.run(["nm", o], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            p = line.split()
+            if len(p) == 3 and p[1] in "TDRB":
+                defs[p[2]] = name
+            elif len(p) == 2 and p[0] == "U":
+                uses[name].add(p[1])
+    edges = collections.defaultdict(dict)  # file -> {file it uses: a symbol}
+    for o, syms in uses.items():
+        for s in sorted(syms):
+            if s in defs and defs[s] != o:
+                edges[o].setdefault(defs[s], s)
+    return edges
+
+
+def cycles(edges):
+    index, low, stack, on, out, n = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = n[0]
+        n[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def main(objdir):
+    edges = graph(objdir)
+    if not edges:
+        print(f"check_imports: error: {objdir}: no object files")
+        return 1
+    bad = [f"files in a cycle: {' '.join(c)}" for c in cycles(edges)]
+    room = lambda o: o.split("_")[0]  # meson names lib/<room>/x.c's object <room>_x.c.o
+    for a, used in sorted(edges.items()):
+        for b, sym in sorted(used.items()):
+            ra, rb = room(a), room(b)
+            if ra == rb:
+                continue
+            if ra not in ORDER or rb not in ORDER:
+                bad.append(f"{a} -> {b}: a room outside {ORDER}")
+            elif ORDER.index(rb) > ORDER.index(ra):
+                bad.append(f"{a} uses {sym} from {b}: {ra}/ may use only {', '.join(ORDER[:ORDER.index(ra)])}")
+    for b in bad:
+        print("check_imports:", b)
+    print(f"check_imports: {len(edges)} files, {'no' if not bad else len(bad)} problems")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
