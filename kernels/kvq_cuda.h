@@ -1,6 +1,6 @@
 /* kvq_cuda.h — host interface of the CUDA path (kernels/), built with the
  * meson `cuda` feature as a separate module, libkvq-cuda.so, which
- * lib/base/device.c opens with dlopen only when a device is asked for: CPU runs
+ * lib/analysis/device.c opens with dlopen only when a device is asked for: CPU runs
  * never load the CUDA runtime.  The module exports one symbol,
  * kvq_cuda_module_api, the table of the functions below.
  *
@@ -12,7 +12,7 @@
 #ifndef KVQ_CUDA_H
 #define KVQ_CUDA_H
 
-#include "kvq.h"
+#include "quant/plan.h"
 
 #ifdef __cplusplus
 extern "C" {

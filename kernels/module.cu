@@ -1,5 +1,5 @@
 /* module.cu — the entry point of libkvq-cuda.so: the table of the host
- * functions that lib/base/device.c looks up after dlopen (kvq_cuda.h). */
+ * functions that lib/analysis/device.c looks up after dlopen (kvq_cuda.h). */
 #include "kvq_cuda.h"
 
 extern "C" __attribute__((visibility("default"))) const kvq_cuda_api *kvq_cuda_module_api(void)

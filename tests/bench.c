@@ -5,7 +5,7 @@
  * Reports: read throughput; quantize + reconstruction-error elements/s on
  * one core per quantizer; attention-metric GFLOP/s against plain
  * cblas_sgemm on the same shapes; the whole default analysis wall time. */
-#include "kvq.h"
+#include "internal.h"
 #include "quant/quant.h"
 
 #include <cblas.h>

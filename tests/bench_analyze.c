@@ -154,7 +154,7 @@ int main(int argc, char **argv)
         const kvq_quantizer *q = kvq_quantizer_at(i);
         kvq_spec sp;
         kvq_error err = {0};
-        ndefault += q->in_default_set && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp);
+        ndefault += kvq_quantizer_in_default_set(q) && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp);
     }
     printf("kvq-bench-analyze: %d cores; kvq-analyze --per model, --queries last:%d (the default)\n", nt, P);
 

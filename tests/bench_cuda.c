@@ -14,7 +14,8 @@
  *   - kvq_analyze_dump with --device cuda against the CPU, whole dump.
  * Without a GPU it says so and exits 77 (skipped). */
 #include "device.h"
-#include "kvq.h"
+#include "internal.h"
+#include "quant/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>

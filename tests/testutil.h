@@ -3,6 +3,8 @@
 #define KVQ_TESTUTIL_H
 
 #include "kvq.h"
+#include "internal.h"     /* the reference maths and formats the tests check */
+#include "quant/quant.h" /* the quantizer-author API */
 
 #include <check.h>
 #include <math.h>

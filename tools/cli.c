@@ -576,14 +576,14 @@ int cli_add_default_specs(const char *prog, int have_calib, kvq_spec **specs, in
 {
     for (size_t i = 0; i < kvq_quantizer_count(); i++) {
         const kvq_quantizer *q = kvq_quantizer_at(i);
-        if (!q->in_default_set) continue;
+        if (!kvq_quantizer_in_default_set(q)) continue;
         kvq_spec sp;
         kvq_error err = {0};
         if (kvq_spec_default(q, &sp, &err)) return cli_fail(prog, &err);
         /* needs a calibration: the quantizer always, or its default spec (kvquant's nuq) */
         if (!have_calib && kvq_spec_needs_calib(&sp)) {
             size_t o = skipped ? strlen(skipped) : 0;
-            if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", q->name);
+            if (skipped) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", kvq_quantizer_name(q));
             continue;
         }
         int rc = cli_push_spec(prog, specs, n, &sp);
@@ -607,7 +607,8 @@ int cli_fit_specs_to_head_dim(const char *prog, const char *where, int defaults,
             return CLI_USAGE;
         }
         size_t o = strlen(skipped);
-        if (!strstr(skipped, specs[i].q->name)) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", specs[i].q->name);
+        const char *name = kvq_quantizer_name(specs[i].q);
+        if (!strstr(skipped, name)) snprintf(skipped + o, len - o, "%s%s", o ? ", " : "", name);
     }
     *n = kept;
     return CLI_OK;

@@ -247,7 +247,7 @@ int main(int argc, char **argv)
         else snprintf(layer, sizeof layer, "%d", it->layer);
         const kvq_spec *sp = it->spec;
         double dnll = it->nll - nll_ref;
-        kvq_cell row[NCOL] = {{.text = in->name}, {.text = toks}, {.text = sp ? sp->q->name : "none"},
+        kvq_cell row[NCOL] = {{.text = in->name}, {.text = toks}, {.text = sp ? kvq_quantizer_name(sp->q) : "none"},
                             {.text = sp ? sp->text : "none"},
                             {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"}, {.text = layer},
                             {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},

@@ -355,7 +355,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         free(copy);
         expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
         /* also checks --layers/--heads/--queries against the dump */
-        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &shared_bytes[i], &err)) {
+        if (kvq_prepare_bytes(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &shared_bytes[i], &err)) {
             rc = cli_fail(prog, &err);
             goto done;
         }
@@ -481,7 +481,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
                         prog, dumps[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
             continue;
         }
-        if (kvq_prepare_dump(d[i], &ao, kvq_grid_quantizer(grid)->read_flags, &prep[i], &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (kvq_prepare_dump(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &prep[i], &err)) { rc = cli_fail(prog, &err); goto done; }
         used += (double)bytes;
     }
 

@@ -6,6 +6,7 @@
  * so several specs, dumps and sweep points pay for calibration once.  The
  * calibration layer is read once per layer however many states need it. */
 #include "../internal.h"
+#include "../quant/quant.h"
 
 #include <string.h>
 

@@ -2,6 +2,7 @@
  * columns), and the per head / layer / model pooling of an analysis.
  * Writes only to the FILE the caller gives. */
 #include "../internal.h"
+#include "../quant/quant.h"
 
 #include <math.h>
 #include <stdio.h>

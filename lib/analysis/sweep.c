@@ -7,6 +7,7 @@
  * is the p-th tuple.  A point's spec names the fixed and grid keys in the
  * quantizer's parameter order, e.g. kivi:bits=2,group=32,residual=64. */
 #include "../internal.h"
+#include "../quant/quant.h"
 
 #include <errno.h>
 #include <math.h>

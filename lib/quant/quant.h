@@ -1,9 +1,50 @@
-/* quant.h — what the quantizer families share inside libkvq: the registry's
- * entries and the helpers that apply U/A along the axes of SPEC §2.1. */
+/* quant.h — the quantizer-author API: what a family's file defines (its
+ * kvq_quantizer) and may use (plans, the helpers that apply U/A along the
+ * axes of SPEC §2.1, rotations, codebooks...).  Tools see quantizers only
+ * through kvq.h's accessors. */
 #ifndef KVQ_QUANT_H
 #define KVQ_QUANT_H
 
-#include "../kvq.h"
+#include "../internal.h"
+#include "plan.h"
+
+typedef struct kvq_quantizer {
+    const char *name;
+    const char *description;
+    const kvq_param *params;
+    int nparams;
+    int needs_calib;    /* always needs --calib (see calib_key for spec-dependent needs) */
+    int in_default_set; /* part of kvq-analyze's default set */
+    const char *default_spec; /* the spec the default set uses ("" = defaults) */
+    /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
+    kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
+    /* Whether the spec can run on heads of D channels (e.g. llama.cpp's rule:
+     * D a multiple of the block); NULL if any D.  KVQ_ERR_USAGE says why. */
+    kvq_status (*check_shape)(const kvq_spec *spec, int D, kvq_error *err);
+    /* Exactly one of the two: the whole layer (may use ctx->nthreads), or one
+     * tensor (0 = K, 1 = V) of one head, which kvq_quantize_layer runs over all
+     * heads in parallel and must write only that head's output and bits.
+     * quantize_head may leave err untouched for KVQ_ERR_NUMERIC (the runner
+     * then names the fp16 overflow) and KVQ_ERR_NOMEM. */
+    kvq_status (*quantize)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                           kvq_quant_out *out, kvq_error *err);
+    kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, int tensor, int head, kvq_error *err);
+    /* The uniform families also describe themselves as a plan of steps
+     * (T tokens, D channels), which the CUDA path executes; NULL if the
+     * quantizer is not a plan.  Their quantize_head is kvq_plan_quantize_head. */
+    void (*plan)(const kvq_spec *spec, int T, int D, kvq_plan *out);
+    /* Optional tensors the quantizer reads (KVQ_READ_KEY_PRE_ROPE); with that
+     * flag the driver also passes the dump's RoPE when it has one. */
+    unsigned read_flags;
+    /* Calibration (optional).  calib_key returns 0 if this spec needs none,
+     * else 1 with a key in buf: specs of one quantizer with equal keys share
+     * one state per layer, computed once per run from the --calib dump's layer. */
+    int (*calib_key)(const kvq_spec *spec, char *buf, size_t len);
+    kvq_status (*calibrate)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *calib,
+                            void **state, kvq_error *err);
+    void (*calib_free)(void *state);
+} kvq_quantizer;
 
 /* Round half to even for |v| < 2^22 (callers clamp v to their code range
  * first).  Adding and subtracting 1.5·2^23 rounds in the FPU's default mode

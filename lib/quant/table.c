@@ -53,3 +53,13 @@ void kvq_registry_describe(FILE *f)
         }
     }
 }
+
+const char *kvq_quantizer_name(const kvq_quantizer *q) { return q->name; }
+const char *kvq_quantizer_description(const kvq_quantizer *q) { return q->description; }
+int kvq_quantizer_nparams(const kvq_quantizer *q) { return q->nparams; }
+const kvq_param *kvq_quantizer_param(const kvq_quantizer *q, int i)
+{
+    return i >= 0 && i < q->nparams ? &q->params[i] : NULL;
+}
+int kvq_quantizer_in_default_set(const kvq_quantizer *q) { return q->in_default_set; }
+unsigned kvq_quantizer_read_flags(const kvq_quantizer *q) { return q->read_flags; }
