@@ -455,9 +455,6 @@ typedef enum kvq_format { KVQ_FMT_TABLE, KVQ_FMT_CSV, KVQ_FMT_JSONL } kvq_format
 typedef struct kvq_report kvq_report;
 /* Rows go to `f`; the table format buffers rows to align columns. */
 kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_cols, int nextra);
-/* layer/head < 0 print as `all`; extra: nextra cells (may be NULL). */
-kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
-                          const kvq_spec *spec, const kvq_metrics *m, const char *const *extra);
 /* Emits the analysis of one dump, pooled per head, layer or model; extra:
  * the extra cells of every row (may be NULL). */
 kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,

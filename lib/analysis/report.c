@@ -150,8 +150,9 @@ static int is_number(const char *s)
     return !*end && isfinite(v) && (s[0] != '0' || s[1] == '\0' || s[1] == '.' || s[1] == 'e' || s[1] == 'E');
 }
 
-kvq_status kvq_report_row(kvq_report *r, const char *dump, int layer, int head,
-                          const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
+/* One row; layer/head < 0 print as `all`; extra: nextra cells (may be NULL). */
+static kvq_status report_row(kvq_report *r, const char *dump, int layer, int head,
+                              const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
 {
     char ls[16], hs[16], num[40];
     double v[NMETRIC];
@@ -238,7 +239,7 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
             for (int hi = 0; hi < nh && !st; hi++)
                 for (int s = 0; s < ns && !st; s++) {
                     kvq_metrics_finalize(&a->acc[((size_t)li * nh + hi) * ns + s], &m);
-                    st = kvq_report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, extra);
+                    st = report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, extra);
                 }
         return st;
     }
@@ -252,7 +253,7 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
                 for (int hi = 0; hi < nh; hi++) kvq_acc_merge(&pooled, &a->acc[((size_t)li * nh + hi) * ns + s]);
             }
             kvq_metrics_finalize(&pooled, &m);
-            st = kvq_report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, extra);
+            st = report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, extra);
         }
     return st;
 }
