@@ -193,26 +193,24 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
 }
 
 static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
-                               const kvq_attn_ref *ref, const float *qrows, int nspecs, float *const *kq,
-                               float *const *vq, double *const *kbits, double *const *vbits,
-                               double *const *sbytes, kvq_recon_acc *const *recon,
-                               unsigned char *const *done, const int *pos, size_t npos,
-                               kvq_acc *acc, kvq_error *err)
+                               const kvq_attn_ref *ref, const float *qrows, int nspecs, const kvq_quant_out *slot,
+                               const int *pos, size_t npos, kvq_acc *acc, kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
     int H = L->H;
     for (int s = 0; s < nspecs; s++) {
         /* the error sums the quantizer fused into its loops, else computed here */
+        const kvq_quant_out *q = &slot[s];
         kvq_acc fused = {0};
-        if (done[s][h]) fused.k = recon[s][h];
-        else kvq_recon_accumulate(&fused.k, K, kq[s] + off, n);
-        if (done[s][H + h]) fused.v = recon[s][H + h];
-        else kvq_recon_accumulate(&fused.v, V, vq[s] + off, n);
+        if (q->recon_done[h]) fused.k = q->recon[h];
+        else kvq_recon_accumulate(&fused.k, K, q->key + off, n);
+        if (q->recon_done[H + h]) fused.v = q->recon[H + h];
+        else kvq_recon_accumulate(&fused.v, V, q->value + off, n);
         kvq_acc_merge(&acc[s], &fused);
-        acc[s].k.bits += kbits[s][h];
-        acc[s].v.bits += vbits[s][h];
-        acc[s].static_bytes += sbytes[s][h];
+        acc[s].k.bits += q->k_bits[h];
+        acc[s].v.bits += q->v_bits[h];
+        acc[s].static_bytes += q->static_bytes[h];
     }
     if (!with_attn || (!qrows && !ref)) return KVQ_OK;
     int G = L->Hq / L->H;
@@ -223,7 +221,7 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
     if (!Kh || !Vh || !aa) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     } else {
-        for (int s = 0; s < nspecs; s++) Kh[s] = kq[s] + off, Vh[s] = vq[s] + off;
+        for (int s = 0; s < nspecs; s++) Kh[s] = slot[s].key + off, Vh[s] = slot[s].value + off;
         /* query heads h*G .. h*G+G-1 read KV head h */
         if (ref)
             st = kvq_attn_ref_compare(ref, nspecs, Kh, Vh, aa, err);
@@ -282,6 +280,35 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
     return st;
 }
 
+/* One quantizer's outputs for a layer (a slot per spec): K', V' [H][T][D]
+ * of `bytes` each, bits and static bytes [H], the fused error sums and
+ * their flags [2][H].  0, or -1 out of memory (slot_free cleans up). */
+static int slot_alloc(kvq_quant_out *q, int H, size_t bytes)
+{
+    q->key = kvq_alloc_lines(bytes), q->value = kvq_alloc_lines(bytes);
+    q->k_bits = calloc((size_t)H, sizeof(double)), q->v_bits = calloc((size_t)H, sizeof(double));
+    q->static_bytes = calloc((size_t)H, sizeof(double));
+    q->recon = calloc(2 * (size_t)H, sizeof *q->recon);
+    q->recon_done = calloc(2 * (size_t)H, 1);
+    return q->key && q->value && q->k_bits && q->v_bits && q->static_bytes && q->recon && q->recon_done ? 0 : -1;
+}
+
+/* Zeroes what a quantizer adds to (bits, static bytes, fused sums). */
+static void slot_reset(kvq_quant_out *q, int H)
+{
+    memset(q->k_bits, 0, (size_t)H * sizeof(double));
+    memset(q->v_bits, 0, (size_t)H * sizeof(double));
+    memset(q->static_bytes, 0, (size_t)H * sizeof(double));
+    memset(q->recon, 0, 2 * (size_t)H * sizeof *q->recon);
+    memset(q->recon_done, 0, 2 * (size_t)H);
+}
+
+static void slot_free(kvq_quant_out *q)
+{
+    free(q->key), free(q->value), free(q->k_bits), free(q->v_bits), free(q->static_bytes), free(q->recon);
+    free(q->recon_done);
+}
+
 /* The analysis proper, over a prepared dump (cached or streamed). */
 static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
                                kvq_error *err)
@@ -304,17 +331,13 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     out->acc = calloc(nacc ? nacc : 1, sizeof *out->acc);
     out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
     out->heads = kvq_alloc_array((size_t)nh, sizeof *out->heads);
-    float **kq = calloc((size_t)ns + 1, sizeof *kq), **vq = calloc((size_t)ns + 1, sizeof *vq);
-    double **kb = calloc((size_t)ns + 1, sizeof *kb), **vb = calloc((size_t)ns + 1, sizeof *vb);
-    double **sb = calloc((size_t)ns + 1, sizeof *sb);
-    kvq_recon_acc **rc = calloc((size_t)ns + 1, sizeof *rc);
-    unsigned char **rd = calloc((size_t)ns + 1, sizeof *rd);
+    kvq_quant_out *slot = calloc((size_t)ns + 1, sizeof *slot); /* one per spec */
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
     float *qrows = NULL; /* streamed: the layer's query rows */
     size_t bytes;
-    if (!out->acc || !out->layers || !out->heads || !kq || !vq || !kb || !vb || !sb || !rc || !rd || !hst || !herr) {
+    if (!out->acc || !out->layers || !out->heads || !slot || !hst || !herr) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -325,12 +348,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         goto done;
     }
     for (int s = 0; s < ns; s++) {
-        kq[s] = kvq_alloc_lines(bytes), vq[s] = kvq_alloc_lines(bytes);
-        kb[s] = calloc((size_t)H, sizeof(double)), vb[s] = calloc((size_t)H, sizeof(double));
-        sb[s] = calloc((size_t)H, sizeof(double));
-        rc[s] = calloc(2 * (size_t)H, sizeof **rc);
-        rd[s] = calloc(2 * (size_t)H, 1);
-        if (!kq[s] || !vq[s] || !kb[s] || !vb[s] || !sb[s] || !rc[s] || !rd[s]) {
+        if (slot_alloc(&slot[s], H, bytes)) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns, 2 * bytes);
             goto done;
         }
@@ -378,19 +396,14 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
                                  .rope = p->rope.cos ? &p->rope : NULL};
-            kvq_quant_out qo = {.key = kq[s], .value = vq[s], .k_bits = kb[s], .v_bits = vb[s],
-                                .static_bytes = sb[s], .recon = rc[s], .recon_done = rd[s]};
-            memset(kb[s], 0, (size_t)H * sizeof(double));
-            memset(vb[s], 0, (size_t)H * sizeof(double));
-            memset(sb[s], 0, (size_t)H * sizeof(double));
-            memset(rc[s], 0, 2 * (size_t)H * sizeof **rc);
-            memset(rd[s], 0, 2 * (size_t)H);
+            kvq_quant_out *qo = &slot[s];
+            slot_reset(qo, H);
             if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
             if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
-                st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, &qo, err);
-            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, &qo, err)) && o->device)
-                st = kvq_device_upload_slot(o->device, s, kq[s], vq[s], err);
+                st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
+            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, qo, err)) && o->device)
+                st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
             if (st) { /* the quantizer's message names the layer */
                 st = layer_error(err, st, path, -1);
                 goto done;
@@ -401,7 +414,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         for (int hi = 0; hi < nh; hi++)
             hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), p->heads[hi], !o->device,
                                    p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
-                                   qr, ns, kq, vq, kb, vb, sb, rc, rd, p->pos, p->npos,
+                                   qr, ns, slot, p->pos, p->npos,
                                    out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
@@ -419,9 +432,8 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
 done:
     kvq_layer_free(&read);
     free(qrows);
-    for (int s = 0; s < ns && kq && vq && kb && vb && sb && rc && rd; s++)
-        free(kq[s]), free(vq[s]), free(kb[s]), free(vb[s]), free(sb[s]), free(rc[s]), free(rd[s]);
-    free(kq), free(vq), free(kb), free(vb), free(sb), free(rc), free(rd), free(hst), free(herr);
+    for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
+    free(slot), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
     return st;
 }

@@ -5,22 +5,46 @@
 #include "../quant/quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
-/* The metric columns after dump, layer, head, quantizer, spec. */
-static const char *const metric_cols[] = {
-    "k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs", "k_sqnr_db",
-    "v_rel_fro", "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db",
-    "score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel", "out_rel_joint", "static_bytes"};
-enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0], ATTN0 = 12, ATTN1 = 18 };
+/* The metric columns after dump, layer, head, quantizer, spec (SPEC §5), in
+ * order: the field of kvq_metrics each prints, whether it is an attention
+ * column (empty in CSV, null in JSONL, "-" in the table when the dump has no
+ * queries), and whether the table shows it (CSV and JSONL show all). */
+enum { COL_ATTN = 1, COL_TABLE = 2 };
+typedef struct metric_col {
+    const char *name;
+    size_t offset; /* of the double in kvq_metrics */
+    unsigned flags;
+} metric_col;
+#define COL(field, flags) {#field, offsetof(kvq_metrics, field), flags}
+static const metric_col metric_cols[] = {
+    COL(k_bits, COL_TABLE), COL(v_bits, COL_TABLE), COL(k_rel_fro, COL_TABLE), COL(k_rmse, 0), COL(k_mae, 0),
+    COL(k_max_abs, 0), COL(k_sqnr_db, COL_TABLE), COL(v_rel_fro, COL_TABLE), COL(v_rmse, 0), COL(v_mae, 0),
+    COL(v_max_abs, 0), COL(v_sqnr_db, COL_TABLE), COL(score_rel, COL_ATTN | COL_TABLE),
+    COL(attn_rel, COL_ATTN | COL_TABLE), COL(attn_kl, COL_ATTN | COL_TABLE), COL(attn_top1, COL_ATTN | COL_TABLE),
+    COL(out_rel, COL_ATTN | COL_TABLE), COL(out_rel_joint, COL_ATTN | COL_TABLE), COL(static_bytes, COL_TABLE),
+};
+#undef COL
+enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0] };
 
-/* Attention columns: empty (CSV), null (JSONL) or "-" (table) without queries. */
-static int attn_missing(int i, const kvq_metrics *m) { return i >= ATTN0 && i < ATTN1 && !m->has_attn; }
+static double metric_value(const kvq_metrics *m, int i)
+{
+    double v;
+    memcpy(&v, (const char *)m + metric_cols[i].offset, sizeof v);
+    return v;
+}
 
-/* Columns the table shows (indices into metric_cols); CSV/JSONL show all. */
-static const int table_cols[] = {0, 1, 2, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18};
-enum { NTABLE = sizeof table_cols / sizeof table_cols[0] };
+static int attn_missing(int i, const kvq_metrics *m) { return (metric_cols[i].flags & COL_ATTN) && !m->has_attn; }
+
+static int table_ncols(void)
+{
+    int n = 0;
+    for (int i = 0; i < NMETRIC; i++) n += (metric_cols[i].flags & COL_TABLE) != 0;
+    return n;
+}
 
 struct kvq_report {
     FILE *f;
@@ -36,16 +60,6 @@ struct kvq_report {
     /* generic rows (kvq_rows_new): caller-named columns */
     const char *const *cols;
 };
-
-static void metrics_values(const kvq_metrics *m, double v[NMETRIC])
-{
-    const double all[NMETRIC] = {
-        m->k_bits, m->v_bits, m->k_rel_fro, m->k_rmse, m->k_mae, m->k_max_abs, m->k_sqnr_db,
-        m->v_rel_fro, m->v_rmse, m->v_mae, m->v_max_abs, m->v_sqnr_db,
-        m->score_rel, m->attn_rel, m->attn_kl, m->attn_top1, m->out_rel, m->out_rel_joint,
-        m->static_bytes};
-    memcpy(v, all, sizeof all);
-}
 
 /* Integer values print as integers (k_bits 10, static_bytes 680), never in
  * exponent form (SPEC §5). */
@@ -79,7 +93,7 @@ kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_col
     kvq_report *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->f = f, r->fmt = fmt, r->extra = extra_cols, r->nextra = nextra;
-    r->ncols = 5 + NTABLE + nextra;
+    r->ncols = 5 + table_ncols() + nextra;
     r->ntext = 5;
     return r;
 }
@@ -126,7 +140,7 @@ static void csv_header(kvq_report *r)
     if (r->header_done) return;
     FILE *f = r->f;
     fputs("dump,layer,head,quantizer,spec", f);
-    for (int i = 0; i < NMETRIC; i++) fprintf(f, ",%s", metric_cols[i]);
+    for (int i = 0; i < NMETRIC; i++) fprintf(f, ",%s", metric_cols[i].name);
     for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, r->extra[i]);
     fputc('\n', f);
     r->header_done = 1;
@@ -155,8 +169,6 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
                               const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
 {
     char ls[16], hs[16], num[40];
-    double v[NMETRIC];
-    metrics_values(m, v);
     if (layer < 0) snprintf(ls, sizeof ls, "all"); else snprintf(ls, sizeof ls, "%d", layer);
     if (head < 0) snprintf(hs, sizeof hs, "all"); else snprintf(hs, sizeof hs, "%d", head);
     FILE *f = r->f;
@@ -165,16 +177,17 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
         if (!r->header_done) {
             const char *h[] = {"dump", "layer", "head", "quantizer", "spec"};
             for (int i = 0; i < 5; i++) if (table_push(r, h[i])) return KVQ_ERR_NOMEM;
-            for (int i = 0; i < NTABLE; i++) if (table_push(r, metric_cols[table_cols[i]])) return KVQ_ERR_NOMEM;
+            for (int i = 0; i < NMETRIC; i++)
+                if ((metric_cols[i].flags & COL_TABLE) && table_push(r, metric_cols[i].name)) return KVQ_ERR_NOMEM;
             for (int i = 0; i < r->nextra; i++) if (table_push(r, r->extra[i])) return KVQ_ERR_NOMEM;
             r->header_done = 1;
         }
         const char *c[] = {dump, ls, hs, spec->q->name, spec->text};
         for (int i = 0; i < 5; i++) if (table_push(r, c[i])) return KVQ_ERR_NOMEM;
-        for (int i = 0; i < NTABLE; i++) {
-            int k = table_cols[i];
+        for (int k = 0; k < NMETRIC; k++) {
+            if (!(metric_cols[k].flags & COL_TABLE)) continue;
             if (attn_missing(k, m)) snprintf(num, sizeof num, "-");
-            else fmt_table(num, sizeof num, v[k]);
+            else fmt_table(num, sizeof num, metric_value(m, k));
             if (table_push(r, num)) return KVQ_ERR_NOMEM;
         }
         for (int i = 0; i < r->nextra; i++) if (table_push(r, extra && extra[i] ? extra[i] : "")) return KVQ_ERR_NOMEM;
@@ -191,7 +204,7 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
         for (int i = 0; i < NMETRIC; i++) {
             fputc(',', f);
             if (attn_missing(i, m)) continue; /* empty, not zero */
-            fmt_exact(num, sizeof num, v[i]);
+            fmt_exact(num, sizeof num, metric_value(m, i));
             fputs(num, f);
         }
         for (int i = 0; i < r->nextra; i++) fputc(',', f), csv_cell(f, extra && extra[i] ? extra[i] : "");
@@ -206,12 +219,13 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
         fputs(",\"spec\":", f);
         json_string(f, spec->text);
         for (int i = 0; i < NMETRIC; i++) {
-            fprintf(f, ",\"%s\":", metric_cols[i]);
+            fprintf(f, ",\"%s\":", metric_cols[i].name);
             /* JSON has no inf/nan: those and absent metrics are null */
-            if (attn_missing(i, m) || !isfinite(v[i])) {
+            double v = metric_value(m, i);
+            if (attn_missing(i, m) || !isfinite(v)) {
                 fputs("null", f);
             } else {
-                fmt_exact(num, sizeof num, v[i]);
+                fmt_exact(num, sizeof num, v);
                 fputs(num, f);
             }
         }
