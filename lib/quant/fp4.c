@@ -53,23 +53,8 @@ static kvq_status fp4_check_shape(const kvq_spec *sp, int D, kvq_error *err)
     return KVQ_OK;
 }
 
-static float absmax_of(const float *x, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
-
-/* The second-level scale amax/(6·448) in float32; 1 where amax is 0 (or
- * the quotient underflows), as fp8's scales. */
-static float global_scale(float amax)
-{
-    float g = amax / (6.0f * 448.0f);
-    return g > 0.0f ? g : 1.0f;
-}
+/* nvfp4's second-level scale: amax/(6·448) in float32, as fp8's scales. */
+static float global_scale(float amax) { return kvq_max_scale(amax, 6.0f * 448.0f); }
 
 /* One row of D values (D a multiple of the block) through the format and
  * back, with second-level scale g (nvfp4; rne: E4M3 rounding of the block
@@ -92,10 +77,10 @@ static void fp4_head(const float *x, float *y, int H, int T, int D, int format, 
 {
     size_t n = (size_t)T * D;
     double per_elem = format == FMT_MXFP4 ? 4.0 + 8.0 / KVQ_MXFP4_BLOCK : 4.0 + 8.0 / KVQ_NVFP4_BLOCK;
-    float g = global == G_TENSOR ? tensor_g : global == G_HEAD ? global_scale(absmax_of(x, n)) : 1.0f;
+    float g = global == G_TENSOR ? tensor_g : global == G_HEAD ? global_scale(kvq_absmax(x, n)) : 1.0f;
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * D;
-        fp4_row(xt, y + (size_t)t * D, D, format, global == G_TOKEN ? global_scale(absmax_of(xt, (size_t)D)) : g,
+        fp4_row(xt, y + (size_t)t * D, D, format, global == G_TOKEN ? global_scale(kvq_absmax(xt, (size_t)D)) : g,
                 global != G_NONE);
     }
     double g_bits = global == G_TENSOR ? 32.0 / H : global == G_HEAD ? 32.0 : global == G_TOKEN ? 32.0 * T : 0.0;
@@ -115,7 +100,7 @@ static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         float *head_max = malloc((size_t)2 * H * sizeof *head_max);
         if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int i = 0; i < 2 * H; i++) head_max[i] = absmax_of(kvq_head_in(in, i / H, i % H), n);
+        for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
         float amax[2] = {0.0f, 0.0f};
         for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
         free(head_max);

@@ -20,24 +20,6 @@ static const kvq_param fp8_params[] = {
     KVQ_PARAM_PREROTATE,
 };
 
-/* s = max|x| / fmax in float32, 1 where that max is 0 (or where the
- * quotient underflows to 0, which SPEC leaves open). */
-static float fp8_scale(float amax, float fmax)
-{
-    float s = amax / fmax;
-    return s > 0.0f ? s : 1.0f;
-}
-
-static float absmax_of(const float *x, size_t n)
-{
-    float m = 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float a = fabsf(x[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
-
 /* One head [T][D] of one tensor with its scale(s); returns the stored bits.
  * tensor_amax: the layer tensor's max|x| (scale=tensor only). */
 static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int scale, kvq_fp8_format fmt,
@@ -52,17 +34,17 @@ static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int sc
         *bits = codes;
         break;
     case SC_TENSOR: /* one scale for the H heads: a 1/H share of its 32 bits each */
-        kvq_fp8_quantize_array(x, y, n, fp8_scale(tensor_amax, fmax), fmt);
+        kvq_fp8_quantize_array(x, y, n, kvq_max_scale(tensor_amax, fmax), fmt);
         *bits = codes + 32.0 / H;
         break;
     case SC_HEAD:
-        kvq_fp8_quantize_array(x, y, n, fp8_scale(absmax_of(x, n), fmax), fmt);
+        kvq_fp8_quantize_array(x, y, n, kvq_max_scale(kvq_absmax(x, n), fmax), fmt);
         *bits = codes + 32.0;
         break;
     case SC_TOKEN:
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * D;
-            kvq_fp8_quantize_array(xt, y + (size_t)t * D, (size_t)D, fp8_scale(absmax_of(xt, (size_t)D), fmax), fmt);
+            kvq_fp8_quantize_array(xt, y + (size_t)t * D, (size_t)D, kvq_max_scale(kvq_absmax(xt, (size_t)D), fmax), fmt);
         }
         *bits = codes + 32.0 * T;
         break;
@@ -76,7 +58,7 @@ static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int sc
                 float a = fabsf(x[(size_t)t * D + c]);
                 s[c] = a > s[c] ? a : s[c];
             }
-        for (int c = 0; c < D; c++) s[c] = fp8_scale(s[c], fmax);
+        for (int c = 0; c < D; c++) s[c] = kvq_max_scale(s[c], fmax);
         kvq_fp8_quantize_columns(x, y, (size_t)T, (size_t)D, s, fmt);
         free(s);
         *bits = codes + 32.0 * D;
@@ -99,7 +81,7 @@ static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         float *head_max = malloc((size_t)2 * H * sizeof *head_max);
         if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int i = 0; i < 2 * H; i++) head_max[i] = absmax_of(kvq_head_in(in, i / H, i % H), n);
+        for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
         for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
         free(head_max);
     }

@@ -8,6 +8,8 @@
 #include "../internal.h"
 #include "plan.h"
 
+#include <math.h>
+
 typedef struct kvq_quantizer {
     const char *name;
     const char *description;
@@ -52,6 +54,26 @@ typedef struct kvq_quantizer {
  * vectorisable on every x86-64 without SSE4.1.  Needs -ffp-contract=off and
  * no -ffast-math. */
 static inline float kvq_rne(float v) { return (v + 12582912.0f) - 12582912.0f; /* 1.5·2^23 */ }
+
+/* max |x_i| over n values (vectorises). */
+static inline float kvq_absmax(const float *x, size_t n)
+{
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* A float32 scale amax / fmax that maps a tensor's largest value to a
+ * format's largest (fp8, nvfp4's second level); 1 where amax is 0 or the
+ * quotient underflows. */
+static inline float kvq_max_scale(float amax, float fmax)
+{
+    float s = amax / fmax;
+    return s > 0.0f ? s : 1.0f;
+}
 
 /* s rounded to the scale precision. */
 float kvq_round_scale(float s, kvq_scale_prec prec);
