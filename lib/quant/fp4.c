@@ -93,17 +93,11 @@ static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     int H = in->H, T = in->T, D = in->D, format = (int)sp->val[F4_FORMAT], global = (int)sp->val[F4_GLOBAL];
     kvq_status st = fp4_check_shape(sp, D, err);
     if (st) return st;
-    size_t n = (size_t)T * D;
     int nt = kvq_threads(ctx->nthreads);
-    float g[2] = {1.0f, 1.0f}; /* global=tensor: K's and V's, from per-head maxima */
+    float g[2] = {1.0f, 1.0f}; /* global=tensor: K's and V's */
     if (global == G_TENSOR) {
-        float *head_max = malloc((size_t)2 * H * sizeof *head_max);
-        if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
-        float amax[2] = {0.0f, 0.0f};
-        for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
-        free(head_max);
+        float amax[2];
+        if (kvq_layer_absmax(in, nt, amax)) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
         g[0] = global_scale(amax[0]), g[1] = global_scale(amax[1]);
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)

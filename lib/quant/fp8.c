@@ -73,18 +73,10 @@ static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 {
     int H = in->H, T = in->T, D = in->D, scale = (int)sp->val[F8_SCALE];
     kvq_fp8_format fmt = (kvq_fp8_format)sp->val[F8_FORMAT];
-    size_t n = (size_t)T * D;
     int nt = kvq_threads(ctx->nthreads);
-    /* scale=tensor: max|x| of K and of V over all heads, per head then reduced */
-    float amax[2] = {0.0f, 0.0f};
-    if (scale == SC_TENSOR) {
-        float *head_max = malloc((size_t)2 * H * sizeof *head_max);
-        if (!head_max) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
-        for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
-        free(head_max);
-    }
+    float amax[2] = {0.0f, 0.0f}; /* scale=tensor: max|x| of K and of V over all heads */
+    if (scale == SC_TENSOR && kvq_layer_absmax(in, nt, amax))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
     int failed = 0; /* the only failure is out of memory */
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : failed)
     for (int i = 0; i < 2 * H; i++) {

@@ -75,6 +75,11 @@ static inline float kvq_max_scale(float amax, float fmax)
     return s > 0.0f ? s : 1.0f;
 }
 
+/* max |x| of K (amax[0]) and of V (amax[1]) over all heads of a layer, per
+ * head on nthreads threads then reduced (the same for any thread count).
+ * 0, or -1 out of memory. */
+int kvq_layer_absmax(const kvq_layer *in, int nthreads, float amax[2]);
+
 /* s rounded to the scale precision. */
 float kvq_round_scale(float s, kvq_scale_prec prec);
 
