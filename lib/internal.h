@@ -66,7 +66,6 @@ typedef struct kvq_rng {
 void kvq_rng_init(kvq_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c);
 uint64_t kvq_rng_u64(kvq_rng *r);
 double kvq_rng_uniform(kvq_rng *r);          /* [0, 1), 53 bits */
-float kvq_rng_uniform_f(kvq_rng *r);         /* [0, 1), 24 bits */
 double kvq_rng_normal(kvq_rng *r);           /* N(0, 1), Box–Muller */
 uint64_t kvq_rng_below(kvq_rng *r, uint64_t n); /* uniform in [0, n), unbiased */
 

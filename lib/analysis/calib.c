@@ -41,8 +41,6 @@ kvq_status kvq_calib_open(const char *path, kvq_calib **out, kvq_error *err)
     return KVQ_OK;
 }
 
-const kvq_dump_info *kvq_calib_info(const kvq_calib *c) { return kvq_dump_get_info(c->dump); }
-
 kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_dump_info *info,
                            kvq_error *err)
 {

@@ -46,8 +46,6 @@ uint64_t kvq_rng_u64(kvq_rng *r)
 
 double kvq_rng_uniform(kvq_rng *r) { return (double)(kvq_rng_u64(r) >> 11) * 0x1p-53; }
 
-float kvq_rng_uniform_f(kvq_rng *r) { return (float)(kvq_rng_u64(r) >> 40) * 0x1p-24f; }
-
 double kvq_rng_normal(kvq_rng *r)
 {
     /* Box–Muller; one value per call keeps the stream position simple. */

@@ -232,8 +232,6 @@ kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err)
     return st;
 }
 
-const char *kvq_dump_writer_temp(const kvq_dump_writer *w) { return w->tmp; }
-
 void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const char *tmp))
 {
     temp_created = created, temp_gone = gone;
