@@ -700,6 +700,25 @@ static void expect_bad(gguf_w *w, kvq_status want, const char *needle)
     gw_free(w);
 }
 
+/* The model opens, but evaluating 3 tokens without a quantizer is refused
+ * (KVQ_ERR_FORMAT) with a message containing needle. */
+static void expect_eval_refused(gguf_w *w, const char *needle)
+{
+    char path[32];
+    kvq_error err = {0};
+    write_temp(w, path);
+    kvq_model *m = NULL;
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    int toks[3] = {1, 2, 3};
+    kvq_eval_item item = {.spec = NULL, .layer = -1};
+    kvq_eval_opts eo = {.stride = 1, .nthreads = 1};
+    double nll;
+    ck_assert(kvq_model_eval(m, toks, 3, &item, 1, &eo, &nll, &err) == KVQ_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, needle), "%s (expected \"%s\")", err.msg, needle);
+    kvq_model_close(m);
+    unlink(path);
+}
+
 START_TEST(test_bad_models)
 {
     gw_model_opts o = {"llama", 1, 4, 2, 8, 64, 32, 64, KVQ_GGML_F32, 0, 0, 0, 41};
@@ -737,20 +756,7 @@ START_TEST(test_bad_models)
             float bad = -2.0f;
             memcpy(w.t[i].data + 4, &bad, 4);
         }
-    {
-        char path[32];
-        write_temp(&w, path);
-        kvq_model *m = NULL;
-        ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
-        int toks[3] = {1, 2, 3};
-        kvq_eval_item item = {.spec = NULL, .layer = -1};
-        kvq_eval_opts eo = {.stride = 1, .nthreads = 1};
-        double nll;
-        ck_assert(kvq_model_eval(m, toks, 3, &item, 1, &eo, &nll, &err) == KVQ_ERR_FORMAT);
-        ck_assert_msg(strstr(err.msg, "rope_freqs.weight: factor 1 is -2"), "%s", err.msg);
-        kvq_model_close(m);
-        unlink(path);
-    }
+    expect_eval_refused(&w, "rope_freqs.weight: factor 1 is -2");
     /* a NaN weight, and weights so large that the hidden state overflows: exit 1 naming the
      * tensor (row, column) or the layer and position, never a result */
     for (int k = 0; k < 2; k++) {
@@ -766,19 +772,8 @@ START_TEST(test_bad_models)
                     memcpy(w.t[i].data + 4 * e, &big, 4);
                 }
         }
-        char path[32];
-        write_temp(&w, path);
-        kvq_model *m = NULL;
-        ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
-        int toks[3] = {1, 2, 3};
-        kvq_eval_item item = {.spec = NULL, .layer = -1};
-        kvq_eval_opts eo = {.nthreads = 1};
-        double nll;
-        ck_assert(kvq_model_eval(m, toks, 3, &item, 1, &eo, &nll, &err) == KVQ_ERR_FORMAT);
-        ck_assert_msg(strstr(err.msg, k ? "layer 0, position 0: the hidden state is" : "tensor blk.0.attn_q.weight: row 3, column 5 is nan"),
-                      "%s", err.msg);
-        kvq_model_close(m);
-        unlink(path);
+        expect_eval_refused(&w, k ? "layer 0, position 0: the hidden state is"
+                                  : "tensor blk.0.attn_q.weight: row 3, column 5 is nan");
     }
     /* unknown ggml type, named */
     gw_tiny_model(&w, &o);
