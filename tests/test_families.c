@@ -151,6 +151,24 @@ static void run_spec(const char *text, const kvq_layer *L, float *kq, float *vq,
     ck_assert_msg(kvq_quantize_layer(&sp, &ctx, L, &out, &err) == KVQ_OK, "%s: %s", text, err.msg);
 }
 
+/* text parses, and running it on L is a usage error whose message contains
+ * needle (e.g. a head_dim the family cannot take). */
+static void expect_layer_refused(const char *text, const kvq_layer *L, const char *needle)
+{
+    kvq_spec sp;
+    kvq_error err = {0};
+    size_t n = (size_t)L->H * L->T * L->D;
+    float *kq = malloc(n * sizeof *kq), *vq = malloc(n * sizeof *vq);
+    double *kb = calloc((size_t)L->H, sizeof *kb), *vb = calloc((size_t)L->H, sizeof *vb);
+    double *sb = calloc((size_t)L->H, sizeof *sb);
+    ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_OK, "%s: %s", text, err.msg);
+    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+    kvq_quant_ctx ctx = {.nthreads = 1};
+    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, L, &out, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, needle), "%s: %s (expected \"%s\")", text, err.msg, needle);
+    free(kq), free(vq), free(kb), free(vb), free(sb);
+}
+
 static float absmax_strided(const float *x, size_t n, size_t stride)
 {
     float m = 0.0f;
@@ -496,15 +514,12 @@ START_TEST(ggml_rows_bits_and_errors)
     /* head_dim 16 with H·D = 48: block types refuse it (llama.cpp's rule,
      * even where H·D would be a multiple of 32), f16 and bf16 take it */
     layer_from(&L, 3, 2, 16, k);
+    expect_layer_refused("ggml:ktype=f16,vtype=q4_0", &L,
+                         "vtype=q4_0: head_dim 16 is not a multiple of the 32-value blocks (llama.cpp refuses");
     kvq_spec sp;
     kvq_error err = {0};
-    double sb[3] = {0}, kb[3], vb[3];
-    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
-    kvq_quant_ctx ctx = {.nthreads = 1};
+    double kb[3], vb[3];
     ck_assert_int_eq(kvq_spec_parse("ggml:ktype=f16,vtype=q4_0", &sp, &err), KVQ_OK);
-    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
-    ck_assert_msg(strstr(err.msg, "vtype=q4_0: head_dim 16 is not a multiple of the 32-value blocks (llama.cpp refuses"),
-                  "%s", err.msg);
     ck_assert_int_eq(kvq_spec_check_shape(&sp, 16, &err), KVQ_ERR_USAGE);
     ck_assert_int_eq(kvq_spec_check_shape(&sp, 64, &err), KVQ_OK);
     run_spec("ggml:ktype=f16,vtype=bf16", &L, kq, vq, kb, vb, 1);
@@ -754,14 +769,10 @@ START_TEST(fp4_rows_idempotent_and_shape)
     kvq_layer_free(&L);
     /* head_dim 48: a multiple of nvfp4's 16, not of mxfp4's 32 */
     layer_from(&L, 2, 2, 48, k);
+    expect_layer_refused("fp4", &L, "fp4: head_dim 48 is not a multiple of the 32-value blocks");
     kvq_spec sp;
     kvq_error err = {0};
-    double sb[2] = {0}, kb[2], vb[2];
-    kvq_quant_out out = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
-    kvq_quant_ctx ctx = {.nthreads = 1};
-    ck_assert_int_eq(kvq_spec_parse("fp4", &sp, &err), KVQ_OK);
-    ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
-    ck_assert_msg(strstr(err.msg, "fp4: head_dim 48 is not a multiple of the 32-value blocks"), "%s", err.msg);
+    double kb[2], vb[2];
     run_spec("fp4:format=nvfp4", &L, kq, vq, kb, vb, 1);
     kvq_layer_free(&L);
     /* mxfp4 takes no second-level scale */
@@ -964,14 +975,9 @@ START_TEST(prerotate_wrapper)
     float k[3 * 4 * 12];
     fill_normal(k, 3 * 4 * 12, 3, 1.0);
     layer_from(&L, 3, 4, 12, k);
-    kvq_spec sp;
-    ck_assert_int_eq(kvq_spec_parse("absmax:prerotate=hadamard", &sp, &err), KVQ_OK);
+    expect_layer_refused("absmax:prerotate=hadamard", &L, "not a power of two");
     float o1[144], o2[144];
-    double kb1[3], vb1[3], sb1[3] = {0};
-    kvq_quant_out o = {.key = o1, .value = o2, .k_bits = kb1, .v_bits = vb1, .static_bytes = sb1};
-    kvq_quant_ctx c1 = {.nthreads = 1};
-    ck_assert_int_eq(kvq_quantize_layer(&sp, &c1, &L, &o, &err), KVQ_ERR_USAGE);
-    ck_assert_msg(strstr(err.msg, "not a power of two"), "%s", err.msg);
+    double kb1[3], vb1[3];
     run_spec("absmax:prerotate=qr", &L, o1, o2, kb1, vb1, 1);
     kvq_layer_free(&L);
 }

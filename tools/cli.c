@@ -301,7 +301,6 @@ void cli_interrupt_note(const char *head, const char *tail)
 
 void cli_interrupt_count(long n) { intr_count = n; }
 
-
 /* At exit: output that never reached stdout (/dev/full, a closed pipe) is a
  * failure, exit 1, not a silent 0 (gnulib's close_stdout idiom). */
 static void close_stdout(void)
