@@ -18,13 +18,13 @@ case "$what" in demo|test|figures|build) ;; *) echo "usage: tools/setup.sh demo|
 # a log (CI); a failing step prints the last lines of its output.
 say() { echo "setup: $*" >&2; }
 run_step() { # what command...
-    local what=$1 log rc=0
+    local what=$1 log="" rc=0
     shift
     say "$what"
-    log=$(mktemp "${TMPDIR:-/tmp}/kvq-setup.XXXXXX")
     set +e
     if [ -t 2 ]; then
         local cols
+        log=$(mktemp "${TMPDIR:-/tmp}/kvq-setup.XXXXXX") # what a failing step shows
         cols=$(tput cols 2>/dev/null || echo 80)
         "$@" 2>&1 | tee "$log" | while IFS= read -r line; do
             printf '\r\033[K  %s' "${line:0:$((cols - 4))}" >&2
@@ -37,12 +37,12 @@ run_step() { # what command...
     fi
     set -e
     if [ "$rc" != 0 ]; then
-        [ -t 2 ] && tail -n 30 "$log" >&2
+        [ -n "$log" ] && tail -n 30 "$log" >&2
         say "error: $what failed (exit $rc)"
         rm -f "$log"
         exit 1
     fi
-    rm -f "$log"
+    [ -z "$log" ] || rm -f "$log"
 }
 
 pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check
