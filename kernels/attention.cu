@@ -1,4 +1,4 @@
-/* attention.cu — the attention metrics of one KV head on the GPU (SPEC §4),
+/* attention.cu — the attention metrics of one KV head on the GPU (docs/metrics.md),
  * the same sums as lib/metrics/attention.c (the reference is its
  * kvq_attention_head_ref): scores S = QKᵀ/√D over causal rows, stable softmax
  * A, outputs O = A·V, for the exact K, V and each slot's K', V'.

@@ -53,7 +53,7 @@ kvq_status kvq_cuda_set_queries(kvq_cuda *c, const float *q, int Hq, const int *
                                 int query_prescaled, kvq_error *err);
 
 /* Attention sums of KV head h (query heads h·G .. h·G+G−1) for slots
- * 0..nslots−1, added to acc[s] (SPEC §4: the same sums as kvq_attention_head). */
+ * 0..nslots−1, added to acc[s] (docs/metrics.md: the same sums as kvq_attention_head). */
 kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_attn_acc *acc, kvq_error *err);
 
 /* Benchmark helpers (kvq-bench): device-to-device copy bandwidth in GB/s

@@ -2,7 +2,7 @@
  * kvq_plan (lib/quant/plan.c is the CPU executor and the reference), fused
  * with the reconstruction error sums.
  *
- * Arithmetic follows SPEC §2.1/§2.2 operation by operation with explicitly
+ * Arithmetic follows docs/building-blocks.md (U, A) operation by operation with explicitly
  * rounded intrinsics (__fsub_rn, __fdiv_rn, __fmul_rn, __fadd_rn: never fused
  * into an FMA, divisions not by reciprocal), rintf for round-half-even and
  * __float2half_rn for the fp16 scale, so K', V' equal the CPU's bit for bit.

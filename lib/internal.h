@@ -56,7 +56,7 @@ int kvq_threads(int requested);
  * The reference maths and number formats the families are built from
  * (public to the tests, not to the tools). */
 
-/* Seeded generator (SPEC §2.5): xoshiro256** whose state is filled by
+/* Seeded generator (docs/building-blocks.md#random-numbers): xoshiro256** whose state is filled by
  * splitmix64 from (seed, a, b, c), so every (layer, head, tensor) stream is
  * reproducible and independent of the thread that draws it. */
 typedef struct kvq_rng {
@@ -84,7 +84,7 @@ enum {
 typedef enum kvq_scale_prec { KVQ_SCALE_FP16 = 0, KVQ_SCALE_FP32 = 1 } kvq_scale_prec;
 
 /* U(g; b) on one group of n values x[i*stride], written to y[i*stride]
- * (y may equal x).  Reference definition: plain C, in SPEC order.
+ * (y may equal x).  Reference definition: plain C, in the order docs/ writes it.
  * Returns KVQ_ERR_NUMERIC if the rounded scale is not finite. */
 kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
                                   kvq_scale_prec prec);

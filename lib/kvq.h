@@ -1,6 +1,6 @@
 /* kvq.h — public API of libkvq, the KV-cache quantization analysis library.
  *
- * The library reads kvq-dump/1 HDF5 files (SPEC.md §1), runs quantizers from
+ * The library reads kvq-dump/1 HDF5 files (docs/dump-format.md), runs quantizers from
  * one registry (§3) over one layer at a time, and accumulates reconstruction
  * and attention metrics (§4).  It never prints and never exits: every function
  * that can fail returns a kvq_status and fills a kvq_error with one line that
@@ -329,11 +329,11 @@ kvq_status kvq_query_sel_parse(const char *text, kvq_query_sel *out, kvq_error *
 kvq_status kvq_query_positions(const kvq_query_sel *sel, int T, uint64_t seed, int **pos,
                                size_t *npos, kvq_error *err);
 
-/* How the model turns q·k into attention (SPEC §1): softmax(scale · q·k)
+/* How the model turns q·k into attention (docs/dump-format.md): softmax(scale · q·k)
  * (prescaled: the queries already carry the scale), each score soft-capped
  * c·tanh(s/c) when softcap > 0, over the causal keys p − window < k <= p
  * (window 0: all of 0..p).  scale 0 (or 1/sqrt(D) within 1e-6) is the plain
- * attention, computed as a division by sqrt(D) (SPEC §4's order). */
+ * attention, computed as a division by sqrt(D) (docs/metrics.md's order). */
 typedef struct kvq_attn_mode {
     int prescaled;
     float scale, softcap;
@@ -648,7 +648,7 @@ typedef struct kvq_eval_opts {
     /* progress (may be NULL): called after each layer of each pass */
     void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
     void *ud;
-    /* corpus evaluation (SPEC §8, llama.cpp perplexity's protocol): chunk > 0
+    /* corpus evaluation (docs/models.md, llama.cpp perplexity's protocol): chunk > 0
      * cuts the tokens into consecutive windows of `chunk` (the last partial
      * one dropped; the first token of each replaced by BOS when the model's
      * tokenizer adds one), evaluates each from an empty cache and scores
@@ -667,7 +667,7 @@ typedef struct kvq_eval_opts {
     float *logits;
 } kvq_eval_opts;
 
-/* Teacher-forced evaluation (SPEC §8): the exact model and every item's
+/* Teacher-forced evaluation (docs/models.md): the exact model and every item's
  * quantized cache run together, a layer's weights dequantized once for
  * all; *nll_ref receives the exact model's mean NLL over the scored
  * positions (pooled over the windows with o->chunk). */

@@ -145,7 +145,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         printf("  %-40s %8.0f M elements/s\n", specs[i], bench_quant(specs[i], &L, kq, vq) / 1e6);
 
-    /* the seed families (SPEC 3.4, 3.5): the FP8 cast alone, then each
+    /* fp8 and tender (docs/quantizers.md): the FP8 cast alone, then each
      * quantizer beside per-token on the same layer, one core */
     {
         double best[2] = {1e30, 1e30};

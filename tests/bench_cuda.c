@@ -1,7 +1,7 @@
 /* bench_cuda.c — kvq-bench-cuda: the GPU path on the Llama-3-8B-shaped dump
  * kvq-bench writes (32 query heads, 8 KV heads, head_dim 128, 4096 tokens).
  *   kvq-bench-cuda [BUILD_DIR]    (run by `meson test --benchmark`)
- * Reports (SPEC §7, issue targets):
+ * Reports (docs/performance.md, issue targets):
  *   - device-to-device copy bandwidth (the reference: what a kernel that
  *     reads and writes each element once can reach);
  *   - quantize + reconstruction error of each plan quantizer, kernels only,

@@ -1,4 +1,4 @@
-/* bench_tokenize.c — kvq-bench-tokenize: streamed tokenization (SPEC §8).
+/* bench_tokenize.c — kvq-bench-tokenize: streamed tokenization (docs/models.md).
  * Writes once a 24 MB English-like text and a small SentencePiece model,
  * then tokenizes the text with --max-tokens 8 (only the first block is
  * read) and whole, each in a child process, and reports the time and the

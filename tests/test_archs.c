@@ -1,5 +1,5 @@
 /* test_archs.c — the architectures of real models against llama.cpp, and
- * results that do not depend on the thread count (SPEC §8).
+ * results that do not depend on the thread count (docs/models.md).
  *
  * ../shared/data/models-tiny/ holds tiny random-weight models in the GGUF
  * layout llama.cpp's converter writes (llama with Llama 3's shapes, qwen3,

@@ -170,7 +170,7 @@ expect 2 "gear:lowrank=qr: lowrank=qr: expected one of power|svd" -- "$analyze" 
 expect 0 -- "$gen" --layers 1 --tokens 40 --head-dim 12 -o "$tmp/d12.h5"
 expect 2 "d12.h5" "rotate=hadamard: head_dim 12 is not a power of two" -- "$analyze" -q lloydmax:rotate=hadamard "$tmp/d12.h5"
 expect 1 "d12.h5: /num_layers: expected 5 as in" -- "$analyze" -q cluster --calib "$tmp/d12.h5" "$real"
-# --- the seed families (SPEC 3.4, 3.5): listed, in the default set, usage errors name the key
+# --- fp8 and tender (docs/quantizers.md): listed, in the default set, usage errors name the key
 expect 0 "fp8 " "format=e4m3" "none|tensor|head|token|channel" "tender " "alpha=2" "chunk=256" "span=layer" -- "$analyze" --list-quantizers
 expect 2 "fp8:format=e4m4: format=e4m4: expected one of e4m3|e5m2" -- "$analyze" -q fp8:format=e4m4 "$real"
 expect 2 "fp8:scale=block: scale=block: expected one of none|tensor|head|token|channel" -- "$analyze" -q fp8:scale=block "$real"
@@ -181,7 +181,7 @@ expect 2 "tender:bits=1: bits=1: out of range 2..16" -- "$analyze" -q tender:bit
 expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1e+09" -- "$analyze" -q tender:chunk=-1 "$real"
 expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q tender "$tmp/huge.h5"
 expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
-# --- the frontier families (SPEC 2.3, 3.6-3.8)
+# --- the frontier families (docs/quantizers.md)
 expect 0 "ggml " "ktype=q8_0" "iq4_nl" "fp4 " "format=mxfp4" "global=none" "kvquant " "codebook=nuq" "turboquant " "variant=prod" "prerotate=none" -- "$analyze" --list-quantizers
 expect 2 "kvquant: needs --calib FILE" -- "$analyze" -q kvquant "$real"
 expect 0 "kvquant" -- "$analyze" -q kvquant --calib "$calib" --per model "$real"
@@ -286,14 +286,15 @@ sigterm_leaves_nothing term.csv "$analyze" -q gear:lowrank=svd -q gear -q lloydm
 # the same for a dump being written (kvq-gen; kvq-dump shares the writer and the hook)
 sigterm_leaves_nothing gen.h5 "$gen" --preset llama3-8b --tokens 8192 -o "$o/gen.h5"
 
-# integer values print as integers (SPEC §5): v_bits 10, static_bytes 25920, never 1e+01 / 2.592e+04
+# integer values print as integers (docs/tools.md): v_bits 10, static_bytes 25920,
+# never 1e+01 / 2.592e+04
 "$analyze" -q kivi:bits=4 --per model --format csv "$src/data/stories260K.h5" >"$tmp/int.csv" 2>/dev/null
 "$analyze" -q cluster:centroids=16 --calib "$src/data/stories260K-calib.h5" --per model --format jsonl "$src/data/stories260K.h5" >"$tmp/int.jsonl" 2>/dev/null
 awk -F, 'NR == 2 && $7 == "10" && $24 == "0" {ok = 1} END {exit !ok}' "$tmp/int.csv" && grep -q '"static_bytes": *25920[,}]' "$tmp/int.jsonl" \
     && ! grep -q 'e+0' "$tmp/int.csv" "$tmp/int.jsonl" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: integers in exponent form"; cat "$tmp/int.csv" "$tmp/int.jsonl"; }
 # -o that is one of the run's inputs (by inode: ./x and x are one file) is a usage error and
-# nothing is written; -o "" too (SPEC §5)
+# nothing is written; -o "" too (docs/tools.md)
 cp "$src/data/stories260K.h5" "$tmp/in.h5"
 cp "$src/data/stories260K-calib.h5" "$tmp/cal.h5"
 sum0=$(cksum <"$tmp/in.h5")

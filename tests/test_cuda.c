@@ -1,4 +1,4 @@
-/* test_cuda.c — the GPU path against the CPU reference (SPEC §7).
+/* test_cuda.c — the GPU path against the CPU reference (docs/tools.md#gpu-path---device-cuda).
  *
  * On a machine with a CUDA GPU and a build with -Dcuda=enabled:
  *   - every plan quantizer's K', V' from the kernels equal the CPU's bit for
@@ -132,7 +132,7 @@ START_TEST(numeric_error_names_the_same_head)
 END_TEST
 
 
-/* GPU metric m agrees with CPU metric r (SPEC tolerances, as the issue asks). */
+/* GPU metric m agrees with CPU metric r (docs/README.md tolerances, as the issue asks). */
 #define AGREE(field, tol)                                                                          \
     ck_assert_msg(close_rel(g.field, c.field, tol, 1e-12), "%s %s cell %d: " #field " GPU %.9g CPU %.9g", \
                   what, texts[s], cell, g.field, c.field)

@@ -1,4 +1,4 @@
-/* test_families.c — the seed families FP8 (SPEC §3.4) and Tender (§3.5).
+/* test_families.c — the families FP8 (docs/quantizers.md#fp8) and Tender (#tender).
  *
  * FP8: every float16 value and both sides of every rounding boundary of
  * both formats, cast by the reference and by the vectorised loop (AVX2 and
@@ -123,7 +123,7 @@ START_TEST(fp8_rounding_boundaries)
         check_casts((kvq_fp8_format)f, &fv, y, n, "boundary");
         free(y);
     }
-    /* the facts of SPEC §3.4 written out */
+    /* the facts of docs/quantizers.md#fp8 written out */
     ck_assert(kvq_fp8_cast_ref(464.0f, KVQ_FP8_E4M3) == 448.0f);      /* saturates, no 480 */
     ck_assert(kvq_fp8_cast_ref(-1e9f, KVQ_FP8_E4M3) == -448.0f);
     ck_assert(kvq_fp8_cast_ref(61440.0f, KVQ_FP8_E5M2) == 57344.0f);  /* IEEE would give inf */
@@ -237,7 +237,7 @@ static void layer_from(kvq_layer *L, int H, int T, int D, const float *k)
     memcpy(L->value, k, n * sizeof *k);
 }
 
-/* x' of one value given its group's scale and its bias, as SPEC writes it. */
+/* x' of one value given its group's scale and its bias, as docs/quantizers.md#tender writes it. */
 static float tender_value(float x, float bias, float s, int Qm)
 {
     float v = (x - bias) / s;

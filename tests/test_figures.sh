@@ -25,7 +25,7 @@ rc=$?
 
 # bad inputs: one line naming the file and what is wrong, exit 1
 d=$out/data
-# the error-vs-bits table has every family, the seed families FP8 and Tender included
+# the error-vs-bits table has every family, FP8 and Tender included
 for fam in per-token per-channel kivi kcvt absmax gear gear-l cluster lloydmax fp8 tender kvquant turboquant; do
     grep -q "^stories260K.h5,all,all,$fam," "$d/analyze-model.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $fam not in analyze-model.csv"; }
 done

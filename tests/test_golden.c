@@ -1,9 +1,11 @@
 /* test_golden.c — compares kvq with the golden values of an independent
- * implementation of SPEC.md (../shared/data/golden/) on data/stories260K.h5:
- * every column of every row whose quantizer is in the registry, per head
- * and per layer (the FP8/Tender file per head), within SPEC.md's tolerances.  Skips (exit 77) with a
- * message when ../shared is absent; quantizers not yet registered are
- * listed and skipped. */
+ * implementation of the same definitions (../shared/data/golden/, made from
+ * the project's contract ../shared/SPEC.md, which docs/ follows) on
+ * data/stories260K.h5: every column of every row whose quantizer is in the
+ * registry, per head and per layer (the FP8/Tender file per head), within
+ * the tolerances of docs/README.md.  Skips (exit 77) with a message when
+ * ../shared is absent; quantizers not yet registered are listed and
+ * skipped. */
 #include "testutil.h"
 
 #include <string.h>
@@ -42,7 +44,7 @@ static void csv_split(char *line, csv_row *r)
     }
 }
 
-/* Column tolerance classes, SPEC.md top: reconstruction 3e-5 relative,
+/* Column tolerance classes, docs/README.md: reconstruction 3e-5 relative,
  * attention 1e-4, attn_kl 1e-3 (or 1e-9 absolute), bits/top1 exact. */
 static double tol_of(const char *col, double *abs_floor)
 {
@@ -165,7 +167,7 @@ END_TEST
 START_TEST(golden_per_layer) { compare_file(golden_layer, 1); }
 END_TEST
 
-/* FP8 and Tender (SPEC §3.4–3.5), per head */
+/* FP8 and Tender (docs/quantizers.md), per head */
 START_TEST(golden_families_per_head) { compare_file(golden_families, 0); }
 END_TEST
 

@@ -1,4 +1,4 @@
-/* test_metrics.c — every metric of SPEC §4 on hand-computed cases (one-hot
+/* test_metrics.c — every metric of docs/metrics.md on hand-computed cases (one-hot
  * attention included), the BLAS path against the plain reference, query
  * positions, pooling, grouped-query mapping and thread-count invariance of
  * the whole analysis. */
@@ -171,7 +171,7 @@ START_TEST(attention_blas_equals_reference)
 }
 END_TEST
 
-/* A model's attention (SPEC §1), worked by hand: with a window of 1 each
+/* A model's attention (docs/dump-format.md), worked by hand: with a window of 1 each
  * row attends to itself only, so A = A' = 1 on the diagonal whatever K'
  * does (attn_rel 0, KL 0, top-1 all kept) and the output is the row's own
  * value (out_rel = |V − V'| over the rows); the scores compared are the
@@ -339,7 +339,7 @@ START_TEST(gqa_mapping)
     for (int i = 0; i < 7; i++) pos[i] = T - 7 + i;
     kvq_attn_acc ref[2] = {0};
     for (int j = 0; j < Hq; j++) {
-        int h = j / G; /* SPEC: h = j / (Hq / H) */
+        int h = j / G; /* GQA: h = j / (Hq / H) */
         size_t off = (size_t)h * T * D;
         const float *kqh[1] = {kq + off}, *vqh[1] = {vq + off};
         kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D, (kvq_attn_mode){0}, pos, 7, 1, kqh, vqh, &ref[h], &err);

@@ -1,4 +1,4 @@
-/* test_model.c — models in the loop (SPEC §8): ggml dequantization against
+/* test_model.c — models in the loop (docs/models.md): ggml dequantization against
  * the block formulas (per element) and hand-worked blocks, the GGUF reader
  * on files the test writes (every value type, both architectures, tied and
  * separate output, rope_freqs, every weight type), the forward pass against
@@ -440,7 +440,7 @@ START_TEST(test_forward_against_reference)
 }
 END_TEST
 
-/* --chunk (SPEC §8, llama.cpp perplexity's protocol) against a hand
+/* --chunk (docs/models.md, llama.cpp perplexity's protocol) against a hand
  * computation: two windows of 16 of 37 tokens (the last 5 dropped), each
  * starting with BOS in place of its first token, scoring t = 8..14; the
  * exact model's per-position NLL from its logits (one plain evaluation of

@@ -88,7 +88,7 @@ expect 0 "kvq-dump" -- "$dump" --version
 cp "$tiny" "$tmp/keep.gguf"
 expect 2 "that is an input of this run" -- "$dump" "$tmp/keep.gguf" --text "$tmp/text.txt" -o "$tmp/keep.gguf"
 expect 2 "that is an input of this run" -- "$eval" "$tmp/keep.gguf" --text "$tmp/text.txt" -q none -o "$tmp/text.txt"
-# a symlink loop at -o is refused, never replaced (SPEC §5)
+# a symlink loop at -o is refused, never replaced (docs/tools.md)
 ln -s loop-b "$tmp/loop-a" && ln -s loop-a "$tmp/loop-b"
 expect 1 "loop-a: cannot write the output: a symlink loop" -- "$dump" "$tmp/keep.gguf" --text "$tmp/text.txt" -o "$tmp/loop-a"
 expect 1 "loop-a: cannot write the output: a symlink loop" -- "$eval" "$tmp/keep.gguf" --text "$tmp/text.txt" -q none -o "$tmp/loop-a"

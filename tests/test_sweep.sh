@@ -153,7 +153,7 @@ check "progress bar" grep -q $'\r''kvq-sweep \[#*\.*\] 1/2 points  0:0[0-9] elap
 "$sweep" "$real" --quant kivi --grid bits=2,3 --progress never -o "$tmp/p2.csv" 2>"$tmp/err"
 check "--progress never: only the summary" [ "$(wc -l <"$tmp/err")" = 1 ]
 
-# --- the seed families over their own keys: a choice key in a grid
+# --- fp8 and tender over their own keys: a choice key in a grid
 "$sweep" "$real" --quant fp8 --grid format=e4m3,e5m2 --grid scale=none,tensor,token --per model --progress never \
     -o "$tmp/fp8.csv" 2>/dev/null
 check "fp8 format x scale: 6 rows" [ "$(tail -n +2 "$tmp/fp8.csv" | wc -l)" = 6 ]
@@ -199,7 +199,7 @@ kill -TERM $first 2>/dev/null
 wait $first 2>/dev/null
 first_rc=$?
 check "second run on a locked OUT: exit 1, says so" [ $rc = 1 ]
-# the interrupted run says what OUT keeps and how to go on (SPEC §5)
+# the interrupted run says what OUT keeps and how to go on (docs/tools.md)
 check "SIGTERM: exit 143" [ $first_rc = 143 ]
 check "SIGTERM: says what was kept" grep -Eq "kvq-sweep: interrupted: .*lock.csv keeps [0-9]+ of 24 points complete; the same command with --resume continues" "$tmp/first.err"
 check "the lock message" grep -q "another kvq-sweep run is writing it" "$tmp/lock.err"

@@ -53,7 +53,7 @@ void cli_analysis_free(cli_analysis *a);
  * --list-*, results) must have been written, else one line and exit 1. */
 void cli_check_stdout_at_exit(const char *prog);
 
-/* SPEC §5: -o "" is a usage error, and so is an -o path that is one of the
+/* docs/tools.md: -o "" is a usage error, and so is an -o path that is one of the
  * run's inputs (same device and inode, through links: ./x.h5 and x.h5 are
  * one file); nothing is written then.  inputs may hold NULLs.  CLI_OK or
  * CLI_USAGE after printing. */
@@ -91,7 +91,7 @@ int cli_write_error(const char *prog, const char *output, kvq_status st, int sav
  * string must live until cli_temp_unregister.  At most 8 at once. */
 void cli_temp_register(const char *tmp);
 void cli_temp_unregister(const char *tmp);
-/* What a SIGINT/SIGTERM/SIGHUP says it kept (SPEC §5): "<head><count><tail>",
+/* What a SIGINT/SIGTERM/SIGHUP says it kept (docs/tools.md): "<head><count><tail>",
  * count as last given to cli_interrupt_count (0 at first).  Without a note,
  * an interrupted run that removed its temporary says nothing was written. */
 void cli_interrupt_note(const char *head, const char *tail);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """gen_unicode_tables.py — writes lib/model/unicode_data.c, the Unicode
-tables the GPT-2 BPE pre-tokenizers need (SPEC §8), from the Unicode
+tables the GPT-2 BPE pre-tokenizers need (docs/models.md), from the Unicode
 Character Database as Debian's package `unicode-data` installs it
 (/usr/share/unicode/UnicodeData.txt and PropList.txt; Unicode 15.0.0 in
 Debian 12), the same files llama.cpp's scripts/gen-unicode-data.py reads:

@@ -1,5 +1,5 @@
 /* kvq-analyze — run quantizers over kvq dumps and report reconstruction and
- * attention errors (SPEC §5).  A thin layer over libkvq: parse options, open
+ * attention errors (docs/tools.md).  A thin layer over libkvq: parse options, open
  * dumps, call kvq_analyze_dump, write the report atomically. */
 #include "cli.h"
 

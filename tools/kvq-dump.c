@@ -1,5 +1,5 @@
 /* kvq-dump — run a model (GGUF or llama2.c) over a text and write its
- * keys, values and queries as kvq-dump/1 (SPEC §8). */
+ * keys, values and queries as kvq-dump/1 (docs/models.md). */
 #include "cli.h"
 
 #include <getopt.h>
@@ -13,10 +13,11 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvq-dump MODEL (--text FILE | --tokens FILE) [options] -o OUT.h5\n"
-        "Run a Llama-family model (GGUF v2/v3: llama, qwen2; or a llama2.c checkpoint)\n"
-        "over a text and write every layer's key, value, query and pre-RoPE key,\n"
-        "the token ids and the mean next-token loss as a kvq-dump/1 HDF5 file.\n\n"
-        "      --text FILE       text, tokenized by the model's own tokenizer (BOS first)\n"
+        "Run a model (GGUF v2/v3: llama, qwen2, qwen3, gemma3, phi3; or a llama2.c\n"
+        "checkpoint) over a text and write every layer's key, value, query and\n"
+        "pre-RoPE key, the token ids and the mean next-token loss as a kvq-dump/1\n"
+        "HDF5 file.\n\n"
+        "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds one)\n"
         "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
         "      --max-tokens N    keep the first N tokens (BOS included)\n"

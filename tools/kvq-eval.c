@@ -1,4 +1,4 @@
-/* kvq-eval — what a quantized KV cache does to the model (SPEC §8): the
+/* kvq-eval — what a quantized KV cache does to the model (docs/models.md): the
  * model runs teacher-forced over a text with the exact cache and with each
  * quantizer's cache (prefill: the whole cache quantized at once; decode:
  * the cache as generation holds it), and the loss, KL and top-1 changes are
@@ -32,7 +32,7 @@ static void usage(FILE *f)
         "                        of N tokens, each from an empty cache with BOS first when\n"
         "                        the model adds one, scoring each window's second half\n"
         "      --chunks K        evaluate only the first K windows\n"
-        "      --text FILE       text, tokenized by the model's own tokenizer (BOS first)\n"
+        "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds one)\n"
         "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
         "      --max-tokens N    keep the first N tokens (BOS included)\n"

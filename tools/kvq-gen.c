@@ -1,4 +1,4 @@
-/* kvq-gen — write seeded synthetic kvq dumps of any shape (SPEC §5): outlier
+/* kvq-gen — write seeded synthetic kvq dumps of any shape (docs/tools.md): outlier
  * key channels, RoPE, peaked attention; for tests, demos and benchmarks. */
 #include "cli.h"
 

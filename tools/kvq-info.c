@@ -1,4 +1,4 @@
-/* kvq-info — describe kvq dumps (SPEC §5): shapes, dtypes, RoPE settings and
+/* kvq-info — describe kvq dumps (docs/tools.md): shapes, dtypes, RoPE settings and
  * per-layer statistics (per-channel abs-max max/median ratio, kurtosis);
  * --channels writes per-channel magnitudes as CSV; --values L:H writes one
  * KV head's keys and values token by token (for magnitude maps). */

@@ -1,4 +1,4 @@
-/* kvq-sweep — one quantizer over a parameter grid (SPEC §5), built to run
+/* kvq-sweep — one quantizer over a parameter grid (docs/tools.md), built to run
  * for hours: the dumps are read and each head's exact attention computed
  * once per run (kvq_prepare_dump), each finished point's rows are appended
  * to OUT and fsync'ed as one unit, --resume continues an interrupted OUT,
@@ -279,7 +279,7 @@ static size_t rows_per_dump(const opts_t *o, const kvq_dump_info *info)
     return o->an.per == KVQ_PER_HEAD ? nl * nh : o->an.per == KVQ_PER_LAYER ? nl : 1;
 }
 
-/* An exclusive lock on OUT for the whole run (SPEC §5): a second run on the
+/* An exclusive lock on OUT for the whole run (docs/tools.md): a second run on the
  * same OUT exits at once instead of tearing the file. */
 static int lock_out(int fd, const char *path)
 {
@@ -456,7 +456,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     if (fsync(fd) != 0) { cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
     if (!exists) sync_dir(target);
     {
-        /* interrupted, the sweep says what OUT keeps and how to go on (SPEC §5) */
+        /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
         char head[512], tail[256];
         snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
         snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",

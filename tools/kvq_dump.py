@@ -1,4 +1,4 @@
-"""kvq_dump.py — write kvq-dump/1 files (SPEC §1) from tensors you already have.
+"""kvq_dump.py — write kvq-dump/1 files (docs/dump-format.md) from tensors you already have.
 
 For PyTorch / Hugging Face users: no hand-written HDF5 code.  Needs numpy and
 h5py; torch is optional (tensors are moved to the CPU and converted).

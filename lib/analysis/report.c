@@ -1,4 +1,4 @@
-/* report.c — result rows as CSV, JSON lines or an aligned table (SPEC §5
+/* report.c — result rows as CSV, JSON lines or an aligned table (docs/tools.md
  * columns), and the per head / layer / model pooling of an analysis.
  * Writes only to the FILE the caller gives. */
 #include "../internal.h"
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The metric columns after dump, layer, head, quantizer, spec (SPEC §5), in
+/* The metric columns after dump, layer, head, quantizer, spec (docs/tools.md), in
  * order: the field of kvq_metrics each prints, whether it is an attention
  * column (empty in CSV, null in JSONL, "-" in the table when the dump has no
  * queries), and whether the table shows it (CSV and JSONL show all). */
@@ -62,7 +62,7 @@ struct kvq_report {
 };
 
 /* Integer values print as integers (k_bits 10, static_bytes 680), never in
- * exponent form (SPEC §5). */
+ * exponent form (docs/tools.md). */
 static int fmt_integer(char *buf, size_t len, double x)
 {
     if (x != floor(x) || fabs(x) >= 1e15) return 0;

@@ -1,4 +1,4 @@
-/* rng.c — kvq's seeded generator (SPEC §2.5).
+/* rng.c — kvq's seeded generator (docs/building-blocks.md#random-numbers).
  * xoshiro256** (Blackman & Vigna) with its state filled by splitmix64 from
  * the run seed and up to three stream indices (layer, head, tensor), so each
  * stream is reproducible and independent of thread scheduling. */

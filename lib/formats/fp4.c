@@ -1,4 +1,4 @@
-/* fp4.c — the FP4 micro-scaled block formats (SPEC §3.9), as ggml computes
+/* fp4.c — the FP4 micro-scaled block formats (docs/quantizers.md#fp4), as ggml computes
  * them: E2M1 elements with an E8M0 block scale (MXFP4, OCP Microscaling
  * v1.0) or an unsigned E4M3 one (NVFP4).  Written from ggml's
  * quantize_row_mxfp4_ref / dequantize_row_mxfp4, quantize_row_nvfp4_ref /

@@ -1,5 +1,5 @@
 /* ggml_types.c — the ggml block formats, shared by the GGUF weights of the
- * models in the loop (SPEC §8) and llama.cpp's KV-cache types (the `ggml`
+ * models in the loop (docs/models.md) and llama.cpp's KV-cache types (the `ggml`
  * quantizer, §3.6): block geometry, dequantization and, for the cache
  * types, quantization.  Written from the block layouts of ggml's
  * ggml-common.h and the formulas of its dequantize_row_* and

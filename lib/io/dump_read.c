@@ -1,4 +1,4 @@
-/* dump_read.c — the kvq-dump/1 reader (SPEC §1).
+/* dump_read.c — the kvq-dump/1 reader (docs/dump-format.md).
  *
  * kvq_dump_open validates every attribute and the type and shape of every
  * dataset up front (metadata only, cheap), so a malformed file fails before
@@ -384,7 +384,7 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     }
     in->has_rope_table = has_cos && has_sin;
 
-    /* the model's attention scale and logit soft-cap (SPEC §1) */
+    /* the model's attention scale and logit soft-cap (docs/dump-format.md) */
     double v = 0;
     if ((st = attr_number(p, root, "attn_scale", 0, 0, &v, NULL, &present, err))) return st;
     if (present && !(isfinite(v) && v > 0))

@@ -1,4 +1,4 @@
-/* dump_write.c — the kvq-dump/1 writer (SPEC §1): the file is built under a
+/* dump_write.c — the kvq-dump/1 writer (docs/dump-format.md): the file is built under a
  * temporary name (created with the mode it keeps, output.c) and renamed
  * into place by kvq_dump_writer_finish, so a crash never leaves a
  * half-written dump; a tool's hooks learn the temporary's name so that a

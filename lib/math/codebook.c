@@ -1,4 +1,4 @@
-/* codebook.c — Lloyd–Max scalar codebooks (SPEC §2.4).
+/* codebook.c — Lloyd–Max scalar codebooks (docs/building-blocks.md#lloydmax-codebooks).
  *
  * One Lloyd iteration: boundaries are the midpoints of neighbouring levels;
  * each level moves to the conditional mean of the density between its
@@ -100,7 +100,7 @@ static void sphere_integrate(const sphere_fn *f, double a, double b, double res[
     double est[3], errest = sphere_gk15(f, a, b, est);
     /* |K15 − G7| overstates K15's own error by orders of magnitude on
      * smooth integrands: 1e-11 of the cell's mass leaves K15 far inside the
-     * 1e-10 accuracy SPEC §2.4 asks for */
+     * 1e-10 accuracy docs/building-blocks.md asks for */
     sphere_adapt(f, a, b, est, errest, 1e-11 * fabs(est[0]) + 1e-300, 0, res);
 }
 

@@ -1,5 +1,5 @@
 /* kmeans.c — k-means for the clustered-residual quantizer's calibration
- * (SPEC §3.2): k-means++ seeding from kvq's generator, then Lloyd
+ * (docs/quantizers.md#cluster): k-means++ seeding from kvq's generator, then Lloyd
  * iterations until no assignment changes (or max_iter).
  *
  * Assignment: argmin_j ‖c_j‖² − 2·x·c_j, the cross terms for a block of

@@ -1,4 +1,4 @@
-/* lowrank.c — the low-rank part of GEAR (SPEC §3.1): the best rank-r
+/* lowrank.c — the low-rank part of GEAR (docs/quantizers.md#gear): the best rank-r
  * approximation by truncated SVD (LAPACKE dgesdd, double), and GEAR's power
  * iteration (in double: cblas_dgemm + QR through LAPACKE dgeqrf/dorgqr), as in
  * GEAR's fake_poweriteration_group. */

@@ -1,5 +1,5 @@
 /* rope.c — rotary position embedding (RoPE) as kvq-dump/1 describes it
- * (SPEC §1): pairs (2i, 2i+1) for `interleaved`, (i, i+D/2) for `half`,
+ * (docs/dump-format.md): pairs (2i, 2i+1) for `interleaved`, (i, i+D/2) for `half`,
  * angle t·theta^(−2i/D) unless the dump gives explicit cos/sin tables.
  * Used by kvq-gen to make dumps and by the clustered-residual quantizer to
  * put key centres back at a position. */

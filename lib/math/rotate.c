@@ -1,5 +1,6 @@
-/* rotate.c — the seeded rotations of SPEC §2.3: `qr` (Gaussian matrix, QR in
- * double through LAPACKE, column signs fixed by diag R) and randomized
+/* rotate.c — the seeded rotations (docs/building-blocks.md#rotations): `qr`
+ * (Gaussian matrix, QR in double through LAPACKE, column signs fixed by
+ * diag R) and randomized
  * `hadamard` (±1 diagonal, then the normalised Sylvester–Hadamard matrix,
  * applied with the O(D log D) fast Walsh–Hadamard transform). */
 #include "../internal.h"

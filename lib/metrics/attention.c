@@ -1,5 +1,5 @@
-/* attention.c — attention metrics of one KV head (SPEC §4): scores S = QKᵀ/√D
- * over causal rows (or as the model computes them, SPEC §1: its attn_scale,
+/* attention.c — attention metrics of one KV head (docs/metrics.md): scores S = QKᵀ/√D
+ * over causal rows (or as the model computes them, docs/dump-format.md: its attn_scale,
  * attn_softcap and sliding window), stable softmax A, outputs O = A·V,
  * compared between the exact K/V and each quantizer's K'/V'.
  *
@@ -68,7 +68,7 @@ static row_stats softmax_row(float *s, float *a, int p, int ncol, float scale, i
 
 /* --------------------------------------------------------------- modes */
 
-/* How a row's scores become attention (kvq_attn_mode, SPEC §1): plain (the
+/* How a row's scores become attention (kvq_attn_mode, docs/dump-format.md): plain (the
  * reference order: divide by sqrt(D), skipped when prescaled; SIMD paths)
  * or general (multiply by scale unless prescaled, soft-cap, window). */
 typedef struct att_mode {

@@ -1,4 +1,4 @@
-/* metrics.c — reconstruction sums (SPEC §4), their pooling and the final
+/* metrics.c — reconstruction sums (docs/metrics.md), their pooling and the final
  * columns, and the query-position selection used by the attention metrics.
  * Sums of squares are accumulated in double. */
 #include "../internal.h"

@@ -1,6 +1,6 @@
 /* bpe.c — byte-level BPE (GGUF tokenizer.ggml.model = "gpt2"), as
  * llama.cpp's llm_tokenizer_bpe_session tokenizes a raw-text fragment
- * (SPEC §8):
+ * (docs/models.md):
  *  1. pre-tokenize: split the text's code points into words with the
  *     pre-tokenizer's regex, hand-coded as llama.cpp's unicode.cpp codes
  *     them — `llama-bpe` (Llama 3: contractions, an optional non-letter

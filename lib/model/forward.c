@@ -1,4 +1,4 @@
-/* forward.c — the decoder forward pass (SPEC §8): pre-norm blocks with
+/* forward.c — the decoder forward pass (docs/models.md): pre-norm blocks with
  * RMSNorm, GQA attention with RoPE, SwiGLU, final norm and output matrix,
  * float32 activations, every weight product one BLAS sgemm over all
  * positions (prefill).
@@ -29,7 +29,7 @@
 /* Every product of the forward pass is cut into tiles whose bounds depend
  * on the shapes alone, and each tile is one single-threaded sgemm call, so
  * every output element is computed by the same call with the same operands
- * whatever the thread count: results do not depend on --threads (SPEC §8
+ * whatever the thread count: results do not depend on --threads (docs/models.md
  * "Forward").  A multi-threaded BLAS call splits its work by the thread
  * count, and a last-bit change in a key can flip a 4-bit rounding. */
 enum { TILE_ROWS = 512, TILE_COLS = 1024, ATT_ROWS = 64 };
@@ -562,7 +562,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         for (int t = o->score_from > 0 ? o->score_from : 0; t < N; t++) {
             double lse = st->lmax[t] + log(st->lsum[t]), nll = lse - st->ltgt[t];
             st->nll += nll;
-            if (o->pos_nll && o->pos_nll[i]) o->pos_nll[i][t - (o->score_from > 0 ? o->score_from : 0)] = nll;
+            if (st->pos_nll) st->pos_nll[t - (o->score_from > 0 ? o->score_from : 0)] = nll;
             if (i) {
                 double lse_r = r->lmax[t] + log(r->lsum[t]), kl = st->lw[t] / r->lsum[t] - lse_r + lse;
                 st->kl += kl > 0 ? kl : 0.0;

@@ -1,4 +1,4 @@
-/* gguf.c — the GGUF v2/v3 container (llama.cpp's model format, SPEC §8):
+/* gguf.c — the GGUF v2/v3 container (llama.cpp's model format, docs/models.md):
  * header, metadata key/values of every type (arrays included), tensor
  * infos and the aligned data section, read from a mapped file.  Every
  * length, count and offset is checked against the bytes that remain, so a

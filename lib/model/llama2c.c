@@ -1,4 +1,4 @@
-/* llama2c.c — Karpathy's llama2.c checkpoints, version 0 (SPEC §8): a
+/* llama2c.c — Karpathy's llama2.c checkpoints, version 0 (docs/models.md): a
  * header of seven int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
  * vocab_size — negative when the classifier is not shared — and seq_len),
  * then float32 weights in a fixed order; and its tokenizer.bin.  The file

@@ -1,4 +1,4 @@
-/* load_gguf.c — a GGUF file as a model (SPEC §8), as llama.cpp v0.5.0's
+/* load_gguf.c — a GGUF file as a model (docs/models.md), as llama.cpp v0.5.0's
  * src/models/ARCH.cpp reads the same file: `llama` (interleaved RoPE on the
  * converter's permuted Q/K weights), `qwen2` (QKV biases), `qwen3` (q/k
  * RMSNorm per head), `gemma3` (scaled embedding, q/k norms, post-norms,

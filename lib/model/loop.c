@@ -1,4 +1,4 @@
-/* loop.c — the two jobs of the models-in-the-loop tools (SPEC §8):
+/* loop.c — the two jobs of the models-in-the-loop tools (docs/models.md):
  * kvq_model_dump writes the exact forward pass's K/V/Q as kvq-dump/1, and
  * kvq_model_eval runs the exact model beside any number of quantized caches
  * (in passes bounded by memory) and reports each one's loss, KL and top-1
@@ -167,11 +167,7 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
     if (batch > nitems) batch = nitems > 0 ? nitems : 1;
     int npasses = nitems ? (nitems + batch - 1) / batch : 1;
     kvq_fw_stream *s = calloc((size_t)batch + 1, sizeof *s);
-    double **pos = calloc((size_t)batch + 1, sizeof *pos);
-    if (!s || !pos) {
-        free(s), free(pos);
-        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    }
+    if (!s) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     eval_progress ep = {o, 0, npasses};
     kvq_status st = KVQ_OK;
     for (int pass = 0; pass < npasses && !st; pass++) {
@@ -180,9 +176,9 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
         for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
         ep.pass = pass;
         for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
-            pos[i] = i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
+            s[i].pos_nll = i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
-                          .score_from = score_from, .pos_nll = o->position_nll ? pos : NULL, .seed = o->seed, .calib = o->calib,
+                          .score_from = score_from, .seed = o->seed, .calib = o->calib,
                           .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
                           .n_logit_pos = pass || w ? 0 : o->n_logit_pos, .logits = o->logits};
         if (!st && !(st = kvq_forward(m, &fo, err))) {
@@ -191,7 +187,7 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
         }
         for (int i = 0; i < ns; i++) stream_free(&s[i]); /* a failed allocation left its stream zeroed */
     }
-    free(s), free(pos);
+    free(s);
     return st;
 }
 

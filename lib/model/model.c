@@ -1,4 +1,4 @@
-/* model.c — opening a model file (SPEC §8): the format is told by the
+/* model.c — opening a model file (docs/models.md): the format is told by the
  * file's magic (GGUF, else a llama2.c checkpoint), the file is mapped
  * read-only, and the loaders describe its tensors without copying them.
  * Weights are dequantized later, a layer at a time (forward.c). */

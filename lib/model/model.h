@@ -1,4 +1,4 @@
-/* model.h — what the model files of libkvq share (SPEC §8): the GGUF
+/* model.h — what the model files of libkvq share (docs/models.md): the GGUF
  * container, weight tensors as the forward pass sees them, the model
  * struct that the GGUF and llama2.c loaders fill, and the tokenizer. */
 #ifndef KVQ_MODEL_H
@@ -200,6 +200,7 @@ typedef struct kvq_fw_stream {
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
     double nll, kl, top1;          /* sums over the scored positions */
     double d_n, d_mean, d_m2;      /* Welford state of d_t = nll'_t − nll_t over them (not for s[0]) */
+    double *pos_nll;               /* NULL or the NLL of each scored position t at [t − score_from] */
     /* online log-softmax state of each position over the vocabulary chunks */
     double *lmax, *lsum, *ltgt, *lw; /* max, Σexp(z − max), target logit, KL cross term */
     float *amax;
@@ -213,7 +214,6 @@ struct kvq_fw_opts {
     int ns;
     int nthreads, stride;
     int score_from; /* positions t < score_from are not scored (corpus windows score their second half) */
-    double **pos_nll; /* [ns] or NULL: stream i's NLL of each scored position into pos_nll[i][t − score_from] */
     uint64_t seed;
     kvq_calib *calib;
     /* the exact stream's tensors of each layer: key, value, query [.][T][D]

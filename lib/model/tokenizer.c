@@ -1,4 +1,4 @@
-/* tokenizer.c — SentencePiece-style BPE with scores (SPEC §8): GGUF's
+/* tokenizer.c — SentencePiece-style BPE with scores (docs/models.md): GGUF's
  * `tokenizer.ggml.model = llama` and llama2.c's tokenizer.bin.  The text is
  * split into UTF-8 characters (spaces written as U+2581 for GGUF, a space
  * prefix added), then the adjacent pair whose concatenation is the

@@ -1,5 +1,5 @@
 /* unicode.c — code-point classes and UTF-8 decoding for the tokenizers
- * (SPEC §8), as llama.cpp's unicode.cpp does them; the tables are
+ * (docs/models.md), as llama.cpp's unicode.cpp does them; the tables are
  * generated (unicode_data.c, tools/gen_unicode_tables.py). */
 #include "unicode.h"
 

@@ -1,4 +1,4 @@
-/* absmax.c — symmetric absmax quantization per token (SPEC §2.2), the INT8
+/* absmax.c — symmetric absmax quantization per token (docs/building-blocks.md (A)), the INT8
  * KV-cache baseline: one scale per group of `group` channels of a head
  * (group 0 = the whole head vector). */
 #include "../internal.h"

@@ -1,4 +1,4 @@
-/* cluster.c — clustered residual quantization (SPEC §3.2, seed 002, Watanabe
+/* cluster.c — clustered residual quantization (docs/quantizers.md#cluster, Watanabe
  * & Taura).  Calibration: per layer, KV head and K/V, k-means centres of the
  * --calib dump's keys (pre-RoPE when it has them) and values.  Keys: the
  * nearest centre to the pre-RoPE key, put back at position t by RoPE, is the
@@ -26,7 +26,7 @@ static const kvq_param cluster_params[] = {
     [CL_WINDOW] = {.key = "window", .type = KVQ_PARAM_INT, .def = "32", .min = 0, .max = 1e9,
                    .help = "last tokens kept exact"},
     [CL_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "rotation of the value residuals (SPEC 2.3)"},
+                   .help = "rotation of the value residuals"},
 };
 
 typedef struct {
@@ -194,7 +194,7 @@ static kvq_status cluster_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 
 const kvq_quantizer kvq_q_cluster = {
     .name = "cluster",
-    .description = "k-means centre + residual: K per-channel U, V rotated Lloyd-Max (SPEC 3.2)",
+    .description = "k-means centre + residual: K per-channel U, V rotated Lloyd-Max",
     .params = cluster_params,
     .nparams = sizeof cluster_params / sizeof cluster_params[0],
     .needs_calib = 1,

@@ -1,4 +1,4 @@
-/* fp4.c — the `fp4` family (SPEC §3.9): the FP4 micro-scaled KV-cache
+/* fp4.c — the `fp4` family (docs/quantizers.md#fp4): the FP4 micro-scaled KV-cache
  * formats MXFP4 (OCP, ggml `mxfp4`: blocks of 32, E8M0 scales) and NVFP4
  * (NVIDIA: blocks of 16, unsigned E4M3 scales, and optionally the
  * second-level float32 scale g of TensorRT-LLM and vLLM, per tensor, head
@@ -111,7 +111,7 @@ static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 
 const kvq_quantizer kvq_q_fp4 = {
     .name = "fp4",
-    .description = "FP4 micro-scaled formats MXFP4 / NVFP4 (E2M1 + block scales), bit-exact ggml (SPEC 3.9)",
+    .description = "FP4 micro-scaled formats MXFP4 / NVFP4 (E2M1 + block scales), bit-exact ggml",
     .params = fp4_params,
     .nparams = sizeof fp4_params / sizeof fp4_params[0],
     .in_default_set = 1,

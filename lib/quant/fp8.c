@@ -1,4 +1,4 @@
-/* fp8.c — the FP8 KV cache of seed 003 (SPEC §3.4): x' = fp8(x / s) · s with
+/* fp8.c — the FP8 KV cache (docs/quantizers.md#fp8): x' = fp8(x / s) · s with
  * the OCP formats e4m3 and e5m2 (the cast: formats/fp8.c), one float32 scale
  * per tensor, head, token or channel (or none, vLLM's uncalibrated default). */
 #include "../internal.h"
@@ -90,7 +90,7 @@ static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 
 const kvq_quantizer kvq_q_fp8 = {
     .name = "fp8",
-    .description = "FP8 cast e4m3/e5m2 after a float32 scale, round to nearest even, saturating (SPEC 3.4, seed 003)",
+    .description = "FP8 cast e4m3/e5m2 after a float32 scale, round to nearest even, saturating",
     .params = fp8_params,
     .nparams = sizeof fp8_params / sizeof fp8_params[0],
     .in_default_set = 1,

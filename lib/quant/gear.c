@@ -1,4 +1,4 @@
-/* gear.c — GEAR (SPEC §3.1): a quantized backbone, exact sparse outliers and
+/* gear.c — GEAR (docs/quantizers.md#gear): a quantized backbone, exact sparse outliers and
  * a low-rank correction of what is left.
  *
  * Per layer and tensor:
@@ -413,7 +413,7 @@ out:
 
 const kvq_quantizer kvq_q_gear = {
     .name = "gear",
-    .description = "GEAR: kivi/kcvt backbone + exact sparse outliers + low-rank residual (SPEC 3.1)",
+    .description = "GEAR: kivi/kcvt backbone + exact sparse outliers + low-rank residual",
     .params = gear_params,
     .nparams = sizeof gear_params / sizeof gear_params[0],
     .in_default_set = 1,

@@ -1,4 +1,4 @@
-/* ggml.c — llama.cpp's KV-cache types (SPEC §3.6, `-ctk`/`-ctv`): each
+/* ggml.c — llama.cpp's KV-cache types (docs/quantizers.md#ggml, `-ctk`/`-ctv`): each
  * token's K (and V) row of all heads, head-major (H·D values), goes through
  * ggml's quantize_row_<type>_ref and dequantize_row_<type>, bit for bit
  * (formats/ggml_types.c).  Block types need head_dim to be a multiple of
@@ -90,7 +90,7 @@ static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
 
 const kvq_quantizer kvq_q_ggml = {
     .name = "ggml",
-    .description = "llama.cpp KV-cache types (-ctk/-ctv), bit-exact ggml quantize_row_*_ref + dequantize (SPEC 3.6)",
+    .description = "llama.cpp KV-cache types (-ctk/-ctv), bit-exact ggml quantize_row_*_ref + dequantize",
     .params = ggml_params,
     .nparams = sizeof ggml_params / sizeof ggml_params[0],
     .in_default_set = 1,

@@ -1,4 +1,4 @@
-/* group.c — the uniform group quantizer families of SPEC §3: per-token,
+/* group.c — the uniform group quantizer families of docs/quantizers.md: per-token,
  * per-channel, kivi and kcvt.  Each is a parameter table plus a plan (which
  * U step covers which tokens, kvq.h); plan.c runs plans on the CPU and
  * kernels/ on a GPU; the registry (table.c) lists them. */
@@ -35,7 +35,7 @@ static void per_token_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 
 const kvq_quantizer kvq_q_per_token = {
     .name = "per-token",
-    .description = "U per token for K and V: groups of `group` channels (SPEC 2.1)",
+    .description = "U per token for K and V: groups of `group` channels",
     .params = per_token_params,
     .nparams = sizeof per_token_params / sizeof per_token_params[0],
     .in_default_set = 1,
@@ -64,7 +64,7 @@ static void per_channel_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 
 const kvq_quantizer kvq_q_per_channel = {
     .name = "per-channel",
-    .description = "U per channel for K and V: groups of `group` tokens (SPEC 2.1)",
+    .description = "U per channel for K and V: groups of `group` tokens",
     .params = per_channel_params,
     .nparams = sizeof per_channel_params / sizeof per_channel_params[0],
     .in_default_set = 1,
@@ -119,7 +119,7 @@ static void kivi_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 
 const kvq_quantizer kvq_q_kivi = {
     .name = "kivi",
-    .description = "KIVI: K per-channel, V per-token, last tokens kept exact (SPEC 3)",
+    .description = "KIVI: K per-channel, V per-token, last tokens kept exact",
     .params = kivi_params,
     .nparams = sizeof kivi_params / sizeof kivi_params[0],
     .in_default_set = 1,

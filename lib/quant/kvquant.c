@@ -1,4 +1,4 @@
-/* kvquant.c — KVQuant-style quantization (Hooper et al. 2024; SPEC §3.7).
+/* kvquant.c — KVQuant-style quantization (Hooper et al. 2024; docs/quantizers.md#kvquant).
  * Rows are the channels of one head over its tokens for K (per-channel),
  * the tokens of one head for V (per-token).  The first `sink` tokens are
  * exact (attention sinks, the dump's values).  In each row of the rest, the
@@ -214,7 +214,7 @@ static kvq_status kvquant_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx
 
 const kvq_quantizer kvq_q_kvquant = {
     .name = "kvquant",
-    .description = "KVQuant: pre-RoPE per-channel K / per-token V, NUQ levels, sparse outliers, sinks (SPEC 3.7)",
+    .description = "KVQuant: pre-RoPE per-channel K / per-token V, NUQ levels, sparse outliers, sinks",
     .params = kvquant_params,
     .nparams = sizeof kvquant_params / sizeof kvquant_params[0],
     .in_default_set = 1,

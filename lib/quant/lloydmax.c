@@ -1,4 +1,4 @@
-/* lloydmax.c — TurboQuant-style Lloyd–Max quantizer, MSE variant (SPEC §3.3):
+/* lloydmax.c — TurboQuant-style Lloyd–Max quantizer, MSE variant (docs/quantizers.md#lloydmax):
  * per token and head, the norm is stored at fp16 (n = fp16(‖x‖), used both
  * to normalise and to reconstruct), u = Π·x/n, every coordinate snaps to
  * the nearest level of a scalar codebook, x' = n·Πᵀ·û.  Bits: b·D + 16 per
@@ -16,7 +16,7 @@ static const kvq_param lloydmax_params[] = {
     [LM_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
                  .help = "bits per coordinate"},
     [LM_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "seeded rotation before coding (SPEC 2.3)"},
+                   .help = "seeded rotation before coding"},
     [LM_CODEBOOK] = {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "sphere", .choices = "sphere|gauss|data",
                      .help = "levels for a unit-sphere coordinate, N(0,1/D), or fitted on --calib"},
 };
@@ -208,7 +208,7 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
 
 const kvq_quantizer kvq_q_lloydmax = {
     .name = "lloydmax",
-    .description = "per-token fp16 norm + rotation + Lloyd-Max levels (SPEC 3.3); codebook=data needs --calib",
+    .description = "per-token fp16 norm + rotation + Lloyd-Max levels; codebook=data needs --calib",
     .params = lloydmax_params,
     .nparams = sizeof lloydmax_params / sizeof lloydmax_params[0],
     .in_default_set = 1,

@@ -1,4 +1,4 @@
-/* plan.h — the uniform families as plans of steps (SPEC §2.1): the one
+/* plan.h — the uniform families as plans of steps (docs/building-blocks.md (U)): the one
  * definition the CPU executor (plan.c) and the CUDA kernels (kernels/) run.
  * Part of the quantizer-author API (quant.h includes it). */
 #ifndef KVQ_QUANT_PLAN_H

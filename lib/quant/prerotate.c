@@ -1,5 +1,5 @@
 /* prerotate.c — QuaRot-style pre-rotation for any quantizer that declares
- * the `prerotate` key (SPEC §2.3): each token's head vector is rotated,
+ * the `prerotate` key (docs/building-blocks.md#rotations): each token's head vector is rotated,
  * y = Π·x, the quantizer runs on the rotated layer, and x' = Πᵀ·y'.
  * Queries rotated by the same Π give the same scores, so this is what an
  * inference engine with rotated heads stores.  Π is fixed per (layer, head,

@@ -1,6 +1,6 @@
 /* quant.h — the quantizer-author API: what a family's file defines (its
  * kvq_quantizer) and may use (plans, the helpers that apply U/A along the
- * axes of SPEC §2.1, rotations, codebooks...).  Tools see quantizers only
+ * axes of docs/building-blocks.md (U), rotations, codebooks...).  Tools see quantizers only
  * through kvq.h's accessors. */
 #ifndef KVQ_QUANT_H
 #define KVQ_QUANT_H
@@ -138,7 +138,7 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kv
 /* u_c ← levelf[kvq_codebook_index(cb, u_c / n)] for a row of D (branch-free
  * up to 16 levels; tests compare it with the search). */
 void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D);
-/* Lloyd–Max coding of T rows x [T][D] into y (SPEC §3.3): fp16 norm,
+/* Lloyd–Max coding of T rows x [T][D] into y (docs/quantizers.md#lloydmax): fp16 norm,
  * rotation, nearest level.  work [T][D], norm [T]: scratch. */
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
@@ -149,7 +149,7 @@ kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_r
 kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,
                              const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes, kvq_error *err);
 
-/* GEAR's outliers of one row (SPEC §3.1): sel[i] = 1 for the k largest
+/* GEAR's outliers of one row (docs/quantizers.md#gear): sel[i] = 1 for the k largest
  * values, then the k smallest of the rest (ties: lower index first); those
  * positions of work (a copy of row; NULL: selection only) become the row
  * mean.  O(n): scans for small k, selections otherwise.  scratch: n floats. */
@@ -177,12 +177,12 @@ static inline void kvq_scatter_channels(const float *rows, int nb, int n, size_t
 kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                   kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
-/* Pre-rotation (SPEC 2.3): the `prerotate` key a family adds to its table
+/* Pre-rotation (docs/building-blocks.md#rotations): the `prerotate` key a family adds to its table
  * with one line; kvq_quantize_layer then runs the family on Π·x and returns
  * Πᵀ·y' (prerotate.c). */
 #define KVQ_PARAM_PREROTATE                                                                          \
     {.key = "prerotate", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|hadamard|qr",     \
-     .help = "rotate each head vector first (QuaRot): x' = P^T Q(P x) (SPEC 2.3)", .quiet_default = 1}
+     .help = "rotate each head vector first (QuaRot): x' = P^T Q(P x)", .quiet_default = 1}
 /* The spec's prerotate choice: 0 none (or no such key), 1 hadamard, 2 qr. */
 int kvq_spec_prerotate(const kvq_spec *spec);
 /* Runs `run` (the family's whole-layer quantizer) on the rotated layer and

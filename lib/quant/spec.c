@@ -1,4 +1,4 @@
-/* spec.c — spec strings `name:key=value,...` (SPEC §3): parsed against the
+/* spec.c — spec strings `name:key=value,...` (docs/quantizers.md): parsed against the
  * registry's table, defaults filled in, cross-key and shape checks. */
 #include "../internal.h"
 #include "quant.h"

@@ -1,4 +1,4 @@
-/* table.c — the one table of quantizers (SPEC §3), in the style of ggml's
+/* table.c — the one table of quantizers (docs/quantizers.md), in the style of ggml's
  * type traits: CLIs, sweeps, --list-quantizers and the tests loop over it.
  * Adding a quantizer: one new file with its kvq_quantizer, one line below. */
 #include "../internal.h"

@@ -1,4 +1,4 @@
-/* tender.c — Tender (seed 004, SPEC §3.5): per chunk of tokens, a bias per
+/* tender.c — Tender (docs/quantizers.md#tender): per chunk of tokens, a bias per
  * channel is subtracted, and the channels fall into `groups` groups whose
  * scales differ by powers of `alpha` (rescaling between groups is a shift
  * when alpha = 2).  Rows are tokens; columns are all H·D channels of the
@@ -200,7 +200,7 @@ static kvq_status tender_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
 
 const kvq_quantizer kvq_q_tender = {
     .name = "tender",
-    .description = "Tender: per-chunk channel bias + channel groups whose scales differ by powers of alpha (SPEC 3.5, seed 004)",
+    .description = "Tender: per-chunk channel bias + channel groups whose scales differ by powers of alpha",
     .params = tender_params,
     .nparams = sizeof tender_params / sizeof tender_params[0],
     .in_default_set = 1,

@@ -1,4 +1,4 @@
-/* turboquant.c — TurboQuant (SPEC §3.8).  variant=mse is lloydmax at `bits`
+/* turboquant.c — TurboQuant (docs/quantizers.md#turboquant).  variant=mse is lloydmax at `bits`
  * (the same rotation, sphere codebook and fp16 norm: bit for bit).
  * variant=prod makes attention scores unbiased: per token and head, stage 1
  * is lloydmax at b − 1 bits, giving x̂₁; the residual r = x − x̂₁ is coded by
@@ -22,7 +22,7 @@ static const kvq_param turboquant_params[] = {
     [TQ_VARIANT] = {.key = "variant", .type = KVQ_PARAM_CHOICE, .def = "prod", .choices = "mse|prod",
                     .help = "mse: Lloyd-Max only (= lloydmax); prod: + 1-bit QJL residual, unbiased scores"},
     [TQ_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "seeded rotation before Lloyd-Max (SPEC 2.3)"},
+                   .help = "seeded rotation before Lloyd-Max"},
 };
 
 static kvq_status turboquant_check(const kvq_spec *sp, kvq_error *err)
@@ -94,7 +94,7 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
 
 const kvq_quantizer kvq_q_turboquant = {
     .name = "turboquant",
-    .description = "TurboQuant: rotation + Lloyd-Max (b-1 bits) + 1-bit QJL residual, unbiased scores (SPEC 3.8)",
+    .description = "TurboQuant: rotation + Lloyd-Max (b-1 bits) + 1-bit QJL residual, unbiased scores",
     .params = turboquant_params,
     .nparams = sizeof turboquant_params / sizeof turboquant_params[0],
     .in_default_set = 1,

@@ -1,8 +1,8 @@
-/* uniform.c — the building blocks U (asymmetric min–max, SPEC §2.1) and A
+/* uniform.c — the building blocks U (asymmetric min–max, docs/building-blocks.md (U)) and A
  * (symmetric absmax, §2.2).
  *
  * kvq_group_quantize_ref / kvq_absmax_quantize_ref are the definitions: plain
- * C in the order SPEC.md writes the arithmetic.  kvq_group_quantize_channels
+ * C in the order docs/building-blocks.md writes the arithmetic.  kvq_group_quantize_channels
  * is the optimised per-channel path (all D channels of a block of tokens at
  * once, walking rows so the loops are contiguous and vectorise); the tests
  * check it is bit-identical to the reference. */
