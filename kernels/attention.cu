@@ -255,7 +255,8 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
     std::vector<double> e(ROWE), q((size_t)nslots * ROWQ + 1);
     KVQ_CU(cudaMemcpyAsync(e.data(), eacc, ROWE * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
     if (nslots)
-        KVQ_CU(cudaMemcpyAsync(q.data(), qacc, (size_t)nslots * ROWQ * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
+        KVQ_CU(
+            cudaMemcpyAsync(q.data(), qacc, (size_t)nslots * ROWQ * sizeof(double), cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU(cudaStreamSynchronize(c->stream));
     for (int s = 0; s < nslots; s++) {
         const double *v = &q[(size_t)s * ROWQ];

@@ -269,11 +269,11 @@ static kvq_status launch_plan(kvq_cuda *c, int slot, const kvq_plan *plan, std::
                 long items = (long)n * ((D + G - 1) / G);
                 l.nblk = blocks_for(items, 8 * 4, H, c->sms);
                 if (s->kind == KVQ_STEP_TOKEN)
-                    rows_kernel<KIND_U, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits, fp16,
-                                                                                   part + used, flag, bad);
+                    rows_kernel<KIND_U, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits,
+                                                                                   fp16, part + used, flag, bad);
                 else
-                    rows_kernel<KIND_A, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits, fp16,
-                                                                                   part + used, flag, bad);
+                    rows_kernel<KIND_A, 0><<<dim3(l.nblk, H), 256, 0, c->stream>>>(x, y, H, T, D, t0, n, G, s->bits,
+                                                                                   fp16, part + used, flag, bad);
                 break;
             }
             case KVQ_STEP_CHANNEL: {
@@ -313,7 +313,8 @@ extern "C" kvq_status kvq_cuda_quantize_plan(kvq_cuda *c, int slot, const kvq_pl
     size_t total = ls.empty() ? 0 : ls.back().first + (size_t)ls.back().nblk * c->H;
     std::vector<kvq_rpart> host(total > 0 ? total : 1);
     int flag = FLAG_NONE;
-    if (total) KVQ_CU(cudaMemcpyAsync(host.data(), c->part.p, total * sizeof(kvq_rpart), cudaMemcpyDeviceToHost, c->stream));
+    if (total)
+        KVQ_CU(cudaMemcpyAsync(host.data(), c->part.p, total * sizeof(kvq_rpart), cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU(cudaMemcpyAsync(&flag, c->flag.p, sizeof flag, cudaMemcpyDeviceToHost, c->stream));
     KVQ_CU(cudaStreamSynchronize(c->stream));
     if (flag != FLAG_NONE) {

@@ -86,7 +86,8 @@ static void bench_error_reduction(const char *dir, kvq_dump *d, const kvq_layer 
     printf("\nerror-reduction quantizers, quantize + reconstruction error, %d cores (codebooks cached first):\n", nt);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         bench_quant_with(specs[i], L, kq, vq, nt, 1, NULL, NULL); /* warm: codebook */
-        printf("  %-40s %8.1f M elements/s\n", specs[i], bench_quant_with(specs[i], L, kq, vq, nt, 2, NULL, NULL) / 1e6);
+        printf("  %-40s %8.1f M elements/s\n", specs[i],
+               bench_quant_with(specs[i], L, kq, vq, nt, 2, NULL, NULL) / 1e6);
     }
     kvq_calib *c;
     kvq_rope rope;
@@ -133,7 +134,8 @@ int main(int argc, char **argv)
     if (kvq_dump_read_layer(d, 0, KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE, &L, &err)) die(&err);
     double tread = now() - t0;
     size_t nel = (size_t)L.H * L.T * L.D * 3 + (size_t)L.Hq * L.T * L.D;
-    printf("read layer 0 (K, V, Q, pre-RoPE K; float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread, nel / tread / 1e6);
+    printf("read layer 0 (K, V, Q, pre-RoPE K; float16 -> float32, finite check): %.3f s, %.0f M elements/s\n", tread,
+           nel / tread / 1e6);
 
     size_t n = (size_t)L.H * L.T * L.D;
     /* outputs on cache lines, as the driver allocates them (kvq_alloc_lines) */
@@ -141,7 +143,8 @@ int main(int argc, char **argv)
     const char *specs[] = {"per-token:bits=2,group=32", "per-channel:bits=2,group=32",
                            "kivi:bits=2,group=32,residual=128", "kcvt:bits=4", "absmax:bits=8",
                            "per-token:bits=2,group=32,span=layer"};
-    printf("\nquantize + reconstruction error, one core (target >= 1000 M elements/s for per-token, per-channel, kivi):\n");
+    printf("\nquantize + reconstruction error, one core (target >= 1000 M elements/s for per-token, per-channel, "
+           "kivi):\n");
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         printf("  %-40s %8.0f M elements/s\n", specs[i], bench_quant(specs[i], &L, kq, vq) / 1e6);
 
@@ -156,16 +159,19 @@ int main(int argc, char **argv)
                 double dt = now() - t1;
                 if (dt < best[f]) best[f] = dt;
             }
-        printf("\nFP8 cast x' = fp8(x/s)*s, one core (target >= 1000 M elements/s): e4m3 %.0f, e5m2 %.0f M elements/s\n",
-               n / best[0] / 1e6, n / best[1] / 1e6);
+        printf(
+            "\nFP8 cast x' = fp8(x/s)*s, one core (target >= 1000 M elements/s): e4m3 %.0f, e5m2 %.0f M elements/s\n",
+            n / best[0] / 1e6, n / best[1] / 1e6);
         const char *fam[] = {"fp8", "fp8:scale=token", "fp8:scale=channel", "tender", "tender:span=head",
                              "tender:chunk=0,groups=16", "ggml", "ggml:ktype=q4_0,vtype=q4_0",
                              "ggml:ktype=iq4_nl,vtype=iq4_nl", "fp4:format=mxfp4", "fp4:format=nvfp4",
                              "fp4:format=nvfp4,global=tensor", "kvquant:codebook=uniform,prerope=0",
                              "turboquant", "turboquant:variant=mse", "per-token:bits=4,group=128,prerotate=hadamard"};
         double pt = bench_quant("per-token:bits=4,group=128", &L, kq, vq);
-        printf("quantize + reconstruction error, one core, the families beside per-token:bits=4,group=128 (%.0f M elements/s;"
-               " target for tender: within 2x):\n", pt / 1e6);
+        printf("quantize + reconstruction error, one core, the families beside per-token:bits=4,group=128 (%.0f M "
+               "elements/s;"
+               " target for tender: within 2x):\n",
+               pt / 1e6);
         for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
             double r = bench_quant(fam[i], &L, kq, vq);
             printf("  %-40s %8.0f M elements/s  (%.2fx the time of per-token)\n", fam[i], r / 1e6, pt / r);
@@ -219,9 +225,13 @@ int main(int argc, char **argv)
         for (int h = 0; h < L.H; h++)
             for (int j = 0; j < G; j++)
                 for (int k = 0; k < 1 + nq; k++, calls++) {
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, np, T, D, 1.0f, Q, D, L.key + (size_t)h * T * D, D, 0.0f, S, T);
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T, L.value + (size_t)h * T * D, D, 0.0f, O, D);
-                    if (k > 0) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T, L.value + (size_t)h * T * D, D, 0.0f, O, D);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, np, T, D, 1.0f, Q, D,
+                                L.key + (size_t)h * T * D, D, 0.0f, S, T);
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T,
+                                L.value + (size_t)h * T * D, D, 0.0f, O, D);
+                    if (k > 0)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, np, D, T, 1.0f, A, T,
+                                    L.value + (size_t)h * T * D, D, 0.0f, O, D);
                 }
         double tgemm = now() - tg;
         (void)calls;

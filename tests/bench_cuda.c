@@ -92,7 +92,8 @@ int main(int argc, char **argv)
     if (api->copy_bandwidth(c, (size_t)1 << 28, &copy_gbs, &err)) die(&err);
     printf("device-to-device copy (1 GiB, read + write): %.0f GB/s\n", copy_gbs);
 
-    printf("\nquantize + reconstruction error, kernels only, layer 0 [%d][%d][%d] (target >= 60 %% of bandwidth):\n", H, T, D);
+    printf("\nquantize + reconstruction error, kernels only, layer 0 [%d][%d][%d] (target >= 60 %% of bandwidth):\n", H,
+           T, D);
     bench_plans(dev, &L, copy_gbs);
     /* long context: the layer tiled to 65536 tokens */
     const int reps = 16;
@@ -121,8 +122,9 @@ int main(int argc, char **argv)
         sp.q->plan(&sp, T, D, &plan);
         if (kvq_device_quantize_plan(dev, s, &plan, rc, &bad, &err)) die(&err);
     }
-    printf("\nattention metrics, %d quantizers, %d KV heads x %d query heads (cuBLAS sgemm alone on the score shape):\n",
-           NSPEC, H, G);
+    printf(
+        "\nattention metrics, %d quantizers, %d KV heads x %d query heads (cuBLAS sgemm alone on the score shape):\n",
+        NSPEC, H, G);
     const int rows_list[] = {64, 512};
     for (int ri = 0; ri < 2; ri++) {
         int np = rows_list[ri];

@@ -62,17 +62,23 @@ int main(int argc, char **argv)
     kvq_eval_opts eo = {.nthreads = nt};
     for (int r = 0; r < 2; r++) {
         double t0 = now();
-        if (kvq_model_eval(m, tok, T, NULL, 0, &eo, &nll, &err)) { fprintf(stderr, "kvq-bench-model: %s\n", err.msg); return 1; }
+        if (kvq_model_eval(m, tok, T, NULL, 0, &eo, &nll, &err)) {
+            fprintf(stderr, "kvq-bench-model: %s\n", err.msg);
+            return 1;
+        }
         double t = now() - t0;
         best = t < best ? t : best;
     }
     struct rusage ru; /* the forward's peak, before this benchmark's own buffers */
     getrusage(RUSAGE_SELF, &ru);
     /* the same weight products as plain sgemm on float matrices */
-    int dim = in->dim, qd = in->n_heads * in->head_dim, kd = in->n_kv_heads * in->head_dim, F = in->ffn_dim, V = in->vocab_size;
-    int shapes[8][3] = {{dim, qd, 0}, {dim, kd, 0}, {dim, kd, 0}, {qd, dim, 0}, {dim, F, 0}, {dim, F, 0}, {F, dim, 0}, {dim, V, 1}};
+    int dim = in->dim, qd = in->n_heads * in->head_dim, kd = in->n_kv_heads * in->head_dim, F = in->ffn_dim,
+        V = in->vocab_size;
+    int shapes[8][3] = {{dim, qd, 0}, {dim, kd, 0}, {dim, kd, 0}, {qd, dim, 0},
+                        {dim, F, 0},  {dim, F, 0},  {F, dim, 0},  {dim, V, 1}};
     size_t maxw = (size_t)F * dim > (size_t)V * dim ? (size_t)F * dim : (size_t)V * dim;
-    float *W = malloc(maxw * sizeof *W), *X = malloc((size_t)T * F * sizeof *X), *Y = malloc((size_t)T * (F > V ? F : V) * sizeof *Y);
+    float *W = malloc(maxw * sizeof *W), *X = malloc((size_t)T * F * sizeof *X),
+          *Y = malloc((size_t)T * (F > V ? F : V) * sizeof *Y);
     for (size_t i = 0; i < maxw; i++) W[i] = (float)((i % 97) - 48) * 1e-3f;
     for (size_t i = 0; i < (size_t)T * F; i++) X[i] = (float)((i % 89) - 44) * 1e-2f;
     openblas_set_num_threads(nt);
@@ -83,8 +89,8 @@ int main(int argc, char **argv)
         for (int s = 0; s < 8; s++) {
             int reps = shapes[s][2] ? 1 : in->n_layers, rows = shapes[s][2] ? T - 1 : T;
             for (int k = 0; k < reps; k++) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, shapes[s][1], shapes[s][0], 1.0f, X, shapes[s][0], W,
-                            shapes[s][0], 0.0f, Y, shapes[s][1]);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, shapes[s][1], shapes[s][0], 1.0f, X,
+                            shapes[s][0], W, shapes[s][0], 0.0f, Y, shapes[s][1]);
                 flops += 2.0 * rows * shapes[s][1] * shapes[s][0];
             }
         }
@@ -101,10 +107,12 @@ int main(int argc, char **argv)
     double act = 4.0 * T * (2.0 * dim + 3.0 * qd + 5.0 * kd + 2.0 * F) + 4.0 * vc * (dim + 2.0 * (T - 1)) +
                  4.0 * (T - 1) * dim + (double)nt * (8 << 20);
     printf("kvq-bench-model: %s, %d layers, %d tokens, %d threads\n", in->format, in->n_layers, T, nt);
-    printf("  prefill + output head: %.2f s (%.1f GFLOP/s of weight products; mean NLL %.3f)\n", best, flops / best * 1e-9, nll);
+    printf("  prefill + output head: %.2f s (%.1f GFLOP/s of weight products; mean NLL %.3f)\n", best,
+           flops / best * 1e-9, nll);
     printf("  sgemm on the same shapes: %.2f s (%.1f GFLOP/s)\n", sg, flops / sg * 1e-9);
     printf("  ratio: %.0f %% of the sgemm rate (target >= 70 %%)\n", 100.0 * sg / best);
-    printf("  peak memory of the forward pass %.0f MB; file %.0f MB + one layer in float32 %.0f MB + activations %.0f MB = %.0f MB\n",
+    printf("  peak memory of the forward pass %.0f MB; file %.0f MB + one layer in float32 %.0f MB + activations %.0f "
+           "MB = %.0f MB\n",
            ru.ru_maxrss / 1024.0, sb.st_size / 1048576.0, layer_f32 / 1048576.0, act / 1048576.0,
            (sb.st_size + layer_f32 + act) / 1048576.0);
     free(W), free(X), free(Y), free(tok);

@@ -53,11 +53,21 @@ typedef struct gguf_w {
 } gguf_w;
 
 /* metadata */
-static inline void gw_key(gguf_w *w, const char *k, uint32_t type) { gw_str(&w->kv, k); gw_u32(&w->kv, type); w->nkv++; }
+static inline void gw_key(gguf_w *w, const char *k, uint32_t type)
+{
+    gw_str(&w->kv, k);
+    gw_u32(&w->kv, type);
+    w->nkv++;
+}
 static inline void gw_kv_u32(gguf_w *w, const char *k, uint32_t v) { gw_key(w, k, 4); gw_u32(&w->kv, v); }
 static inline void gw_kv_i32(gguf_w *w, const char *k, int32_t v) { gw_key(w, k, 5); gw_put(&w->kv, &v, 4); }
 static inline void gw_kv_f32(gguf_w *w, const char *k, float v) { gw_key(w, k, 6); gw_put(&w->kv, &v, 4); }
-static inline void gw_kv_bool(gguf_w *w, const char *k, int v) { uint8_t b = (uint8_t)v; gw_key(w, k, 7); gw_put(&w->kv, &b, 1); }
+static inline void gw_kv_bool(gguf_w *w, const char *k, int v)
+{
+    uint8_t b = (uint8_t)v;
+    gw_key(w, k, 7);
+    gw_put(&w->kv, &b, 1);
+}
 static inline void gw_kv_str(gguf_w *w, const char *k, const char *v) { gw_key(w, k, 8); gw_str(&w->kv, v); }
 static inline void gw_kv_u64(gguf_w *w, const char *k, uint64_t v) { gw_key(w, k, 10); gw_u64(&w->kv, v); }
 static inline void gw_kv_f64(gguf_w *w, const char *k, double v) { gw_key(w, k, 12); gw_put(&w->kv, &v, 8); }
@@ -174,7 +184,8 @@ static inline int gw_half_fields(int type, int off[2], double *factor)
 
 /* rows × cols values of `type` (random codes, halves of magnitude ~amp/factor)
  * as raw bytes; *nbytes set.  f32/f16/bf16: N(0, amp)-ish uniform values. */
-static inline uint8_t *gw_random_weights(int type, int64_t cols, int64_t rows, double amp, uint64_t seed, size_t *nbytes)
+static inline uint8_t *gw_random_weights(int type, int64_t cols, int64_t rows, double amp, uint64_t seed,
+                                         size_t *nbytes)
 {
     int block;
     size_t bb;
@@ -218,7 +229,8 @@ typedef struct gw_model_opts {
     uint64_t seed;
 } gw_model_opts;
 
-static inline void gw_weight(gguf_w *w, const char *name, int type, int64_t cols, int64_t rows, double amp, uint64_t seed)
+static inline void gw_weight(gguf_w *w, const char *name, int type, int64_t cols, int64_t rows, double amp,
+                             uint64_t seed)
 {
     size_t nb;
     uint8_t *p = gw_random_weights(type, cols, rows ? rows : 1, amp, seed, &nb);
@@ -275,8 +287,18 @@ static inline void gw_tiny_model(gguf_w *w, const gw_model_opts *o)
             snprintf(tok[n], 8, "\xe2\x96\x81%c", *c);
             sc[n] = -10.0f - (float)(c - letters);
         }
-        const char *words[] = {"\xe2\x96\x81the", "\xe2\x96\x81th", "he", "in", "\xe2\x96\x81" "a", "at", "\xe2\x96\x81" "cat", "ca"};
-        for (size_t i = 0; i < sizeof words / sizeof words[0] && n < V; i++, n++) tok[n] = strdup(words[i]), sc[n] = -(float)i;
+        const char *words[] = {"\xe2\x96\x81the",
+                               "\xe2\x96\x81th",
+                               "he",
+                               "in",
+                               "\xe2\x96\x81"
+                               "a",
+                               "at",
+                               "\xe2\x96\x81"
+                               "cat",
+                               "ca"};
+        for (size_t i = 0; i < sizeof words / sizeof words[0] && n < V; i++, n++)
+            tok[n] = strdup(words[i]), sc[n] = -(float)i;
         for (; n < V; n++) {
             tok[n] = malloc(16);
             snprintf(tok[n], 16, "zz%d", n);

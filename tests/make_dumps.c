@@ -133,7 +133,8 @@ static void write_variant(const char *dir, const variant *v)
             for (size_t i = 0; i < n; i++) c[i] = k ? sin(0.1 * (double)i) : cos(0.1 * (double)i);
             if (!k) c[n - 1] = NAN;
             hid_t sp = H5Screate_simple(2, dims, NULL);
-            hid_t ds = H5Dcreate2(f, k ? "rope_sin" : "rope_cos", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+            hid_t ds =
+                H5Dcreate2(f, k ? "rope_sin" : "rope_cos", H5T_IEEE_F32LE, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
             H5Dwrite(ds, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, c);
             H5Dclose(ds);
             H5Sclose(sp);

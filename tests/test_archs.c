@@ -48,7 +48,8 @@ static void golden_read(const char *path, int vocab, golden *g)
     ck_assert_msg(dims[0] == GPOS && dims[1] == (hsize_t)vocab, "%s: logits [%llu, %llu]", path,
                   (unsigned long long)dims[0], (unsigned long long)dims[1]);
     g->logits = malloc((size_t)GPOS * (size_t)vocab * sizeof(float));
-    ck_assert(H5LTread_dataset_int(f, "/tokens", g->tokens) >= 0 && H5LTread_dataset_int(f, "/positions", g->pos) >= 0 &&
+    ck_assert(H5LTread_dataset_int(f, "/tokens", g->tokens) >= 0 &&
+              H5LTread_dataset_int(f, "/positions", g->pos) >= 0 &&
               H5LTread_dataset_float(f, "/logits", g->logits) >= 0 &&
               H5LTget_attribute_double(f, "/", "mean_nll", &g->mean_nll) >= 0);
     H5Fclose(f);
@@ -82,7 +83,10 @@ START_TEST(test_against_llama_cpp)
 {
     const char *arch = archs[_i];
     kvq_model *m = open_tiny(arch);
-    if (!m) { fprintf(stderr, "test_against_llama_cpp(%s): skipped: ../shared/data/models-tiny absent\n", arch); return; }
+    if (!m) {
+        fprintf(stderr, "test_against_llama_cpp(%s): skipped: ../shared/data/models-tiny absent\n", arch);
+        return;
+    }
     const kvq_model_info *in = kvq_model_get_info(m);
     char gp[1200];
     ck_assert(tiny_path(arch, "golden.h5", gp, sizeof gp));
@@ -100,7 +104,8 @@ START_TEST(test_against_llama_cpp)
     fprintf(stderr, "%s (%s): max |dlogit| %.4f, mean NLL %.6f vs llama.cpp %.6f\n", arch, in->arch_name, worst, nll,
             g.mean_nll);
     ck_assert_msg(worst <= 0.05, "%s: logit of position %d, token %zu: %.5f, llama.cpp %.5f", arch,
-                  g.pos[at / (size_t)in->vocab_size], at % (size_t)in->vocab_size, (double)lg[at], (double)g.logits[at]);
+                  g.pos[at / (size_t)in->vocab_size], at % (size_t)in->vocab_size, (double)lg[at],
+                  (double)g.logits[at]);
     ck_assert_msg(fabs(nll - g.mean_nll) <= 5e-4, "%s: mean NLL %.6f, llama.cpp %.6f", arch, nll, g.mean_nll);
     if (!strcmp(arch, "gemma3")) { /* 5 of 6 layers local, window 64, their own RoPE base */
         ck_assert_int_eq(in->sliding_window, 64);
@@ -125,7 +130,10 @@ START_TEST(test_tokenizer_matches_llama_cpp)
 {
     const char *arch = archs[_i];
     kvq_model *m = open_tiny(arch);
-    if (!m) { fprintf(stderr, "test_tokenizer_matches_llama_cpp(%s): skipped: ../shared/data/models-tiny absent\n", arch); return; }
+    if (!m) {
+        fprintf(stderr, "test_tokenizer_matches_llama_cpp(%s): skipped: ../shared/data/models-tiny absent\n", arch);
+        return;
+    }
     char tp[1200];
     ck_assert(tiny_path(arch, "tokens.tsv", tp, sizeof tp));
     FILE *tsv = fopen(tp, "r");
@@ -152,15 +160,15 @@ START_TEST(test_tokenizer_matches_llama_cpp)
         ck_assert_msg(kvq_model_tokenize(m, text, n, &ids, &k, &err) == KVQ_OK, "%s %s: %s", arch, line, err.msg);
         size_t i = 0;
         while (i < k && i < (size_t)nw && ids[i] == want[i]) i++;
-        ck_assert_msg(i == k && k == (size_t)nw, "%s %s: token %zu: kvq %d, llama.cpp %d (%zu and %d tokens)", arch, line, i,
-                      i < k ? ids[i] : -1, i < (size_t)nw ? want[i] : -1, k, nw);
+        ck_assert_msg(i == k && k == (size_t)nw, "%s %s: token %zu: kvq %d, llama.cpp %d (%zu and %d tokens)", arch,
+                      line, i, i < k ? ids[i] : -1, i < (size_t)nw ? want[i] : -1, k, nw);
         /* streamed, read 7 and 61 bytes at a time: the same ids, and with max_tokens their prefix */
         for (size_t bs = 7; bs < 100; bs += 54) {
             int *sid;
             size_t sn;
             ck_assert_msg(kvq_tokenize_file_blocks(m, path, 0, bs, &sid, &sn, &err) == KVQ_OK, "%s", err.msg);
-            ck_assert_msg(sn == k && !memcmp(sid, ids, k * sizeof *ids), "%s %s: streamed in %zu-byte blocks differs", arch,
-                          name, bs);
+            ck_assert_msg(sn == k && !memcmp(sid, ids, k * sizeof *ids), "%s %s: streamed in %zu-byte blocks differs",
+                          arch, name, bs);
             free(sid);
             ck_assert(kvq_tokenize_file_blocks(m, path, 5, bs, &sid, &sn, &err) == KVQ_OK);
             ck_assert(sn >= (k < 5 ? k : 5) && sn <= k && !memcmp(sid, ids, sn * sizeof *ids));
@@ -254,8 +262,9 @@ START_TEST(test_prefill_equals_decode)
     golden g;
     kvq_model *m = open_case("test_prefill_equals_decode", arch, &g);
     if (!m) return;
-    const char *specs[] = {"per-token:bits=4", "fp8:scale=token", "fp8:scale=none", "ggml", "ggml:ktype=q4_0,vtype=iq4_nl",
-                           "per-channel:bits=2"};
+    const char *specs[] = {
+        "per-token:bits=4",  "fp8:scale=token", "fp8:scale=none", "ggml", "ggml:ktype=q4_0,vtype=iq4_nl",
+        "per-channel:bits=2"};
     enum { NS = 6 };
     kvq_spec sp[NS];
     kvq_error err = {0};
@@ -263,7 +272,8 @@ START_TEST(test_prefill_equals_decode)
     for (int i = 0; i < NS; i++) {
         ck_assert_msg(kvq_spec_parse(specs[i], &sp[i], &err) == KVQ_OK, "%s", err.msg);
         for (int p = 0; p < 3; p++)
-            it[3 * i + p] = (kvq_eval_item){.spec = &sp[i], .layer = -1, .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
+            it[3 * i + p] =
+                (kvq_eval_item){.spec = &sp[i], .layer = -1, .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
     }
     double nll;
     int T = 100; /* past gemma3's window of 64 */
@@ -280,8 +290,8 @@ START_TEST(test_prefill_equals_decode)
         if (stateless)
             ck_assert_msg(same_bits(pf->nll, dc->nll) && same_bits(pf->kl, dc->kl) && same_bits(pf->top1, dc->top1) &&
                               same_bits(pf->nll, d7->nll) && same_bits(pf->kl, d7->kl),
-                          "%s %s: prefill nll %.17g kl %.17g, decode %.17g %.17g, decode/7 %.17g", arch, specs[i], pf->nll,
-                          pf->kl, dc->nll, dc->kl, d7->nll);
+                          "%s %s: prefill nll %.17g kl %.17g, decode %.17g %.17g, decode/7 %.17g", arch, specs[i],
+                          pf->nll, pf->kl, dc->nll, dc->kl, d7->nll);
         else /* the check can fail: the policies do differ for a quantizer that groups tokens */
             ck_assert_msg(!same_bits(pf->nll, dc->nll), "%s %s: decode equals prefill", arch, specs[i]);
     }

@@ -194,7 +194,8 @@ START_TEST(kmeans_monotone_and_reproducible)
     ck_assert(it1 >= 1 && it1 <= IT);
     /* the objective never increases (float distances choose the assignment:
      * allow float rounding, 1e-6 relative) */
-    for (int i = 1; i <= it1; i++) ck_assert_msg(obj[i] <= obj[i - 1] * (1 + 1e-6), "iteration %d: %g > %g", i, obj[i], obj[i - 1]);
+    for (int i = 1; i <= it1; i++)
+        ck_assert_msg(obj[i] <= obj[i - 1] * (1 + 1e-6), "iteration %d: %g > %g", i, obj[i], obj[i - 1]);
     ck_assert(obj[it1] < obj[0]);
     /* converged: every point sits at its nearest centre */
     for (int i = 0; i < N; i++) {

@@ -40,8 +40,10 @@ static void write_read(kvq_dtype dt)
     ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
     const kvq_dump_info *in = kvq_dump_get_info(d);
     ck_assert_str_eq(in->model, "unit test");
-    ck_assert(in->num_layers == L && in->num_heads == Hq && in->num_kv_heads == H && in->head_dim == D && in->seq_len == T);
-    ck_assert(in->has_rope_theta && in->rope_theta == 5e5 && in->rope_style == KVQ_ROPE_HALF && in->query_prescaled == 1);
+    ck_assert(in->num_layers == L && in->num_heads == Hq && in->num_kv_heads == H && in->head_dim == D &&
+              in->seq_len == T);
+    ck_assert(in->has_rope_theta && in->rope_theta == 5e5 && in->rope_style == KVQ_ROPE_HALF &&
+              in->query_prescaled == 1);
     ck_assert(in->has_query && in->has_key_pre_rope && !in->has_rope_table);
     ck_assert_int_eq(in->key_dtype, dt);
     kvq_layer r;
@@ -62,7 +64,8 @@ static void write_read(kvq_dtype dt)
     ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, pos, 5, &rows, &err), KVQ_OK);
     for (int j = 0; j < Hq; j++)
         for (int i = 0; i < 5; i++)
-            ck_assert(!memcmp(rows + ((size_t)j * 5 + i) * D, r.query + ((size_t)j * T + pos[i]) * D, D * sizeof(float)));
+            ck_assert(
+                !memcmp(rows + ((size_t)j * 5 + i) * D, r.query + ((size_t)j * T + pos[i]) * D, D * sizeof(float)));
     free(rows);
     const int unsorted[] = {3, 2}, beyond[] = {9};
     ck_assert_int_eq(kvq_dump_read_query_rows(d, 1, unsorted, 2, &rows, &err), KVQ_ERR_USAGE);
@@ -78,7 +81,8 @@ static void write_read(kvq_dtype dt)
     ck_assert(!memcmp(io.key, fresh.key, n * sizeof(float)) && !memcmp(io.value, fresh.value, n * sizeof(float)) &&
               !memcmp(io.key_pre_rope, fresh.key_pre_rope, n * sizeof(float)) && !io.query);
     kvq_layer_free(&fresh);
-    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 1, KVQ_READ_QUERY, &io, &err), KVQ_OK); /* other tensors: new buffers */
+    ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 1, KVQ_READ_QUERY, &io, &err),
+                     KVQ_OK); /* other tensors: new buffers */
     ck_assert(io.query && !io.key_pre_rope);
     ck_assert_int_eq(kvq_dump_read_layer_reuse(d, 7, 0, &io, &err), KVQ_ERR_USAGE);
     kvq_layer_free(&io);
@@ -137,7 +141,9 @@ START_TEST(gen_is_reproducible)
     /* RoPE preserves the norm of each pair: pre/post-RoPE keys have equal norms per token */
     for (int t = 0; t < la.T; t++) {
         double n1 = 0, n2 = 0;
-        for (int c = 0; c < la.D; c++) n1 += la.key[t * la.D + c] * la.key[t * la.D + c], n2 += la.key_pre_rope[t * la.D + c] * la.key_pre_rope[t * la.D + c];
+        for (int c = 0; c < la.D; c++)
+            n1 += la.key[t * la.D + c] * la.key[t * la.D + c],
+                n2 += la.key_pre_rope[t * la.D + c] * la.key_pre_rope[t * la.D + c];
         ck_assert(close_rel(n1, n2, 1e-5, 1e-6));
     }
     /* outlier channels: the largest channel abs-max is well above the median */

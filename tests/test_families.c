@@ -212,7 +212,11 @@ START_TEST(fp8_scales_and_bits)
                                           c, y[i], e);
                         }
                 /* bits per head: 8 per element + 32 per scale (the tensor's shared by the H heads) */
-                double per_head = 8.0 * T * D + (sc == 0 ? 0 : sc == 1 ? 32.0 / H : sc == 2 ? 32 : sc == 3 ? 32.0 * T : 32.0 * D);
+                double per_head = 8.0 * T * D + (sc == 0   ? 0
+                                                 : sc == 1 ? 32.0 / H
+                                                 : sc == 2 ? 32
+                                                 : sc == 3 ? 32.0 * T
+                                                           : 32.0 * D);
                 for (int h = 0; h < H; h++) ck_assert_double_eq((tensor ? vb : kb)[h], per_head);
             }
         }
@@ -668,7 +672,8 @@ START_TEST(fp4_fast_round_equals_reference)
             for (int i = 0; i < N; i++) {
                 float want = (float)kvq_e2m1_doubled[kvq_e2m1_index(xs[i], ds[k])] * ds[k];
                 if (memcmp(&want, &y[i], 4)) /* (ck_assert per value would write to check's pipe each time) */
-                    ck_abort_msg("d %a x %a: %a, expected %a", (double)ds[k], (double)xs[i], (double)y[i], (double)want);
+                    ck_abort_msg("d %a x %a: %a, expected %a", (double)ds[k], (double)xs[i], (double)y[i],
+                                 (double)want);
             }
             free(xs);
         }
@@ -826,7 +831,8 @@ START_TEST(turboquant_mse_prod)
         double err_sum = 0, score_sum = 0;
         for (size_t t = 0; t < (size_t)H * T; t++) {
             double s0 = 0, s1 = 0;
-            for (int c = 0; c < D; c++) s0 += (double)q[t * D + c] * L.key[t * D + c], s1 += (double)q[t * D + c] * a[t * D + c];
+            for (int c = 0; c < D; c++)
+                s0 += (double)q[t * D + c] * L.key[t * D + c], s1 += (double)q[t * D + c] * a[t * D + c];
             err_sum += s1 - s0, score_sum += s0;
         }
         double bias = err_sum / score_sum;
@@ -942,7 +948,8 @@ START_TEST(prerotate_wrapper)
             kvq_rotation r;
             size_t off = (size_t)h * L.T * L.D;
             ck_assert_int_eq(kvq_rotation_init(&r, KVQ_ROT_HADAMARD, L.D, 4, 0, h, t, &err), KVQ_OK);
-            ck_assert_int_eq(kvq_rotation_apply(&r, (t ? L.value : L.key) + off, (t ? R.value : R.key) + off, L.T, 0, &err), KVQ_OK);
+            ck_assert_int_eq(
+                kvq_rotation_apply(&r, (t ? L.value : L.key) + off, (t ? R.value : R.key) + off, L.T, 0, &err), KVQ_OK);
             kvq_rotation_free(&r);
         }
     kvq_spec plain;
@@ -957,7 +964,8 @@ START_TEST(prerotate_wrapper)
             kvq_rotation r;
             size_t off = (size_t)h * L.T * L.D;
             ck_assert_int_eq(kvq_rotation_init(&r, KVQ_ROT_HADAMARD, L.D, 4, 0, h, t, &err), KVQ_OK);
-            ck_assert_int_eq(kvq_rotation_apply(&r, (t ? yv : yk) + off, (t ? R.value : R.key) + off, L.T, 1, &err), KVQ_OK);
+            ck_assert_int_eq(kvq_rotation_apply(&r, (t ? yv : yk) + off, (t ? R.value : R.key) + off, L.T, 1, &err),
+                             KVQ_OK);
             kvq_rotation_free(&r);
         }
     ck_assert(!memcmp(R.key, kq[2], n * sizeof(float)) && !memcmp(R.value, vq[2], n * sizeof(float)));

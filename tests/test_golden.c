@@ -130,7 +130,8 @@ static void compare_file(const char *golden, int per_layer)
         kvq_acc pooled = {0};
         if (per_layer) {
             ck_assert_str_eq(r.f[2], "all");
-            for (int h = 0; h < a.nheads; h++) kvq_acc_merge(&pooled, &a.acc[((size_t)layer * a.nheads + h) * nrun + si]);
+            for (int h = 0; h < a.nheads; h++)
+                kvq_acc_merge(&pooled, &a.acc[((size_t)layer * a.nheads + h) * nrun + si]);
         } else {
             pooled = a.acc[((size_t)layer * a.nheads + atoi(r.f[2])) * nrun + si];
         }

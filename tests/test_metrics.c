@@ -58,8 +58,26 @@ START_TEST(pooling_sums_not_ratios)
     b.k = (kvq_recon_acc){.n = 30, .sum_x2 = 100, .sum_e2 = 9, .sum_abs_e = 6, .max_abs = 0.9, .bits = 60};
     a.v = a.k, b.v = b.k;
     a.has_attn = b.has_attn = 1;
-    a.attn = (kvq_attn_acc){.rows = 2, .s_ref2 = 4, .s_diff2 = 1, .a_ref2 = 1, .a_diff2 = 0.25, .kl_sum = 0.2, .top1_same = 2, .o_ref2 = 1, .o_diff2 = 0.01, .o_joint_diff2 = 0.04};
-    b.attn = (kvq_attn_acc){.rows = 6, .s_ref2 = 12, .s_diff2 = 0, .a_ref2 = 3, .a_diff2 = 0, .kl_sum = 0.6, .top1_same = 3, .o_ref2 = 3, .o_diff2 = 0, .o_joint_diff2 = 0};
+    a.attn = (kvq_attn_acc){.rows = 2,
+                            .s_ref2 = 4,
+                            .s_diff2 = 1,
+                            .a_ref2 = 1,
+                            .a_diff2 = 0.25,
+                            .kl_sum = 0.2,
+                            .top1_same = 2,
+                            .o_ref2 = 1,
+                            .o_diff2 = 0.01,
+                            .o_joint_diff2 = 0.04};
+    b.attn = (kvq_attn_acc){.rows = 6,
+                            .s_ref2 = 12,
+                            .s_diff2 = 0,
+                            .a_ref2 = 3,
+                            .a_diff2 = 0,
+                            .kl_sum = 0.6,
+                            .top1_same = 3,
+                            .o_ref2 = 3,
+                            .o_diff2 = 0,
+                            .o_joint_diff2 = 0};
     kvq_acc_merge(&p, &a);
     kvq_acc_merge(&p, &b);
     kvq_metrics m;
@@ -91,7 +109,9 @@ START_TEST(attention_one_hot)
         kvq_attn_acc a = {0};
         kvq_error err = {0};
         /* query_prescaled = 1: no division by sqrt(D) */
-        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, (kvq_attn_mode){.prescaled = 1}, pos, 1, 1, kq, vq, &a, &err), KVQ_OK);
+        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(
+                             Q, 1, K, V, 3, 2, (kvq_attn_mode){.prescaled = 1}, pos, 1, 1, kq, vq, &a, &err),
+                         KVQ_OK);
         kvq_acc acc = {.has_attn = 1, .attn = a, .k = {.n = 1, .sum_x2 = 1}, .v = {.n = 1, .sum_x2 = 1}};
         kvq_metrics m;
         kvq_metrics_finalize(&acc, &m);
@@ -185,13 +205,16 @@ START_TEST(attention_window_one_by_hand)
     const float *kq[1] = {Kq}, *vq[1] = {Vq};
     kvq_attn_mode mode = {.scale = 0.5f, .softcap = 2.0f, .window = 1};
     /* diagonal scores: q·k = 2, 2, 3 (exact) and 1, 6, 6 (quantized); x 0.5, then 2·tanh(x/2) */
-    double se[3] = {2 * tanh(0.5), 2 * tanh(0.5), 2 * tanh(0.75)}, sq[3] = {2 * tanh(0.25), 2 * tanh(1.5), 2 * tanh(1.5)};
+    double se[3] = {2 * tanh(0.5), 2 * tanh(0.5), 2 * tanh(0.75)},
+           sq[3] = {2 * tanh(0.25), 2 * tanh(1.5), 2 * tanh(1.5)};
     double s_ref2 = 0, s_diff2 = 0;
     for (int i = 0; i < 3; i++) s_ref2 += se[i] * se[i], s_diff2 += (se[i] - sq[i]) * (se[i] - sq[i]);
     for (int ref = 0; ref < 2; ref++) {
         kvq_attn_acc a = {0};
         kvq_error err = {0};
-        ck_assert_int_eq((ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, mode, pos, 3, 1, kq, vq, &a, &err), KVQ_OK);
+        ck_assert_int_eq(
+            (ref ? kvq_attention_head_ref : kvq_attention_head)(Q, 1, K, V, 3, 2, mode, pos, 3, 1, kq, vq, &a, &err),
+            KVQ_OK);
         ck_assert(a.rows == 3 && a.top1_same == 3 && a.a_diff2 == 0 && a.kl_sum == 0 && a.a_ref2 == 3);
         ck_assert_msg(fabs(a.s_ref2 - s_ref2) < 1e-5 && fabs(a.s_diff2 - s_diff2) < 1e-5, "scores %g %g, by hand %g %g",
                       a.s_ref2, a.s_diff2, s_ref2, s_diff2);
@@ -237,13 +260,18 @@ START_TEST(attention_modes_equal_reference)
             kvq_attention_head(Q, G, K, V, T, D, modes[mi], pos, 40, 2, kq, vq, a, NULL);
             kvq_simd_force(1);
             for (int q = 0; q < 2; q++) {
-                ck_assert(a[q].rows == b[q].rows && (simd || !memcmp(&a[q], &c[q], sizeof a[q]))); /* cached == streamed */
-                ck_assert_msg(close_rel(a[q].s_ref2, b[q].s_ref2, 1e-5, 0) && close_rel(a[q].s_diff2, b[q].s_diff2, 1e-4, 1e-12),
-                              "mode %zu: scores %g / %g vs %g / %g", mi, a[q].s_ref2, a[q].s_diff2, b[q].s_ref2, b[q].s_diff2);
-                ck_assert(close_rel(a[q].a_ref2, b[q].a_ref2, 1e-5, 0) && close_rel(a[q].a_diff2, b[q].a_diff2, 1e-4, 1e-12));
-                ck_assert_msg(close_rel(a[q].kl_sum, b[q].kl_sum, 1e-3, 1e-9), "mode %zu: kl %g vs %g", mi, a[q].kl_sum, b[q].kl_sum);
+                ck_assert(a[q].rows == b[q].rows &&
+                          (simd || !memcmp(&a[q], &c[q], sizeof a[q]))); /* cached == streamed */
+                ck_assert_msg(
+                    close_rel(a[q].s_ref2, b[q].s_ref2, 1e-5, 0) && close_rel(a[q].s_diff2, b[q].s_diff2, 1e-4, 1e-12),
+                    "mode %zu: scores %g / %g vs %g / %g", mi, a[q].s_ref2, a[q].s_diff2, b[q].s_ref2, b[q].s_diff2);
+                ck_assert(close_rel(a[q].a_ref2, b[q].a_ref2, 1e-5, 0) &&
+                          close_rel(a[q].a_diff2, b[q].a_diff2, 1e-4, 1e-12));
+                ck_assert_msg(close_rel(a[q].kl_sum, b[q].kl_sum, 1e-3, 1e-9), "mode %zu: kl %g vs %g", mi, a[q].kl_sum,
+                              b[q].kl_sum);
                 ck_assert(fabs(a[q].top1_same - b[q].top1_same) <= 1);
-                ck_assert(close_rel(a[q].o_ref2, b[q].o_ref2, 1e-5, 0) && close_rel(a[q].o_diff2, b[q].o_diff2, 1e-4, 1e-12));
+                ck_assert(close_rel(a[q].o_ref2, b[q].o_ref2, 1e-5, 0) &&
+                          close_rel(a[q].o_diff2, b[q].o_diff2, 1e-4, 1e-12));
                 ck_assert(close_rel(a[q].o_joint_diff2, b[q].o_joint_diff2, 1e-4, 1e-12));
             }
         }
@@ -342,7 +370,8 @@ START_TEST(gqa_mapping)
         int h = j / G; /* GQA: h = j / (Hq / H) */
         size_t off = (size_t)h * T * D;
         const float *kqh[1] = {kq + off}, *vqh[1] = {vq + off};
-        kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D, (kvq_attn_mode){0}, pos, 7, 1, kqh, vqh, &ref[h], &err);
+        kvq_attention_head_ref(lay.query + (size_t)j * T * D, 1, lay.key + off, lay.value + off, T, D,
+                               (kvq_attn_mode){0}, pos, 7, 1, kqh, vqh, &ref[h], &err);
     }
     for (int h = 0; h < H; h++) {
         const kvq_attn_acc *x = &a.acc[h].attn;
@@ -364,7 +393,8 @@ END_TEST
 START_TEST(threads_do_not_change_results)
 {
     char *path = gen_dump(2, 8, 4, 16, 96, 9);
-    const char *texts[4] = {"per-token:bits=2,span=layer", "kivi:bits=2,group=16,residual=32", "kcvt:bits=2,span=layer", "absmax:bits=4,group=4"};
+    const char *texts[4] = {"per-token:bits=2,span=layer", "kivi:bits=2,group=16,residual=32", "kcvt:bits=2,span=layer",
+                            "absmax:bits=4,group=4"};
     kvq_spec sp[4];
     kvq_analysis a1, a3;
     analyze(path, texts, 4, 1, "random:20", sp, &a1);
@@ -542,8 +572,8 @@ START_TEST(softmax_rows_vector)
                 ck_assert(mq == mq2 && sumq == sumq2 && amq == amq2);
                 ck_assert(!memcmp(sq, sq2, (size_t)n * 4) && !memcmp(aq, aq2, (size_t)ncol * 4));
                 ck_assert_msg(sd2 == sd2b && ad2 == ad2b && kl == klb,
-                              "%s n %d trial %d: %.17g %.17g %.17g vs %.17g %.17g %.17g", R->name, n, trial, sd2, ad2, kl,
-                              sd2b, ad2b, klb);
+                              "%s n %d trial %d: %.17g %.17g %.17g vs %.17g %.17g %.17g", R->name, n, trial, sd2, ad2,
+                              kl, sd2b, ad2b, klb);
                 sums[isa][li][trial][0] = sd2, sums[isa][li][trial][1] = ad2, sums[isa][li][trial][2] = kl;
             }
     }
@@ -552,8 +582,8 @@ START_TEST(softmax_rows_vector)
             for (int trial = 0; trial < 4; trial++)
                 for (int k = 0; k < 3; k++) {
                     double x = sums[0][li][trial][k], y = sums[1][li][trial][k];
-                    ck_assert_msg(fabs(x - y) <= 1e-12 * (fabs(x) + 1.0), "n %d trial %d sum %d: AVX2 %.17g AVX-512 %.17g",
-                                  lens[li], trial, k, x, y);
+                    ck_assert_msg(fabs(x - y) <= 1e-12 * (fabs(x) + 1.0),
+                                  "n %d trial %d sum %d: AVX2 %.17g AVX-512 %.17g", lens[li], trial, k, x, y);
                 }
     free(s), free(a), free(sq), free(aq), free(sq2), free(aq2);
 }

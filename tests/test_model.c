@@ -27,7 +27,10 @@ static float formula(int type, const uint8_t *b, int i)
 {
     switch (type) {
     case KVQ_GGML_Q4_0: { int nib = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4; return (float)(nib - 8) * h16(b); }
-    case KVQ_GGML_Q4_1: { int nib = i < 16 ? b[4 + i] & 15 : b[4 + i - 16] >> 4; return (float)nib * h16(b) + h16(b + 2); }
+    case KVQ_GGML_Q4_1: {
+        int nib = i < 16 ? b[4 + i] & 15 : b[4 + i - 16] >> 4;
+        return (float)nib * h16(b) + h16(b + 2);
+    }
     case KVQ_GGML_Q5_0: case KVQ_GGML_Q5_1: {
         int m = type == KVQ_GGML_Q5_1, o = m ? 4 : 2;
         uint32_t qh = (uint32_t)b[o] | (uint32_t)b[o + 1] << 8 | (uint32_t)b[o + 2] << 16 | (uint32_t)b[o + 3] << 24;
@@ -57,19 +60,31 @@ static float formula(int type, const uint8_t *b, int i)
     }
     case KVQ_GGML_Q6_K: {
         int n = i / 128, r = i % 128, l = r % 32, k = r / 32;
-        int lo = k == 0 ? b[64 * n + l] & 15 : k == 1 ? b[64 * n + l + 32] & 15 : k == 2 ? b[64 * n + l] >> 4 : b[64 * n + l + 32] >> 4;
+        int lo = k == 0   ? b[64 * n + l] & 15
+                 : k == 1 ? b[64 * n + l + 32] & 15
+                 : k == 2 ? b[64 * n + l] >> 4
+                          : b[64 * n + l + 32] >> 4;
         int q = (lo | ((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4) - 32;
         return h16(b + 208) * (float)(int8_t)b[192 + 8 * n + l / 16 + 2 * k] * (float)q;
     }
-    case KVQ_GGML_IQ4_NL: { int nib = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4; return h16(b) * (float)iq4_levels[nib]; }
+    case KVQ_GGML_IQ4_NL: {
+        int nib = i < 16 ? b[2 + i] & 15 : b[2 + i - 16] >> 4;
+        return h16(b) * (float)iq4_levels[nib];
+    }
     case KVQ_GGML_IQ4_XS: { /* sub-block ib: 6-bit scale (4 low bits in scales_l, 2 high in scales_h) − 32 */
-        int ib = i / 32, r = i % 32, ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((((b[2] | b[3] << 8) >> 2 * ib) & 3) << 4);
+        int ib = i / 32, r = i % 32,
+            ls = ((b[4 + ib / 2] >> 4 * (ib % 2)) & 15) | ((((b[2] | b[3] << 8) >> 2 * ib) & 3) << 4);
         int nib = r < 16 ? b[8 + 16 * ib + r] & 15 : b[8 + 16 * ib + r - 16] >> 4;
         return h16(b) * (float)(ls - 32) * (float)iq4_levels[nib];
     }
     case KVQ_GGML_F32: { float v; memcpy(&v, b + 4 * i, 4); return v; }
     case KVQ_GGML_F16: return h16(b + 2 * i);
-    case KVQ_GGML_BF16: { uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16; float v; memcpy(&v, &u, 4); return v; }
+    case KVQ_GGML_BF16: {
+        uint32_t u = (uint32_t)(b[2 * i] | b[2 * i + 1] << 8) << 16;
+        float v;
+        memcpy(&v, &u, 4);
+        return v;
+    }
     }
     return NAN;
 }
@@ -238,7 +253,8 @@ static void reference_pass(const kvq_model *m, const int *tok, int T, ref_out *r
     int L = in->n_layers, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim, F = in->ffn_dim;
     int qd = Hq * D, kd = H * D, V = in->vocab_size, G = Hq / H;
     float *x = calloc((size_t)T * dim, 4), *xn = malloc((size_t)dim * 4), *q = malloc((size_t)qd * 4);
-    float *k = malloc((size_t)kd * 4), *v = malloc((size_t)kd * 4), *att = malloc((size_t)qd * 4), *o = malloc((size_t)dim * 4);
+    float *k = malloc((size_t)kd * 4), *v = malloc((size_t)kd * 4), *att = malloc((size_t)qd * 4),
+          *o = malloc((size_t)dim * 4);
     float *g = malloc((size_t)F * 4), *u = malloc((size_t)F * 4), *lg = malloc((size_t)V * 4), *fr = NULL;
     r->K = malloc((size_t)L * kd * T * 4), r->V = malloc((size_t)L * kd * T * 4);
     r->Q = malloc((size_t)L * qd * T * 4), r->Kpre = malloc((size_t)L * kd * T * 4);
@@ -265,7 +281,8 @@ static void reference_pass(const kvq_model *m, const int *tok, int T, ref_out *r
                 float *vec = hh < Hq ? q + hh * D : k + (hh - Hq) * D;
                 for (int i = 0; i < D / 2; i++) {
                     double ang = t * pow(in->rope_theta, -2.0 * i / D) / (fr ? fr[i] : 1.0);
-                    int a = in->rope_style == KVQ_ROPE_HALF ? i : 2 * i, b = in->rope_style == KVQ_ROPE_HALF ? i + D / 2 : 2 * i + 1;
+                    int a = in->rope_style == KVQ_ROPE_HALF ? i : 2 * i,
+                        b = in->rope_style == KVQ_ROPE_HALF ? i + D / 2 : 2 * i + 1;
                     double xa = vec[a], xb = vec[b];
                     vec[a] = (float)(xa * cos(ang) - xb * sin(ang));
                     vec[b] = (float)(xa * sin(ang) + xb * cos(ang));
@@ -284,7 +301,8 @@ static void reference_pass(const kvq_model *m, const int *tok, int T, ref_out *r
                 double *s = malloc((size_t)(t + 1) * sizeof *s), mx = -INFINITY, sum = 0;
                 for (int uu = 0; uu <= t; uu++) {
                     double d = 0;
-                    for (int c = 0; c < D; c++) d += (double)Ql[((size_t)j * T + t) * D + c] * Kl[((size_t)h * T + uu) * D + c];
+                    for (int c = 0; c < D; c++)
+                        d += (double)Ql[((size_t)j * T + t) * D + c] * Kl[((size_t)h * T + uu) * D + c];
                     s[uu] = d / sqrt((double)D);
                     mx = s[uu] > mx ? s[uu] : mx;
                 }
@@ -309,7 +327,8 @@ static void reference_pass(const kvq_model *m, const int *tok, int T, ref_out *r
         }
         memcpy(x, xnew, (size_t)T * dim * 4);
         free(xnew);
-        free(an), free(wq), free(wk), free(wv), free(wo), free(fn), free(wg), free(wu), free(wd), free(bq), free(bk), free(bv);
+        free(an), free(wq), free(wk), free(wv), free(wo), free(fn), free(wg), free(wu), free(wd), free(bq), free(bk),
+            free(bv);
     }
     float *on = deq(m, &m->output_norm), *W = deq(m, &m->output);
     r->nll = 0;
@@ -416,7 +435,8 @@ START_TEST(test_forward_against_reference)
     ck_assert_msg(kvq_model_dump(m, tok, T, NULL, 0, out, 2, &nll, &err) == KVQ_OK, "%s", err.msg);
     ref_out r;
     reference_pass(m, tok, T, &r);
-    ck_assert_msg(close_rel(nll, r.nll, 1e-5, 1e-3), "%s: mean NLL %.9g, reference %.9g", kvq_ggml_type_name(o->wtype), nll, r.nll);
+    ck_assert_msg(close_rel(nll, r.nll, 1e-5, 1e-3), "%s: mean NLL %.9g, reference %.9g", kvq_ggml_type_name(o->wtype),
+                  nll, r.nll);
     kvq_dump *d;
     ck_assert_msg(kvq_dump_open(out, &d, &err) == KVQ_OK, "%s", err.msg);
     const kvq_dump_info *di = kvq_dump_get_info(d);
@@ -503,7 +523,8 @@ START_TEST(test_chunk_by_hand)
     kvq_eval_opts e1 = {.nthreads = 2, .chunk = N, .chunks = 1};
     ck_assert(kvq_model_eval(m, tok, T, &it, 1, &e1, &ref, &err) == KVQ_OK && it.positions == P);
     kvq_eval_opts e2 = {.nthreads = 2, .chunk = 40};
-    ck_assert(kvq_model_eval(m, tok, T, &it, 1, &e2, &ref, &err) == KVQ_ERR_USAGE && strstr(err.msg, "fewer than one window"));
+    ck_assert(kvq_model_eval(m, tok, T, &it, 1, &e2, &ref, &err) == KVQ_ERR_USAGE &&
+              strstr(err.msg, "fewer than one window"));
     kvq_model_close(m);
     unlink(path);
     free(path);
@@ -523,18 +544,23 @@ START_TEST(test_eval_invariants)
     ck_assert(kvq_spec_parse("per-token:bits=4,group=8", &pt, &err) == KVQ_OK);
     ck_assert(kvq_spec_parse("kivi:bits=2,group=8,residual=16", &kv, &err) == KVQ_OK);
     ck_assert(kvq_spec_parse("kivi:bits=2,group=32,residual=64", &kvres, &err) == KVQ_OK); /* residual > T */
-    kvq_eval_item it[] = {
-        {.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = NULL, .layer = -1, .policy = KVQ_POLICY_DECODE},
-        {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_DECODE},
-        {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_DECODE},
-        {.spec = &kvres, .layer = -1, .policy = KVQ_POLICY_PREFILL},
-        {.spec = &kv, .layer = 0, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = 1, .policy = KVQ_POLICY_PREFILL}, {.spec = &kv, .layer = 2, .policy = KVQ_POLICY_PREFILL}};
+    kvq_eval_item it[] = {{.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = NULL, .layer = -1, .policy = KVQ_POLICY_DECODE},
+                          {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = &pt, .layer = -1, .policy = KVQ_POLICY_DECODE},
+                          {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = &kv, .layer = -1, .policy = KVQ_POLICY_DECODE},
+                          {.spec = &kvres, .layer = -1, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = &kv, .layer = 0, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = &kv, .layer = 1, .policy = KVQ_POLICY_PREFILL},
+                          {.spec = &kv, .layer = 2, .policy = KVQ_POLICY_PREFILL}};
     int n = sizeof it / sizeof it[0];
     double ref;
     kvq_eval_opts eo = {.stride = 1, .nthreads = 2};
     ck_assert_msg(kvq_model_eval(m, tok, T, it, n, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
     for (int i = 0; i < 2; i++) { /* the exact cache: nothing changes, 16 bits */
-        ck_assert_msg(it[i].nll == ref && it[i].kl == 0 && it[i].top1 == 1, "none: nll %.17g ref %.17g kl %g", it[i].nll, ref, it[i].kl);
+        ck_assert_msg(it[i].nll == ref && it[i].kl == 0 && it[i].top1 == 1, "none: nll %.17g ref %.17g kl %g",
+                      it[i].nll, ref, it[i].kl);
         ck_assert(it[i].k_bits == 16 && it[i].v_bits == 16);
     }
     /* a stateless per-token quantizer: prefill and decode agree */
@@ -586,7 +612,9 @@ static void pre_words(kvq_bpe_pre pre, const char *text, char *out, size_t cap)
             uint32_t u = cp[c];
             if (u < 0x80) out[o++] = (char)u;
             else if (u < 0x800) out[o++] = (char)(0xC0 | u >> 6), out[o++] = (char)(0x80 | (u & 63));
-            else out[o++] = (char)(0xE0 | u >> 12), out[o++] = (char)(0x80 | ((u >> 6) & 63)), out[o++] = (char)(0x80 | (u & 63));
+            else
+                out[o++] = (char)(0xE0 | u >> 12), out[o++] = (char)(0x80 | ((u >> 6) & 63)),
+                out[o++] = (char)(0x80 | (u & 63));
         }
         at += len[w];
         ck_assert(o < cap - 8);
@@ -694,7 +722,8 @@ static void expect_bad(gguf_w *w, kvq_status want, const char *needle)
     kvq_error err = {0};
     gw_serialise(w, &p, &n);
     kvq_status st = open_bytes(p, n, &err);
-    ck_assert_msg(st == want && strstr(err.msg, needle), "status %d, message \"%s\" (expected \"%s\")", st, err.msg, needle);
+    ck_assert_msg(st == want && strstr(err.msg, needle), "status %d, message \"%s\" (expected \"%s\")", st, err.msg,
+                  needle);
     ck_assert(!strchr(err.msg, '\n'));
     free(p);
     gw_free(w);
@@ -739,7 +768,8 @@ START_TEST(test_bad_models)
     /* missing tensor */
     gw_tiny_model(&w, &o);
     for (int i = 0; i < w.nt; i++)
-        if (!strcmp(w.t[i].name, "blk.0.ffn_up.weight")) snprintf(w.t[i].name, sizeof w.t[i].name, "blk.0.ffn_upx.weight");
+        if (!strcmp(w.t[i].name, "blk.0.ffn_up.weight"))
+            snprintf(w.t[i].name, sizeof w.t[i].name, "blk.0.ffn_upx.weight");
     expect_bad(&w, KVQ_ERR_FORMAT, "blk.0.ffn_up.weight");
     /* wrong shape */
     gw_tiny_model(&w, &o);
@@ -855,7 +885,8 @@ START_TEST(test_bad_models)
     gw_free(&w);
     /* a missing file */
     kvq_model *m;
-    ck_assert(kvq_model_open("/nonexistent/model.gguf", NULL, &m, &err) == KVQ_ERR_IO && strstr(err.msg, "/nonexistent"));
+    ck_assert(kvq_model_open("/nonexistent/model.gguf", NULL, &m, &err) == KVQ_ERR_IO &&
+              strstr(err.msg, "/nonexistent"));
     /* llama2.c: a header whose size does not match */
     int32_t hdr[7] = {64, 172, 5, 8, 4, 512, 512};
     float zeros[64] = {0};
@@ -985,14 +1016,17 @@ static void compare_with_bundled(const char *model, const char *tokenizer, int m
     for (int l = 0; l < 5; l++) {
         kvq_layer x, y;
         unsigned fl = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
-        ck_assert(kvq_dump_read_layer(a, l, fl, &x, &err) == KVQ_OK && kvq_dump_read_layer(b, l, fl, &y, &err) == KVQ_OK);
+        ck_assert(kvq_dump_read_layer(a, l, fl, &x, &err) == KVQ_OK &&
+                  kvq_dump_read_layer(b, l, fl, &y, &err) == KVQ_OK);
         size_t nk = (size_t)4 * 512 * 8, nq = 2 * nk;
-        const float *pa[4] = {x.key, x.value, x.query, x.key_pre_rope}, *pb[4] = {y.key, y.value, y.query, y.key_pre_rope};
+        const float *pa[4] = {x.key, x.value, x.query, x.key_pre_rope},
+                    *pb[4] = {y.key, y.value, y.query, y.key_pre_rope};
         size_t cnt[4] = {nk, nk, nq, nk};
         for (int k = 0; k < 4; k++)
             for (size_t i = 0; i < cnt[k]; i++)
-                ck_assert_msg(fabsf(pa[k][i] - pb[k][i]) <= 1e-4f * fmaxf(1.0f, fabsf(pb[k][i])), "%s layer %d tensor %d [%zu]: %g vs %g",
-                              model, l, k, i, (double)pa[k][i], (double)pb[k][i]);
+                ck_assert_msg(fabsf(pa[k][i] - pb[k][i]) <= 1e-4f * fmaxf(1.0f, fabsf(pb[k][i])),
+                              "%s layer %d tensor %d [%zu]: %g vs %g", model, l, k, i, (double)pa[k][i],
+                              (double)pb[k][i]);
         kvq_layer_free(&x), kvq_layer_free(&y);
     }
     /* the same token ids as the bundled dump */

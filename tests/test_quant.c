@@ -123,7 +123,8 @@ static void per_token_shapes(int cap)
                 ck_assert_int_eq(kvq_quant_head_per_token(x, a, T, D, 0, T, bits, G, prec, &bits_a, &fused), KVQ_OK);
                 kvq_recon_accumulate_ref(&ref, x, a, N); /* the fused error sums = the reference's */
                 ck_assert(fused.n == ref.n && fused.max_abs == ref.max_abs);
-                ck_assert(close_rel(fused.sum_e2, ref.sum_e2, 1e-12, 1e-300) && close_rel(fused.sum_x2, ref.sum_x2, 1e-12, 0));
+                ck_assert(close_rel(fused.sum_e2, ref.sum_e2, 1e-12, 1e-300) &&
+                          close_rel(fused.sum_x2, ref.sum_x2, 1e-12, 0));
                 ck_assert(close_rel(fused.sum_abs_e, ref.sum_abs_e, 1e-12, 1e-300));
                 for (int t = 0; t < T; t++)
                     for (int c0 = 0; c0 < D; c0 += G)
@@ -137,10 +138,12 @@ static void per_token_shapes(int cap)
                 double bits_d;
                 kvq_recon_acc fused_c = {0}, ref_c = {0};
                 /* per channel, one group of all T tokens, error fused */
-                ck_assert_int_eq(kvq_quant_head_per_channel(x, d, T, D, 0, T, bits, T, prec, &bits_d, &fused_c), KVQ_OK);
+                ck_assert_int_eq(kvq_quant_head_per_channel(x, d, T, D, 0, T, bits, T, prec, &bits_d, &fused_c),
+                                 KVQ_OK);
                 kvq_recon_accumulate_ref(&ref_c, x, d, N);
                 ck_assert(fused_c.n == ref_c.n && fused_c.max_abs == ref_c.max_abs);
-                ck_assert(close_rel(fused_c.sum_e2, ref_c.sum_e2, 1e-12, 1e-300) && close_rel(fused_c.sum_x2, ref_c.sum_x2, 1e-12, 0));
+                ck_assert(close_rel(fused_c.sum_e2, ref_c.sum_e2, 1e-12, 1e-300) &&
+                          close_rel(fused_c.sum_x2, ref_c.sum_x2, 1e-12, 0));
                 ck_assert(close_rel(fused_c.sum_abs_e, ref_c.sum_abs_e, 1e-12, 1e-300));
                 for (size_t i = 0; i < N; i++) {
                     ck_assert_msg(a[i] == b[i], "shape %zu bits %d [%zu]: %g vs %g", s, bits, i, a[i], b[i]);
@@ -265,7 +268,8 @@ static void check_bits(const char *text, int H, int T, int D, double ek, double 
     float *kq, *vq;
     double kb, vb;
     run_bits(text, H, T, D, &kb, &vb, &L, &kq, &vq);
-    ck_assert_msg(fabs(kb - ek) < 1e-12 && fabs(vb - ev) < 1e-12, "%s: bits %g %g, expected %g %g", text, kb, vb, ek, ev);
+    ck_assert_msg(fabs(kb - ek) < 1e-12 && fabs(vb - ev) < 1e-12, "%s: bits %g %g, expected %g %g", text, kb, vb, ek,
+                  ev);
     kvq_layer_free(&L);
     free(kq), free(vq);
 }
@@ -446,7 +450,8 @@ START_TEST(gear_reductions)
     expect_same("gear:bits=3,backbone=kcvt,rank=0,sparsity=0", "kcvt:bits=3", 2, 24, 8);
     expect_same("gear:bits=2,backbone=kcvt,rank=0,sparsity=0,span=layer", "kcvt:bits=2,span=layer", 2, 24, 8);
     /* sparsity 0 is gear-l */
-    expect_same("gear:bits=2,group=4,rank=2,sparsity=0,lowrank=svd", "gear-l:bits=2,group=4,rank=2,lowrank=svd", 2, 24, 8);
+    expect_same("gear:bits=2,group=4,rank=2,sparsity=0,lowrank=svd", "gear-l:bits=2,group=4,rank=2,lowrank=svd", 2, 24,
+                8);
     expect_same("gear:bits=2,group=4,rank=2,sparsity=0", "gear-l:bits=2,group=4,rank=2", 2, 24, 8);
 }
 END_TEST
@@ -473,7 +478,8 @@ START_TEST(gear_outliers_exact_and_lowrank_helps)
     /* the low-rank part lowers the error of the same backbone + outliers */
     float *ka, *va, *kb2, *vb2;
     double bits[4];
-    run_pair("gear:bits=2,group=8,rank=0", "gear:bits=2,group=8,rank=4,lowrank=svd", 2, 64, 16, &ka, &va, &kb2, &vb2, bits);
+    run_pair("gear:bits=2,group=8,rank=0", "gear:bits=2,group=8,rank=4,lowrank=svd", 2, 64, 16, &ka, &va, &kb2, &vb2,
+             bits);
     run_bits("per-token", 2, 64, 16, &kb, &vb, &L, &kq, &vq); /* the same random layer */
     double e0 = 0, e1 = 0;
     for (size_t i = 0; i < (size_t)2 * 64 * 16; i++)

@@ -48,7 +48,8 @@ static void run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, 
     void *state = NULL;
     char key[256];
     if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
-        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: calibrate: %s", sp->text, err.msg);
+        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: calibrate: %s", sp->text,
+                      err.msg);
         ctx.calib = state;
     }
     kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
@@ -128,9 +129,10 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
     double ek = rel_error(L->key, base.k, n), ev = rel_error(L->value, base.v, n);
     ck_assert_msg(ek < 1 && ev < 1, "%s: relative error K %g, V %g", sp->text, ek, ev);
     /* again, at 1 thread: no hidden state; then 2 and 3 threads; then each SIMD level */
-    const struct { int threads, simd; const char *what; } variants[] = {
-        {1, -1, "on a second run"}, {2, -1, "at 2 threads"}, {3, -1, "at 3 threads"},
-        {1, KVQ_SIMD_NONE, "with the portable paths"}, {2, KVQ_SIMD_AVX2, "at AVX2"}, {3, KVQ_SIMD_AVX512, "at AVX-512"}};
+    const struct { int threads, simd; const char *what;
+    } variants[] = {{1, -1, "on a second run"},    {2, -1, "at 2 threads"},
+                    {3, -1, "at 3 threads"},       {1, KVQ_SIMD_NONE, "with the portable paths"},
+                    {2, KVQ_SIMD_AVX2, "at AVX2"}, {3, KVQ_SIMD_AVX512, "at AVX-512"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
         run(sp, L, calib, rope, variants[i].threads, variants[i].simd, &other);
         same(sp, &base, &other, variants[i].what);

@@ -533,7 +533,8 @@ int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo)
 int cli_model_check(const char *prog, int argc, int optind, const cli_model *mo, const char *synopsis)
 {
     if (optind != argc - 1) {
-        cli_error(prog, "%s (usage: %s; see --help)", optind >= argc ? "no model given" : "more than one model given", synopsis);
+        cli_error(prog, "%s (usage: %s; see --help)", optind >= argc ? "no model given" : "more than one model given",
+                  synopsis);
         return CLI_USAGE;
     }
     if (!mo->text == !mo->tokens) {

@@ -138,7 +138,11 @@ int main(int argc, char **argv)
             goto done;
     }
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
-    if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) {
+        cli_error(prog, "out of memory");
+        rc = CLI_RUNTIME;
+        goto done;
+    }
 
     kvq_analysis_opts opts = {
         .specs = specs, .nspecs = nspecs, .layers = an.layers, .nlayers = an.nlayers,
@@ -160,7 +164,8 @@ int main(int argc, char **argv)
         if (ast) { rc = cli_fail(prog, &err); goto done; }
         char *pathcopy = strdup(argv[i]);
         errno = 0;
-        kvq_status st = pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;
+        kvq_status st =
+            pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;
         int werr = errno;
         free(pathcopy);
         kvq_analysis_free(&a);

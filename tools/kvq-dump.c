@@ -80,7 +80,10 @@ int main(int argc, char **argv)
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     double nll;
-    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) {
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
     fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, output,
             in->format, in->name, layers ? nlayers : in->n_layers, T, nll, exp(nll));
 done:

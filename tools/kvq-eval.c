@@ -47,7 +47,17 @@ static void usage(FILE *f)
         "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n");
 }
 
-enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED, OPT_CHUNK, OPT_CHUNKS };
+enum {
+    OPT_CALIB = 256,
+    OPT_POLICY,
+    OPT_STRIDE,
+    OPT_PER_LAYER,
+    OPT_FORMAT,
+    OPT_PROGRESS,
+    OPT_SEED,
+    OPT_CHUNK,
+    OPT_CHUNKS
+};
 
 typedef struct progress_state {
     int on;
@@ -124,7 +134,8 @@ int main(int argc, char **argv)
         case OPT_POLICY:
             if (!strcmp(optarg, "prefill")) policies[0] = 1, policies[1] = 0;
             else if (!strcmp(optarg, "decode")) policies[0] = 0, policies[1] = 1;
-            else if (!strcmp(optarg, "prefill,decode") || !strcmp(optarg, "decode,prefill")) policies[0] = policies[1] = 1;
+            else if (!strcmp(optarg, "prefill,decode") || !strcmp(optarg, "decode,prefill"))
+                policies[0] = policies[1] = 1;
             else {
                 cli_error(prog, "--policy %s: expected prefill, decode or prefill,decode", optarg);
                 rc = CLI_USAGE; goto done;
@@ -207,7 +218,11 @@ int main(int argc, char **argv)
 
     int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];
     int nitems = nspecs * npol * nlay, k = 0;
-    if (!(items = calloc((size_t)nitems + 1, sizeof *items))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (!(items = calloc((size_t)nitems + 1, sizeof *items))) {
+        cli_error(prog, "out of memory");
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     for (int s = 0; s < nspecs; s++)
         for (int p = 0; p < 2; p++)
             for (int l = 0; policies[p] && l < nlay; l++)
@@ -219,7 +234,11 @@ int main(int argc, char **argv)
                                        "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se"};
     enum { NCOL = sizeof cols / sizeof cols[0] };
     if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
-    if (!(rep = kvq_rows_new(out.f, fmt, cols, NCOL, 6))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (!(rep = kvq_rows_new(out.f, fmt, cols, NCOL, 6))) {
+        cli_error(prog, "out of memory");
+        rc = CLI_RUNTIME;
+        goto done;
+    }
 
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
     /* auto: on a terminal from the start (a pass is long), always, or never */
@@ -228,8 +247,8 @@ int main(int argc, char **argv)
                         .progress = chunk ? NULL : progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks,
                         .window_progress = window_progress};
     if (fmt == KVQ_FMT_TABLE)
-        fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens%s\n", prog, argv[optind],
-                in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T,
+        fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens%s\n", prog,
+                argv[optind], in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T,
                 chunk ? " (in windows)" : "");
     double nll_ref = NAN;
     if (kvq_model_eval(m, ids, T, items, nitems, &eo, &nll_ref, &err)) {
@@ -247,13 +266,22 @@ int main(int argc, char **argv)
         else snprintf(layer, sizeof layer, "%d", it->layer);
         const kvq_spec *sp = it->spec;
         double dnll = it->nll - nll_ref;
-        kvq_cell row[NCOL] = {{.text = in->name}, {.text = toks}, {.text = sp ? kvq_quantizer_name(sp->q) : "none"},
-                            {.text = sp ? sp->text : "none"},
-                            {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"}, {.text = layer},
-                            {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                            {.num = nll_ref, .is_num = 1}, {.num = it->nll, .is_num = 1}, {.num = dnll, .is_num = 1},
-                            {.num = exp(dnll), .is_num = 1}, {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1},
-                            {.text = npos}, {.num = it->dnll_se, .is_num = 1}};
+        kvq_cell row[NCOL] = {{.text = in->name},
+                              {.text = toks},
+                              {.text = sp ? kvq_quantizer_name(sp->q) : "none"},
+                              {.text = sp ? sp->text : "none"},
+                              {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"},
+                              {.text = layer},
+                              {.num = it->k_bits, .is_num = 1},
+                              {.num = it->v_bits, .is_num = 1},
+                              {.num = nll_ref, .is_num = 1},
+                              {.num = it->nll, .is_num = 1},
+                              {.num = dnll, .is_num = 1},
+                              {.num = exp(dnll), .is_num = 1},
+                              {.num = it->kl, .is_num = 1},
+                              {.num = it->top1, .is_num = 1},
+                              {.text = npos},
+                              {.num = it->dnll_se, .is_num = 1}};
         errno = 0;
         kvq_status wst = kvq_rows_add(rep, row);
         if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }

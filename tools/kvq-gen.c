@@ -111,18 +111,30 @@ int main(int argc, char **argv)
             else { cli_error(prog, "--rope-style %s: expected interleaved or half", optarg); return CLI_USAGE; }
             break;
         case OPT_THETA:
-            if (parse_pos_double(optarg, &o.rope_theta)) { cli_error(prog, "--rope-theta %s: expected a positive number", optarg); return CLI_USAGE; }
+            if (parse_pos_double(optarg, &o.rope_theta)) {
+                cli_error(prog, "--rope-theta %s: expected a positive number", optarg);
+                return CLI_USAGE;
+            }
             break;
         case OPT_OSCALE:
-            if (parse_pos_double(optarg, &o.outlier_scale)) { cli_error(prog, "--outlier-scale %s: expected a positive number", optarg); return CLI_USAGE; }
+            if (parse_pos_double(optarg, &o.outlier_scale)) {
+                cli_error(prog, "--outlier-scale %s: expected a positive number", optarg);
+                return CLI_USAGE;
+            }
             break;
         case OPT_PEAK:
-            if (parse_pos_double(optarg, &o.peak)) { cli_error(prog, "--peak %s: expected a positive number", optarg); return CLI_USAGE; }
+            if (parse_pos_double(optarg, &o.peak)) {
+                cli_error(prog, "--peak %s: expected a positive number", optarg);
+                return CLI_USAGE;
+            }
             break;
         case OPT_NOQ: o.with_query = 0; break;
         case OPT_NOPRE: o.with_key_pre_rope = 0; break;
         case OPT_SEED:
-            if (cli_parse_u64(optarg, &o.seed)) { cli_error(prog, "--seed %s: expected a non-negative integer", optarg); return CLI_USAGE; }
+            if (cli_parse_u64(optarg, &o.seed)) {
+                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
+                return CLI_USAGE;
+            }
             break;
         case OPT_PROGRESS:
             if ((c = cli_progress_option(prog, optarg, &progress_mode))) return c;

@@ -36,7 +36,8 @@ static void tensor_summary(FILE *f, const float *x, int H, int T, int D, kvq_cha
     size_t n = (size_t)H * D;
     double ms = 0;
     for (size_t i = 0; i < n; i++) ms += st[i].rms * st[i].rms;
-    fprintf(f, "  %13.3f %10.3f %10.4g", kvq_channel_absmax_ratio(st, n), kvq_kurtosis(x, (size_t)H * T * D), sqrt(ms / (double)n));
+    fprintf(f, "  %13.3f %10.3f %10.4g", kvq_channel_absmax_ratio(st, n), kvq_kurtosis(x, (size_t)H * T * D),
+            sqrt(ms / (double)n));
 }
 
 static void channels_csv(FILE *f, const char *dump, int layer, const char *tensor, const float *x,
@@ -80,7 +81,8 @@ static int dump_values(FILE *f, const char *path, long layer, long head, int *D)
         goto done;
     }
     if (*D && in->head_dim != *D) {
-        cli_error(prog, "%s: /head_dim: expected %d like the first dump (one CSV holds one head_dim), got %d", path, *D, in->head_dim);
+        cli_error(prog, "%s: /head_dim: expected %d like the first dump (one CSV holds one head_dim), got %d", path, *D,
+                  in->head_dim);
         rc = CLI_RUNTIME;
         goto done;
     }
@@ -116,7 +118,8 @@ static int describe(FILE *f, const char *path, int channels)
     if (!channels) {
         fprintf(f, "%s\n  model %s, format kvq-dump/1\n", path, in->model);
         fprintf(f, "  %d layers, %d query heads, %d KV heads (%d query heads per KV head), head_dim %d, %d tokens\n",
-                in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim, in->seq_len);
+                in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim,
+                in->seq_len);
         fprintf(f, "  key %s, value %s, query %s, key_pre_rope %s, rope tables %s\n",
                 dtype_name(in->key_dtype), dtype_name(in->value_dtype),
                 in->has_query ? dtype_name(in->query_dtype) : "absent",
@@ -124,15 +127,19 @@ static int describe(FILE *f, const char *path, int channels)
         fprintf(f, "  rope_theta %s", in->has_rope_theta ? "" : "unset");
         if (in->has_rope_theta) fprintf(f, "%g", in->rope_theta);
         fprintf(f, ", rope_style %s, query_prescaled %d\n",
-                in->rope_style == KVQ_ROPE_HALF ? "half" : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved" : "unset",
+                in->rope_style == KVQ_ROPE_HALF          ? "half"
+                : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved"
+                                                         : "unset",
                 in->query_prescaled);
         if (in->attn_scale > 0 || in->attn_softcap > 0 || in->window_layers)
             fprintf(f, "  attention: attn_scale %g, attn_softcap %g, %d layer(s) with a sliding window\n",
-                    in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap, in->window_layers);
+                    in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap,
+                    in->window_layers);
         fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
                    "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
         fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
-                "V absmax max/med", "V kurt", "V rms", in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
+                "V absmax max/med", "V kurt", "V rms",
+                in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
                 in->has_query ? "      Q rms" : "");
     }
     int mode;
@@ -141,7 +148,10 @@ static int describe(FILE *f, const char *path, int channels)
     for (int l = 0; l < in->num_layers; l++) {
         cli_progress_stage(&pr, l, in->num_layers, "read and statistics");
         /* every tensor is read, so every one is checked (finite, as kvq-analyze requires) */
-        if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE | KVQ_READ_QUERY, &L, &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (kvq_dump_read_layer(d, l, KVQ_READ_KEY_PRE_ROPE | KVQ_READ_QUERY, &L, &err)) {
+            rc = cli_fail(prog, &err);
+            goto done;
+        }
         if (channels) {
             channels_csv(f, base, l, "key", L.key, L.H, L.T, L.D, st);
             channels_csv(f, base, l, "value", L.value, L.H, L.T, L.D, st);
@@ -187,7 +197,8 @@ int main(int argc, char **argv)
         case 'v': {
             char *colon = strchr(optarg, ':');
             if (colon) *colon = '\0';
-            int bad = !colon || cli_parse_long(optarg, 0, 1 << 20, &vlayer) || cli_parse_long(colon + 1, 0, 1 << 20, &vhead);
+            int bad =
+                !colon || cli_parse_long(optarg, 0, 1 << 20, &vlayer) || cli_parse_long(colon + 1, 0, 1 << 20, &vhead);
             if (colon) *colon = ':';
             if (bad) {
                 cli_error(prog, "--values %s: expected LAYER:HEAD, e.g. 0:1", optarg);

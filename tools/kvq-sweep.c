@@ -185,7 +185,11 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
     }
     for (int i = 0; i < nfiles; i++) {
         if (kvq_sweep_file_read(files[i], &f[i], &err)) { rc = cli_fail(prog, &err); goto done; }
-        if (!f[i].columns) { cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]); rc = CLI_RUNTIME; goto done; }
+        if (!f[i].columns) {
+            cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]);
+            rc = CLI_RUNTIME;
+            goto done;
+        }
         if (f[i].partial) {
             cli_error(prog, "%s: ends in a partial row: an interrupted shard (finish it with --resume)", files[i]);
             rc = CLI_RUNTIME;
@@ -207,12 +211,14 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
     for (size_t k = 0; k < nunits; k++) {
         const kvq_sweep_unit *u = units[k].u;
         if (k && u->point == units[k - 1].u->point) {
-            cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path, units[k].path);
+            cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path,
+                      units[k].path);
             rc = CLI_RUNTIME;
             goto done;
         }
         if (u->nrows != units[0].u->nrows) {
-            cli_error(prog, "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from another sweep",
+            cli_error(prog,
+                      "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from another sweep",
                       units[k].path, u->point, u->spec, u->nrows, units[0].u->point, units[0].path, units[0].u->nrows);
             rc = CLI_RUNTIME;
             goto done;
@@ -241,13 +247,14 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
             k += present;
         }
         if (k < nunits) {
-            cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path, units[k].u->point,
-                      kvq_grid_size(grid));
+            cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path,
+                      units[k].u->point, kvq_grid_size(grid));
             rc = CLI_RUNTIME;
             goto done;
         }
         if (missing) {
-            cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list, missing > 10 ? ", ..." : "");
+            cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list,
+                      missing > 10 ? ", ..." : "");
             rc = CLI_RUNTIME;
             goto done;
         }
@@ -259,8 +266,8 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
     for (size_t k = 0; k < nunits; k++)
         fwrite(units[k].f->data + units[k].u->begin, 1, units[k].u->end - units[k].u->begin, out.f);
     if (cli_out_commit(&out, prog)) { rc = CLI_RUNTIME; goto done; }
-    fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, nunits, rows, nfiles,
-            o->output, grid ? "" : " (completeness not checked: add --expect-grid and the sweep's --quant/--grid/--fixed)");
+    fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, nunits, rows, nfiles, o->output,
+            grid ? "" : " (completeness not checked: add --expect-grid and the sweep's --quant/--grid/--fixed)");
 done:
     if (out.f) cli_out_abort(&out);
     for (int i = 0; i < nfiles; i++) kvq_sweep_file_free(&f[i]);
@@ -285,7 +292,8 @@ static int lock_out(int fd, const char *path)
 {
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) return CLI_OK;
     if (errno == EWOULDBLOCK)
-        cli_error(prog, "%s: another kvq-sweep run is writing it (it holds the lock); wait for it or choose another -o", path);
+        cli_error(prog, "%s: another kvq-sweep run is writing it (it holds the lock); wait for it or choose another -o",
+                  path);
     else
         cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
     return CLI_RUNTIME;
@@ -311,7 +319,10 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     FILE *ms = NULL;
     if (!d || !prep || !base || !shared_bytes) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
 
-    if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
+    if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
     size_t npoints = kvq_grid_size(grid), nrun = 0, ninvalid = 0, ncomplete = 0;
     int nk = kvq_grid_nkeys(grid);
     state = calloc(npoints, 1);
@@ -351,7 +362,12 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     for (int i = 0; i < ndumps; i++) {
         if (kvq_dump_open(dumps[i], &d[i], &err)) { rc = cli_fail(prog, &err); goto done; }
         char *copy = strdup(dumps[i]);
-        if (!copy || !(base[i] = strdup(basename(copy)))) { free(copy); cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        if (!copy || !(base[i] = strdup(basename(copy)))) {
+            free(copy);
+            cli_error(prog, "out of memory");
+            rc = CLI_RUNTIME;
+            goto done;
+        }
         free(copy);
         expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
         /* also checks --layers/--heads/--queries against the dump */
@@ -381,7 +397,8 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     struct stat stbuf;
     int exists = stat(target, &stbuf) == 0;
     if (exists && !o->resume) {
-        cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)", o->output);
+        cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)",
+                  o->output);
         rc = CLI_RUNTIME;
         goto done;
     }
@@ -439,7 +456,8 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         fd = open(target, O_WRONLY | O_CREAT | O_EXCL, 0666);
         if (fd < 0) {
             if (strcmp(target, o->output))
-                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, target, strerror(errno));
+                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, target,
+                          strerror(errno));
             else
                 cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
@@ -453,7 +471,11 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         header[header_len] = '\0';
         if (bad) { cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
     }
-    if (fsync(fd) != 0) { cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+    if (fsync(fd) != 0) {
+        cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno));
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     if (!exists) sync_dir(target);
     {
         /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
@@ -481,7 +503,10 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
                         prog, dumps[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
             continue;
         }
-        if (kvq_prepare_dump(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &prep[i], &err)) { rc = cli_fail(prog, &err); goto done; }
+        if (kvq_prepare_dump(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &prep[i], &err)) {
+            rc = cli_fail(prog, &err);
+            goto done;
+        }
         used += (double)bytes;
     }
 
@@ -507,7 +532,8 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         kvq_report_omit_header(rep);
         for (int i = 0; i < ndumps; i++) {
             kvq_analysis a;
-            kvq_status st = prep[i] ? kvq_analyze_prepared(prep[i], &ao, &a, &err) : kvq_analyze_dump(d[i], &ao, &a, &err);
+            kvq_status st =
+                prep[i] ? kvq_analyze_prepared(prep[i], &ao, &a, &err) : kvq_analyze_dump(d[i], &ao, &a, &err);
             if (st) { rc = cli_fail(prog, &err); goto done; }
             st = kvq_report_analysis(rep, base[i], &a, &sp, o->an.per, extra);
             kvq_analysis_free(&a);
@@ -528,7 +554,12 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         cli_interrupt_count((long)(ncomplete + written));
         progress_point(&pr, p, sp.text, now() - tp);
     }
-    if (close(fd) != 0) { fd = -1; cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+    if (close(fd) != 0) {
+        fd = -1;
+        cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     fd = -1;
     double total = now() - t0;
     fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
@@ -541,7 +572,8 @@ done:
     if (ms) fclose(ms);
     free(unit), free(header);
     kvq_sweep_file_free(&old);
-    for (int i = 0; i < ndumps && d && prep && base; i++) kvq_prepared_free(prep[i]), kvq_dump_close(d[i]), free(base[i]);
+    for (int i = 0; i < ndumps && d && prep && base; i++)
+        kvq_prepared_free(prep[i]), kvq_dump_close(d[i]), free(base[i]);
     free(d), free(prep), free(base), free(shared_bytes), free(state), free(extra_cols), free(extra);
     kvq_calib_close(calib);
     kvq_grid_free(grid);
@@ -615,7 +647,11 @@ int main(int argc, char **argv)
             if (!strcmp(optarg, "auto")) o.progress = -1;
             else if (!strcmp(optarg, "always")) o.progress = PROGRESS_BAR;
             else if (!strcmp(optarg, "never")) o.progress = PROGRESS_NEVER;
-            else { cli_error(prog, "--progress %s: expected auto, always or never", optarg); rc = CLI_USAGE; goto done; }
+            else {
+                cli_error(prog, "--progress %s: expected auto, always or never", optarg);
+                rc = CLI_USAGE;
+                goto done;
+            }
             break;
         case 'h': usage(stdout); goto done;
         case 'V': printf("kvq-sweep %s\n", kvq_version()); goto done;
@@ -637,18 +673,31 @@ int main(int argc, char **argv)
             rc = CLI_USAGE; goto done;
         }
         if (!o.expect_grid && (o.quant || o.ngrids || o.nfixed)) {
-            cli_error(prog, "--merge with --quant/--grid/--fixed: add --expect-grid to check the merge against that grid");
+            cli_error(prog,
+                      "--merge with --quant/--grid/--fixed: add --expect-grid to check the merge against that grid");
             rc = CLI_USAGE; goto done;
         }
-        if (o.expect_grid && !o.quant) { cli_error(prog, "--expect-grid needs the sweep's --quant (and --grid/--fixed)"); rc = CLI_USAGE; goto done; }
-        if (optind >= argc) { cli_error(prog, "--merge: no input files given (see --help)"); rc = CLI_USAGE; goto done; }
+        if (o.expect_grid && !o.quant) {
+            cli_error(prog, "--expect-grid needs the sweep's --quant (and --grid/--fixed)");
+            rc = CLI_USAGE;
+            goto done;
+        }
+        if (optind >= argc) {
+            cli_error(prog, "--merge: no input files given (see --help)");
+            rc = CLI_USAGE;
+            goto done;
+        }
         if (!o.output) { cli_error(prog, "--merge needs -o OUT"); rc = CLI_USAGE; goto done; }
         rc = do_merge(&o, argv + optind, argc - optind);
         goto done;
     }
     if (o.expect_grid) { cli_error(prog, "--expect-grid applies to --merge only"); rc = CLI_USAGE; goto done; }
     if (!o.quant) { cli_error(prog, "no --quant NAME given (see --help)"); rc = CLI_USAGE; goto done; }
-    if (!o.list_points && !o.output) { cli_error(prog, "no -o OUT given: a sweep writes its rows to a file (see --help)"); rc = CLI_USAGE; goto done; }
+    if (!o.list_points && !o.output) {
+        cli_error(prog, "no -o OUT given: a sweep writes its rows to a file (see --help)");
+        rc = CLI_USAGE;
+        goto done;
+    }
     if (!o.list_points && optind >= argc) {
         cli_error(prog, "no dump given (usage: kvq-sweep [options] DUMP... --quant NAME --grid ... -o OUT)");
         rc = CLI_USAGE; goto done;

@@ -31,7 +31,8 @@ static kvq_status pick(const char *path, const char *what, const int *list, int 
         v[i] = list ? list[i] : i;
         if (v[i] < 0 || v[i] >= n) {
             free(v);
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s %d: expected 0..%d (the dump has %d)", path, what, list[i], n - 1, n);
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s %d: expected 0..%d (the dump has %d)", path, what, list[i],
+                            n - 1, n);
         }
     }
     *out = v;
@@ -125,8 +126,9 @@ kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned f
     if (info->has_query && o->device) /* the query rows only: the GPU recomputes the exact side */
         total += (double)p->nl * info->num_heads * p->npos * info->head_dim * sizeof(float);
     else if (info->has_query)
-        total += (double)p->nl * p->nh *
-                 kvq_attn_ref_bytes(info->num_heads / info->num_kv_heads, info->seq_len, info->head_dim, p->pos, p->npos);
+        total +=
+            (double)p->nl * p->nh *
+            kvq_attn_ref_bytes(info->num_heads / info->num_kv_heads, info->seq_len, info->head_dim, p->pos, p->npos);
     *bytes = total >= (double)SIZE_MAX ? SIZE_MAX : (size_t)total;
     kvq_prepared_free(p);
     return KVQ_OK;
@@ -163,9 +165,9 @@ kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned fl
             for (int hi = 0; hi < nh; hi++) {
                 int h = p->heads[hi];
                 size_t off = (size_t)h * L->T * L->D;
-                hst[hi] = kvq_attn_ref_new_rows(rows + (size_t)h * G * p->npos * L->D, G, L->key + off,
-                                                L->value + off, L->T, L->D, kvq_dump_attn_mode(d, p->layers[li]), p->pos,
-                                                p->npos, &p->ref[(size_t)li * nh + hi], &herr[hi]);
+                hst[hi] = kvq_attn_ref_new_rows(rows + (size_t)h * G * p->npos * L->D, G, L->key + off, L->value + off,
+                                                L->T, L->D, kvq_dump_attn_mode(d, p->layers[li]), p->pos, p->npos,
+                                                &p->ref[(size_t)li * nh + hi], &herr[hi]);
             }
             for (int hi = 0; hi < nh && !st; hi++)
                 if (hst[hi]) st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", p->path, p->layers[li], herr[hi].msg);
@@ -323,9 +325,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     for (int li = 0; o->device && info->has_query && li < p->nl; li++) { /* the kernels compute plain attention */
         kvq_attn_mode m = kvq_dump_attn_mode(p->d, p->layers[li]);
         if (!kvq_attn_mode_plain(&m, info->head_dim))
-            return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
-                            "%s: /layer_%03d: attention with a sliding window, attn_scale or attn_softcap is computed on the "
-                            "CPU only (use --device cpu)", path, p->layers[li]);
+            return kvq_fail(
+                err, KVQ_ERR_UNSUPPORTED,
+                "%s: /layer_%03d: attention with a sliding window, attn_scale or attn_softcap is computed on the "
+                "CPU only (use --device cpu)",
+                path, p->layers[li]);
     }
     size_t nacc = (size_t)nl * nh * ns;
     out->acc = calloc(nacc ? nacc : 1, sizeof *out->acc);
@@ -349,7 +353,8 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     }
     for (int s = 0; s < ns; s++) {
         if (slot_alloc(&slot[s], H, bytes)) {
-            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns, 2 * bytes);
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
+                          2 * bytes);
             goto done;
         }
     }
@@ -372,7 +377,8 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         }
         if (!kvq_spec_needs_calib(&o->specs[s])) continue;
         if (!o->calib) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)", o->specs[s].text);
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)",
+                          o->specs[s].text);
             goto done;
         }
         if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;

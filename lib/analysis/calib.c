@@ -53,8 +53,9 @@ kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_
     };
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++)
         if (items[i].have != items[i].want)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected %d as in %s (a calibration dump of the same model), got %d",
-                            cp, items[i].name, items[i].want, dump_path, items[i].have);
+            return kvq_fail(err, KVQ_ERR_FORMAT,
+                            "%s: /%s: expected %d as in %s (a calibration dump of the same model), got %d", cp,
+                            items[i].name, items[i].want, dump_path, items[i].have);
     return KVQ_OK;
 }
 
@@ -84,7 +85,8 @@ kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err ? err->msg : "");
         free(e);
-        return kvq_fail(err, st, "%s: /layer_%03d: %s: calibration: %s", kvq_dump_path(c->dump), layer, spec->text, msg);
+        return kvq_fail(err, st, "%s: /layer_%03d: %s: calibration: %s", kvq_dump_path(c->dump), layer, spec->text,
+                        msg);
     }
     e->layer = layer, e->seed = seed, e->q = q;
     snprintf(e->key, sizeof e->key, "%s", key);

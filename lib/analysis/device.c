@@ -44,7 +44,8 @@ static kvq_status load_module(kvq_device *d, kvq_error *err)
         if (!api || api->abi != KVQ_CUDA_ABI || api->size != sizeof *api) {
             dlclose(h);
             return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
-                            "--device cuda: %s is not a CUDA module of this kvq (rebuild it); use --device cpu", tries[i]);
+                            "--device cuda: %s is not a CUDA module of this kvq (rebuild it); use --device cpu",
+                            tries[i]);
         }
         d->module = h, d->api = api;
         return KVQ_OK;

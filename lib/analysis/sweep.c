@@ -75,7 +75,8 @@ static kvq_status split_key(const kvq_grid *g, const char *opt, const char *full
         return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: %s", opt, arg, e.msg);
     }
     for (int k = 0; k < g->nkeys; k++)
-        if (g->param[k] == *param) return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: key '%s' is already a --grid key", opt, arg, key);
+        if (g->param[k] == *param)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: key '%s' is already a --grid key", opt, arg, key);
     if (g->fixed[*param]) return kvq_fail(err, KVQ_ERR_USAGE, "%s %s: key '%s' is already fixed", opt, arg, key);
     return KVQ_OK;
 }
@@ -106,7 +107,10 @@ static kvq_status add_grid(kvq_grid *g, const char *full, kvq_error *err)
         int n = g->nvals[k];
         if (n == 256) { st = kvq_fail(err, KVQ_ERR_USAGE, "--grid %s: more than 256 values", arg); break; }
         kvq_error e = {0};
-        if (kvq_param_parse(g->q, key, v, &parsed[n], &e)) { st = kvq_fail(err, KVQ_ERR_USAGE, "--grid %s: %s", arg, e.msg); break; }
+        if (kvq_param_parse(g->q, key, v, &parsed[n], &e)) {
+            st = kvq_fail(err, KVQ_ERR_USAGE, "--grid %s: %s", arg, e.msg);
+            break;
+        }
         for (int i = 0; i < n && !st; i++)
             if (parsed[i] == parsed[n]) st = kvq_fail(err, KVQ_ERR_USAGE, "--grid %s: value '%s' given twice", arg, v);
         if (st) break;
@@ -137,7 +141,10 @@ static kvq_status add_fixed(kvq_grid *g, const char *arg, kvq_error *err)
         double v;
         kvq_error e = {0};
         if ((st = split_key(g, "--fixed", item, key, sizeof key, &val, &param, err))) break;
-        if (kvq_param_parse(g->q, key, val, &v, &e)) { st = kvq_fail(err, KVQ_ERR_USAGE, "--fixed %s: %s", item, e.msg); break; }
+        if (kvq_param_parse(g->q, key, val, &v, &e)) {
+            st = kvq_fail(err, KVQ_ERR_USAGE, "--fixed %s: %s", item, e.msg);
+            break;
+        }
         if (!(g->fixed[param] = strdup(val))) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
     free(copy);
@@ -201,7 +208,9 @@ kvq_status kvq_grid_spec(const kvq_grid *g, size_t p, kvq_spec *out, kvq_error *
         const char *v = g->fixed[i];
         for (int k = 0; k < g->nkeys && !v; k++)
             if (g->param[k] == i) v = kvq_grid_value(g, p, k);
-        if (v) o += (size_t)snprintf(text + o, sizeof text - o, "%c%s=%s", o == strlen(g->q->name) ? ':' : ',', g->q->params[i].key, v);
+        if (v)
+            o += (size_t)snprintf(text + o, sizeof text - o, "%c%s=%s", o == strlen(g->q->name) ? ':' : ',',
+                                  g->q->params[i].key, v);
     }
     return kvq_spec_parse(text, out, err);
 }
@@ -358,7 +367,8 @@ static kvq_status add_row(kvq_sweep_file *f, const char *path, size_t line, long
     kvq_sweep_unit *u = f->nunits ? &f->units[f->nunits - 1] : NULL;
     if (u && u->point == pt) {
         if (strcmp(u->spec, spec))
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: point %ld has spec '%s', earlier rows '%s'", path, line, pt, spec, u->spec);
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: point %ld has spec '%s', earlier rows '%s'", path, line,
+                            pt, spec, u->spec);
         u->nrows++;
         u->end = e;
         return KVQ_OK;
@@ -386,7 +396,10 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
     char chunk[65536];
     kvq_status st = KVQ_OK;
     while ((n = fread(chunk, 1, sizeof chunk, fp)) > 0)
-        if (str_add(&f->data, &f->size, &cap, chunk, n)) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path); break; }
+        if (str_add(&f->data, &f->size, &cap, chunk, n)) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+            break;
+        }
     if (!st && ferror(fp)) st = kvq_fail(err, KVQ_ERR_IO, "%s: read failed", path);
     fclose(fp);
     if (st) {
@@ -428,7 +441,9 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
                     if (!strcmp(c[i], "point")) point_col = i;
                 }
                 if (spec_col < 0 || point_col < 0) {
-                    st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line 1: expected a header with 'spec' and 'point' columns: not a kvq-sweep output", path);
+                    st = kvq_fail(
+                        err, KVQ_ERR_FORMAT,
+                        "%s: line 1: expected a header with 'spec' and 'point' columns: not a kvq-sweep output", path);
                     break;
                 }
                 if (!(f->columns = strndup(d + b, e - b))) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
@@ -437,7 +452,8 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
                 continue;
             }
             if (nf != ncols) {
-                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: expected %d fields like the header, got %d", path, line, ncols, nf);
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: expected %d fields like the header, got %d", path,
+                              line, ncols, nf);
                 break;
             }
             snprintf(spec, sizeof spec, "%s", c[spec_col]);
@@ -447,7 +463,10 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
                 st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: expected one flat JSON object", path, line);
                 break;
             }
-            if (!f->columns && !(f->columns = strdup(keys))) { st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory"); break; }
+            if (!f->columns && !(f->columns = strdup(keys))) {
+                st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+                break;
+            }
             if (strcmp(keys, f->columns)) {
                 st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: keys differ from line 1's", path, line);
                 break;
@@ -455,7 +474,8 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
         }
         long pt;
         if (parse_point(point, &pt)) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: point '%s': expected a non-negative integer", path, line, point);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: point '%s': expected a non-negative integer", path, line,
+                          point);
             break;
         }
         if (!spec[0]) {

@@ -198,7 +198,8 @@ AVX2 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, 
                                double m, double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
 {
     __m256d vs = _mm256_setzero_pd(), va = vs, vk = vs;
-    const __m256d vm = _mm256_set1_pd(m), vl = _mm256_set1_pd(lse), vmq = _mm256_set1_pd(mq), vlq = _mm256_set1_pd(lseq);
+    const __m256d vm = _mm256_set1_pd(m), vl = _mm256_set1_pd(lse), vmq = _mm256_set1_pd(mq),
+                  vlq = _mm256_set1_pd(lseq);
     const __m128i idx = _mm_setr_epi32(0, 1, 2, 3);
     for (size_t i = 0; i < n; i += 4) {
         __m128i k = _mm_cmpgt_epi32(_mm_set1_epi32(n - i >= 4 ? 4 : (int)(n - i)), idx);
@@ -270,7 +271,10 @@ void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, in
 { (void)s, (void)a, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m_out, (void)sum_out, (void)argmax_out; }
 void kvq_row_compare_avx2(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
                           double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
-{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
+{
+    (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2,
+        (void)kl;
+}
 void kvq_softmax_compare_avx2(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
                               float scale, int prescaled, double m, double lse, float *mq_out, double *sumq_out,
                               int *argmaxq_out, double *sd2, double *ad2, double *kl)

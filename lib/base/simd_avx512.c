@@ -31,7 +31,10 @@ static int cap_level(void)
     c = __atomic_load_n(&env_cap, __ATOMIC_RELAXED);
     if (c < 0) {
         const char *e = getenv("KVQ_SIMD");
-        c = !e ? KVQ_SIMD_AVX512 : !strcmp(e, "none") ? KVQ_SIMD_NONE : !strcmp(e, "avx2") ? KVQ_SIMD_AVX2 : KVQ_SIMD_AVX512;
+        c = !e                   ? KVQ_SIMD_AVX512
+            : !strcmp(e, "none") ? KVQ_SIMD_NONE
+            : !strcmp(e, "avx2") ? KVQ_SIMD_AVX2
+                                 : KVQ_SIMD_AVX512;
         __atomic_store_n(&env_cap, c, __ATOMIC_RELAXED);
     }
     return c;
@@ -137,9 +140,11 @@ AVX512 static inline __m512 red16(const __m512 *v, int is_max)
 #define OP(a, b) (is_max ? _mm512_max_ps(a, b) : _mm512_min_ps(a, b))
     __m512 w[8], x[4], y[2];
     for (int k = 0; k < 8; k++)
-        w[k] = OP(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+        w[k] =
+            OP(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
     for (int k = 0; k < 4; k++)
-        x[k] = OP(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88), _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
+        x[k] =
+            OP(_mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0x88), _mm512_shuffle_f32x4(w[2 * k], w[2 * k + 1], 0xDD));
     for (int k = 0; k < 2; k++)
         y[k] = OP(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0x44), _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], 0xEE));
     return OP(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
@@ -446,7 +451,8 @@ AVX512 void kvq_row_compare_avx512(const float *s, const float *a, const float *
                                    double *kl)
 {
     __m512d vs = _mm512_setzero_pd(), va = vs, vk = vs;
-    const __m512d vm = _mm512_set1_pd(m), vl = _mm512_set1_pd(lse), vmq = _mm512_set1_pd(mq), vlq = _mm512_set1_pd(lseq);
+    const __m512d vm = _mm512_set1_pd(m), vl = _mm512_set1_pd(lse), vmq = _mm512_set1_pd(mq),
+                  vlq = _mm512_set1_pd(lseq);
     for (size_t i = 0; i < n; i += 8) {
         __mmask8 k = n - i >= 8 ? (__mmask8)0xff : (__mmask8)((1u << (n - i)) - 1u);
         compare8(_mm256_maskz_loadu_ps(k, s + i), _mm256_maskz_loadu_ps(k, a + i), _mm256_maskz_loadu_ps(k, sq + i),
@@ -511,7 +517,10 @@ void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, 
 { (void)s, (void)a, (void)n, (void)ncol, (void)scale, (void)prescaled, (void)m_out, (void)sum_out, (void)argmax_out; }
 void kvq_row_compare_avx512(const float *s, const float *a, const float *sq, const float *aq, size_t n, double m,
                             double lse, double mq, double lseq, double *sd2, double *ad2, double *kl)
-{ (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2, (void)kl; }
+{
+    (void)s, (void)a, (void)sq, (void)aq, (void)n, (void)m, (void)lse, (void)mq, (void)lseq, (void)sd2, (void)ad2,
+        (void)kl;
+}
 void kvq_softmax_compare_avx512(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
                                 float scale, int prescaled, double m, double lse, float *mq_out, double *sumq_out,
                                 int *argmaxq_out, double *sd2, double *ad2, double *kl)

@@ -34,7 +34,9 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
     hid_t a = -1, t = -1, mt = -1, sp = -1;
     *present = 0;
     htri_t ex = H5Aexists(obj, name);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
+    if (ex < 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name,
+                        kvq_h5_detail(det, sizeof det));
     if (ex == 0) {
         if (required)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected a string)", path, name);
@@ -42,7 +44,8 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
     }
     if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
         (sp = H5Aget_space(a)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name,
+                      kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if (H5Tget_class(t) != H5T_STRING || H5Sget_simple_extent_npoints(sp) != 1) {
@@ -54,7 +57,8 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
         mt = H5Tcopy(H5T_C_S1);
         if (mt < 0 || H5Tset_size(mt, H5T_VARIABLE) < 0 || H5Tset_cset(mt, H5Tget_cset(t)) < 0 ||
             H5Aread(a, mt, &s) < 0) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, kvq_h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name,
+                          kvq_h5_detail(det, sizeof det));
             goto out;
         }
         snprintf(buf, len, "%s", s ? s : "");
@@ -68,7 +72,8 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
             H5Tset_strpad(mt, H5Tget_strpad(t)) < 0 ||
             H5Aread(a, mt, tmp) < 0) {
             free(tmp);
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name, kvq_h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot read string: %s", path, name,
+                          kvq_h5_detail(det, sizeof det));
             goto out;
         }
         tmp[sz] = '\0'; /* null-padded strings need not hold a terminator */
@@ -97,7 +102,9 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     const char *what = integer ? "an integer" : "a number";
     *present = 0;
     htri_t ex = H5Aexists(obj, name);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
+    if (ex < 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot query attribute: %s", path, name,
+                        kvq_h5_detail(det, sizeof det));
     if (ex == 0) {
         if (required)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: missing required attribute (expected %s)", path, name, what);
@@ -105,7 +112,8 @@ static kvq_status attr_number(const char *path, hid_t obj, const char *name, int
     }
     if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (t = H5Aget_type(a)) < 0 ||
         (sp = H5Aget_space(a)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name, kvq_h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: cannot open attribute: %s", path, name,
+                      kvq_h5_detail(det, sizeof det));
         goto out;
     }
     H5T_class_t cls = H5Tget_class(t);
@@ -160,7 +168,8 @@ static kvq_status float_kind(const char *path, const char *obj, hid_t t, kvq_dty
                              kvq_error *err)
 {
     if (H5Tget_class(t) != H5T_FLOAT)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a non-float type", path, obj);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a non-float type", path,
+                        obj);
     size_t sz = H5Tget_size(t);
     if (sz == 4) { *dt = KVQ_F32; return KVQ_OK; }
     if (sz == 8) { *dt = KVQ_F64; return KVQ_OK; }
@@ -171,9 +180,11 @@ static kvq_status float_kind(const char *path, const char *obj, hid_t t, kvq_dty
             *dt = KVQ_F16;
             return KVQ_OK;
         }
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected IEEE float16, got another 16-bit float layout", path, obj);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected IEEE float16, got another 16-bit float layout", path,
+                        obj);
     }
-    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a %zu-byte float", path, obj, sz);
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a float16/32/64 dataset, got a %zu-byte float", path, obj,
+                    sz);
 }
 
 /* Checks that `name` in group `g` is a float dataset of shape [d0][d1][d2]
@@ -188,14 +199,16 @@ static kvq_status check_dataset(const char *path, hid_t g, const char *gname, co
     snprintf(obj, sizeof obj, "%s/%s", gname, name);
     *present = 0;
     htri_t ex = H5Lexists(g, name, H5P_DEFAULT);
-    if (ex < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot query: %s", path, obj, kvq_h5_detail(det, sizeof det));
+    if (ex < 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot query: %s", path, obj, kvq_h5_detail(det, sizeof det));
     if (ex == 0) return KVQ_OK;
     if ((ds = H5Dopen2(g, name, H5P_DEFAULT)) < 0) {
         st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a dataset: %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if ((t = H5Dget_type(ds)) < 0 || (sp = H5Dget_space(ds)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot read type/shape: %s", path, obj, kvq_h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot read type/shape: %s", path, obj,
+                      kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if ((st = float_kind(path, obj, t, dt, err))) goto out;
@@ -218,9 +231,11 @@ static kvq_status check_dataset(const char *path, hid_t g, const char *gname, co
             snprintf(got, sizeof got, "an unreadable shape");
         }
         if (want == 3)
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu,%llu], got %s", path, obj, (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2, got);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu,%llu], got %s", path, obj,
+                          (unsigned long long)d0, (unsigned long long)d1, (unsigned long long)d2, got);
         else
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu], got %s", path, obj, (unsigned long long)d0, (unsigned long long)d1, got);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected [%llu,%llu], got %s", path, obj,
+                          (unsigned long long)d0, (unsigned long long)d1, got);
         goto out;
     }
     *present = 1;
@@ -258,7 +273,8 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
     hid_t ds = -1, t = -1, fspace = H5S_ALL, mspace = H5S_ALL;
     size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
     if ((ds = H5Dopen2(d->file, obj, H5P_DEFAULT)) < 0 || (t = H5Dget_type(ds)) < 0) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, kvq_h5_detail(det, sizeof det));
+        st =
+            kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: cannot open dataset: %s", path, obj, kvq_h5_detail(det, sizeof det));
         goto out;
     }
     if (rows) { /* one block per run of consecutive rows */
@@ -272,7 +288,8 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
             i = j;
         }
         if (h < 0) {
-            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select %zu rows: %s", path, obj, nrows, kvq_h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select %zu rows: %s", path, obj, nrows,
+                          kvq_h5_detail(det, sizeof det));
             goto out;
         }
     }
@@ -285,17 +302,22 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
          * allocated; a row selection (small) comes whole. */
         size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / slabs;
         uint16_t *half = stage_room(d, per ? per : 1);
-        if (!half) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per); goto out; }
+        if (!half) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per);
+            goto out;
+        }
         hsize_t sdims[3] = {1, (hsize_t)mid, (hsize_t)shape[2]};
         if (slabs > 1 && ((fspace = H5Dget_space(ds)) < 0 || (mspace = H5Screate_simple(3, sdims, NULL)) < 0)) {
-            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select a slab: %s", path, obj, kvq_h5_detail(det, sizeof det));
+            st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot select a slab: %s", path, obj,
+                          kvq_h5_detail(det, sizeof det));
             goto out;
         }
         for (size_t a = 0; a < slabs; a++) {
             hsize_t start[3] = {a, 0, 0};
             if ((slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
                 H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
-                st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, kvq_h5_detail(det, sizeof det));
+                st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj,
+                              kvq_h5_detail(det, sizeof det));
                 goto out;
             }
             if (H5Tget_order(t) == H5T_ORDER_BE)
@@ -303,7 +325,8 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
             kvq_f16_to_f32_array(half, dst + a * per, per);
         }
     } else if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst) < 0) {
-        st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj, kvq_h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj,
+                      kvq_h5_detail(det, sizeof det));
         goto out;
     }
     /* finite check; a float64 value beyond float32 range also lands here as inf */
@@ -336,7 +359,8 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
 
     if ((st = attr_string(p, root, "kvq_format", 1, tag, sizeof tag, &present, err))) return st;
     if (strcmp(tag, KVQ_DUMP_FORMAT_TAG) != 0)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, KVQ_DUMP_FORMAT_TAG, tag);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, KVQ_DUMP_FORMAT_TAG,
+                        tag);
     if ((st = attr_string(p, root, "model", 1, in->model, sizeof in->model, &present, err))) return st;
     if ((st = attr_dim(p, root, "num_layers", &in->num_layers, err)) ||
         (st = attr_dim(p, root, "num_heads", &in->num_heads, err)) ||
@@ -345,12 +369,15 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
         (st = attr_dim(p, root, "seq_len", &in->seq_len, err)))
         return st;
     if (in->num_layers > 1000)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_layers: expected at most 1000 (layer_NNN names), got %d", p, in->num_layers);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_layers: expected at most 1000 (layer_NNN names), got %d", p,
+                        in->num_layers);
     if (in->num_heads % in->num_kv_heads != 0)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_heads: expected a multiple of num_kv_heads (%d), got %d", p, in->num_kv_heads, in->num_heads);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_heads: expected a multiple of num_kv_heads (%d), got %d", p,
+                        in->num_kv_heads, in->num_heads);
     size_t bytes;
     if (!kvq_tensor_bytes((size_t)in->num_heads, (size_t)in->seq_len, (size_t)in->head_dim, &bytes))
-        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: /: tensor size %d x %d x %d overflows size_t", p, in->num_heads, in->seq_len, in->head_dim);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: /: tensor size %d x %d x %d overflows size_t", p, in->num_heads,
+                        in->seq_len, in->head_dim);
 
     double theta = 0;
     if ((st = attr_number(p, root, "rope_theta", 0, 0, &theta, NULL, &in->has_rope_theta, err))) return st;
@@ -364,7 +391,9 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     if (present) {
         if (!strcmp(style, "interleaved")) in->rope_style = KVQ_ROPE_INTERLEAVED;
         else if (!strcmp(style, "half")) in->rope_style = KVQ_ROPE_HALF;
-        else return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\", got \"%s\"", p, style);
+        else
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\", got \"%s\"", p,
+                            style);
     }
     long long qp = 0;
     if ((st = attr_number(p, root, "query_prescaled", 0, 1, NULL, &qp, &present, err))) return st;
@@ -376,11 +405,14 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     int has_cos = 0, has_sin = 0;
     kvq_dtype dt;
     if (in->head_dim % 2 == 0) {
-        if ((st = check_dataset(p, root, "", "rope_cos", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_cos, &dt, err)) ||
-            (st = check_dataset(p, root, "", "rope_sin", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_sin, &dt, err)))
+        if ((st = check_dataset(p, root, "", "rope_cos", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_cos,
+                                &dt, err)) ||
+            (st = check_dataset(p, root, "", "rope_sin", (hsize_t)in->seq_len, (hsize_t)in->head_dim / 2, 0, &has_sin,
+                                &dt, err)))
             return st;
         if (has_cos != has_sin)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a dataset (/%s is present)", p, has_cos ? "rope_sin" : "rope_cos", has_cos ? "rope_cos" : "rope_sin");
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a dataset (/%s is present)", p,
+                            has_cos ? "rope_sin" : "rope_cos", has_cos ? "rope_cos" : "rope_sin");
     }
     in->has_rope_table = has_cos && has_sin;
 
@@ -393,7 +425,8 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     v = 0;
     if ((st = attr_number(p, root, "attn_softcap", 0, 0, &v, NULL, &present, err))) return st;
     if (present && !(isfinite(v) && v >= 0))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_softcap: expected a finite number >= 0 (0: none), got %g", p, v);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_softcap: expected a finite number >= 0 (0: none), got %g", p,
+                        v);
     in->attn_softcap = v;
     return KVQ_OK;
 }
@@ -415,7 +448,8 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: missing group (num_layers is %d)", p, gname, in->num_layers);
         hid_t g = H5Gopen2(d->file, gname, H5P_DEFAULT);
         if (g < 0)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a group: %s", p, gname, kvq_h5_detail(det, sizeof det));
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected a group: %s", p, gname,
+                            kvq_h5_detail(det, sizeof det));
         int pk, pv, pq, pr;
         kvq_dtype dk = KVQ_F32, dv = KVQ_F32, dq = KVQ_F32, dr;
         kvq_status st;
@@ -436,11 +470,16 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
         }
         H5Gclose(g);
         if (win < 0 || win > INT32_MAX)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a window of 0 (none) to 2^31-1 positions, got %lld", p, wname, win);
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a window of 0 (none) to 2^31-1 positions, got %lld",
+                            p, wname, win);
         in->window_layers += win > 0;
         d->window[l] = (int)win;
-        if (!pk) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/key: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
-        if (!pv) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/value: missing required dataset (expected [%d,%d,%d])", p, gname, in->num_kv_heads, in->seq_len, in->head_dim);
+        if (!pk)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/key: missing required dataset (expected [%d,%d,%d])", p, gname,
+                            in->num_kv_heads, in->seq_len, in->head_dim);
+        if (!pv)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/value: missing required dataset (expected [%d,%d,%d])", p,
+                            gname, in->num_kv_heads, in->seq_len, in->head_dim);
         if (l == 0) {
             in->has_query = pq;
             in->has_key_pre_rope = pr;
@@ -450,7 +489,8 @@ static kvq_status validate_layers(kvq_dump *d, kvq_error *err)
         } else if (pq != in->has_query || pr != in->has_key_pre_rope) {
             const char *what = pq != in->has_query ? "query" : "key_pre_rope";
             int has0 = pq != in->has_query ? in->has_query : in->has_key_pre_rope;
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/%s: expected %s, as in /layer_000", p, gname, what, has0 ? "a dataset" : "no dataset");
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s/%s: expected %s, as in /layer_000", p, gname, what,
+                            has0 ? "a dataset" : "no dataset");
         }
     }
     return KVQ_OK;
@@ -476,7 +516,8 @@ kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err)
     }
     d->file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (d->file < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: cannot open as HDF5 (truncated or corrupt file?): %s", path, kvq_h5_detail(det, sizeof det));
+        kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: cannot open as HDF5 (truncated or corrupt file?): %s", path,
+                                 kvq_h5_detail(det, sizeof det));
         free(d->path);
         free(d);
         return st;
@@ -530,7 +571,8 @@ kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned f
     memset(l, 0, sizeof *l);
     if (H <= 0 || Hq <= 0 || T <= 0 || D <= 0 || !kvq_tensor_bytes((size_t)H, (size_t)T, (size_t)D, &kb) ||
         !kvq_tensor_bytes((size_t)Hq, (size_t)T, (size_t)D, &qb))
-        return kvq_fail(err, KVQ_ERR_NOMEM, "layer of %d x %d x %d (query heads %d): invalid or overflowing size", H, T, D, Hq);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "layer of %d x %d x %d (query heads %d): invalid or overflowing size", H, T,
+                        D, Hq);
     l->H = H, l->Hq = Hq, l->T = T, l->D = D;
     l->key = calloc(1, kb);
     l->value = calloc(1, kb);
@@ -623,10 +665,12 @@ kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size
     *out = NULL;
     if (layer < 0 || layer >= in->num_layers)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d", d->path, layer, in->num_layers - 1);
-    if (!in->has_query) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/query: the dump has no queries", d->path, layer);
+    if (!in->has_query)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/query: the dump has no queries", d->path, layer);
     for (size_t i = 0; i < npos; i++)
         if (pos[i] < 0 || pos[i] >= in->seq_len || (i && pos[i] <= pos[i - 1]))
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: query rows: expected ascending positions below %d", d->path, in->seq_len);
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: query rows: expected ascending positions below %d", d->path,
+                            in->seq_len);
     kvq_h5_quiet();
     size_t bytes;
     if (!kvq_tensor_bytes((size_t)in->num_heads, npos ? npos : 1, (size_t)in->head_dim, &bytes) ||
@@ -647,13 +691,18 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     int T = in->seq_len, D = in->head_dim, half = D / 2;
     memset(out, 0, sizeof *out);
     if (in->rope_style == KVQ_ROPE_UNSET)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\" (needed to re-apply RoPE)", d->path);
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: /rope_style: expected \"interleaved\" or \"half\" (needed to re-apply RoPE)", d->path);
     if (D % 2)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /head_dim: expected an even head_dim to re-apply RoPE (it rotates channel pairs), got %d",
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: /head_dim: expected an even head_dim to re-apply RoPE (it rotates channel pairs), got %d",
                         d->path, D);
     if (!in->has_rope_table) {
         if (!in->has_rope_theta)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_theta: expected the RoPE base or /rope_cos, /rope_sin tables (needed to re-apply RoPE)", d->path);
+            return kvq_fail(
+                err, KVQ_ERR_FORMAT,
+                "%s: /rope_theta: expected the RoPE base or /rope_cos, /rope_sin tables (needed to re-apply RoPE)",
+                d->path);
         return kvq_rope_from_theta(out, T, D, in->rope_theta, in->rope_style, err);
     }
     size_t n = (size_t)T * half;
@@ -684,12 +733,15 @@ kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error 
     char det[256];
     *tokens = NULL, *n = 0;
     kvq_h5_quiet();
-    if (H5Aexists(d->file, "tokens") <= 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: attribute missing", d->path);
-    hid_t a = H5Aopen(d->file, "tokens", H5P_DEFAULT), sp = a >= 0 ? H5Aget_space(a) : -1, t = a >= 0 ? H5Aget_type(a) : -1;
+    if (H5Aexists(d->file, "tokens") <= 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: attribute missing", d->path);
+    hid_t a = H5Aopen(d->file, "tokens", H5P_DEFAULT), sp = a >= 0 ? H5Aget_space(a) : -1,
+          t = a >= 0 ? H5Aget_type(a) : -1;
     kvq_status st = KVQ_OK;
     hssize_t cnt = sp >= 0 ? H5Sget_simple_extent_npoints(sp) : -1;
     if (a < 0 || sp < 0 || t < 0 || cnt < 1 || H5Tget_class(t) != H5T_INTEGER) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: expected an integer array: %s", d->path, kvq_h5_detail(det, sizeof det));
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: expected an integer array: %s", d->path,
+                      kvq_h5_detail(det, sizeof det));
     } else if (!(*tokens = kvq_alloc_array((size_t)cnt, sizeof **tokens))) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", d->path);
     } else if (H5Aread(a, H5T_NATIVE_INT, *tokens) < 0) {

@@ -68,7 +68,8 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     int special = 0, fd = -1;
     kvq_status st0 = kvq_output_target(path, &w->path, &special, err);
     if (!st0 && special)
-        st0 = kvq_fail(err, KVQ_ERR_IO, "%s: expected a regular file for an HDF5 dump (it is a FIFO or a device)", path);
+        st0 =
+            kvq_fail(err, KVQ_ERR_IO, "%s: expected a regular file for an HDF5 dump (it is a FIFO or a device)", path);
     if (!st0) st0 = kvq_output_temp(path, w->path, &w->tmp, &fd, err);
     if (st0) {
         free(w->path), free(w);
@@ -80,7 +81,8 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     w->dtype = dtype;
     w->file = H5Fcreate(w->tmp, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (w->file < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot create HDF5 file: %s", path, kvq_h5_detail(det, sizeof det));
+        kvq_status st =
+            kvq_fail(err, KVQ_ERR_IO, "%s: cannot create HDF5 file: %s", path, kvq_h5_detail(det, sizeof det));
         unlink(w->tmp);
         free(w->tmp), free(w->path), free(w);
         return st;
@@ -98,7 +100,8 @@ kvq_status kvq_dump_writer_create(const char *path, const kvq_dump_info *info, k
     long long qp = info->query_prescaled;
     if (r >= 0) r = write_attr_num(w->file, "query_prescaled", H5T_STD_I64LE, H5T_NATIVE_LLONG, &qp);
     if (r < 0) {
-        kvq_status st = kvq_fail(err, KVQ_ERR_IO, "%s: cannot write root attributes: %s", path, kvq_h5_detail(det, sizeof det));
+        kvq_status st =
+            kvq_fail(err, KVQ_ERR_IO, "%s: cannot write root attributes: %s", path, kvq_h5_detail(det, sizeof det));
         kvq_dump_writer_abort(w);
         return st;
     }
@@ -146,13 +149,16 @@ kvq_status kvq_dump_writer_layer(kvq_dump_writer *w, int layer, const kvq_layer 
     kvq_h5_quiet();
     snprintf(gname, sizeof gname, "/layer_%03d", layer);
     hid_t g = H5Gcreate2(w->file, gname, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
-    if (g < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot create group: %s", w->path, gname, kvq_h5_detail(det, sizeof det));
+    if (g < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot create group: %s", w->path, gname,
+                        kvq_h5_detail(det, sizeof det));
     herr_t r = write_tensor(g, "key", l->key, l->H, l->T, l->D, w->dtype);
     if (r >= 0) r = write_tensor(g, "value", l->value, l->H, l->T, l->D, w->dtype);
     if (r >= 0 && l->query) r = write_tensor(g, "query", l->query, l->Hq, l->T, l->D, w->dtype);
     if (r >= 0 && l->key_pre_rope) r = write_tensor(g, "key_pre_rope", l->key_pre_rope, l->H, l->T, l->D, w->dtype);
     kvq_h5_close_id(g);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, kvq_h5_detail(det, sizeof det));
+    if (r < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: %s: cannot write: %s", w->path, gname, kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 
@@ -165,7 +171,9 @@ kvq_status kvq_dump_writer_layer_attr_int(kvq_dump_writer *w, int layer, const c
     hid_t g = H5Gopen2(w->file, gname, H5P_DEFAULT);
     herr_t r = g < 0 ? -1 : write_attr_num(g, name, H5T_STD_I64LE, H5T_NATIVE_LLONG, &v);
     kvq_h5_close_id(g);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: %s/%s: cannot write: %s", w->path, gname, name, kvq_h5_detail(det, sizeof det));
+    if (r < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: %s/%s: cannot write: %s", w->path, gname, name,
+                        kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 
@@ -177,7 +185,9 @@ kvq_status kvq_dump_writer_rope_table(kvq_dump_writer *w, const float *cos, cons
     int T = w->info.seq_len, half = w->info.head_dim / 2;
     herr_t r = write_tensor(w->file, "rope_cos", cos, 0, T, half, KVQ_F32);
     if (r >= 0) r = write_tensor(w->file, "rope_sin", sin, 0, T, half, KVQ_F32);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: /rope_cos, /rope_sin: cannot write: %s", w->path, kvq_h5_detail(det, sizeof det));
+    if (r < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: /rope_cos, /rope_sin: cannot write: %s", w->path,
+                        kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 
@@ -192,7 +202,9 @@ kvq_status kvq_dump_writer_attr_ints(kvq_dump_writer *w, const char *name, const
         r = H5Awrite(a, H5T_NATIVE_INT, v);
     kvq_h5_close_id(a);
     kvq_h5_close_id(sp);
-    if (r < 0) return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, kvq_h5_detail(det, sizeof det));
+    if (r < 0)
+        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name,
+                        kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 
@@ -201,7 +213,8 @@ kvq_status kvq_dump_writer_attr_real(kvq_dump_writer *w, const char *name, doubl
     char det[256];
     kvq_h5_quiet();
     if (write_attr_num(w->file, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v) < 0)
-        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, kvq_h5_detail(det, sizeof det));
+        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name,
+                        kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 
@@ -210,7 +223,8 @@ kvq_status kvq_dump_writer_attr_string(kvq_dump_writer *w, const char *name, con
     char det[256];
     kvq_h5_quiet();
     if (write_attr_string(w->file, name, v) < 0)
-        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name, kvq_h5_detail(det, sizeof det));
+        return kvq_fail(err, KVQ_ERR_IO, "%s: attribute %s: cannot write: %s", w->path, name,
+                        kvq_h5_detail(det, sizeof det));
     return KVQ_OK;
 }
 

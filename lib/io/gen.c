@@ -75,11 +75,14 @@ kvq_status kvq_gen_write(const char *path, const kvq_gen_opts *o, kvq_error *err
 {
     if (o->num_layers < 1 || o->num_layers > 1000 || o->num_heads < 1 || o->num_kv_heads < 1 ||
         o->head_dim < 2 || o->head_dim > 4096 || o->seq_len < 1)
-        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: expected layers 1..1000, heads >= 1, head_dim 2..4096 and tokens >= 1");
+        return kvq_fail(err, KVQ_ERR_USAGE,
+                        "synthetic dump: expected layers 1..1000, heads >= 1, head_dim 2..4096 and tokens >= 1");
     if (o->num_heads % o->num_kv_heads)
-        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: %d heads: expected a multiple of the KV heads (%d)", o->num_heads, o->num_kv_heads);
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: %d heads: expected a multiple of the KV heads (%d)",
+                        o->num_heads, o->num_kv_heads);
     if (o->head_dim % 2)
-        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: head_dim %d: expected an even number (RoPE rotates pairs)", o->head_dim);
+        return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: head_dim %d: expected an even number (RoPE rotates pairs)",
+                        o->head_dim);
     if (o->outlier_channels < 0 || o->outlier_channels > o->head_dim / 2)
         return kvq_fail(err, KVQ_ERR_USAGE, "synthetic dump: %d outlier channels: expected 0..head_dim/2 (%d)",
                         o->outlier_channels, o->head_dim / 2);

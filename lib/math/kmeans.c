@@ -104,7 +104,8 @@ kvq_status kvq_kmeans(const float *x, size_t n, int D, int k, int max_iter, kvq_
                       float *centres, int *assign, double *objective, int *iters,
                       kvq_error *err)
 {
-    if (n == 0 || k < 1 || D < 1) return kvq_fail(err, KVQ_ERR_USAGE, "k-means: %zu points, k = %d: nothing to cluster", n, k);
+    if (n == 0 || k < 1 || D < 1)
+        return kvq_fail(err, KVQ_ERR_USAGE, "k-means: %zu points, k = %d: nothing to cluster", n, k);
     int *as = kvq_alloc_array(n, sizeof *as), *prev = kvq_alloc_array(n, sizeof *prev);
     double *d2 = kvq_alloc_array(n, sizeof *d2), *sum = kvq_alloc_array((size_t)k * D, sizeof *sum);
     size_t *cnt = kvq_alloc_array((size_t)k, sizeof *cnt);

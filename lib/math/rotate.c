@@ -79,7 +79,8 @@ kvq_status kvq_rotation_init(kvq_rotation *r, kvq_rotate_kind kind, int D, uint6
         st = rotation_qr(r, D, &rng, err);
     } else {
         if (D < 1 || (D & (D - 1)))
-            return kvq_fail(err, KVQ_ERR_USAGE, "rotate=hadamard: head_dim %d is not a power of two (use rotate=qr)", D);
+            return kvq_fail(err, KVQ_ERR_USAGE, "rotate=hadamard: head_dim %d is not a power of two (use rotate=qr)",
+                            D);
         st = KVQ_OK;
         if (!(r->sign = kvq_alloc_array((size_t)D, sizeof *r->sign)))
             st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");

@@ -109,11 +109,13 @@ static row_stats mode_row(float *s, float *a, int p, int ncol, const att_mode *m
 {
     if (m->plain) {
         *lo = 0;
-        return ref ? softmax_row_ref(s, a, p, ncol, m->div, m->prescaled) : softmax_row(s, a, p, ncol, m->div, m->prescaled);
+        return ref ? softmax_row_ref(s, a, p, ncol, m->div, m->prescaled)
+                   : softmax_row(s, a, p, ncol, m->div, m->prescaled);
     }
     int l = *lo = row_lo(m, p);
     transform_row(s, l, p, m);
-    row_stats r = ref ? softmax_row_ref(s + l, a + l, p - l, ncol - l, 1.0f, 1) : softmax_row(s + l, a + l, p - l, ncol - l, 1.0f, 1);
+    row_stats r = ref ? softmax_row_ref(s + l, a + l, p - l, ncol - l, 1.0f, 1)
+                      : softmax_row(s + l, a + l, p - l, ncol - l, 1.0f, 1);
     r.argmax += l;
     memset(a, 0, (size_t)l * sizeof *a);
     return r;
@@ -233,8 +235,8 @@ static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int 
                 double sum;
                 if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
                 fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
-                      m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &w->rq[i].m, &sum,
-                      &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+                      m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &w->rq[i].m,
+                      &sum, &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
                 w->rq[i].lse = log(sum);
                 w->rq[i].argmax += lo;
             } else {
@@ -247,7 +249,8 @@ static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int 
         }
         /* A·V' (exact attention, quantized values) and A'·V' (both) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov, D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f, w->Oj, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f, w->Oj,
+                    D);
         ac->o_diff2 += sq_diff(c->O, w->Ov, (size_t)nc * D, NULL);
         ac->o_joint_diff2 += sq_diff(c->O, w->Oj, (size_t)nc * D, NULL);
         ac->s_ref2 += c->s_ref2;

@@ -149,7 +149,8 @@ kvq_status kvq_query_sel_parse(const char *text, kvq_query_sel *out, kvq_error *
         errno = 0;
         long n = strtol(num, &end, 10);
         if (errno || end == num || *end || *num == '-' || *num == '+' || n < 1)
-            return kvq_fail(err, KVQ_ERR_USAGE, "--queries %s: expected a positive integer after '%s'", text, forms[i].prefix);
+            return kvq_fail(err, KVQ_ERR_USAGE, "--queries %s: expected a positive integer after '%s'", text,
+                            forms[i].prefix);
         out->kind = forms[i].kind, out->n = n;
         return KVQ_OK;
     }

@@ -25,14 +25,18 @@ kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err)
 {
     size_t ns = 16;
     while (ns < 2 * (size_t)v->nmerge) ns *= 2;
-    if (!(v->mslot = calloc(ns, sizeof *v->mslot))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the BPE merges");
+    if (!(v->mslot = calloc(ns, sizeof *v->mslot)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the BPE merges");
     v->nmslot = ns;
     for (uint64_t r = 0; r < v->nmerge; r++) {
         size_t s = kvq_fnv1a(KVQ_FNV_SEED, v->merge[r], v->merge_len[r]) & (ns - 1);
         int dup = 0;
         for (; v->mslot[s]; s = (s + 1) & (ns - 1)) {
             uint32_t o = v->mslot[s] - 1;
-            if (v->merge_len[o] == v->merge_len[r] && !memcmp(v->merge[o], v->merge[r], v->merge_len[r])) { dup = 1; break; }
+            if (v->merge_len[o] == v->merge_len[r] && !memcmp(v->merge[o], v->merge[r], v->merge_len[r])) {
+                dup = 1;
+                break;
+            }
         }
         if (!dup) v->mslot[s] = (uint32_t)r + 1; /* the first occurrence keeps its rank (llama.cpp's emplace) */
     }
@@ -148,7 +152,8 @@ static void split_llama3(splitter *s, int digits)
         unsigned f = fl(s, pos);
         size_t k = contraction(s, pos, 1);
         if (k) { pos += add(s, pos + k); continue; }
-        if (!(cpt == '\r' || cpt == '\n' || (f & KVQ_CP_NUMBER)) && ((f & KVQ_CP_LETTER) || (fl(s, pos + 1) & KVQ_CP_LETTER))) {
+        if (!(cpt == '\r' || cpt == '\n' || (f & KVQ_CP_NUMBER)) &&
+            ((f & KVQ_CP_LETTER) || (fl(s, pos + 1) & KVQ_CP_LETTER))) {
             pos++; /* [^\r\n\p{L}\p{N}]?\p{L}+ */
             while (fl(s, pos) & KVQ_CP_LETTER) pos++;
             add(s, pos);
@@ -202,12 +207,16 @@ static void split_runs(splitter *s, int (*in)(uint32_t c, unsigned cls), int thr
     add(s, s->end);
 }
 
-static int in_punct(uint32_t c, unsigned cls) { return (cls & KVQ_CP_PUNCT) || (c < 128 && c && strchr("$+<=>^~|", (int)c)); }
+static int in_punct(uint32_t c, unsigned cls)
+{
+    return (cls & KVQ_CP_PUNCT) || (c < 128 && c && strchr("$+<=>^~|", (int)c));
+}
 static int in_number(uint32_t c, unsigned cls) { (void)c; return (cls & KVQ_CP_NUMBER) != 0; }
 static int in_digit(uint32_t c, unsigned cls) { (void)cls; return c >= '0' && c <= '9'; }
 
 /* Runs the pre-tokenizer over cp [0, n): word lengths into *len, *nw. */
-int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw)
+int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len,
+                        size_t *nw)
 {
     size_t *seg = malloc(sizeof *seg), nseg = 1;
     if (!seg) return -1;

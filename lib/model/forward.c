@@ -94,9 +94,22 @@ static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t 
 static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, kvq_error *err)
 {
     const kvq_layer_weights *lw = &m->layer[l];
-    const kvq_wtensor *src[KVQ_LAYER_TENSORS] = {&lw->attn_norm, &lw->wq, &lw->wk, &lw->wv, &lw->bq, &lw->bk,
-                                                 &lw->bv, &lw->q_norm, &lw->k_norm, &lw->wo, &lw->post_attn_norm,
-                                                 &lw->ffn_norm, &lw->w_gate, &lw->w_up, &lw->w_down, &lw->post_ffn_norm};
+    const kvq_wtensor *src[KVQ_LAYER_TENSORS] = {&lw->attn_norm,
+                                                 &lw->wq,
+                                                 &lw->wk,
+                                                 &lw->wv,
+                                                 &lw->bq,
+                                                 &lw->bk,
+                                                 &lw->bv,
+                                                 &lw->q_norm,
+                                                 &lw->k_norm,
+                                                 &lw->wo,
+                                                 &lw->post_attn_norm,
+                                                 &lw->ffn_norm,
+                                                 &lw->w_gate,
+                                                 &lw->w_up,
+                                                 &lw->w_down,
+                                                 &lw->post_ffn_norm};
     const float **dst[KVQ_LAYER_TENSORS] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk, &w->bv, &w->q_norm,
                                             &w->k_norm, &w->wo, &w->post_attn_norm, &w->ffn_norm, &w->w_gate, &w->w_up,
                                             &w->w_down, &w->post_ffn_norm};
@@ -107,7 +120,8 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, k
         free(w->buf);
         w->cap = 0;
         if (!(w->buf = kvq_alloc_array(need, sizeof(float))))
-            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for layer %d's weights (%zu floats)", m->path, l, need);
+            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for layer %d's weights (%zu floats)", m->path, l,
+                            need);
         w->cap = need;
     }
     size_t off = 0;
@@ -235,15 +249,16 @@ static void attend(const float *Q, const float *K, const float *V, int c, int T,
         int j = i / ntile, a = (t0 + i % ntile) * ATT_ROWS, b = imin(a + ATT_ROWS, T);
         int k0 = W > 0 && a - W + 1 > 0 ? a - W + 1 : 0, n = b - k0, m = b - a;
         int ra = a > r0 ? a : r0, rb = b < r1 ? b : r1; /* the rows wanted */
-        const float *Kh = K + (size_t)(j / G) * c * D + (size_t)k0 * D, *Vh = V + (size_t)(j / G) * c * D + (size_t)k0 * D;
+        const float *Kh = K + (size_t)(j / G) * c * D + (size_t)k0 * D,
+                    *Vh = V + (size_t)(j / G) * c * D + (size_t)k0 * D;
         if (c < b) { /* decode: keys [k0, c) and zero rows up to b */
             size_t have = (size_t)(c - k0) * D, pad = (size_t)(b - c) * D;
             memcpy(B->Kp, Kh, have * sizeof(float)), memset(B->Kp + have, 0, pad * sizeof(float));
             memcpy(B->Vp, Vh, have * sizeof(float)), memset(B->Vp + have, 0, pad * sizeof(float));
             Kh = B->Kp, Vh = B->Vp;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, D, scale, Q + ((size_t)j * T + a) * D, D, Kh, D, 0.0f,
-                    B->S, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, D, scale, Q + ((size_t)j * T + a) * D, D, Kh, D,
+                    0.0f, B->S, n);
         for (int t = a; t < b; t++) {
             float *s = B->S + (size_t)(t - a) * n;
             if (t < ra || t >= rb) { /* a row not wanted now: zero, so that A stays finite */
@@ -283,7 +298,8 @@ typedef struct fw_scratch {
 
 static void scratch_free(fw_scratch *s)
 {
-    float *f[] = {s->xn, s->xo, s->q, s->k, s->v, s->att, s->g, s->u, s->Qh, s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
+    float *f[] = {s->xn, s->xo, s->q,    s->k,  s->v,  s->att,  s->g,  s->u, s->Qh,
+                  s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(s->kb), free(s->vb), free(s->sb);
     for (int i = 0; s->ab && i < s->nab; i++) free(s->ab[i].S), free(s->ab[i].O), free(s->ab[i].Kp), free(s->ab[i].Vp);
@@ -372,7 +388,8 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     }
     kvq_dump_info info = c->qinfo;
     info.seq_len = ntok;
-    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = layer_rope(c, layer)};
+    kvq_quant_ctx ctx = {
+        .info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = layer_rope(c, layer)};
     memset(s->kb, 0, (size_t)H * sizeof(double));
     memset(s->vb, 0, (size_t)H * sizeof(double));
     memset(s->sb, 0, (size_t)H * sizeof(double));
@@ -432,7 +449,8 @@ static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err
     to_heads(s->k, s->Kh, T, H, D);
     to_heads(s->v, s->Vh, T, H, D);
     if (!st->item && c->o->on_layer) {
-        kvq_layer L = {.H = H, .Hq = Hq, .T = T, .D = D, .key = s->Kh, .value = s->Vh, .query = s->Qh, .key_pre_rope = s->Kpre};
+        kvq_layer L = {
+            .H = H, .Hq = Hq, .T = T, .D = D, .key = s->Kh, .value = s->Vh, .query = s->Qh, .key_pre_rope = s->Kpre};
         if ((rc = c->o->on_layer(c->o->ud, l, &L, err))) return rc;
     }
     const kvq_eval_item *it = st->item;
@@ -535,13 +553,15 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
     float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
     kvq_status rc = KVQ_OK;
     if (!W || !A || !B || !xn || !onorm) {
-        rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", N, vc);
+        rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", N,
+                      vc);
         goto done;
     }
     if ((rc = weight_rows(c->m, &c->m->output_norm, 0, 1, onorm, 1, err))) goto done;
     /* stream i's normed rows at xn + (i ? NA + (i − 1)·N : 0) rows */
     for (int i = 0; i < o->ns; i++)
-        rmsnorm(xn + (i ? (size_t)NA + (size_t)(i - 1) * N : 0) * dim, o->s[i].x, onorm, i ? N : NA, dim, in->norm_eps, nt);
+        rmsnorm(xn + (i ? (size_t)NA + (size_t)(i - 1) * N : 0) * dim, o->s[i].x, onorm, i ? N : NA, dim, in->norm_eps,
+                nt);
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = v0 + vc < V ? vc : V - v0;
         if ((rc = weight_rows(c->m, &c->m->output, v0, v0 + n, W, nt, err))) goto done;
@@ -618,10 +638,19 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&
         (rc = kvq_model_rope(m, T, in->rope_theta_swa, 1.0, &c.rope_swa, err)))
         goto done;
-    c.qinfo = (kvq_dump_info){.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
-                              .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
-                              .rope_style = in->rope_style, .has_key_pre_rope = 1, .has_rope_table = kvq_model_rope_tabled(m),
-                              .key_dtype = KVQ_F32, .value_dtype = KVQ_F32, .query_dtype = KVQ_F32};
+    c.qinfo = (kvq_dump_info){.num_layers = in->n_layers,
+                              .num_heads = in->n_heads,
+                              .num_kv_heads = in->n_kv_heads,
+                              .head_dim = in->head_dim,
+                              .seq_len = T,
+                              .has_rope_theta = 1,
+                              .rope_theta = in->rope_theta,
+                              .rope_style = in->rope_style,
+                              .has_key_pre_rope = 1,
+                              .has_rope_table = kvq_model_rope_tabled(m),
+                              .key_dtype = KVQ_F32,
+                              .value_dtype = KVQ_F32,
+                              .query_dtype = KVQ_F32};
     snprintf(c.qinfo.model, sizeof c.qinfo.model, "%s", in->name);
     for (int i = 0; i < o->ns; i++) o->s[i].active = !o->s[i].item || o->s[i].item->layer < 0;
     if ((rc = embed(&c, err))) goto done;
@@ -647,7 +676,8 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
             size_t nx = (size_t)T * dim, bad = kvq_first_nonfinite(o->s[i].x, nx);
             if (bad < nx) {
                 const kvq_eval_item *it = o->s[i].item;
-                rc = kvq_fail(err, KVQ_ERR_FORMAT, "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
+                rc = kvq_fail(err, KVQ_ERR_FORMAT,
+                              "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
                               m->path, l, bad / (size_t)dim, it ? " with the cache of " : "",
                               it ? (it->spec ? it->spec->text : "none") : "", it ? "," : "", (double)o->s[i].x[bad]);
                 goto done;

@@ -105,7 +105,8 @@ static int64_t index_find(const gguf_index *x, const char *name, const char *(*n
 }
 
 /* Inserts entry e; returns the earlier entry of the same name, or -1. */
-static int64_t index_insert(gguf_index *x, uint64_t e, const char *(*name_of)(const kvq_gguf *, uint64_t), const kvq_gguf *g)
+static int64_t index_insert(gguf_index *x, uint64_t e, const char *(*name_of)(const kvq_gguf *, uint64_t),
+                            const kvq_gguf *g)
 {
     const char *name = name_of(g, e);
     size_t i = name_hash(name) & (x->n - 1);
@@ -143,8 +144,9 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: GGUF version %u: expected 2 or 3", path, g->version);
     /* every key/value takes at least 12 bytes, every tensor info at least 28 */
     if (g->nkv > size / 12 || g->ntensors > size / 28)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: GGUF header: %llu keys and %llu tensors cannot fit in a file of %zu bytes",
-                        path, (unsigned long long)g->nkv, (unsigned long long)g->ntensors, size);
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: GGUF header: %llu keys and %llu tensors cannot fit in a file of %zu bytes", path,
+                        (unsigned long long)g->nkv, (unsigned long long)g->ntensors, size);
     g->kv = calloc((size_t)g->nkv + 1, sizeof *g->kv);
     g->tensors = calloc((size_t)g->ntensors + 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors || index_init(&g->kv_index, g->nkv) || index_init(&g->tensor_index, g->ntensors)) {
@@ -162,13 +164,22 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
             goto fail;
         }
         uint32_t type;
-        if (take(&c, &type, 4)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated file (value type past the end)", path, kv->key); goto fail; }
-        if (type >= GGUF_NTYPES) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: unknown GGUF value type %u", path, kv->key, type); goto fail; }
+        if (take(&c, &type, 4)) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated file (value type past the end)", path, kv->key);
+            goto fail;
+        }
+        if (type >= GGUF_NTYPES) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: unknown GGUF value type %u", path, kv->key, type);
+            goto fail;
+        }
         kv->type = (int)type, kv->n = 1;
         int et = (int)type;
         if (type == GGUF_ARRAY) {
             uint32_t at;
-            if (take(&c, &at, 4) || take(&c, &kv->n, 8)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated array header", path, kv->key); goto fail; }
+            if (take(&c, &at, 4) || take(&c, &kv->n, 8)) {
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: truncated array header", path, kv->key);
+                goto fail;
+            }
             if (at >= GGUF_NTYPES || at == GGUF_ARRAY) {
                 st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: array of unsupported element type %u", path, kv->key, at);
                 goto fail;
@@ -200,20 +211,34 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
     for (uint64_t i = 0; i < g->ntensors; i++) {
         gguf_tensor *t = &g->tensors[i];
         if ((st = take_name(&c, "tensor info", i, &t->name))) goto fail;
-        if (take(&c, &t->n_dims, 4)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name); goto fail; }
+        if (take(&c, &t->n_dims, 4)) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name);
+            goto fail;
+        }
         if (t->n_dims < 1 || t->n_dims > 4) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: %u dimensions: expected 1 to 4", path, t->name, t->n_dims);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: %u dimensions: expected 1 to 4", path, t->name,
+                          t->n_dims);
             goto fail;
         }
         for (int d = 0; d < 4; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
             uint64_t ne;
-            if (take(&c, &ne, 8)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name); goto fail; }
-            if (ne > (uint64_t)INT64_MAX / 2) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: dimension %u of %llu is absurd", path, t->name, d, (unsigned long long)ne); goto fail; }
+            if (take(&c, &ne, 8)) {
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name);
+                goto fail;
+            }
+            if (ne > (uint64_t)INT64_MAX / 2) {
+                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: dimension %u of %llu is absurd", path, t->name, d,
+                              (unsigned long long)ne);
+                goto fail;
+            }
             t->ne[d] = (int64_t)ne;
         }
         uint32_t type;
-        if (take(&c, &type, 4) || take(&c, &t->offset, 8)) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name); goto fail; }
+        if (take(&c, &type, 4) || take(&c, &t->offset, 8)) {
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: truncated tensor info", path, t->name);
+            goto fail;
+        }
         t->type = (int)type;
         if (index_insert(&g->tensor_index, i, tensor_name, g) >= 0) {
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s appears twice", path, t->name);
@@ -232,24 +257,30 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
         int block;
         size_t bbytes;
         if (!kvq_ggml_type_size(t->type, &block, &bbytes)) {
-            st = kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: tensor %s: ggml type %d is not one kvq reads (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K..q6_K)",
+            st = kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                          "%s: tensor %s: ggml type %d is not one kvq reads (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
+                          "q8_0, q2_K..q6_K)",
                           path, t->name, t->type);
             goto fail;
         }
         if (t->ne[0] % block) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row of %lld values is not a multiple of the %s block (%d)",
-                          path, t->name, (long long)t->ne[0], kvq_ggml_type_name(t->type), block);
+            st = kvq_fail(err, KVQ_ERR_FORMAT,
+                          "%s: tensor %s: row of %lld values is not a multiple of the %s block (%d)", path, t->name,
+                          (long long)t->ne[0], kvq_ggml_type_name(t->type), block);
             goto fail;
         }
         size_t rows = 1, bytes;
         for (int d = 1; d < 4; d++)
             if (!kvq_mul_size(rows, (size_t)t->ne[d], &rows)) rows = SIZE_MAX;
-        if (rows == SIZE_MAX || !kvq_mul_size((size_t)(t->ne[0] / block), bbytes, &bytes) || !kvq_mul_size(bytes, rows, &bytes)) {
+        if (rows == SIZE_MAX || !kvq_mul_size((size_t)(t->ne[0] / block), bbytes, &bytes) ||
+            !kvq_mul_size(bytes, rows, &bytes)) {
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: size overflows", path, t->name);
             goto fail;
         }
         if (t->offset % alignment || t->offset > size - data0 || bytes > size - data0 - t->offset) {
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: data [%llu, +%zu) lies past the end of the file (data section of %zu bytes) or is misaligned",
+            st = kvq_fail(err, KVQ_ERR_FORMAT,
+                          "%s: tensor %s: data [%llu, +%zu) lies past the end of the file (data section of %zu bytes) "
+                          "or is misaligned",
                           path, t->name, (unsigned long long)t->offset, bytes, size > data0 ? size - data0 : 0);
             goto fail;
         }

@@ -30,7 +30,8 @@ static kvq_status load_tokenizer(kvq_model *m, const char *path, kvq_error *err)
     v->score = calloc((size_t)v->n, sizeof *v->score);
     if (!v->piece || !v->score) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path); goto done; }
     if (fread(&maxlen, 4, 1, f) != 1 || maxlen < 1 || maxlen > (1 << 16)) {
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a llama2.c tokenizer (expected max_token_length 1..65536 first)", path);
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a llama2.c tokenizer (expected max_token_length 1..65536 first)",
+                      path);
         goto done;
     }
     for (int i = 0; i < v->n; i++) {
@@ -43,7 +44,10 @@ static kvq_status load_tokenizer(kvq_model *m, const char *path, kvq_error *err)
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: token %d: length %d: expected 0..%d", path, i, len, maxlen);
             goto done;
         }
-        if (!(v->piece[i] = malloc((size_t)len + 1))) { st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path); goto done; }
+        if (!(v->piece[i] = malloc((size_t)len + 1))) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
         if (fread(v->piece[i], 1, (size_t)len, f) != (size_t)len) {
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: token %d: truncated file", path, i);
             goto done;
@@ -51,12 +55,16 @@ static kvq_status load_tokenizer(kvq_model *m, const char *path, kvq_error *err)
         v->piece[i][len] = '\0';
     }
     if (fgetc(f) != EOF) { /* llama2.c reads vocab_size entries; a longer file belongs to another model */
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: more tokens than the model's vocabulary of %d (a tokenizer of another model?)",
-                      path, v->n);
+        st = kvq_fail(err, KVQ_ERR_FORMAT,
+                      "%s: more tokens than the model's vocabulary of %d (a tokenizer of another model?)", path, v->n);
         goto done;
     }
     v->bos = 1, v->add_bos = 1, v->byte_base = 3, v->space_is_u2581 = 0, v->add_space_prefix = 1;
-    if (v->n <= 258) { st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %d tokens: a llama2.c vocabulary has the 256 byte tokens after id 2", path, v->n); goto done; }
+    if (v->n <= 258) {
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %d tokens: a llama2.c vocabulary has the 256 byte tokens after id 2",
+                      path, v->n);
+        goto done;
+    }
     snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "llama2.c");
     m->info.has_tokenizer = 1;
     st = kvq_vocab_index(v, err);
@@ -73,15 +81,17 @@ kvq_status kvq_model_load_llama2c(kvq_model *m, const char *tokenizer_path, kvq_
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a model file (expected GGUF or a llama2.c checkpoint)", m->path);
     memcpy(h, m->map, sizeof h);
     if (!memcmp(m->map, "ak42", 4))
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: llama2.c checkpoint of version 1 or later: kvq reads version 0 (legacy export)", m->path);
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: llama2.c checkpoint of version 1 or later: kvq reads version 0 (legacy export)", m->path);
     int dim = h[0], hidden = h[1], L = h[2], Hq = h[3], H = h[4], vocab = h[5] < 0 ? -h[5] : h[5], T = h[6];
     int shared = h[5] > 0;
     if (dim < 1 || hidden < 1 || L < 1 || L > 4096 || Hq < 1 || H < 1 || h[5] == 0 || h[5] == INT32_MIN || T < 1 ||
         dim % Hq || Hq % H || (dim / Hq) % 2)
-        return kvq_fail(err, KVQ_ERR_FORMAT,
-                        "%s: not a model file: no GGUF magic, and the llama2.c header (dim %d, hidden_dim %d, n_layers %d, "
-                        "n_heads %d, n_kv_heads %d, vocab_size %d, seq_len %d) is not a valid one",
-                        m->path, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
+        return kvq_fail(
+            err, KVQ_ERR_FORMAT,
+            "%s: not a model file: no GGUF magic, and the llama2.c header (dim %d, hidden_dim %d, n_layers %d, "
+            "n_heads %d, n_kv_heads %d, vocab_size %d, seq_len %d) is not a valid one",
+            m->path, h[0], h[1], h[2], h[3], h[4], h[5], h[6]);
     int hd = dim / Hq;
     /* expected size in double: an absurd header cannot overflow the check */
     double floats = (double)vocab * dim + (double)L * (2.0 * dim + (double)dim * Hq * hd + 2.0 * dim * H * hd +
@@ -90,7 +100,8 @@ kvq_status kvq_model_load_llama2c(kvq_model *m, const char *tokenizer_path, kvq_
     double expect = 28 + 4 * floats;
     if (expect != (double)m->map_size)
         return kvq_fail(err, KVQ_ERR_FORMAT,
-                        "%s: not a model file: no GGUF magic, and as a llama2.c checkpoint (dim %d, %d layers, vocab %d, seq_len %d) "
+                        "%s: not a model file: no GGUF magic, and as a llama2.c checkpoint (dim %d, %d layers, vocab "
+                        "%d, seq_len %d) "
                         "it should have %.0f bytes, not %zu",
                         m->path, dim, L, vocab, T, expect, m->map_size);
     snprintf(in->format, sizeof in->format, "llama2.c v0");
@@ -103,7 +114,8 @@ kvq_status kvq_model_load_llama2c(kvq_model *m, const char *tokenizer_path, kvq_
     in->n_layers = L, in->dim = dim, in->ffn_dim = hidden, in->n_heads = Hq, in->n_kv_heads = H, in->head_dim = hd;
     in->vocab_size = vocab, in->context_length = T, in->norm_eps = 1e-5f, in->rope_theta = 10000.0;
     in->rope_style = KVQ_ROPE_INTERLEAVED, in->tied_output = shared;
-    if (!(m->layer = calloc((size_t)L, sizeof *m->layer))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    if (!(m->layer = calloc((size_t)L, sizeof *m->layer)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
     size_t off = 28;
     int qd = Hq * hd, kd = H * hd;
     take_f32(m, &m->tok_embd, "token_embedding_table", &off, dim, vocab);

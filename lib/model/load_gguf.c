@@ -32,8 +32,8 @@ static kvq_status bind_rows(kvq_model *m, kvq_wtensor *w, const char *name, int6
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: dimensions %lld x %lld x %lld overflow", m->path, name,
                         (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3]);
     if (t->ne[0] != cols || trows != total)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: expected [%lld, %lld] (ne0 = columns), got [%lld, %lld]", m->path,
-                        name, (long long)cols, (long long)total, (long long)t->ne[0], (long long)trows);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: expected [%lld, %lld] (ne0 = columns), got [%lld, %lld]",
+                        m->path, name, (long long)cols, (long long)total, (long long)t->ne[0], (long long)trows);
     w->name = t->name, w->type = t->type, w->cols = cols, w->rows = rows;
     w->row_bytes = total ? t->nbytes / (size_t)total : 0;
     w->data = t->data + (size_t)r0 * w->row_bytes;
@@ -58,7 +58,8 @@ static kvq_status hparam(kvq_model *m, const char *suffix, int required, int64_t
     else if (r == 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: missing (required)", m->path, key);
     else if (r < 0) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected an integer", m->path, key);
     if (v < 1 || v > max)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: %lld: expected 1..%lld", m->path, key, (long long)v, (long long)max);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: %lld: expected 1..%lld", m->path, key, (long long)v,
+                        (long long)max);
     *out = (int)v;
     return KVQ_OK;
 }
@@ -82,15 +83,69 @@ static const struct {
  * their token_type says (end-of-generation and fill-in-the-middle names):
  * a user-defined token with one of these texts is not matched in the text. */
 static const char *const control_looking[] = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>",
-    "<eos>", "<turn|>", "<|tool_response>", "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~[",
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>",
-    "\xe2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-    "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>", "<SUF>", "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>",
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>",
-    "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>", "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
-    "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "[e~[",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81"
+    "begin\xef\xbd\x9c>",
+    "<PRE>",
+    "\xe2\x96\x81<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81hole\xef\xbd\x9c>",
+    "<SUF>",
+    "\xe2\x96\x81<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<\xef\xbd\x9c"
+    "fim\xe2\x96\x81"
+    "end\xef\xbd\x9c>",
+    "<MID>",
+    "\xe2\x96\x81<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "[PAD]",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
 };
 
 static int is_control_looking(const char *t)
@@ -150,12 +205,14 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
     int bpe = !strcmp(m->info.tokenizer, "gpt2");
     if (!bpe && strcmp(m->info.tokenizer, "llama")) {
         snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
-                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads \"llama\" and \"gpt2\")", m->info.tokenizer);
+                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads \"llama\" and \"gpt2\")",
+                 m->info.tokenizer);
         return KVQ_OK;
     }
     if (bpe) {
         char pre[64] = "default";
-        if (kvq_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 1) snprintf(pre, sizeof pre, "%.*s", (int)(len < 60 ? len : 60), s);
+        if (kvq_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 1)
+            snprintf(pre, sizeof pre, "%.*s", (int)(len < 60 ? len : 60), s);
         int found = 0;
         for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0]; i++)
             if (!strcmp(pre, bpe_pres[i].name)) v->pre = bpe_pres[i].pre, found = 1;
@@ -169,23 +226,27 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
     const gguf_kv *tk = kvq_gguf_find(g, "tokenizer.ggml.tokens"), *sc = kvq_gguf_find(g, "tokenizer.ggml.scores");
     const gguf_kv *ty = kvq_gguf_find(g, "tokenizer.ggml.token_type"), *mg = kvq_gguf_find(g, "tokenizer.ggml.merges");
     if (!tk || tk->type != GGUF_ARRAY || tk->arr_type != GGUF_STRING)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: expected an array of strings", m->path);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: expected an array of strings",
+                        m->path);
     if (sc && (sc->type != GGUF_ARRAY || sc->arr_type != GGUF_F32 || sc->n != tk->n))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.scores: expected %llu float32 values", m->path,
-                        (unsigned long long)tk->n);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.scores: expected %llu float32 values",
+                        m->path, (unsigned long long)tk->n);
     if (ty && (ty->type != GGUF_ARRAY || (ty->arr_type != GGUF_I32 && ty->arr_type != GGUF_U32) || ty->n != tk->n))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.token_type: expected %llu 32-bit integers", m->path,
-                        (unsigned long long)tk->n);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.token_type: expected %llu 32-bit integers",
+                        m->path, (unsigned long long)tk->n);
     if (bpe && (!mg || mg->type != GGUF_ARRAY || mg->arr_type != GGUF_STRING || mg->n > (1u << 30)))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.merges: expected an array of strings (BPE)", m->path);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.merges: expected an array of strings (BPE)",
+                        m->path);
     if (tk->n != (uint64_t)m->info.vocab_size)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: %llu tokens, but token_embd has %d rows",
-                        m->path, (unsigned long long)tk->n, m->info.vocab_size);
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: metadata tokenizer.ggml.tokens: %llu tokens, but token_embd has %d rows", m->path,
+                        (unsigned long long)tk->n, m->info.vocab_size);
     v->n = (int)tk->n;
     v->piece = calloc((size_t)v->n, sizeof *v->piece);
     v->score = calloc((size_t)v->n, sizeof *v->score);
     v->special = calloc((size_t)v->n, sizeof *v->special);
-    if (!v->piece || !v->score || !v->special) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the vocabulary", m->path);
+    if (!v->piece || !v->score || !v->special)
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the vocabulary", m->path);
     const uint8_t *p = tk->val; /* bounds were checked by the parser */
     for (int i = 0; i < v->n; i++) {
         uint64_t n;
@@ -230,7 +291,8 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
         (st = tok_bool(m, "tokenizer.ggml.add_space_prefix", &v->add_space_prefix, err)))
         return st;
     if ((v->add_bos && v->bos >= v->n) || (v->add_eos && v->eos >= v->n))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.bos/eos_token_id: expected a token id below %d", m->path, v->n);
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: metadata tokenizer.ggml.bos/eos_token_id: expected a token id below %d", m->path, v->n);
     v->space_is_u2581 = !bpe, v->byte_base = -1, v->last_wins = 1;
     v->kind = bpe ? KVQ_TOK_BPE : KVQ_TOK_SPM;
     if (bpe) {
@@ -239,12 +301,14 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
         v->nmerge = mg->n;
         v->merge = calloc((size_t)mg->n + 1, sizeof *v->merge);
         v->merge_len = calloc((size_t)mg->n + 1, sizeof *v->merge_len);
-        if (!v->merge || !v->merge_len) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the merges", m->path);
+        if (!v->merge || !v->merge_len)
+            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the merges", m->path);
         p = mg->val;
         for (uint64_t i = 0; i < mg->n; i++) {
             uint64_t n;
             memcpy(&n, p, 8);
-            if (n > UINT32_MAX) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: merge %llu: absurd length", m->path, (unsigned long long)i);
+            if (n > UINT32_MAX)
+                return kvq_fail(err, KVQ_ERR_FORMAT, "%s: merge %llu: absurd length", m->path, (unsigned long long)i);
             v->merge[i] = (const char *)p + 8, v->merge_len[i] = (uint32_t)n;
             p += 8 + n;
         }
@@ -280,8 +344,9 @@ static kvq_status rope_scaling(kvq_model *m, kvq_error *err)
     snprintf(key, sizeof key, "%s.rope.scaling.type", in->arch_name);
     int r = kvq_gguf_get_str(&m->gguf, key, &s, &len);
     if (r == 1 && !(len == 4 && !memcmp(s, "none", 4)) && !(len == 6 && !memcmp(s, "linear", 6)))
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: metadata %s: \"%.*s\" RoPE scaling is not supported (kvq runs none and linear)",
-                        m->path, key, (int)(len < 40 ? len : 40), s);
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: metadata %s: \"%.*s\" RoPE scaling is not supported (kvq runs none and linear)", m->path,
+                        key, (int)(len < 40 ? len : 40), s);
     double factor = 0;
     kvq_status st = hreal(m, "rope.scaling.factor", -1, 1e6, &factor, err);
     if (st) return st;
@@ -302,16 +367,20 @@ static kvq_status sliding_layers(kvq_model *m, kvq_error *err)
     if (kvq_gguf_get_int(&m->gguf, key, &W) < 0 || W < 0 || W > (1 << 30))
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a window of 0..2^30 positions", m->path, key);
     if (W == 0) return KVQ_OK;
-    if (!(m->layer_swa = calloc((size_t)in->n_layers, 1))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    if (!(m->layer_swa = calloc((size_t)in->n_layers, 1)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
     snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", in->arch_name);
     const gguf_kv *kv = kvq_gguf_find(&m->gguf, key);
     if (kv && kv->type == GGUF_ARRAY) {
-        if ((kv->arr_type != GGUF_BOOL && kv->arr_type != GGUF_U8 && kv->arr_type != GGUF_I8) || kv->n != (uint64_t)in->n_layers)
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected %d booleans (one per layer)", m->path, key, in->n_layers);
+        if ((kv->arr_type != GGUF_BOOL && kv->arr_type != GGUF_U8 && kv->arr_type != GGUF_I8) ||
+            kv->n != (uint64_t)in->n_layers)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected %d booleans (one per layer)", m->path, key,
+                            in->n_layers);
         for (int l = 0; l < in->n_layers; l++) m->layer_swa[l] = kv->val[l] != 0;
     } else {
         if (kvq_gguf_get_int(&m->gguf, key, &n) < 0 || n < 0 || n > (1 << 20))
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a layer period or per-layer flags", m->path, key);
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected a layer period or per-layer flags", m->path,
+                            key);
         for (int l = 0; l < in->n_layers; l++) m->layer_swa[l] = n == 0 || l % n < n - 1;
     }
     in->sliding_window = (int)W;
@@ -337,8 +406,8 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         if (strlen(archs[i].name) == len && !memcmp(archs[i].name, s, len)) in->arch = archs[i].arch, known = 1;
     if (!known)
         return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
-                        "%s: architecture \"%s\" is not supported (kvq runs llama, qwen2, qwen3, gemma3 and phi3)", m->path,
-                        in->arch_name);
+                        "%s: architecture \"%s\" is not supported (kvq runs llama, qwen2, qwen3, gemma3 and phi3)",
+                        m->path, in->arch_name);
     if (kvq_gguf_get_str(g, "general.name", &s, &len) == 1)
         snprintf(in->name, sizeof in->name, "%.*s", (int)(len < 250 ? len : 250), s);
     else
@@ -355,16 +424,20 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     int vlen;
     if ((st = hparam(m, "attention.value_length", 0, in->head_dim, 1 << 16, &vlen, err))) return st;
     if (vlen != in->head_dim)
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s.attention.value_length %d differs from key_length %d (not supported)",
-                        m->path, in->arch_name, vlen, in->head_dim);
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: %s.attention.value_length %d differs from key_length %d (not supported)", m->path,
+                        in->arch_name, vlen, in->head_dim);
     if (in->n_heads % in->n_kv_heads)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d", m->path, in->n_heads, in->n_kv_heads);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head_count %d is not a multiple of head_count_kv %d", m->path,
+                        in->n_heads, in->n_kv_heads);
     if (in->head_dim % 2)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head dimension %d: expected an even number (RoPE pairs)", m->path, in->head_dim);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head dimension %d: expected an even number (RoPE pairs)", m->path,
+                        in->head_dim);
     int n_rot;
     if ((st = hparam(m, "rope.dimension_count", 0, in->head_dim, 1 << 16, &n_rot, err))) return st;
     if (n_rot != in->head_dim)
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s.rope.dimension_count %d: partial rotary embeddings (head_dim %d) are not supported",
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: %s.rope.dimension_count %d: partial rotary embeddings (head_dim %d) are not supported",
                         m->path, in->arch_name, n_rot, in->head_dim);
     double v = 1e-5;
     if ((st = hreal(m, "attention.layer_norm_rms_epsilon", 0, 1, &v, err))) return st;
@@ -382,7 +455,8 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         in->embed_scale = sqrtf((float)in->dim);
         in->attn_scale = 1.0f / sqrtf((float)(in->n_layers == 62 ? in->dim / in->n_heads : in->head_dim));
         double cap = 0;
-        if ((st = hreal(m, "final_logit_softcapping", -1, INFINITY, &cap, err)) || (st = sliding_layers(m, err))) return st;
+        if ((st = hreal(m, "final_logit_softcapping", -1, INFINITY, &cap, err)) || (st = sliding_layers(m, err)))
+            return st;
         in->logit_softcap = cap > 0 ? (float)cap : 0.0f;
     }
     /* phi3: llama.cpp v0.5.0 disables Phi's sliding window ("Phi SWA is
@@ -391,10 +465,12 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     const gguf_tensor *emb = kvq_gguf_tensor(g, "token_embd.weight");
     if (!emb) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor token_embd.weight: missing (required)", m->path);
     if (emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor token_embd.weight: %lld rows: expected a vocabulary of 1..2^24 tokens",
-                        m->path, (long long)emb->ne[1]);
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: tensor token_embd.weight: %lld rows: expected a vocabulary of 1..2^24 tokens", m->path,
+                        (long long)emb->ne[1]);
     in->vocab_size = (int)emb->ne[1];
-    int dim = in->dim, D = in->head_dim, qd = in->n_heads * D, kd = in->n_kv_heads * D, V = in->vocab_size, F = in->ffn_dim;
+    int dim = in->dim, D = in->head_dim, qd = in->n_heads * D, kd = in->n_kv_heads * D, V = in->vocab_size,
+        F = in->ffn_dim;
     if ((st = bind(m, &m->tok_embd, "token_embd.weight", dim, V, 1, err)) ||
         (st = bind(m, &m->output_norm, "output_norm.weight", dim, 1, 1, err)) ||
         (st = bind(m, &m->output, "output.weight", dim, V, 0, err)) ||
@@ -402,7 +478,8 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         return st;
     if (kvq_gguf_tensor(g, "blk.0.rope_factors_long.weight") || kvq_gguf_tensor(g, "blk.0.rope_factors_short.weight") ||
         kvq_gguf_tensor(g, "rope_factors_long.weight"))
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: LongRoPE factor tensors (rope_factors_long/short) are not supported", m->path);
+        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
+                        "%s: LongRoPE factor tensors (rope_factors_long/short) are not supported", m->path);
     in->tied_output = !m->output.data;
     if (in->tied_output) m->output = m->tok_embd;
     in->has_rope_freqs = m->rope_freqs.data != NULL;
@@ -412,10 +489,12 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     for (int l = 0; l < in->n_layers; l++) {
         kvq_layer_weights *w = &m->layer[l];
         char n[18][64];
-        const char *suffix[18] = {"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q.bias",
-                                  "attn_k.bias", "attn_v.bias", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
-                                  "ffn_up.weight", "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight",
-                                  "post_attention_norm.weight", "post_ffw_norm.weight", "attn_qkv.weight", "?"};
+        const char *suffix[18] = {"attn_norm.weight",     "attn_q.weight",      "attn_k.weight",
+                                  "attn_v.weight",        "attn_q.bias",        "attn_k.bias",
+                                  "attn_v.bias",          "attn_output.weight", "ffn_norm.weight",
+                                  "ffn_gate.weight",      "ffn_up.weight",      "ffn_down.weight",
+                                  "attn_q_norm.weight",   "attn_k_norm.weight", "post_attention_norm.weight",
+                                  "post_ffw_norm.weight", "attn_qkv.weight",    "?"};
         for (int i = 0; i < 17; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
         if (kvq_gguf_tensor(g, n[16])) { /* fused [q | k | v] rows */
             int64_t tot = (int64_t)qd + 2 * kd;
@@ -431,7 +510,8 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
             if ((st = bind_rows(m, &w->w_gate, n[10], dim, 2 * (int64_t)F, 0, F, 1, err)) ||
                 (st = bind_rows(m, &w->w_up, n[10], dim, 2 * (int64_t)F, F, F, 1, err)))
                 return st;
-        } else if ((st = bind(m, &w->w_gate, n[9], dim, F, 1, err)) || (st = bind(m, &w->w_up, n[10], dim, F, 1, err))) {
+        } else if ((st = bind(m, &w->w_gate, n[9], dim, F, 1, err)) ||
+                   (st = bind(m, &w->w_up, n[10], dim, F, 1, err))) {
             return st;
         }
         if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->bq, n[4], qd, 1, bias, err)) ||
@@ -443,7 +523,9 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
             (st = bind(m, &w->post_ffn_norm, n[15], dim, 1, post, err)))
             return st;
         if (!qkn) memset(&w->q_norm, 0, sizeof w->q_norm), memset(&w->k_norm, 0, sizeof w->k_norm);
-        if (!post) memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm), memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
+        if (!post)
+            memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm),
+                memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
     }
     return load_vocab(m, err);
 }

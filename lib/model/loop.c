@@ -11,7 +11,8 @@
 
 static kvq_status check_tokens(const kvq_model *m, const int *tokens, int T, kvq_error *err)
 {
-    if (T < 2) return kvq_fail(err, KVQ_ERR_USAGE, "%d token(s): the next-token loss needs at least 2 (BOS and one more)", T);
+    if (T < 2)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%d token(s): the next-token loss needs at least 2 (BOS and one more)", T);
     for (int t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= m->info.vocab_size)
             return kvq_fail(err, KVQ_ERR_USAGE, "token %d at position %d: expected an id below the vocabulary size %d",
@@ -74,7 +75,8 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
     for (int i = 0; layers && i < nlayers; i++) {
         if (layers[i] < 0 || layers[i] >= L) {
             free(map);
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (the model has %d)", m->path, layers[i], L - 1, L);
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (the model has %d)", m->path, layers[i],
+                            L - 1, L);
         }
         map[layers[i]] = i;
     }
@@ -109,7 +111,8 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
         kvq_rope_free(&r);
         if (st) goto done;
     }
-    kvq_fw_opts o = {.tokens = tokens, .T = T, .s = &s, .ns = 1, .nthreads = nthreads, .on_layer = dump_layer, .ud = &job};
+    kvq_fw_opts o = {
+        .tokens = tokens, .T = T, .s = &s, .ns = 1, .nthreads = nthreads, .on_layer = dump_layer, .ud = &job};
     if ((st = kvq_forward(m, &o, err))) goto done;
     double nll = s.nll / (T - 1);
     if ((st = kvq_dump_writer_attr_real(job.w, "mean_nll", nll, err))) goto done;
@@ -157,7 +160,8 @@ static void acc_add(eval_acc *a, const kvq_fw_stream *s)
 
 /* One window: the exact model and the items, in passes bounded by memory. */
 static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items, int nitems,
-                              const kvq_eval_opts *o, int w, size_t total, eval_acc *acc, double *ref_nll, kvq_error *err)
+                              const kvq_eval_opts *o, int w, size_t total, eval_acc *acc, double *ref_nll,
+                              kvq_error *err)
 {
     size_t per_win = (size_t)(T - 1 - score_from);
     const kvq_model_info *in = &m->info;
@@ -176,7 +180,8 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
         for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
         ep.pass = pass;
         for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
-            s[i].pos_nll = i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
+            s[i].pos_nll =
+                i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
                           .score_from = score_from, .seed = o->seed, .calib = o->calib,
                           .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
@@ -213,13 +218,15 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
                             items[i].layer, in->n_layers - 1);
         if (!sp || !kvq_spec_needs_calib(sp)) continue;
-        if (!o->calib) return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
+        if (!o->calib)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
     }
     for (int i = 0; i < o->n_logit_pos; i++)
         if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= N)
-            return kvq_fail(err, KVQ_ERR_USAGE, "logits of position %d: expected a position below %d and an output array",
-                            o->logit_pos[i], N);
+            return kvq_fail(err, KVQ_ERR_USAGE,
+                            "logits of position %d: expected a position below %d and an output array", o->logit_pos[i],
+                            N);
     eval_acc *acc = calloc((size_t)nitems + 1, sizeof *acc);
     int *win = kvq_alloc_array((size_t)N, sizeof *win);
     if (!acc || !win) {

@@ -51,7 +51,8 @@ kvq_status kvq_model_open(const char *path, const char *tokenizer_path, kvq_mode
     snprintf(m->info.path, sizeof m->info.path, "%s", path);
     if (!memcmp(m->map, "GGUF", 4)) {
         if (tokenizer_path) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: --tokenizer is for llama2.c checkpoints; a GGUF file carries its own vocabulary", path);
+            st = kvq_fail(err, KVQ_ERR_USAGE,
+                          "%s: --tokenizer is for llama2.c checkpoints; a GGUF file carries its own vocabulary", path);
             goto fail;
         }
         st = kvq_model_load_gguf(m, err);

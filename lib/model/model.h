@@ -120,7 +120,8 @@ int kvq_bpe_rank(const kvq_vocab *v, const char *a, size_t na, const char *b, si
 kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err);
 /* BPE: the pre-tokenizer's words of code points cp [0, n) (cls: their
  * kvq_cp_class), as lengths into *len (malloc'ed), *nw of them; -1: no memory. */
-int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len, size_t *nw);
+int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len,
+                        size_t *nw);
 /* kvq_model_tokenize_file reading `block` bytes at a time (tests cut small texts often). */
 kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t max_tokens, size_t block, int **ids,
                                     size_t *nids, kvq_error *err);

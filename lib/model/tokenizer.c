@@ -70,8 +70,9 @@ static kvq_status spm_encode(const kvq_model *m, const char *text, size_t n, int
                 bid = kvq_vocab_lookup(v, hex, strlen(hex));
             }
             if (bid < 0 || bid >= v->n) {
-                st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: byte 0x%02X of the text has no token (no <0x%02X> byte-fallback piece)",
-                              m->path, c, c);
+                st = kvq_fail(err, KVQ_ERR_FORMAT,
+                              "%s: byte 0x%02X of the text has no token (no <0x%02X> byte-fallback piece)", m->path, c,
+                              c);
                 goto done;
             }
             if (kvq_tokbuf_push(out, bid)) goto oom;
@@ -148,7 +149,8 @@ static kvq_status tok_segment(const kvq_model *m, tok_state *ts, const char *tex
     fragment *f = NULL;
     size_t nf = 0;
     kvq_status st = KVQ_OK;
-    if (n && partition(v, text, n, &f, &nf)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
+    if (n && partition(v, text, n, &f, &nf))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing %zu bytes", n);
     for (size_t i = 0; i < nf && !st; i++) {
         size_t before = ts->out.n;
         if (f[i].token >= 0) {
@@ -174,14 +176,16 @@ static kvq_status tok_begin(const kvq_model *m, tok_state *ts, kvq_error *err)
     if (!v->n)
         return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: cannot tokenize --text: %s; give token ids with --tokens FILE",
                         m->path, m->tokenizer_missing);
-    if (v->add_bos && kvq_tokbuf_push(&ts->out, v->bos)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+    if (v->add_bos && kvq_tokbuf_push(&ts->out, v->bos))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
     return KVQ_OK;
 }
 
 static kvq_status tok_end(const kvq_model *m, tok_state *ts, int at_eof, int **ids, size_t *nids, kvq_error *err)
 {
     const kvq_vocab *v = &m->vocab;
-    if (at_eof && v->add_eos && kvq_tokbuf_push(&ts->out, v->eos)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
+    if (at_eof && v->add_eos && kvq_tokbuf_push(&ts->out, v->eos))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory tokenizing");
     if (!ts->ntext) return kvq_fail(err, KVQ_ERR_USAGE, "the text tokenizes to nothing (an empty text)");
     *ids = ts->out.id, *nids = ts->out.n, ts->out.id = NULL;
     return KVQ_OK;
@@ -274,12 +278,14 @@ kvq_status kvq_tokens_parse(const char *what, const char *text, size_t n, int vo
         if (isspace((unsigned char)text[i])) { i++; continue; }
         size_t j = i;
         long long val = 0;
-        while (j < n && isdigit((unsigned char)text[j]) && val <= (long long)INT32_MAX) val = val * 10 + (text[j++] - '0');
+        while (j < n && isdigit((unsigned char)text[j]) && val <= (long long)INT32_MAX)
+            val = val * 10 + (text[j++] - '0');
         if (j == i || (j < n && !isspace((unsigned char)text[j])) || val >= vocab) {
             size_t e = j;
             while (e < n && !isspace((unsigned char)text[e]) && e - i < 32) e++;
-            kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: token %zu \"%.*s\": expected a token id 0..%d (whitespace-separated)",
-                                     what, k, (int)(e - i), text + i, vocab - 1);
+            kvq_status st = kvq_fail(err, KVQ_ERR_FORMAT,
+                                     "%s: token %zu \"%.*s\": expected a token id 0..%d (whitespace-separated)", what,
+                                     k, (int)(e - i), text + i, vocab - 1);
             free(out);
             return st;
         }
@@ -291,7 +297,10 @@ kvq_status kvq_tokens_parse(const char *what, const char *text, size_t n, int vo
         out[k++] = (int)val;
         i = j;
     }
-    if (k == 0) { free(out); return kvq_fail(err, KVQ_ERR_FORMAT, "%s: no token ids (expected whitespace-separated integers)", what); }
+    if (k == 0) {
+        free(out);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: no token ids (expected whitespace-separated integers)", what);
+    }
     *ids = out, *nids = k;
     return KVQ_OK;
 }

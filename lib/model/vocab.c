@@ -17,7 +17,8 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
 {
     size_t ns = 16;
     while (ns < 2 * (size_t)v->n) ns *= 2;
-    if (!(v->slot = malloc(ns * sizeof *v->slot))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the vocabulary index");
+    if (!(v->slot = malloc(ns * sizeof *v->slot)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the vocabulary index");
     for (size_t i = 0; i < ns; i++) v->slot[i] = -1;
     v->nslot = ns;
     for (int id = 0; id < v->n; id++) {

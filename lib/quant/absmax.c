@@ -6,9 +6,19 @@
 
 enum { AM_BITS, AM_GROUP, AM_SCALE };
 static const kvq_param absmax_params[] = {
-    [AM_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "8", .min = 2, .max = 16, .help = "bits per code (signed)"},
-    [AM_GROUP] = {.key = "group", .type = KVQ_PARAM_INT, .def = "0", .min = 0, .max = 1e9, .help = "channels per group (0 = whole head vector)"},
-    [AM_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32", .help = "precision of scales"},
+    [AM_BITS] =
+        {.key = "bits", .type = KVQ_PARAM_INT, .def = "8", .min = 2, .max = 16, .help = "bits per code (signed)"},
+    [AM_GROUP] = {.key = "group",
+                  .type = KVQ_PARAM_INT,
+                  .def = "0",
+                  .min = 0,
+                  .max = 1e9,
+                  .help = "channels per group (0 = whole head vector)"},
+    [AM_SCALE] = {.key = "scale",
+                  .type = KVQ_PARAM_CHOICE,
+                  .def = "fp16",
+                  .choices = "fp16|fp32",
+                  .help = "precision of scales"},
     KVQ_PARAM_PREROTATE,
 };
 

@@ -44,7 +44,8 @@ static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int sc
     case SC_TOKEN:
         for (int t = 0; t < T; t++) {
             const float *xt = x + (size_t)t * D;
-            kvq_fp8_quantize_array(xt, y + (size_t)t * D, (size_t)D, kvq_max_scale(kvq_absmax(xt, (size_t)D), fmax), fmt);
+            kvq_fp8_quantize_array(xt, y + (size_t)t * D, (size_t)D, kvq_max_scale(kvq_absmax(xt, (size_t)D), fmax),
+                                   fmt);
         }
         *bits = codes + 32.0 * T;
         break;

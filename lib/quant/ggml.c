@@ -58,11 +58,13 @@ static kvq_status ggml_tensor(const float *x, float *y, int H, int T, int D, int
         for (int t = 0; t < T; t++) {
             if (!row || !blk) continue;
             float *back = row + W;
-            for (int h = 0; h < H; h++) memcpy(row + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
+            for (int h = 0; h < H; h++)
+                memcpy(row + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
             kvq_ggml_quantize_ref(type, row, blk, W);
             kvq_ggml_dequantize(type, blk, back, W);
             for (size_t i = 0; i < W; i++) bad |= !isfinite(back[i]);
-            for (int h = 0; h < H; h++) memcpy(y + ((size_t)h * T + t) * D, back + (size_t)h * D, (size_t)D * sizeof *y);
+            for (int h = 0; h < H; h++)
+                memcpy(y + ((size_t)h * T + t) * D, back + (size_t)h * D, (size_t)D * sizeof *y);
         }
         free(row), free(blk);
     }

@@ -10,7 +10,11 @@
 /* Parameter rows shared by the families (designated initialisers). */
 #define P_BITS(d) {.key = "bits", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 16, .help = "bits per code"}
 #define P_GROUP(d, h) {.key = "group", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 1e9, .help = h}
-#define P_SCALE {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32", .help = "precision of scales and zeros"}
+#define P_SCALE                                                                                                        \
+    {                                                                                                                  \
+        .key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32",                               \
+        .help = "precision of scales and zeros"                                                                        \
+    }
 #define P_SPAN(h) {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer", .help = h}
 
 /* ------------------------------------------------------------- per-token */
@@ -79,10 +83,16 @@ enum { KV_BITS, KV_GROUP, KV_RESIDUAL, KV_KBITS, KV_VBITS };
 static const kvq_param kivi_params[] = {
     [KV_BITS] = P_BITS("2"),
     [KV_GROUP] = P_GROUP("32", "group size: tokens for K, channels for V"),
-    [KV_RESIDUAL] = {.key = "residual", .type = KVQ_PARAM_INT, .def = "128", .min = 0, .max = 1e9,
+    [KV_RESIDUAL] = {.key = "residual",
+                     .type = KVQ_PARAM_INT,
+                     .def = "128",
+                     .min = 0,
+                     .max = 1e9,
                      .help = "full-precision window R (multiple of group; 0 = none)"},
-    [KV_KBITS] = {.key = "kbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "key bits (default: bits)"},
-    [KV_VBITS] = {.key = "vbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "value bits (default: bits)"},
+    [KV_KBITS] =
+        {.key = "kbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "key bits (default: bits)"},
+    [KV_VBITS] =
+        {.key = "vbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "value bits (default: bits)"},
     KVQ_PARAM_PREROTATE,
 };
 

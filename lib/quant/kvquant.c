@@ -200,7 +200,8 @@ static kvq_status kvquant_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx
                 st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
         }
         if (!st && nu == 0)
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: no value left to fit after the sinks and outliers", tensor ? "value" : "key");
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: no value left to fit after the sinks and outliers",
+                          tensor ? "value" : "key");
         if (!st) st = kvq_codebook_fit_data(u, nu, c.bits, &cbs[tensor], err);
     }
     free(u);

@@ -183,7 +183,8 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
         int h = task / 2, tensor = task % 2;
         const float *x = kvq_head_in(cal, tensor, h);
         kvq_rotation rot;
-        if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor, err)))
+        if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor,
+                                    err)))
             break;
         st = kvq_rotation_apply(&rot, x, u, (size_t)T, 0, err);
         kvq_rotation_free(&rot);
@@ -194,7 +195,8 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
             for (int c = 0; c < D; c++) u[m++] = u[(size_t)t * D + c] / n; /* m <= t·D + c: in place */
         }
         if (!st && m == 0)
-            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s head %d: every calibration token is zero", tensor ? "value" : "key", h);
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s head %d: every calibration token is zero", tensor ? "value" : "key",
+                          h);
         if (!st) st = kvq_codebook_fit_data(u, m, (int)sp->val[LM_BITS], &cbs[task], err);
     }
     free(u);

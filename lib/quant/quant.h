@@ -203,8 +203,8 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
                                    const char *tensor, int head);
 
 /* Registry entries (one per family file). */
-extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt,
-    kvq_q_absmax, kvq_q_gear, kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax, kvq_q_fp8, kvq_q_tender, kvq_q_ggml, kvq_q_turboquant, kvq_q_kvquant,
+extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt, kvq_q_absmax, kvq_q_gear,
+    kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax, kvq_q_fp8, kvq_q_tender, kvq_q_ggml, kvq_q_turboquant, kvq_q_kvquant,
     kvq_q_fp4;
 
 #endif

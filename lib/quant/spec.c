@@ -41,7 +41,8 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
             if (k < 0) {
                 char keys[256];
                 kvq_param_list_keys(q, keys, sizeof keys);
-                return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown key '%s' for %s (keys: %s)", text, item, q->name, keys);
+                return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown key '%s' for %s (keys: %s)", text, item, q->name,
+                                keys);
             }
             if (out->given[k])
                 return kvq_fail(err, KVQ_ERR_USAGE, "%s: key '%s' given twice", text, item);

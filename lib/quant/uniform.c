@@ -151,7 +151,8 @@ static kvq_status channels_block(const float *x, float *y, size_t n, size_t D, i
     if (n == 0) return KVQ_OK;
     if (kvq_simd_active()) return kvq_u_channels_avx512(x, y, n, D, bits, prec == KVQ_SCALE_FP16, recon);
 #ifdef KVQ_AVX2_CLONES
-    kvq_status st = kvq_simd_avx2_active() ? channels_avx2(x, y, n, D, bits, prec) : channels_plain(x, y, n, D, bits, prec);
+    kvq_status st =
+        kvq_simd_avx2_active() ? channels_avx2(x, y, n, D, bits, prec) : channels_plain(x, y, n, D, bits, prec);
 #else
     kvq_status st = channels_plain(x, y, n, D, bits, prec);
 #endif
