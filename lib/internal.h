@@ -79,7 +79,7 @@ enum {
     KVQ_STREAM_QJL = 10     /* TurboQuant's QJL matrix S of (layer, head, K/V): 10, 11 */
 };
 
-/* ---------------------------------------------- group quantization (§2.1) */
+/* ----------------------------- group quantization (docs/building-blocks.md) */
 
 typedef enum kvq_scale_prec { KVQ_SCALE_FP16 = 0, KVQ_SCALE_FP32 = 1 } kvq_scale_prec;
 
@@ -88,7 +88,7 @@ typedef enum kvq_scale_prec { KVQ_SCALE_FP16 = 0, KVQ_SCALE_FP32 = 1 } kvq_scale
  * Returns KVQ_ERR_NUMERIC if the rounded scale is not finite. */
 kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
                                   kvq_scale_prec prec);
-/* A(g; b), symmetric absmax (§2.2), same conventions. */
+/* A(g; b), symmetric absmax (docs/building-blocks.md), same conventions. */
 kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
                                    kvq_scale_prec prec);
 /* Optimised per-channel U: rows x[t*D + c] for t < n, every channel c < D is
@@ -96,7 +96,7 @@ kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t st
 kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
                                        kvq_scale_prec prec);
 
-/* FP8 (§3.4): the OCP formats.  kvq_fp8_cast_ref(y) is y rounded to the
+/* FP8 (docs/quantizers.md#fp8): the OCP formats.  kvq_fp8_cast_ref(y) is y rounded to the
  * nearest finite value of the format (ties to the even code, |y| beyond
  * the largest finite value saturating to it, subnormals kept, NaN kept);
  * the definition, by integer bit manipulation. */
@@ -111,7 +111,7 @@ void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8
 void kvq_fp8_quantize_columns(const float *x, float *y, size_t rows, size_t D, const float *s,
                               kvq_fp8_format format);
 
-/* ------------------------------------------------------ rotations (§2.3) */
+/* -------------------------------------- rotations (docs/building-blocks.md) */
 
 typedef enum kvq_rotate_kind { KVQ_ROT_NONE = 0, KVQ_ROT_QR, KVQ_ROT_HADAMARD } kvq_rotate_kind;
 
@@ -138,7 +138,7 @@ kvq_status kvq_rotation_apply(const kvq_rotation *r, const float *x, float *y, s
  * order, D a power of two): x ← H_D·x with entries ±1. */
 void kvq_fwht(float *x, int D);
 
-/* ------------------------------------------- Lloyd–Max codebooks (§2.4) */
+/* ---------------------------- Lloyd–Max codebooks (docs/building-blocks.md) */
 
 typedef enum kvq_codebook_kind { KVQ_CB_SPHERE = 0, KVQ_CB_GAUSS, KVQ_CB_DATA } kvq_codebook_kind;
 
@@ -171,7 +171,7 @@ static inline int kvq_codebook_index(const kvq_codebook *cb, float v)
     return lo;
 }
 
-/* ---------------------------------------------------------- k-means (§3.2) */
+/* ------------------------------------- k-means (docs/quantizers.md#cluster) */
 
 /* k-means of n points x [n][D]: k-means++ seeding from `rng`, then Lloyd
  * iterations until no assignment changes or max_iter.  Ties go to the lower
@@ -185,7 +185,7 @@ kvq_status kvq_kmeans(const float *x, size_t n, int D, int k, int max_iter, kvq_
 kvq_status kvq_kmeans_assign(const float *x, size_t n, int D, const float *centres, int k,
                              int *assign, kvq_error *err);
 
-/* ------------------------------------------------------- low rank (§3.1) */
+/* --------------------------------------- low rank (docs/quantizers.md#gear) */
 
 /* L [T][D] = best rank-r approximation of E [T][D] (truncated SVD, LAPACKE, double). */
 kvq_status kvq_lowrank_svd(const float *E, int T, int D, int r, float *L, kvq_error *err);
@@ -217,7 +217,7 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
  * bf16, and mxfp4, nvfp4.  Returns 0 for any other type. */
 int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n);
 
-/* FP4 micro-scaled formats (§3.9, formats/fp4.c), ggml's bit for bit.
+/* FP4 micro-scaled formats (docs/quantizers.md#fp4, formats/fp4.c), ggml's bit for bit.
  * Element values are doubled (kvq_e2m1_doubled[code]) and scales halved,
  * as in ggml: value = doubled · half-scale. */
 #define KVQ_MXFP4_BLOCK 32 /* values per E8M0 scale */

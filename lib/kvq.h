@@ -1,10 +1,11 @@
 /* kvq.h — public API of libkvq, the KV-cache quantization analysis library.
  *
- * The library reads kvq-dump/1 HDF5 files (docs/dump-format.md), runs quantizers from
- * one registry (§3) over one layer at a time, and accumulates reconstruction
- * and attention metrics (§4).  It never prints and never exits: every function
- * that can fail returns a kvq_status and fills a kvq_error with one line that
- * names the file, the object and what was expected.
+ * The library reads kvq-dump/1 HDF5 files (docs/dump-format.md), runs
+ * quantizers from one registry (docs/quantizers.md) over one layer at a time,
+ * and accumulates reconstruction and attention metrics (docs/metrics.md).
+ * It never prints and never exits: every function that can fail returns a
+ * kvq_status and fills a kvq_error with one line that names the file, the
+ * object and what was expected.
  *
  * Tensor layout everywhere: one layer's keys/values are float32 [H][T][D]
  * (KV head, token, channel), queries [Hq][T][D], row-major.
@@ -54,7 +55,7 @@ void kvq_f16_to_f32_array(const uint16_t *src, float *dst, size_t n);
 void kvq_f16_to_f32_array_ref(const uint16_t *src, float *dst, size_t n);
 void kvq_f32_to_f16_array(const float *src, uint16_t *dst, size_t n);
 
-/* ------------------------------------------------------------- dumps (§1) */
+/* ---------------------------------------------- dumps (docs/dump-format.md) */
 
 typedef enum kvq_dtype { KVQ_F16 = 0, KVQ_F32 = 1, KVQ_F64 = 2 } kvq_dtype;
 typedef enum kvq_rope_style { KVQ_ROPE_UNSET = 0, KVQ_ROPE_INTERLEAVED, KVQ_ROPE_HALF } kvq_rope_style;
@@ -173,7 +174,7 @@ kvq_status kvq_dump_writer_finish(kvq_dump_writer *w, kvq_error *err);
 void kvq_set_temp_hooks(void (*created)(const char *tmp), void (*gone)(const char *tmp));
 void kvq_dump_writer_abort(kvq_dump_writer *w); /* closes and removes the temporary */
 
-/* ------------------------------------------------- quantizer registry (§3) */
+/* ---------------------------------- quantizer registry (docs/quantizers.md) */
 
 typedef enum kvq_param_type { KVQ_PARAM_INT, KVQ_PARAM_REAL, KVQ_PARAM_CHOICE } kvq_param_type;
 
@@ -274,7 +275,7 @@ kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64
 size_t kvq_calib_count(const kvq_calib *c);
 void kvq_calib_close(kvq_calib *c);
 
-/* ---------------------------------------------------------- metrics (§4) */
+/* ------------------------------------------------ metrics (docs/metrics.md) */
 
 /* Sums for one tensor's reconstruction error; merged by adding. */
 typedef struct kvq_recon_acc {
@@ -317,7 +318,7 @@ void kvq_recon_accumulate_ref(kvq_recon_acc *acc, const float *x, const float *x
 void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src);
 void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m);
 
-/* Query positions (§4). */
+/* Query positions (docs/metrics.md). */
 typedef enum kvq_query_kind { KVQ_Q_LAST, KVQ_Q_ALL, KVQ_Q_EVERY, KVQ_Q_RANDOM } kvq_query_kind;
 typedef struct kvq_query_sel {
     kvq_query_kind kind;
@@ -345,7 +346,7 @@ kvq_attn_mode kvq_dump_attn_mode(const kvq_dump *d, int layer);
 /* 1 when the mode is plain causal softmax(q·k/sqrt(D)) (what the GPU path computes). */
 int kvq_attn_mode_plain(const kvq_attn_mode *m, int D);
 
-/* Attention metrics of one KV head for several quantizers at once (§4).
+/* Attention metrics of one KV head for several quantizers at once (docs/metrics.md).
  * Q: the G query heads reading this KV head, [G][T][D].  K, V: [T][D].
  * Kq[i], Vq[i]: quantizer i's reconstruction, [T][D].  acc[i] receives the
  * sums.  Score matrices go through cblas_sgemm in row chunks of bounded size. */
@@ -559,7 +560,7 @@ double kvq_channel_absmax_ratio(const kvq_channel_stats *st, size_t n);
 double kvq_kurtosis(const float *x, size_t n);
 
 
-/* -------------------------------------------------- models in the loop (§8) */
+/* -------------------------------------- models in the loop (docs/models.md) */
 
 typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2, KVQ_ARCH_QWEN3, KVQ_ARCH_GEMMA3, KVQ_ARCH_PHI3 } kvq_arch;
 /* The feed-forward's gate activation: silu (SwiGLU) or GELU, tanh form (GeGLU). */

@@ -1,6 +1,6 @@
-/* test_blocks.c — the building blocks of the error-reduction quantizers:
- * rotations (§2.3), Lloyd–Max codebooks (§2.4), k-means (§3.2), low rank
- * (§3.1), RoPE tables. */
+/* test_blocks.c — the building blocks of the error-reduction quantizers
+ * (docs/building-blocks.md): rotations, Lloyd–Max codebooks, k-means, low
+ * rank, RoPE tables. */
 #include "testutil.h"
 
 #include <string.h>

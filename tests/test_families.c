@@ -7,11 +7,11 @@
  * Tender: hand-worked blocks (group boundaries hit exactly, alpha = 4,
  * TMax = 0, a short last chunk, chunk=0), span=head against span=layer,
  * bit counts, thread invariance.
- * ggml (§3.6): hand-worked blocks of every cache type (all zero, one huge
+ * ggml (docs/quantizers.md#ggml): hand-worked blocks of every cache type (all zero, one huge
  * value, negative only), the row layout across heads, bits, idempotence.
- * turboquant (§3.8): mse equals lloydmax bit for bit; prod's bits; prod's
+ * turboquant (docs/quantizers.md#turboquant): mse equals lloydmax bit for bit; prod's bits; prod's
  * scores unbiased where mse's shrink (a statistical check, fixed seeds).
- * kvquant (§3.7): bits by hand, sinks and outliers exact, r = 0, nuq needs
+ * kvquant (docs/quantizers.md#kvquant): bits by hand, sinks and outliers exact, r = 0, nuq needs
  * its calibration state, prerope refuses a dump without RoPE. */
 #include "testutil.h"
 #include "simd.h"

@@ -1,6 +1,6 @@
 /* ggml_types.c — the ggml block formats, shared by the GGUF weights of the
  * models in the loop (docs/models.md) and llama.cpp's KV-cache types (the `ggml`
- * quantizer, §3.6): block geometry, dequantization and, for the cache
+ * quantizer, docs/quantizers.md#ggml): block geometry, dequantization and, for the cache
  * types, quantization.  Written from the block layouts of ggml's
  * ggml-common.h and the formulas of its dequantize_row_* and
  * quantize_row_*_ref functions, evaluated in the same float order (no FMA:
@@ -295,7 +295,7 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
     }
 }
 
-/* ------------------------------------------------ quantization (§3.6) */
+/* ----------------------------------- quantization (docs/quantizers.md#ggml) */
 
 static inline void put_half(uint8_t *p, float v)
 {

@@ -3,10 +3,10 @@
  * the tokens of one head for V (per-token).  The first `sink` tokens are
  * exact (attention sinks, the dump's values).  In each row of the rest, the
  * k = floor(outliers·n/2) largest and k smallest values are exact outliers
- * (GEAR's rule, §3.1 step 1, without replacement; values at fp16); the other
+ * (GEAR's rule, docs/quantizers.md#gear step 1, without replacement; values at fp16); the other
  * values are normalised, u = (x − o)/r with o = fp16((mx + mn)/2) and
  * r = fp16((mx − mn)/2) over them, and snapped to the nearest of 2^b
- * levels: `uniform` (−1 + 2i/(2^b − 1)) or `nuq` (1-D k-means, §2.4 `data`,
+ * levels: `uniform` (−1 + 2i/(2^b − 1)) or `nuq` (1-D k-means, docs/building-blocks.md `data`,
  * fitted per layer and K/V on the calibration dump's u values, computed the
  * same way).  x' = û·r + o (o when r = 0).  With prerope=1 and key_pre_rope
  * in the dump, K is quantized before RoPE and the dump's RoPE is applied to

@@ -143,7 +143,7 @@ void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D);
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
                              const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
 
-/* One head's T rows x [T][D] coded by Lloyd–Max into y (§3.3): rotation
+/* One head's T rows x [T][D] coded by Lloyd–Max into y (docs/quantizers.md#lloydmax): rotation
  * `rotate` of (ctx seed, layer, h, tensor), codebook cb; *rot_bytes gets
  * Π's size.  lloydmax's head, and turboquant's first stage. */
 kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,

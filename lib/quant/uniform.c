@@ -1,5 +1,5 @@
 /* uniform.c — the building blocks U (asymmetric min–max, docs/building-blocks.md (U)) and A
- * (symmetric absmax, §2.2).
+ * (symmetric absmax, docs/building-blocks.md).
  *
  * kvq_group_quantize_ref / kvq_absmax_quantize_ref are the definitions: plain
  * C in the order docs/building-blocks.md writes the arithmetic.  kvq_group_quantize_channels
