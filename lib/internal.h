@@ -52,6 +52,11 @@ size_t kvq_first_nonfinite(const float *x, size_t n);
 /* Effective thread count (<= 0: all cores). */
 int kvq_threads(int requested);
 
+/* Adds head h's reconstruction sums (fused by the quantizer or computed
+ * here), bits and static bytes of quantizer output q over layer L to acc:
+ * what kvq-analyze's driver and kvq_quantize_arrays both measure. */
+void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_acc *acc);
+
 /* ---------------------------------------------------------------------
  * The reference maths and number formats the families are built from
  * (public to the tests, not to the tools). */

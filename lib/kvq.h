@@ -268,6 +268,9 @@ kvq_status kvq_calib_open(const char *path, kvq_calib **out, kvq_error *err);
  * (layers, KV heads, head_dim). */
 kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_dump_info *info,
                            kvq_error *err);
+/* Fails unless the calibration dump has layer `layer`, H KV heads and
+ * head_dim D (arrays given by a caller rather than a dump). */
+kvq_status kvq_calib_check_layer(const kvq_calib *c, int layer, int H, int D, kvq_error *err);
 /* The state of `spec` for `layer` (computed on first use); *state may be NULL. */
 kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
                            int nthreads, const void **state, kvq_error *err);
@@ -559,6 +562,37 @@ double kvq_channel_absmax_ratio(const kvq_channel_stats *st, size_t n);
 /* Pearson kurtosis (normal = 3) of n values. */
 double kvq_kurtosis(const float *x, size_t n);
 
+
+/* ------------------------------------- arrays in memory (bindings: python/) */
+
+/* For callers that hold arrays rather than dumps and cannot build kvq's
+ * structs (Python's kvq package, over ctypes).  Strings they receive are
+ * malloc'ed: kvq_free releases them. */
+void kvq_free(void *p);
+
+/* The quantizer `spec` on one layer of the caller's arrays, exactly as
+ * kvq-analyze runs it on a dump's layer `layer` with --seed `seed`: key,
+ * value (and key_pre_rope, may be NULL) [H][T][D] float32, checked finite;
+ * RoPE (for quantizers that re-apply it to pre-RoPE keys) from the tables
+ * rope_cos/rope_sin [T][D/2] when given, else from rope_theta > 0, paired
+ * by rope_style; calib (may be NULL) feeds the calibrated quantizers.
+ * Writes K', V' [H][T][D] and, per head, the reconstruction sums, bits and
+ * static bytes kvq-analyze pools into its rows (head_acc [H], attention
+ * left empty): kvq_acc_merge + kvq_metrics_finalize give its columns. */
+kvq_status kvq_quantize_arrays(const char *spec, int layer, uint64_t seed, int nthreads, int H, int T, int D,
+                               const float *key, const float *value, const float *key_pre_rope,
+                               const double *rope_cos, const double *rope_sin, double rope_theta,
+                               kvq_rope_style rope_style, kvq_calib *calib, float *key_out, float *value_out,
+                               kvq_acc *head_acc, kvq_error *err);
+
+/* kvq-analyze on one dump with these options, its rows as CSV text (header
+ * included) in *csv, byte for byte what `kvq-analyze --format csv` writes
+ * with `label` in the dump column.  layers/heads NULL: all; queries NULL:
+ * last:64; nthreads <= 0: all cores. */
+kvq_status kvq_analyze_csv(const char *path, const char *label, const char *const *specs, int nspecs,
+                           kvq_per per, const int *layers, int nlayers, const int *heads, int nheads,
+                           const char *queries, kvq_calib *calib, uint64_t seed, int nthreads, char **csv,
+                           kvq_error *err);
 
 /* -------------------------------------- models in the loop (docs/models.md) */
 

@@ -194,26 +194,29 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
     }
 }
 
+void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_acc *acc)
+{
+    size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
+    int H = L->H;
+    /* the error sums the quantizer fused into its loops, else computed here */
+    kvq_acc fused = {0};
+    if (q->recon_done[h]) fused.k = q->recon[h];
+    else kvq_recon_accumulate(&fused.k, L->key + off, q->key + off, n);
+    if (q->recon_done[H + h]) fused.v = q->recon[H + h];
+    else kvq_recon_accumulate(&fused.v, L->value + off, q->value + off, n);
+    kvq_acc_merge(acc, &fused);
+    acc->k.bits += q->k_bits[h];
+    acc->v.bits += q->v_bits[h];
+    acc->static_bytes += q->static_bytes[h];
+}
+
 static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
                                const kvq_attn_ref *ref, const float *qrows, int nspecs, const kvq_quant_out *slot,
                                const int *pos, size_t npos, kvq_acc *acc, kvq_error *err)
 {
-    size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
+    size_t off = (size_t)h * L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
-    int H = L->H;
-    for (int s = 0; s < nspecs; s++) {
-        /* the error sums the quantizer fused into its loops, else computed here */
-        const kvq_quant_out *q = &slot[s];
-        kvq_acc fused = {0};
-        if (q->recon_done[h]) fused.k = q->recon[h];
-        else kvq_recon_accumulate(&fused.k, K, q->key + off, n);
-        if (q->recon_done[H + h]) fused.v = q->recon[H + h];
-        else kvq_recon_accumulate(&fused.v, V, q->value + off, n);
-        kvq_acc_merge(&acc[s], &fused);
-        acc[s].k.bits += q->k_bits[h];
-        acc[s].v.bits += q->v_bits[h];
-        acc[s].static_bytes += q->static_bytes[h];
-    }
+    for (int s = 0; s < nspecs; s++) kvq_quant_head_acc(L, &slot[s], h, &acc[s]);
     if (!with_attn || (!qrows && !ref)) return KVQ_OK;
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);

@@ -59,6 +59,21 @@ kvq_status kvq_calib_check(const kvq_calib *c, const char *dump_path, const kvq_
     return KVQ_OK;
 }
 
+kvq_status kvq_calib_check_layer(const kvq_calib *c, int layer, int H, int D, kvq_error *err)
+{
+    const kvq_dump_info *ci = kvq_dump_get_info(c->dump);
+    const char *cp = kvq_dump_path(c->dump);
+    if (layer >= ci->num_layers)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: the calibration dump has %d layers", cp, layer,
+                        ci->num_layers);
+    if (ci->num_kv_heads != H || ci->head_dim != D)
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: expected %d KV heads of head_dim %d as in the arrays (a calibration dump of the same "
+                        "model), got %d of %d",
+                        cp, H, D, ci->num_kv_heads, ci->head_dim);
+    return KVQ_OK;
+}
+
 kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
                            int nthreads, const void **state, kvq_error *err)
 {

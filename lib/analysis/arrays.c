@@ -1,0 +1,131 @@
+/* arrays.c — kvq on arrays the caller holds, for bindings (Python's kvq
+ * package, over ctypes) that cannot build kvq's structs: a quantizer on one
+ * layer measured exactly as kvq-analyze measures a dump's layer, and a
+ * whole analysis written as the CSV kvq-analyze prints.  Spec strings,
+ * plain arrays and kvq_acc sums in, kvq_status and kvq_error out. */
+#define _GNU_SOURCE /* open_memstream */
+#include "../internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void kvq_free(void *p) { free(p); }
+
+/* The first non-finite value of an [H][T][D] tensor, named by head, token
+ * and channel, as the dump reader names one in a file. */
+static kvq_status check_finite(const char *what, const float *x, int H, int T, int D, kvq_error *err)
+{
+    size_t n = (size_t)H * T * D, i = kvq_first_nonfinite(x, n);
+    if (i >= n) return KVQ_OK;
+    size_t per = (size_t)T * D;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: head %zu, token %zu, channel %zu: expected a finite value, got %g", what,
+                    i / per, i % per / D, i % D, (double)x[i]);
+}
+
+kvq_status kvq_quantize_arrays(const char *spec_text, int layer, uint64_t seed, int nthreads, int H, int T, int D,
+                               const float *key, const float *value, const float *key_pre_rope,
+                               const double *rope_cos, const double *rope_sin, double rope_theta,
+                               kvq_rope_style rope_style, kvq_calib *calib, float *key_out, float *value_out,
+                               kvq_acc *head_acc, kvq_error *err)
+{
+    kvq_spec sp;
+    size_t bytes;
+    if (H <= 0 || T <= 0 || D <= 0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "expected [H,T,D] with H, T, D > 0, got [%d,%d,%d]", H, T, D);
+    if (!kvq_tensor_bytes((size_t)H, (size_t)T, (size_t)D, &bytes))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "[%d,%d,%d]: the size overflows", H, T, D);
+    if (layer < 0) return kvq_fail(err, KVQ_ERR_USAGE, "layer %d: expected 0 or more", layer);
+    if (!key || !value || !key_out || !value_out || !head_acc)
+        return kvq_fail(err, KVQ_ERR_USAGE, "key, value and the outputs are required");
+    kvq_status st = kvq_spec_parse(spec_text ? spec_text : "", &sp, err);
+    if (st) return st;
+    if ((st = kvq_spec_check_shape(&sp, D, err))) return st;
+    if (kvq_spec_needs_calib(&sp) && !calib)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs a calibration dump of the same model", sp.text);
+    if ((st = check_finite("key", key, H, T, D, err)) || (st = check_finite("value", value, H, T, D, err)) ||
+        (key_pre_rope && (st = check_finite("key_pre_rope", key_pre_rope, H, T, D, err))))
+        return st;
+    if (calib && kvq_spec_needs_calib(&sp) && (st = kvq_calib_check_layer(calib, layer, H, D, err))) return st;
+
+    /* RoPE as a dump gives it: tables win over theta (docs/dump-format.md) */
+    kvq_rope rope = {0};
+    int have_rope = 0;
+    if (rope_cos && rope_sin) {
+        if (rope_style != KVQ_ROPE_INTERLEAVED && rope_style != KVQ_ROPE_HALF)
+            return kvq_fail(err, KVQ_ERR_USAGE, "rope tables need a style (interleaved or half)");
+        if (D % 2) return kvq_fail(err, KVQ_ERR_USAGE, "rope: head_dim %d is odd", D);
+        rope = (kvq_rope){.T = T, .D = D, .style = rope_style, .cos = (double *)rope_cos, .sin = (double *)rope_sin};
+        have_rope = 1;
+    } else if (rope_theta > 0) {
+        if ((st = kvq_rope_from_theta(&rope, T, D, rope_theta, rope_style, err))) return st;
+        have_rope = 2; /* owned */
+    }
+
+    int nt = kvq_threads(nthreads);
+    kvq_blas_serial(); /* parallelism is ours, over heads */
+    kvq_layer L = {.H = H, .Hq = H, .T = T, .D = D, .key = (float *)key, .value = (float *)value,
+                   .key_pre_rope = (float *)key_pre_rope};
+    kvq_dump_info info = {.num_layers = layer + 1, .num_heads = H, .num_kv_heads = H, .head_dim = D, .seq_len = T,
+                          .rope_style = rope_style, .has_rope_theta = rope_theta > 0, .rope_theta = rope_theta,
+                          .has_key_pre_rope = key_pre_rope != NULL, .has_rope_table = have_rope == 1};
+    snprintf(info.model, sizeof info.model, "arrays");
+    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = seed, .nthreads = nt, .rope = have_rope ? &rope : NULL};
+    kvq_quant_out q = {.key = key_out, .value = value_out};
+    q.k_bits = calloc((size_t)H, sizeof(double)), q.v_bits = calloc((size_t)H, sizeof(double));
+    q.static_bytes = calloc((size_t)H, sizeof(double));
+    q.recon = calloc(2 * (size_t)H, sizeof *q.recon);
+    q.recon_done = calloc(2 * (size_t)H, 1);
+    if (!q.k_bits || !q.v_bits || !q.static_bytes || !q.recon || !q.recon_done)
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && calib) st = kvq_calib_state(calib, &sp, layer, seed, nt, &ctx.calib, err);
+    if (!st) st = kvq_quantize_layer(&sp, &ctx, &L, &q, err);
+    for (int h = 0; h < H && !st; h++) {
+        memset(&head_acc[h], 0, sizeof head_acc[h]);
+        kvq_quant_head_acc(&L, &q, h, &head_acc[h]);
+    }
+    free(q.k_bits), free(q.v_bits), free(q.static_bytes), free(q.recon), free(q.recon_done);
+    if (have_rope == 2) kvq_rope_free(&rope);
+    return st;
+}
+
+kvq_status kvq_analyze_csv(const char *path, const char *label, const char *const *spec_texts, int nspecs,
+                           kvq_per per, const int *layers, int nlayers, const int *heads, int nheads,
+                           const char *queries, kvq_calib *calib, uint64_t seed, int nthreads, char **csv,
+                           kvq_error *err)
+{
+    *csv = NULL;
+    if (nspecs <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "no quantizer spec given");
+    if (per != KVQ_PER_HEAD && per != KVQ_PER_LAYER && per != KVQ_PER_MODEL)
+        return kvq_fail(err, KVQ_ERR_USAGE, "per: expected head, layer or model");
+    kvq_spec *specs = kvq_alloc_array((size_t)nspecs, sizeof *specs);
+    if (!specs) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = KVQ_OK;
+    kvq_analysis_opts o = {.specs = specs, .nspecs = nspecs, .layers = layers, .nlayers = nlayers, .heads = heads,
+                           .nheads = nheads, .seed = seed, .nthreads = nthreads, .calib = calib};
+    for (int s = 0; s < nspecs && !st; s++) st = kvq_spec_parse(spec_texts[s], &specs[s], err);
+    if (!st) st = kvq_query_sel_parse(queries ? queries : "last:64", &o.queries, err);
+    kvq_dump *d = NULL;
+    kvq_analysis a = {0};
+    if (!st) st = kvq_dump_open(path, &d, err);
+    if (!st) st = kvq_analyze_dump(d, &o, &a, err);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = NULL;
+    kvq_report *r = NULL;
+    if (!st && (!(f = open_memstream(&buf, &len)) || !(r = kvq_report_new(f, KVQ_FMT_CSV, NULL, 0))))
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && (st = kvq_report_analysis(r, label ? label : path, &a, specs, per, NULL)))
+        kvq_fail(err, st, "out of memory for the rows");
+    if (r) {
+        kvq_status fst = st ? (kvq_report_discard(r), KVQ_OK) : kvq_report_finish(r);
+        if (!st && fst) st = kvq_fail(err, fst, "out of memory for the rows");
+    }
+    if (f && fclose(f) && !st) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the rows");
+    if (!st) *csv = buf;
+    else free(buf);
+    kvq_analysis_free(&a);
+    kvq_dump_close(d);
+    free(specs);
+    return st;
+}

@@ -1,0 +1,27 @@
+"""kvq — KV-cache quantizers, their metrics and a decode-time quantized cache
+for Python, over libkvq (the library behind kvq-analyze and kvq-eval): the
+same code, so every number equals the tools'.  numpy is the only
+dependency; torch tensors are accepted (moved to the CPU; bfloat16 widened).
+
+    import kvq
+    r = kvq.quantize("kivi:bits=2", key, value)          # [H,T,D] or [1,H,T,D]
+    r.key, r.value, r.k_bits, r.metrics["k_rel_fro"]
+    rows = kvq.analyze("dump.h5", ["kivi:bits=2", "fp8"], per="model")
+    cache = kvq.DecodeCache("kivi:bits=2")                # in a model's own loop
+    k_hat, v_hat = cache.update(layer, new_key, new_value)
+
+Reference: docs/python.md (quantizers: docs/quantizers.md; columns:
+docs/metrics.md)."""
+from ._lib import Error
+from .cache import DecodeCache
+from .dump import DumpError, read_dump, write_dump
+from .quant import Calibration, Quantized, analyze, parse_rows, quantize, quantizers, spec_full
+
+__all__ = ["Error", "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
+           "read_dump", "write_dump", "parse_rows", "spec_full", "version"]
+
+
+def version():
+    """libkvq's version string (as the tools' --version)."""
+    from ._lib import lib
+    return lib().kvq_version().decode()

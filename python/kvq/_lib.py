@@ -1,0 +1,176 @@
+"""_lib.py — libkvq through ctypes: where the shared library is, the C
+structs of lib/kvq.h that the package passes (mirrored field for field), the
+signatures of the functions it calls, and kvq.Error.
+
+The library is loaded on first use, so `import kvq` works (and write_dump
+runs) without it; the first call that needs it says where it looked."""
+import ctypes
+import os
+
+__all__ = ["Error", "lib", "check", "ReconAcc", "Acc", "Metrics", "Param", "Spec", "DumpInfo", "Layer", "AttnMode",
+           "Rope"]
+
+
+class Error(Exception):
+    """A failure reported by libkvq (or a bad argument): the message is the
+    library's one line; `status` is its kind (usage, io, format, nomem,
+    numeric, unsupported, internal)."""
+
+    def __init__(self, message, status="usage"):
+        super().__init__(message)
+        self.status = status
+
+
+_STATUS = ["ok", "usage", "io", "format", "nomem", "numeric", "unsupported", "internal"]
+c_double, c_int, c_float, c_char_p = ctypes.c_double, ctypes.c_int, ctypes.c_float, ctypes.c_char_p
+
+
+class _Err(ctypes.Structure):  # kvq_error
+    _fields_ = [("status", c_int), ("msg", ctypes.c_char * 1024)]
+
+
+class ReconAcc(ctypes.Structure):  # kvq_recon_acc
+    _fields_ = [(n, c_double) for n in ("n", "sum_x2", "sum_e2", "sum_abs_e", "max_abs", "bits")]
+
+
+class AttnAcc(ctypes.Structure):  # kvq_attn_acc
+    _fields_ = [(n, c_double) for n in ("rows", "s_ref2", "s_diff2", "a_ref2", "a_diff2", "kl_sum", "top1_same",
+                                        "o_ref2", "o_diff2", "o_joint_diff2")]
+
+
+class Acc(ctypes.Structure):  # kvq_acc
+    _fields_ = [("k", ReconAcc), ("v", ReconAcc), ("static_bytes", c_double), ("has_attn", c_int),
+                ("attn", AttnAcc)]
+
+
+_RECON = ("rel_fro", "rmse", "mae", "max_abs", "sqnr_db")
+
+
+class Metrics(ctypes.Structure):  # kvq_metrics
+    _fields_ = ([("k_bits", c_double), ("v_bits", c_double)] + [("k_" + n, c_double) for n in _RECON] +
+                [("v_" + n, c_double) for n in _RECON] + [("has_attn", c_int)] +
+                [(n, c_double) for n in ("score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel",
+                                         "out_rel_joint", "static_bytes")])
+
+
+class Param(ctypes.Structure):  # kvq_param
+    _fields_ = [("key", c_char_p), ("type", c_int), ("default", c_char_p), ("min", c_double), ("max", c_double),
+                ("choices", c_char_p), ("help", c_char_p), ("quiet_default", c_int)]
+
+
+class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 256)
+    _fields_ = [("q", ctypes.c_void_p), ("val", c_double * 16), ("given", ctypes.c_ubyte * 16),
+                ("text", ctypes.c_char * 256)]
+
+
+class DumpInfo(ctypes.Structure):  # kvq_dump_info
+    _fields_ = [("model", ctypes.c_char * 256)] + [(n, c_int) for n in (
+        "num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len", "has_rope_theta")] + [
+        ("rope_theta", c_double), ("rope_style", c_int)] + [(n, c_int) for n in (
+            "query_prescaled", "has_query", "has_key_pre_rope", "has_rope_table", "key_dtype", "value_dtype",
+            "query_dtype")] + [("attn_scale", c_double), ("attn_softcap", c_double), ("window_layers", c_int)]
+
+
+_PF = ctypes.POINTER(c_float)
+_PD = ctypes.POINTER(c_double)
+
+
+class Layer(ctypes.Structure):  # kvq_layer
+    _fields_ = [(n, c_int) for n in ("H", "Hq", "T", "D")] + [(n, _PF) for n in (
+        "key", "value", "query", "key_pre_rope")]
+
+
+class AttnMode(ctypes.Structure):  # kvq_attn_mode
+    _fields_ = [("prescaled", c_int), ("scale", c_float), ("softcap", c_float), ("window", c_int)]
+
+
+class Rope(ctypes.Structure):  # kvq_rope
+    _fields_ = [("T", c_int), ("D", c_int), ("style", c_int), ("cos", _PD), ("sin", _PD)]
+
+
+_P = ctypes.c_void_p
+_SIGNATURES = {
+    # name: (restype, argtypes)
+    "kvq_version": (c_char_p, []),
+    "kvq_free": (None, [_P]),
+    "kvq_quantizer_count": (ctypes.c_size_t, []),
+    "kvq_quantizer_at": (_P, [ctypes.c_size_t]),
+    "kvq_quantizer_name": (c_char_p, [_P]),
+    "kvq_quantizer_description": (c_char_p, [_P]),
+    "kvq_quantizer_nparams": (c_int, [_P]),
+    "kvq_quantizer_param": (ctypes.POINTER(Param), [_P, c_int]),
+    "kvq_quantizer_in_default_set": (c_int, [_P]),
+    "kvq_quantizer_read_flags": (ctypes.c_uint, [_P]),
+    "kvq_spec_parse": (c_int, [c_char_p, ctypes.POINTER(Spec), ctypes.POINTER(_Err)]),
+    "kvq_spec_needs_calib": (c_int, [ctypes.POINTER(Spec)]),
+    "kvq_spec_format_full": (None, [ctypes.POINTER(Spec), ctypes.c_char_p, ctypes.c_size_t]),
+    "kvq_acc_merge": (None, [ctypes.POINTER(Acc), ctypes.POINTER(Acc)]),
+    "kvq_metrics_finalize": (None, [ctypes.POINTER(Acc), ctypes.POINTER(Metrics)]),
+    "kvq_calib_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
+    "kvq_calib_close": (None, [_P]),
+    "kvq_quantize_arrays": (c_int, [c_char_p, c_int, ctypes.c_uint64, c_int, c_int, c_int, c_int, _PF, _PF, _PF,
+                                    _PD, _PD, c_double, c_int, _P, _PF, _PF, ctypes.POINTER(Acc),
+                                    ctypes.POINTER(_Err)]),
+    "kvq_analyze_csv": (c_int, [c_char_p, c_char_p, ctypes.POINTER(c_char_p), c_int, c_int,
+                                ctypes.POINTER(c_int), c_int, ctypes.POINTER(c_int), c_int, c_char_p, _P,
+                                ctypes.c_uint64, c_int, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
+    "kvq_dump_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
+    "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
+    "kvq_dump_read_layer": (c_int, [_P, c_int, ctypes.c_uint, ctypes.POINTER(Layer), ctypes.POINTER(_Err)]),
+    "kvq_dump_read_tokens": (c_int, [_P, ctypes.POINTER(ctypes.POINTER(c_int)), ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(_Err)]),
+    "kvq_dump_read_rope": (c_int, [_P, ctypes.POINTER(Rope), ctypes.POINTER(_Err)]),
+    "kvq_dump_attn_mode": (AttnMode, [_P, c_int]),
+    "kvq_rope_free": (None, [ctypes.POINTER(Rope)]),
+    "kvq_layer_free": (None, [ctypes.POINTER(Layer)]),
+    "kvq_dump_close": (None, [_P]),
+}
+
+_lib = None
+
+
+def _candidates():
+    env = os.environ.get("KVQ_LIBRARY")
+    if env:
+        return [env]
+    out = []
+    try:
+        from . import _where  # written by meson: the build tree's library, or the installed one
+        out.append(_where.LIBRARY)
+    except ImportError:
+        pass
+    out += ["libkvq.so.0", "libkvq.so"]  # the loader's search path
+    return out
+
+
+def lib():
+    """The loaded libkvq (ctypes.CDLL), its functions typed."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in _candidates():
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(handle, name)
+            fn.restype, fn.argtypes = res, args
+        _lib = handle
+        return _lib
+    raise Error("cannot load libkvq: tried " + "; ".join(tried) +
+                " (build it with meson, then import kvq from BUILD/python, or set KVQ_LIBRARY to libkvq.so)",
+                "io")
+
+
+def new_error():
+    return _Err()
+
+
+def check(status, err):
+    """Raises Error with the library's message when status is not KVQ_OK."""
+    if status:
+        kind = _STATUS[status] if 0 <= status < len(_STATUS) else str(status)
+        raise Error(err.msg.decode("utf-8", "replace"), kind)

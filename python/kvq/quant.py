@@ -1,0 +1,294 @@
+"""quant.py — the quantizer registry, a quantizer on one layer's arrays, and
+whole analyses, over libkvq (lib/kvq.h: kvq_quantize_arrays,
+kvq_analyze_csv).  Every number is the one kvq-analyze computes."""
+import collections
+import csv
+import ctypes
+import io
+import os
+import tempfile
+
+import numpy as np
+
+from . import _lib
+from ._arrays import as_f32, dptr, fptr
+from ._lib import Error
+
+_TYPES = {0: "int", 1: "real", 2: "choice"}
+_STYLES = {None: 0, "interleaved": 1, "half": 2}
+RECON_COLUMNS = ("k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs", "k_sqnr_db", "v_rel_fro",
+                 "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db", "static_bytes")
+
+
+def quantizers():
+    """The registry, as `kvq-analyze --list-quantizers` prints it: one dict
+    per family (name, description, params, needs_calib, in_default_set,
+    reads_key_pre_rope); each param a dict (key, type, default, min, max,
+    choices, help)."""
+    L, out = _lib.lib(), []
+    for i in range(L.kvq_quantizer_count()):
+        q = L.kvq_quantizer_at(i)
+        params = []
+        for j in range(L.kvq_quantizer_nparams(q)):
+            p = L.kvq_quantizer_param(q, j).contents
+            choices = p.choices.decode().split("|") if p.choices else None
+            params.append(dict(key=p.key.decode(), type=_TYPES[p.type],
+                               default=p.default.decode() if p.default else None,
+                               min=None if choices else p.min, max=None if choices else p.max, choices=choices,
+                               help=p.help.decode() if p.help else ""))
+        name = L.kvq_quantizer_name(q).decode()
+        spec, err = _lib.Spec(), _lib.new_error()
+        _lib.check(L.kvq_spec_parse(name.encode(), ctypes.byref(spec), ctypes.byref(err)), err)
+        out.append(dict(name=name, description=L.kvq_quantizer_description(q).decode(), params=params,
+                        needs_calib=bool(L.kvq_spec_needs_calib(ctypes.byref(spec))),
+                        in_default_set=bool(L.kvq_quantizer_in_default_set(q)),
+                        reads_key_pre_rope=bool(L.kvq_quantizer_read_flags(q) & 2)))
+    return out
+
+
+def spec_full(spec):
+    """The spec with every key written out (defaults filled in), as the
+    `spec` column of a sweep point; raises Error for a bad spec."""
+    L, sp, err = _lib.lib(), _lib.Spec(), _lib.new_error()
+    _lib.check(L.kvq_spec_parse(_text(spec, "spec"), ctypes.byref(sp), ctypes.byref(err)), err)
+    buf = ctypes.create_string_buffer(1024)
+    L.kvq_spec_format_full(ctypes.byref(sp), buf, len(buf))
+    return buf.value.decode()
+
+
+def _text(s, what):
+    if not isinstance(s, str):
+        raise Error(f"{what}: expected a string, got {type(s).__name__}")
+    if "\0" in s:
+        raise Error(f"{what}: contains a NUL character")
+    return s.encode()
+
+
+class Calibration:
+    """A calibration dump (`kvq-analyze --calib`) and the states fitted on it
+    (k-means centres, codebooks), computed on first use per layer and spec
+    and kept while the object lives.  Paths given as `calib=` are opened
+    once per process and shared."""
+
+    def __init__(self, path):
+        L, err, h = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
+        _lib.check(L.kvq_calib_open(_text(os.fspath(path), "calib"), ctypes.byref(h), ctypes.byref(err)), err)
+        self._h, self.path = h, os.fspath(path)
+
+    def close(self):
+        if self._h:
+            _lib.lib().kvq_calib_close(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise Error(f"{self.path}: the calibration was closed")
+        return self._h
+
+
+_calibs = {}
+
+
+def calibration(calib):
+    """None, a Calibration, or a path (opened once per file version)."""
+    if calib is None or isinstance(calib, Calibration):
+        return calib
+    try:
+        path = os.fspath(calib)
+    except TypeError:
+        raise Error(f"calib: expected a path or kvq.Calibration, got {type(calib).__name__}") from None
+    try:
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = None
+    if key is None:
+        return Calibration(path)  # raises the library's message
+    if key not in _calibs:
+        _calibs[key] = Calibration(path)
+    return _calibs[key]
+
+
+def _rope(rope, T, D):
+    """(cos, sin, theta, style) for kvq_quantize_arrays from None or a dict
+    {style, theta} / {style, cos, sin} (read_dump's `rope` is one)."""
+    if rope is None:
+        return None, None, 0.0, 0
+    if not isinstance(rope, dict):
+        raise Error("rope: expected None or a dict {'style': 'interleaved'|'half', 'theta': X} "
+                    "or {'style': ..., 'cos': [T,D/2], 'sin': [T,D/2]}")
+    style = rope.get("style")
+    if style not in ("interleaved", "half"):
+        raise Error(f"rope: style: expected 'interleaved' or 'half', got {style!r}")
+    if rope.get("cos") is not None or rope.get("sin") is not None:
+        tabs = []
+        for k in ("cos", "sin"):
+            a = np.asarray(rope.get(k), dtype=np.float64)
+            if a.ndim != 2 or a.shape[0] < T or a.shape[1] != D // 2:
+                raise Error(f"rope: {k}: expected [T,{D // 2}] with T >= {T}, got shape {list(a.shape)}")
+            tabs.append(np.ascontiguousarray(a[:T]))
+        return tabs[0], tabs[1], 0.0, _STYLES[style]
+    try:
+        theta = float(rope.get("theta"))
+    except (TypeError, ValueError):
+        theta = float("nan")
+    if not theta > 0 or theta == float("inf"):
+        raise Error(f"rope: theta: expected a positive number, got {rope.get('theta')!r}")
+    return None, None, theta, _STYLES[style]
+
+
+def _metrics(acc):
+    m = _lib.Metrics()
+    _lib.lib().kvq_metrics_finalize(ctypes.byref(acc), ctypes.byref(m))
+    return {c: getattr(m, c) for c in RECON_COLUMNS}
+
+
+class Quantized(collections.namedtuple("Quantized", "key value k_bits v_bits static_bytes")):
+    """kvq.quantize's result: key', value' (float32 numpy, the input's shape),
+    k_bits, v_bits (stored bits per element) and static_bytes, as
+    kvq-analyze's row of the layer; also .metrics (that row's reconstruction
+    columns) and .head_metrics (one dict per KV head, its --per head rows)."""
+
+
+def _check_int(v, what, lo=0):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise Error(f"{what}: expected an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=None, seed=0, threads=0, copy=True):
+    """Quantize one layer's keys and values with `spec` (e.g. "kivi:bits=2")
+    exactly as `kvq-analyze --seed SEED` does for layer `layer` of a dump
+    holding these tensors: [H,T,D] (or [1,H,T,D]) arrays or tensors of any
+    float dtype.  Returns a Quantized (key', value', k_bits, v_bits,
+    static_bytes, .metrics, .head_metrics).  `rope` (a dict, see docs) and
+    `key_pre_rope` feed quantizers that re-apply RoPE to pre-RoPE keys;
+    `calib` (a path or kvq.Calibration) the calibrated ones.  float32
+    C-contiguous input is read in place; copy=False makes any conversion an
+    Error instead."""
+    layer, seed, threads = _check_int(layer, "layer"), _check_int(seed, "seed"), _check_int(threads, "threads")
+    if seed >= 1 << 64:
+        raise Error(f"seed: expected below 2^64, got {seed}")
+    spec_b = _text(spec, "spec")
+    k = as_f32(key, "key", copy, (3, 4))
+    batch4 = k.ndim == 4
+    if batch4:
+        if k.shape[0] != 1:
+            raise Error(f"key: shape {list(k.shape)}: one sequence at a time (batch 1; kvq.DecodeCache "
+                        f"keeps a cache per sequence)")
+        k = k[0]
+    H, T, D = k.shape
+    arrays = {}
+    for name, x in (("value", value), ("key_pre_rope", key_pre_rope)):
+        if x is None:
+            if name == "value":
+                raise Error("value: expected an array")
+            continue
+        a = as_f32(x, name, copy, (3, 4))
+        if a.ndim == 4 and a.shape[0] == 1:
+            a = a[0]
+        if a.shape != (H, T, D):
+            raise Error(f"{name}: expected {[H, T, D]} like key, got {list(a.shape)}")
+        arrays[name] = a
+    cos, sin, theta, style = _rope(rope, T, D)
+    cal = calibration(calib)
+    kq, vq = np.empty((H, T, D), np.float32), np.empty((H, T, D), np.float32)
+    accs = (_lib.Acc * H)()
+    L, err = _lib.lib(), _lib.new_error()
+    st = L.kvq_quantize_arrays(spec_b, layer, seed, threads, H, T, D, fptr(k), fptr(arrays["value"]),
+                               fptr(arrays.get("key_pre_rope")), dptr(cos), dptr(sin), theta, style,
+                               cal.handle if cal else None, fptr(kq), fptr(vq), accs, ctypes.byref(err))
+    _lib.check(st, err)
+    pooled = _lib.Acc()
+    for h in range(H):  # in head order, as kvq-analyze pools a layer
+        L.kvq_acc_merge(ctypes.byref(pooled), ctypes.byref(accs[h]))
+    m = _metrics(pooled)
+    if batch4:
+        kq, vq = kq[None], vq[None]
+    r = Quantized(kq, vq, m["k_bits"], m["v_bits"], m["static_bytes"])
+    r.metrics, r.head_metrics = m, [_metrics(accs[h]) for h in range(H)]
+    return r
+
+
+_PER = {"head": 0, "layer": 1, "model": 2}
+_TEXT_COLUMNS = ("dump", "quantizer", "spec")
+
+
+def _cell(col, s):
+    if col in _TEXT_COLUMNS:
+        return s
+    if col in ("layer", "head"):
+        return s if s == "all" else int(s)
+    return None if s == "" else float(s)
+
+
+def parse_rows(text):
+    """kvq-analyze's CSV as a list of dicts: text columns as str, layer and
+    head as int or "all", numbers as float, empty cells as None."""
+    return [{c: _cell(c, v) for c, v in row.items()} for row in csv.DictReader(io.StringIO(text))]
+
+
+def _int_list(v, what):
+    if v is None:
+        return None, 0
+    v = [_check_int(x, what) for x in ([v] if isinstance(v, (int, np.integer)) else v)]
+    if not v:
+        raise Error(f"{what}: expected at least one index")
+    return (ctypes.c_int * len(v))(*v), len(v)
+
+
+def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None, seed=0, layers=None, heads=None,
+            threads=0, label=None):
+    """kvq-analyze as a function: the rows `kvq-analyze --format csv` prints
+    for one dump (a path, read_dump's dict, or a list of layer dicts as
+    write_dump takes them), as dicts (parse_rows).  specs: a spec or a list."""
+    if isinstance(specs, str):
+        specs = [specs]
+    specs = list(specs)
+    if not specs:
+        raise Error("specs: expected at least one quantizer spec")
+    enc = [_text(s, "specs") for s in specs]
+    if per not in _PER:
+        raise Error(f"per: expected 'head', 'layer' or 'model', got {per!r}")
+    lay, nlay = _int_list(layers, "layers")
+    hd, nhd = _int_list(heads, "heads")
+    seed, threads = _check_int(seed, "seed"), _check_int(threads, "threads")
+    cal = calibration(calib)
+    tmpdir = None
+    try:
+        if isinstance(dump_or_layers, (str, os.PathLike)):
+            path = os.fspath(dump_or_layers)
+            name = label if label is not None else os.path.basename(path)
+        else:
+            from .dump import write_dump
+            d = dump_or_layers
+            tmpdir = tempfile.TemporaryDirectory(prefix="kvq-analyze.")
+            path = os.path.join(tmpdir.name, "layers.h5")
+            if isinstance(d, dict):
+                rope = d.get("rope") or {}
+                write_dump(path, d["layers"], model=d.get("model") or "layers", rope_theta=rope.get("theta"),
+                           rope_style=rope.get("style"), query_prescaled=bool(d.get("query_prescaled")))
+            else:
+                write_dump(path, d, model="layers")
+            name = label if label is not None else "layers"
+        L, err, out = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
+        arr = (ctypes.c_char_p * len(enc))(*enc)
+        st = L.kvq_analyze_csv(_text(path, "dump"), _text(name, "label"), arr, len(enc), _PER[per], lay, nlay, hd,
+                               nhd, _text(queries, "queries"), cal.handle if cal else None, seed, threads,
+                               ctypes.byref(out), ctypes.byref(err))
+        _lib.check(st, err)
+        try:
+            text = ctypes.string_at(out).decode()
+        finally:
+            L.kvq_free(out)
+        return parse_rows(text)
+    finally:
+        if tmpdir is not None:
+            tmpdir.cleanup()

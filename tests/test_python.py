@@ -1,0 +1,282 @@
+"""test_python.py — the kvq Python package (python/kvq) against the tools:
+kvq.quantize equals kvq-analyze's per-head rows bit for bit for every
+registered family (and a non-default spec of each), kvq.analyze equals its
+CSV, DecodeCache equals kvq.quantize of every prefix, a numpy forward of
+stories260K with DecodeCache reproduces kvq-eval --policy decode, and bad
+input raises kvq.Error (each case in its own interpreter: no crash).
+    PYTHONPATH=BUILD/python python3 test_python.py BUILD_DIR SOURCE_DIR"""
+import csv
+import io
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+except ImportError as e:  # tools/setup.sh installs python3-numpy
+    print(f"SKIP: {e}")
+    sys.exit(77)
+if os.environ.get("KVQ_SANITIZED"):
+    print("SKIP: a sanitizer build's libkvq.so cannot be loaded by an uninstrumented python3")
+    sys.exit(77)
+
+import kvq  # noqa: E402
+
+build, src = sys.argv[1], sys.argv[2]
+shared = os.path.join(src, "..", "shared")
+data = os.path.join(src, "data")
+DUMP, CALIB = os.path.join(data, "stories260K.h5"), os.path.join(data, "stories260K-calib.h5")
+tmp = tempfile.mkdtemp(prefix="kvq-test-python.")
+passed = failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what)
+
+
+def tool(*args):
+    r = subprocess.run([os.path.join(build, "tools", args[0]), *args[1:]], capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{args}: exit {r.returncode}: {r.stderr}")
+    return r.stdout
+
+
+# ------------------------------------------------------------- the registry
+listed = tool("kvq-analyze", "--list-quantizers")
+names = [ln.split()[0] for ln in listed.splitlines() if ln and not ln.startswith(" ")]
+reg = kvq.quantizers()
+check([q["name"] for q in reg] == names, f"quantizers() names {[q['name'] for q in reg]} vs {names}")
+for q in reg:
+    block = listed.split("\n" + q["name"] + " ", 1)[-1] if not listed.startswith(q["name"] + " ") else listed
+    for p in q["params"]:
+        shown = f"{p['key']}={p['default'] if p['default'] is not None else '(unset)'}"
+        check(shown in block.split("\n\n")[0], f"{q['name']}: {shown} listed")
+check(next(q for q in reg if q["name"] == "cluster")["needs_calib"], "cluster needs calibration")
+
+# ------------------------------------------- kvq.quantize against kvq-analyze
+# every family's default spec and one non-default spec each; ggml and fp4
+# need head_dim a multiple of their blocks: a kvq-gen dump with head_dim 32
+OTHER = {"per-token": "bits=3,group=4,span=layer", "per-channel": "bits=3,group=64,scale=fp32",
+         "kivi": "bits=2,group=8,residual=16", "kcvt": "bits=2,span=layer", "absmax": "bits=4,group=4",
+         "gear": "lowrank=svd,rank=2", "gear-l": "backbone=kcvt", "cluster": "centroids=4,window=8",
+         "lloydmax": "bits=3,rotate=hadamard,codebook=data", "fp8": "format=e5m2,scale=token",
+         "fp4": "format=nvfp4,global=tensor", "tender": "bits=3,chunk=100,span=head",
+         "ggml": "ktype=q4_0,vtype=iq4_nl", "kvquant": "bits=2,prerope=1", "turboquant": "bits=2,variant=prod"}
+check(set(OTHER) == set(names), f"a non-default spec for every family: {set(names) ^ set(OTHER)}")
+GEN = os.path.join(tmp, "gen32.h5")
+tool("kvq-gen", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--tokens", "96",
+     "--seed", "3", "-o", GEN)
+dumps = {DUMP: kvq.read_dump(DUMP), GEN: kvq.read_dump(GEN)}
+COLS = kvq.quant.RECON_COLUMNS
+for name in names:
+    for spec in (name, f"{name}:{OTHER[name]}"):
+        path = GEN if name in ("ggml", "fp4") else DUMP
+        d = dumps[path]
+        calib = CALIB if path == DUMP else GEN  # kvq-gen's dump calibrates itself (same model shape)
+        rows = kvq.parse_rows(tool("kvq-analyze", "--per", "head", "--format", "csv", "--calib", calib, "--seed",
+                                   "7", "-q", spec, path))
+        same = n = 0
+        for layer, a in enumerate(d["layers"]):
+            r = kvq.quantize(spec, a["key"], a["value"], layer=layer, key_pre_rope=a.get("key_pre_rope"),
+                             rope=d["rope"], calib=calib, seed=7)
+            for h, m in enumerate(r.head_metrics):
+                row = next(x for x in rows if x["layer"] == layer and x["head"] == h)
+                n += 1
+                same += all(m[c] == row[c] for c in COLS)
+            # the arrays returned are the ones measured
+            e = np.abs(a["key"] - r.key).astype(np.float64)  # E = X − X' in float32, as kvq measures it
+            check(float(e.max()) == max(m["k_max_abs"] for m in r.head_metrics), f"{spec}: key' is what was measured")
+            rel = math.sqrt((e ** 2).sum() / (a["key"].astype(np.float64) ** 2).sum())
+            check(abs(rel - r.metrics["k_rel_fro"]) <= 1e-6 * rel + 1e-12, f"{spec}: k_rel_fro {rel} vs "
+                                                                           f"{r.metrics['k_rel_fro']}")
+        check(same == n, f"{spec}: {same}/{n} per-head rows equal kvq-analyze's bit for bit")
+for name in ("ggml", "fp4"):  # head_dim 8: refused as the tool refuses it
+    try:
+        kvq.quantize(name, dumps[DUMP]["layers"][0]["key"], dumps[DUMP]["layers"][0]["value"])
+        check(False, f"{name} on head_dim 8 refused")
+    except kvq.Error as e:
+        check("head_dim 8 is not a multiple" in str(e) and e.status == "usage", f"{name}: {e}")
+
+# per layer: the Quantized fields are the --per layer row
+rows = kvq.parse_rows(tool("kvq-analyze", "--per", "layer", "--format", "csv", "-q", "gear", DUMP))
+for layer, a in enumerate(dumps[DUMP]["layers"]):
+    r = kvq.quantize("gear", a["key"], a["value"], layer=layer)
+    row = rows[layer]
+    check((r.k_bits, r.v_bits, r.static_bytes) == (row["k_bits"], row["v_bits"], row["static_bytes"]) and
+          all(r.metrics[c] == row[c] for c in COLS), f"gear layer {layer}: the --per layer row")
+
+# torch-like inputs: float16/float64, [1,H,T,D], non-contiguous: converted, same result
+a = dumps[DUMP]["layers"][1]
+base = kvq.quantize("kivi:bits=2", a["key"], a["value"], layer=1)
+r4 = kvq.quantize("kivi:bits=2", a["key"][None], a["value"][None], layer=1)
+check(r4.key.shape == (1,) + a["key"].shape and np.array_equal(r4.key[0], base.key), "[1,H,T,D] in, [1,H,T,D] out")
+nc_k = np.asfortranarray(a["key"])
+rnc = kvq.quantize("kivi:bits=2", nc_k, a["value"].astype(np.float64), layer=1)
+check(np.array_equal(rnc.key, base.key) and np.array_equal(rnc.value, base.value), "non-contiguous / float64 in")
+r16 = kvq.quantize("kivi:bits=2", a["key"].astype(np.float16), a["value"], layer=1)
+check(np.array_equal(r16.key, kvq.quantize("kivi:bits=2", a["key"].astype(np.float16).astype(np.float32),
+                                           a["value"], layer=1).key), "float16 widened")
+
+# ---------------------------------------------- kvq.analyze against the CSV
+for per, extra in (("head", ["--queries", "all", "--layers", "1-2"]), ("layer", []), ("model", ["--seed", "5"])):
+    specs = ["kivi:bits=2", "cluster", "turboquant"]
+    args = ["kvq-analyze", "--per", per, "--format", "csv", "--calib", CALIB] + extra
+    for s in specs:
+        args += ["-q", s]
+    want = kvq.parse_rows(tool(*args, DUMP))
+    got = kvq.analyze(DUMP, specs, per=per, calib=CALIB, queries="all" if "all" in extra else "last:64",
+                      layers=[1, 2] if "--layers" in extra else None, seed=5 if "--seed" in extra else 0)
+    check(got == want, f"analyze per={per}: {len(got)} rows equal the CSV's {len(want)}")
+got = kvq.analyze(dumps[DUMP], "per-token:bits=4", per="model", label="stories260K.h5")
+want = kvq.parse_rows(tool("kvq-analyze", "--per", "model", "--format", "csv", "-q", "per-token:bits=4", DUMP))
+check(got == want, "analyze of read_dump's dict (written to a temporary dump) equals the file's rows")
+
+# ---------------------------------------------- DecodeCache against quantize
+lay = dumps[DUMP]["layers"][2]
+for spec in ("kivi:bits=2,group=8,residual=16", "per-token:bits=4", "gear:rank=2"):
+    cache, T, ok = kvq.DecodeCache(spec, seed=3), 40, True
+    steps = [(t, t + 1) for t in range(30)] + [(30, 40)]  # token by token, then a 10-token chunk
+    for t0, t1 in steps:
+        kh, vh = cache.update(2, lay["key"][None, :, t0:t1], lay["value"][None, :, t0:t1])
+        ref = kvq.quantize(spec, lay["key"][:, :t1], lay["value"][:, :t1], layer=2, seed=3)
+        ok &= kh.shape == (1, lay["key"].shape[0], t1, 8) and np.array_equal(kh[0], ref.key) and \
+            np.array_equal(vh[0], ref.value) and cache.bits(2)[:2] == (ref.k_bits, ref.v_bits)
+    check(ok and cache.seq_length(2) == 40, f"DecodeCache({spec}) equals quantize of every prefix")
+cache = kvq.DecodeCache("kivi:bits=2")
+two = np.stack([lay["key"][:, :5], lay["key"][:, 5:10]])
+kh, _ = cache.update(0, two, two)
+check(np.array_equal(kh[1], kvq.quantize("kivi:bits=2", two[1], two[1]).key), "a batch keeps a cache per sequence")
+
+
+# ------------------------- the decode policy in a numpy model loop (stories260K)
+def llama2c(path):
+    with open(path, "rb") as f:
+        hdr = np.frombuffer(f.read(28), np.int32)
+        w = np.frombuffer(f.read(), np.float32)
+    dim, hidden, nl, nh, nkv, vocab, seq = (int(x) for x in hdr)
+    shared_cls, vocab, hs = vocab > 0, abs(vocab), dim // nh
+    off = 0
+
+    def take(*shape):
+        nonlocal off
+        n = int(np.prod(shape))
+        off += n
+        return w[off - n:off].reshape(shape)
+    m = dict(dim=dim, nl=nl, nh=nh, nkv=nkv, hs=hs, emb=take(vocab, dim), rms_att=take(nl, dim),
+             wq=take(nl, dim, dim), wk=take(nl, nkv * hs, dim), wv=take(nl, nkv * hs, dim), wo=take(nl, dim, dim),
+             rms_ffn=take(nl, dim), w1=take(nl, hidden, dim), w2=take(nl, dim, hidden), w3=take(nl, hidden, dim),
+             rms_final=take(dim))
+    take(seq * hs // 2)
+    take(seq * hs // 2)
+    m["cls"] = m["emb"] if shared_cls else take(vocab, dim)
+    return m
+
+
+def rmsnorm(x, g):
+    return (x / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)).astype(np.float32) * g
+
+
+def rope(x, t, hs):  # llama2.c's interleaved pairs, theta 10000
+    x = x.reshape(-1, hs // 2, 2).astype(np.float64)
+    ang = t * 10000.0 ** (-np.arange(0, hs, 2) / hs)
+    c, s = np.cos(ang), np.sin(ang)
+    return np.stack([x[..., 0] * c - x[..., 1] * s, x[..., 0] * s + x[..., 1] * c], -1).reshape(-1).astype(np.float32)
+
+
+def decode_nll(m, tokens, cache):
+    nll = []
+    for t, tok in enumerate(tokens[:-1]):
+        x = m["emb"][tok].copy()
+        for lyr in range(m["nl"]):
+            xb = rmsnorm(x, m["rms_att"][lyr])
+            q = rope(m["wq"][lyr] @ xb, t, m["hs"]).reshape(m["nh"], m["hs"])
+            k = rope(m["wk"][lyr] @ xb, t, m["hs"]).reshape(m["nkv"], 1, m["hs"])
+            v = (m["wv"][lyr] @ xb).reshape(m["nkv"], 1, m["hs"])
+            K, V = (k, v) if cache is None else cache.update(lyr, k, v)
+            if cache is None:  # the exact cache
+                m.setdefault("K", {}).setdefault(lyr, []).append(k[:, 0])
+                m.setdefault("V", {}).setdefault(lyr, []).append(v[:, 0])
+                K, V = np.stack(m["K"][lyr], 1), np.stack(m["V"][lyr], 1)
+            out = np.empty(m["dim"], np.float32)
+            for h in range(m["nh"]):
+                g = h // (m["nh"] // m["nkv"])
+                sc = (K[g].astype(np.float64) @ q[h]) / math.sqrt(m["hs"])
+                p = np.exp(sc - sc.max())
+                out[h * m["hs"]:(h + 1) * m["hs"]] = (p / p.sum()) @ V[g]
+            x = x + m["wo"][lyr] @ out
+            xb = rmsnorm(x, m["rms_ffn"][lyr])
+            a1 = m["w1"][lyr] @ xb
+            x = x + m["w2"][lyr] @ ((a1 / (1 + np.exp(-a1))) * (m["w3"][lyr] @ xb))
+        z = (m["cls"] @ rmsnorm(x, m["rms_final"])).astype(np.float64)
+        nll.append(np.log(np.exp(z - z.max()).sum()) + z.max() - z[tokens[t + 1]])
+    return float(np.mean(nll))
+
+
+BIN = os.path.join(shared, "data", "model", "stories260K.bin")
+if os.path.exists(BIN):
+    tokens = [int(x) for x in dumps[DUMP]["tokens"][:64]]
+    tok_file = os.path.join(tmp, "tokens.txt")
+    with open(tok_file, "w") as f:
+        f.write(" ".join(map(str, tokens)) + "\n")
+    model = llama2c(BIN)
+    spec = "kivi:bits=2,group=8,residual=16"
+    text = tool("kvq-eval", BIN, "--tokens", tok_file, "-q", spec, "--policy", "decode", "--format", "csv")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    rows[0]["nll"], rows[0]["nll_ref"] = float(rows[0]["nll"]), float(rows[0]["nll_ref"])
+    ref = decode_nll(dict(model), tokens, None)
+    got = decode_nll(dict(model), tokens, kvq.DecodeCache(spec))
+    check(abs(ref - rows[0]["nll_ref"]) < 1e-4, f"numpy forward, exact cache: {ref} vs kvq-eval {rows[0]['nll_ref']}")
+    check(abs(got - rows[0]["nll"]) < 1e-4, f"numpy forward with DecodeCache: {got} vs kvq-eval decode "
+                                            f"{rows[0]['nll']} (exact {ref})")
+    print(f"decode NLL: numpy + DecodeCache {got:.6f}, kvq-eval {rows[0]['nll']:.6f} (exact: {ref:.6f}, "
+          f"{rows[0]['nll_ref']:.6f})")
+else:
+    print(f"test_python: {BIN} absent: the model-loop check skipped")
+
+# ------------------------------- bad input: kvq.Error, never a crash
+BAD = {
+    "rank": ("kvq.quantize('kivi', np.zeros((4, 8)), np.zeros((4, 8)))", "expected [H,T,D]"),
+    "shapes": ("kvq.quantize('kivi', np.zeros((2, 4, 8)), np.zeros((2, 5, 8)))", "expected [2, 4, 8] like key"),
+    "nan": ("k = np.zeros((2, 4, 8), np.float32); k[1, 2, 3] = np.nan; kvq.quantize('kivi', k, k)",
+            "key: head 1, token 2, channel 3: expected a finite value"),
+    "inf value": ("k = np.ones((2, 4, 8)); v = k.copy(); v[0, 0, 0] = np.inf; kvq.quantize('per-token', k, v)",
+                  "value: head 0, token 0, channel 0"),
+    "non-contiguous, copy=False": ("k = np.zeros((8, 4, 2), np.float32).transpose(2, 1, 0); "
+                                   "kvq.quantize('kivi', k, k, copy=False)", "not C-contiguous"),
+    "dtype": ("kvq.quantize('kivi', np.zeros((2, 4, 8), np.int32), np.zeros((2, 4, 8)))", "got int32"),
+    "object": ("kvq.quantize('kivi', [[1, 2], [3]], 0)", "key: expected"),
+    "unknown key": ("kvq.quantize('kivi:bitz=2', np.zeros((2, 4, 8)), np.zeros((2, 4, 8)))", "bitz"),
+    "bad value": ("kvq.quantize('kivi:bits=99', np.zeros((2, 4, 8)), np.zeros((2, 4, 8)))", "bits"),
+    "unknown quantizer": ("kvq.quantize('nope', np.zeros((2, 4, 8)), np.zeros((2, 4, 8)))", "nope"),
+    "no calib": ("kvq.quantize('cluster', np.ones((2, 4, 8)), np.ones((2, 4, 8)))", "needs a calibration dump"),
+    "calib missing": ("kvq.quantize('cluster', np.ones((2, 4, 8)), np.ones((2, 4, 8)), calib='/nonexistent.h5')",
+                      "/nonexistent.h5"),
+    "calib shape": (f"kvq.quantize('cluster', np.ones((3, 4, 8)), np.ones((3, 4, 8)), calib={CALIB!r})",
+                    "KV heads"),
+    "rope": ("kvq.quantize('kivi', np.ones((2, 4, 8)), np.ones((2, 4, 8)), rope={'style': 'odd'})", "style"),
+    "batch": ("kvq.quantize('kivi', np.ones((2, 2, 4, 8)), np.ones((2, 2, 4, 8)))", "one sequence at a time"),
+    "layer": ("kvq.quantize('kivi', np.ones((2, 4, 8)), np.ones((2, 4, 8)), layer=-1)", "layer"),
+    "spec type": ("kvq.quantize(3, np.ones((2, 4, 8)), np.ones((2, 4, 8)))", "spec: expected a string"),
+    "cache shape": ("c = kvq.DecodeCache('kivi'); c.update(0, np.ones((2, 1, 8)), np.ones((2, 1, 8))); "
+                    "c.update(0, np.ones((3, 1, 8)), np.ones((3, 1, 8)))", "does not continue the cache"),
+    "analyze path": ("kvq.analyze('/nonexistent.h5', 'kivi')", "/nonexistent.h5"),
+    "analyze per": (f"kvq.analyze({DUMP!r}, 'kivi', per='token')", "per:"),
+    "analyze layers": (f"kvq.analyze({DUMP!r}, 'kivi', layers=[9])", "layer 9"),
+    "read_dump": (f"kvq.read_dump({os.path.join(src, 'README.md')!r})", "README.md"),
+}
+code = "import sys, numpy as np, kvq\ntry:\n    {}\nexcept kvq.Error as e:\n    print('ERROR', e.status, e)\n"
+for what, (stmt, expect) in BAD.items():
+    r = subprocess.run([sys.executable, "-c", code.format(stmt)], capture_output=True, text=True)
+    line = r.stdout.strip()
+    check(r.returncode == 0 and line.startswith("ERROR") and expect in line,
+          f"bad input ({what}): exit {r.returncode}, {line!r} {r.stderr[-300:]!r} (expected {expect!r})")
+
+print(f"test_python: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
