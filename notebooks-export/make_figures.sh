@@ -107,6 +107,13 @@ if [ $with_model = 1 ]; then
     "$python" "$here/proxy_vs_loss.py" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
         --eval-policy "$data/eval-policy.csv" --out "$out"
 fi
+if [ -n "${KVQ_SANITIZED:-}" ]; then
+    say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
+elif [ -r "$build/python/kvq/__init__.py" ]; then  # the Python API (python/kvq), from the build
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/python_api.py" --dump "$dump" --out "$out"
+else
+    say "python_api skipped: $build/python/kvq absent (an older build: reconfigure it)"
+fi
 if [ $readme = 1 ]; then
     mkdir -p "$here/img"
     cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$here/img/"

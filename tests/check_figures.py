@@ -18,7 +18,8 @@ EXPECTED = {  # name -> (width, height) in pixels
     "sweep_heatmap": (1250, 550),      # two panels (bits = 2, 4)
     "sweep_heatmap_bits": (1250, 550),
 }
-OPTIONAL = {"proxy_vs_loss": (1500, 500)}  # made when the bundled model (../shared/data/model) is present
+OPTIONAL = {"proxy_vs_loss": (1500, 500),  # made when the bundled model (../shared/data/model) is present
+            "python_api": (1500, 500)}     # made from a build with the Python package
 
 
 def check(outdir):

@@ -163,7 +163,8 @@ def _check_int(v, what, lo=0):
     return int(v)
 
 
-def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=None, seed=0, threads=0, copy=True):
+def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=None, seed=0, threads=0, copy=True,
+             out=None):
     """Quantize one layer's keys and values with `spec` (e.g. "kivi:bits=2")
     exactly as `kvq-analyze --seed SEED` does for layer `layer` of a dump
     holding these tensors: [H,T,D] (or [1,H,T,D]) arrays or tensors of any
@@ -172,7 +173,8 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
     `key_pre_rope` feed quantizers that re-apply RoPE to pre-RoPE keys;
     `calib` (a path or kvq.Calibration) the calibrated ones.  float32
     C-contiguous input is read in place; copy=False makes any conversion an
-    Error instead."""
+    Error instead.  out=(key_out, value_out): float32 C-contiguous arrays of
+    the input's shape to write K', V' into (no allocation per call)."""
     layer, seed, threads = _check_int(layer, "layer"), _check_int(seed, "seed"), _check_int(threads, "threads")
     if seed >= 1 << 64:
         raise Error(f"seed: expected below 2^64, got {seed}")
@@ -199,7 +201,20 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
         arrays[name] = a
     cos, sin, theta, style = _rope(rope, T, D)
     cal = calibration(calib)
-    kq, vq = np.empty((H, T, D), np.float32), np.empty((H, T, D), np.float32)
+    if out is None:
+        kq, vq = np.empty((H, T, D), np.float32), np.empty((H, T, D), np.float32)
+    else:
+        try:
+            kq, vq = out
+        except (TypeError, ValueError):
+            raise Error("out: expected (key_out, value_out)") from None
+        for name, o in (("out[0]", kq), ("out[1]", vq)):
+            if not isinstance(o, np.ndarray) or o.dtype != np.float32 or not o.flags.c_contiguous or \
+                    not o.flags.writeable or o.shape not in ((H, T, D), (1, H, T, D)):
+                raise Error(f"{name}: expected a writeable float32 C-contiguous array of shape {[H, T, D]}")
+        if np.shares_memory(kq, vq):
+            raise Error("out: key_out and value_out overlap")
+        kq, vq = kq.reshape(H, T, D), vq.reshape(H, T, D)
     accs = (_lib.Acc * H)()
     L, err = _lib.lib(), _lib.new_error()
     st = L.kvq_quantize_arrays(spec_b, layer, seed, threads, H, T, D, fptr(k), fptr(arrays["value"]),
@@ -210,7 +225,9 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
     for h in range(H):  # in head order, as kvq-analyze pools a layer
         L.kvq_acc_merge(ctypes.byref(pooled), ctypes.byref(accs[h]))
     m = _metrics(pooled)
-    if batch4:
+    if out is not None:
+        kq, vq = out
+    elif batch4:
         kq, vq = kq[None], vq[None]
     r = Quantized(kq, vq, m["k_bits"], m["v_bits"], m["static_bytes"])
     r.metrics, r.head_metrics = m, [_metrics(accs[h]) for h in range(H)]
