@@ -189,7 +189,7 @@ typedef struct kvq_param {
 } kvq_param;
 
 #define KVQ_MAX_PARAMS 16
-#define KVQ_SPEC_MAX 256
+#define KVQ_SPEC_MAX 1024 /* a mix(...) holds a spec per range */
 
 /* A parsed spec string `name:key=value,...`. */
 typedef struct kvq_spec {
@@ -257,8 +257,21 @@ kvq_status kvq_param_parse(const kvq_quantizer *q, const char *key, const char *
 void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len);
 /* Writes the quantizer table for --list-quantizers. */
 void kvq_registry_describe(FILE *f);
-/* Does this spec need a --calib dump? */
+/* Does this spec need a --calib dump? (a mix: does any of its specs) */
 int kvq_spec_needs_calib(const kvq_spec *spec);
+/* The tensors the spec reads besides K and V (KVQ_READ_*; a mix: all of its specs'). */
+unsigned kvq_spec_read_flags(const kvq_spec *spec);
+
+/* Mixed precision (docs/quantizers.md#mix): `mix(RANGE=SPEC;RANGE=SPEC;...)`
+ * runs each layer with the spec of the range that holds it; RANGE is a
+ * layer list as --layers takes it (a-b, a- to the last layer, a,b).  A
+ * plain spec is its own spec for every layer. */
+int kvq_spec_is_mix(const kvq_spec *spec);
+/* The spec that quantizes `layer` (KVQ_ERR_USAGE if no range holds it). */
+kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err);
+/* Every layer 0..nlayers-1 in exactly one range and no range past the last
+ * (else KVQ_ERR_USAGE naming the layer or the range); KVQ_OK for a plain spec. */
+kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *err);
 
 /* A calibration dump and the states computed from it, kept for the whole
  * run so that every dump, spec and sweep point sharing a state reuses it. */

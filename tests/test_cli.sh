@@ -339,5 +339,15 @@ if [ -w /dev/full ]; then
     done
     expect 1 "write failed" -- sh -c '"$1" --list-quantizers >/dev/full' sh "$analyze"
 fi
+# --- mix (docs/quantizers.md#mix): per-layer rows name the layer's spec; bits pool over layers
+mixs='mix(0-1=kivi:kbits=4,vbits=2;2-=per-token:bits=2)'
+expect 0 "mix(RANGE=SPEC;...)" -- "$analyze" --list-quantizers
+expect 0 '0,all,mix,"kivi:kbits=4,vbits=2",5,8.5,' '4,all,mix,per-token:bits=2,6,6,' -- \
+    "$analyze" -q "$mixs" --per layer --format csv "$real"
+expect 0 "all,all,mix,\"$mixs\",5.6,7," -- "$analyze" -q "$mixs" --per model --format csv "$real"
+expect 2 "layer 4 is in no range (every layer needs one)" -- "$analyze" -q 'mix(0-3=kivi)' "$real"
+expect 2 "mix(0-=cluster): needs --calib" -- "$analyze" -q 'mix(0-=cluster)' "$real"
+expect 2 "range 1-: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'mix(0=fp8;1-=kivi:bitz=2)' "$real"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -118,6 +118,23 @@ if [ -r "$shared/model/stories260K.gguf" ]; then
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-eval output differs between --threads 1, 2, 3"; cat "$tmp/t"?.csv; }
     awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {exit !(d["prefill"] != "" && d["prefill"] == d["decode"])}' "$tmp/t1.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill != decode"; cat "$tmp/t1.csv"; }
+    # mix (docs/quantizers.md#mix): one range is its spec (every column but quantizer and spec, both
+    # policies); --per-layer rows name the layer's own spec; a layer in no range is exit 2
+    m=$shared/model/stories260K.gguf
+    t=$shared/texts/story_main.txt
+    "$eval" "$m" --text "$t" --max-tokens 256 -q 'mix(0-=kivi:bits=2)' -q kivi:bits=2 --policy prefill,decode \
+        --format csv >"$tmp/mix.csv" 2>/dev/null
+    awk -F, 'NR > 1 {$3 = $4 = ""; row[NR] = $0} END {exit !(NR == 5 && row[2] == row[4] && row[3] == row[5])}' "$tmp/mix.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: mix(0-=kivi:bits=2) differs from kivi:bits=2"; cat "$tmp/mix.csv"; }
+    "$eval" "$m" --text "$t" --max-tokens 128 -q 'mix(0-1=kivi:bits=4;2-=per-token:bits=2)' -q per-token:bits=2 \
+        --per-layer --format csv >"$tmp/mixl.csv" 2>/dev/null
+    awk -F, 'NR > 1 && $3 == "mix" {m[$6] = $4; d[$6] = $11} NR > 1 && $3 == "per-token" {p[$6] = $11}
+             END {exit !(m[0] == "kivi:bits=4" && m[1] == "kivi:bits=4" && m[2] == "per-token:bits=2" &&
+                         m[4] == "per-token:bits=2" && d[3] == p[3] && d[4] == p[4])}' "$tmp/mixl.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: mix --per-layer rows"; cat "$tmp/mixl.csv"; }
+    expect 2 "mix(0-1=kivi;3-=fp8): layer 2 is in no range" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-1=kivi;3-=fp8)'
+    expect 2 "range 0-9: the model has 5 layers" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-9=kivi)'
+    expect 2 "layer 1 is in two ranges (0-1 and 1-)" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-1=kivi;1-=fp8)'
 else
     echo "test_model_cli: bundled model checks skipped: $shared/model absent"
 fi

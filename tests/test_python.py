@@ -50,7 +50,7 @@ def tool(*args):
 
 # ------------------------------------------------------------- the registry
 listed = tool("kvq-analyze", "--list-quantizers")
-names = [ln.split()[0] for ln in listed.splitlines() if ln and not ln.startswith(" ")]
+names = [ln.split()[0] for ln in listed.splitlines() if ln and not ln.startswith((" ", "mix("))]
 reg = kvq.quantizers()
 check([q["name"] for q in reg] == names, f"quantizers() names {[q['name'] for q in reg]} vs {names}")
 for q in reg:
@@ -111,6 +111,12 @@ for layer, a in enumerate(dumps[DUMP]["layers"]):
     row = rows[layer]
     check((r.k_bits, r.v_bits, r.static_bytes) == (row["k_bits"], row["v_bits"], row["static_bytes"]) and
           all(r.metrics[c] == row[c] for c in COLS), f"gear layer {layer}: the --per layer row")
+
+# a mix runs the layer's own spec
+a = dumps[DUMP]["layers"][3]
+rm = kvq.quantize("mix(0-2=kivi:bits=2;3-=per-token:bits=4)", a["key"], a["value"], layer=3)
+rp = kvq.quantize("per-token:bits=4", a["key"], a["value"], layer=3)
+check(np.array_equal(rm.key, rp.key) and rm.metrics == rp.metrics, "mix: layer 3 is per-token:bits=4's")
 
 # torch-like inputs: float16/float64, [1,H,T,D], non-contiguous: converted, same result
 a = dumps[DUMP]["layers"][1]
@@ -270,6 +276,8 @@ BAD = {
     "analyze per": (f"kvq.analyze({DUMP!r}, 'kivi', per='token')", "per:"),
     "analyze layers": (f"kvq.analyze({DUMP!r}, 'kivi', layers=[9])", "layer 9"),
     "read_dump": (f"kvq.read_dump({os.path.join(src, 'README.md')!r})", "README.md"),
+    "mix layer": ("kvq.quantize('mix(0-1=kivi)', np.ones((2, 4, 8)), np.ones((2, 4, 8)), layer=2)",
+                  "layer 2 is in no range"),
 }
 code = "import sys, numpy as np, kvq\ntry:\n    {}\nexcept kvq.Error as e:\n    print('ERROR', e.status, e)\n"
 for what, (stmt, expect) in BAD.items():

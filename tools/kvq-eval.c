@@ -264,12 +264,15 @@ int main(int argc, char **argv)
         snprintf(npos, sizeof npos, "%d", it->positions);
         if (it->layer < 0) snprintf(layer, sizeof layer, "all");
         else snprintf(layer, sizeof layer, "%d", it->layer);
-        const kvq_spec *sp = it->spec;
+        const kvq_spec *sp = it->spec, *text = sp;
+        kvq_spec own; /* a mix's --per-layer row names that layer's spec (and mix as its quantizer) */
+        if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &own, NULL))
+            text = &own;
         double dnll = it->nll - nll_ref;
         kvq_cell row[NCOL] = {{.text = in->name},
                               {.text = toks},
                               {.text = sp ? kvq_quantizer_name(sp->q) : "none"},
-                              {.text = sp ? sp->text : "none"},
+                              {.text = sp ? text->text : "none"},
                               {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"},
                               {.text = layer},
                               {.num = it->k_bits, .is_num = 1},

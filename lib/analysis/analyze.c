@@ -367,7 +367,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         goto done;
     }
     for (int s = 0; s < ns; s++) {
-        unsigned missing = o->specs[s].q->read_flags & ~p->flags;
+        if ((st = kvq_spec_check_layers(&o->specs[s], info->num_layers, err))) {
+            st = layer_error(err, st, path, -1);
+            goto done;
+        }
+        unsigned missing = kvq_spec_read_flags(&o->specs[s]) & ~p->flags;
         if (missing) {
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads pre-RoPE keys, but the dump was prepared without them",
                           path, o->specs[s].text);
@@ -457,7 +461,7 @@ kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *o, kvq_analysi
                             kvq_error *err)
 {
     unsigned flags = 0;
-    for (int s = 0; s < o->nspecs; s++) flags |= o->specs[s].q->read_flags;
+    for (int s = 0; s < o->nspecs; s++) flags |= kvq_spec_read_flags(&o->specs[s]);
     kvq_prepared *p;
     memset(out, 0, sizeof *out);
     kvq_status st = prepare_common(d, o, flags, &p, err);

@@ -77,9 +77,15 @@ kvq_status kvq_calib_check_layer(const kvq_calib *c, int layer, int H, int D, kv
 kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
                            int nthreads, const void **state, kvq_error *err)
 {
+    *state = NULL;
+    kvq_spec sub;
+    if (kvq_spec_is_mix(spec)) { /* the state of the layer's own spec */
+        kvq_status st = kvq_spec_for_layer(spec, layer, &sub, err);
+        if (st) return st;
+        spec = &sub;
+    }
     const kvq_quantizer *q = spec->q;
     char key[KVQ_SPEC_MAX];
-    *state = NULL;
     if (!q->calib_key || !q->calib_key(spec, key, sizeof key)) return KVQ_OK;
     for (calib_entry *e = c->entries; e; e = e->next)
         if (e->layer == layer && e->seed == seed && e->q == q && !strcmp(e->key, key)) {

@@ -172,6 +172,9 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
     if (layer < 0) snprintf(ls, sizeof ls, "all"); else snprintf(ls, sizeof ls, "%d", layer);
     if (head < 0) snprintf(hs, sizeof hs, "all"); else snprintf(hs, sizeof hs, "%d", head);
     FILE *f = r->f;
+    kvq_spec own; /* a mix's row of one layer names that layer's spec */
+    const char *text = spec->text;
+    if (layer >= 0 && kvq_spec_is_mix(spec) && !kvq_spec_for_layer(spec, layer, &own, NULL)) text = own.text;
 
     if (r->fmt == KVQ_FMT_TABLE) {
         if (!r->header_done) {
@@ -182,7 +185,7 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
             for (int i = 0; i < r->nextra; i++) if (table_push(r, r->extra[i])) return KVQ_ERR_NOMEM;
             r->header_done = 1;
         }
-        const char *c[] = {dump, ls, hs, spec->q->name, spec->text};
+        const char *c[] = {dump, ls, hs, spec->q->name, text};
         for (int i = 0; i < 5; i++) if (table_push(r, c[i])) return KVQ_ERR_NOMEM;
         for (int k = 0; k < NMETRIC; k++) {
             if (!(metric_cols[k].flags & COL_TABLE)) continue;
@@ -200,7 +203,7 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
         fprintf(f, ",%s,%s,", ls, hs);
         csv_cell(f, spec->q->name);
         fputc(',', f);
-        csv_cell(f, spec->text);
+        csv_cell(f, text);
         for (int i = 0; i < NMETRIC; i++) {
             fputc(',', f);
             if (attn_missing(i, m)) continue; /* empty, not zero */
@@ -217,7 +220,7 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
         fputs(",\"quantizer\":", f);
         json_string(f, spec->q->name);
         fputs(",\"spec\":", f);
-        json_string(f, spec->text);
+        json_string(f, text);
         for (int i = 0; i < NMETRIC; i++) {
             fprintf(f, ",\"%s\":", metric_cols[i].name);
             /* JSON has no inf/nan: those and absent metrics are null */

@@ -217,6 +217,7 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         if (items[i].layer < -1 || items[i].layer >= in->n_layers)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
                             items[i].layer, in->n_layers - 1);
+        if (sp && (st = kvq_spec_check_layers(sp, in->n_layers, err))) return st;
         if (!sp || !kvq_spec_needs_calib(sp)) continue;
         if (!o->calib)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);

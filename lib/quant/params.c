@@ -97,6 +97,10 @@ kvq_status kvq_param_parse(const kvq_quantizer *q, const char *key, const char *
 void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len)
 {
     const kvq_quantizer *q = spec->q;
+    if (q->is_mix) { /* each range's spec as given */
+        snprintf(buf, len, "%s", spec->text);
+        return;
+    }
     size_t o = (size_t)snprintf(buf, len, "%s", q->name);
     for (int i = 0; i < q->nparams && o < len; i++) {
         const kvq_param *p = &q->params[i];
@@ -119,7 +123,3 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
                     has_scale ? "; use scale=fp32" : "");
 }
 
-kvq_status kvq_spec_check_shape(const kvq_spec *spec, int head_dim, kvq_error *err)
-{
-    return spec->q->check_shape ? spec->q->check_shape(spec, head_dim, err) : KVQ_OK;
-}

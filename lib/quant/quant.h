@@ -46,6 +46,8 @@ typedef struct kvq_quantizer {
     kvq_status (*calibrate)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *calib,
                             void **state, kvq_error *err);
     void (*calib_free)(void *state);
+    /* The one `mix(...)` pseudo-family (quant/spec.c): its text is the spec. */
+    int is_mix;
 } kvq_quantizer;
 
 /* Round half to even for |v| < 2^22 (callers clamp v to their code range

@@ -16,6 +16,11 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                               kvq_quant_out *out, kvq_error *err)
 {
+    if (kvq_spec_is_mix(spec)) { /* the spec of the range that holds this layer */
+        kvq_spec sub;
+        kvq_status st = kvq_spec_for_layer(spec, ctx->layer, &sub, err);
+        return st ? st : kvq_quantize_layer(&sub, ctx, in, out, err);
+    }
     kvq_status st = kvq_spec_check_shape(spec, in->D, err);
     if (st) return st;
     if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
@@ -52,18 +57,4 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
     if (st == KVQ_ERR_NOMEM) return kvq_fail(err, st, "%s: out of memory", spec->text);
     return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor,
                     bad % in->H, kvq_strerror(st));
-}
-
-int kvq_layer_absmax(const kvq_layer *in, int nthreads, float amax[2])
-{
-    int H = in->H;
-    size_t n = (size_t)in->T * in->D;
-    float *head_max = malloc((size_t)2 * H * sizeof *head_max);
-    if (!head_max) return -1;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-    for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
-    amax[0] = amax[1] = 0.0f;
-    for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
-    free(head_max);
-    return 0;
 }

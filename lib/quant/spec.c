@@ -1,10 +1,257 @@
 /* spec.c — spec strings `name:key=value,...` (docs/quantizers.md): parsed against the
- * registry's table, defaults filled in, cross-key and shape checks. */
+ * registry's table, defaults filled in, cross-key and shape checks; and
+ * `mix(RANGE=SPEC;...)`, a spec per layer range (docs/quantizers.md#mix). */
 #include "../internal.h"
 #include "quant.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* The pseudo-family of mixes: no keys of its own; kvq_quantize_layer,
+ * the calibration and the reports resolve the layer's spec first. */
+static const kvq_quantizer kvq_q_mix = {
+    .name = "mix",
+    .description = "per-layer specs: mix(RANGE=SPEC;...), e.g. mix(0-1=kivi:kbits=4,vbits=2;2-=kivi:bits=2)",
+    .is_mix = 1,
+};
+
+/* ------------------------------------------------------------------ mix */
+
+enum { MIX_MAX_ITEMS = 256, MIX_MAX_SPANS = 1024 };
+
+/* One range element: layers lo..hi (hi = INT_MAX: to the last layer), of item `item`. */
+typedef struct mix_span {
+    int lo, hi, item;
+} mix_span;
+
+/* A mix's items as offsets into its text: range [r0, r1), spec [s0, s1). */
+typedef struct mix_item {
+    int r0, r1, s0, s1;
+} mix_item;
+
+typedef struct mix {
+    int nitems, nspans;
+    mix_item item[MIX_MAX_ITEMS];
+    mix_span span[MIX_MAX_SPANS];
+} mix;
+
+static int parse_layer(const char *p, const char *end, int *out)
+{
+    if (p == end || *p < '0' || *p > '9') return -1;
+    long v = 0;
+    for (; p < end; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+        if (v > 1000000) return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static void span_text(const mix_span *s, char *buf, size_t len)
+{
+    if (s->hi == INT_MAX) snprintf(buf, len, "%d-", s->lo);
+    else if (s->hi == s->lo) snprintf(buf, len, "%d", s->lo);
+    else snprintf(buf, len, "%d-%d", s->lo, s->hi);
+}
+
+/* Splits text = "mix(ITEM;ITEM;...)" into items and their spans; syntax and
+ * overlaps only (the specs are parsed by the caller). */
+static kvq_status mix_split(const char *text, mix *m, kvq_error *err)
+{
+    size_t len = strlen(text);
+    m->nitems = m->nspans = 0;
+    if (len < 6 || text[len - 1] != ')')
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected mix(RANGE=SPEC;RANGE=SPEC;...)", text);
+    int pos = 4, end = (int)len - 1;
+    while (pos <= end) {
+        int stop = pos;
+        while (stop < end && text[stop] != ';') stop++;
+        const char *eq = memchr(text + pos, '=', (size_t)(stop - pos));
+        if (stop == pos || !eq || eq == text + pos || eq + 1 == text + stop)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: '%.*s': expected RANGE=SPEC (e.g. 0-3=kivi:bits=2)", text,
+                            stop - pos, text + pos);
+        if (m->nitems == MIX_MAX_ITEMS)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: more than %d ranges", text, MIX_MAX_ITEMS);
+        mix_item *it = &m->item[m->nitems];
+        *it = (mix_item){pos, (int)(eq - text), (int)(eq - text) + 1, stop};
+        /* the range: comma-separated a, a-b, a- */
+        for (int a = it->r0; a < it->r1;) {
+            int b = a;
+            while (b < it->r1 && text[b] != ',') b++;
+            const char *dash = memchr(text + a, '-', (size_t)(b - a));
+            mix_span sp = {.item = m->nitems};
+            int bad = dash ? parse_layer(text + a, dash, &sp.lo) ||
+                                 (dash + 1 == text + b ? (sp.hi = INT_MAX, 0) : parse_layer(dash + 1, text + b, &sp.hi))
+                           : parse_layer(text + a, text + b, &sp.lo);
+            if (!dash) sp.hi = sp.lo;
+            if (bad || sp.hi < sp.lo)
+                return kvq_fail(err, KVQ_ERR_USAGE, "%s: range '%.*s': expected layers as a, a-b, a- or a,b", text,
+                                it->r1 - it->r0, text + it->r0);
+            if (m->nspans == MIX_MAX_SPANS)
+                return kvq_fail(err, KVQ_ERR_USAGE, "%s: more than %d range elements", text, MIX_MAX_SPANS);
+            for (int i = 0; i < m->nspans; i++) {
+                const mix_span *o = &m->span[i];
+                if (sp.lo <= o->hi && o->lo <= sp.hi) {
+                    char x[32], y[32];
+                    span_text(o, x, sizeof x), span_text(&sp, y, sizeof y);
+                    return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in two ranges (%s and %s)", text,
+                                    sp.lo > o->lo ? sp.lo : o->lo, x, y);
+                }
+            }
+            m->span[m->nspans++] = sp;
+            a = b + 1;
+        }
+        m->nitems++;
+        pos = stop + 1;
+    }
+    return KVQ_OK;
+}
+
+static kvq_status mix_item_spec(const char *text, const mix_item *it, kvq_spec *out, kvq_error *err)
+{
+    char sub[KVQ_SPEC_MAX];
+    snprintf(sub, sizeof sub, "%.*s", it->s1 - it->s0, text + it->s0);
+    if (!strncmp(sub, "mix(", 4)) return kvq_fail(err, KVQ_ERR_USAGE, "%s: a mix inside a mix", text);
+    kvq_error e = {0};
+    kvq_status st = kvq_spec_parse(sub, out, &e);
+    if (st) return kvq_fail(err, st, "%s: range %.*s: %s", text, it->r1 - it->r0, text + it->r0, e.msg);
+    return KVQ_OK;
+}
+
+/* A mix's split form, re-made from its text (cheap; specs stay plain values). */
+static kvq_status mix_of(const kvq_spec *spec, mix **out, kvq_error *err)
+{
+    *out = malloc(sizeof **out);
+    if (!*out) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = mix_split(spec->text, *out, err);
+    if (st) {
+        free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static kvq_status mix_parse(const char *text, kvq_spec *out, kvq_error *err)
+{
+    out->q = &kvq_q_mix;
+    mix *m;
+    kvq_status st = mix_of(out, &m, err);
+    for (int i = 0; !st && i < m->nitems; i++) {
+        kvq_spec sub;
+        st = mix_item_spec(text, &m->item[i], &sub, err);
+    }
+    free(m);
+    return st;
+}
+
+int kvq_spec_is_mix(const kvq_spec *spec) { return spec->q && spec->q->is_mix; }
+
+kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err)
+{
+    if (!kvq_spec_is_mix(spec)) {
+        if (out != spec) *out = *spec;
+        return KVQ_OK;
+    }
+    mix *m;
+    kvq_status st = mix_of(spec, &m, err);
+    if (st) return st;
+    int item = -1;
+    for (int i = 0; i < m->nspans; i++)
+        if (m->span[i].lo <= layer && layer <= m->span[i].hi) item = m->span[i].item;
+    if (item < 0) st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range", spec->text, layer);
+    else st = mix_item_spec(spec->text, &m->item[item], out, err);
+    free(m);
+    return st;
+}
+
+kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *err)
+{
+    if (!kvq_spec_is_mix(spec)) return KVQ_OK;
+    mix *m;
+    kvq_status st = mix_of(spec, &m, err);
+    if (st) return st;
+    for (int i = 0; i < m->nspans && !st; i++)
+        if (m->span[i].lo >= nlayers) {
+            char r[32];
+            span_text(&m->span[i], r, sizeof r);
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: range %s: the model has %d layers (0..%d)", spec->text, r,
+                          nlayers, nlayers - 1);
+        } else if (m->span[i].hi != INT_MAX && m->span[i].hi >= nlayers) {
+            char r[32];
+            span_text(&m->span[i], r, sizeof r);
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: range %s: the model has %d layers (0..%d)", spec->text, r,
+                          nlayers, nlayers - 1);
+        }
+    for (int l = 0; l < nlayers && !st; l++) {
+        int in = 0;
+        for (int i = 0; i < m->nspans; i++) in |= m->span[i].lo <= l && l <= m->span[i].hi;
+        if (!in)
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range (every layer needs one)", spec->text, l);
+    }
+    free(m);
+    return st;
+}
+
+/* Calls fn on every spec of a mix (or on the plain spec): for checks that
+ * hold for each (shape, calibration, tensors read). */
+static kvq_status each_spec(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
+                            kvq_error *err)
+{
+    if (!kvq_spec_is_mix(spec)) return fn(spec, ud, err);
+    mix *m;
+    kvq_status st = mix_of(spec, &m, err);
+    for (int i = 0; !st && i < m->nitems; i++) {
+        kvq_spec sub;
+        if (!(st = mix_item_spec(spec->text, &m->item[i], &sub, err))) st = fn(&sub, ud, err);
+    }
+    free(m);
+    return st;
+}
+
+static kvq_status shape_of(const kvq_spec *spec, void *ud, kvq_error *err)
+{
+    int D = *(int *)ud;
+    return spec->q->check_shape ? spec->q->check_shape(spec, D, err) : KVQ_OK;
+}
+
+kvq_status kvq_spec_check_shape(const kvq_spec *spec, int head_dim, kvq_error *err)
+{
+    return each_spec(spec, shape_of, &head_dim, err);
+}
+
+static kvq_status needs_calib_of(const kvq_spec *spec, void *ud, kvq_error *err)
+{
+    (void)err;
+    char key[KVQ_SPEC_MAX];
+    *(int *)ud |= spec->q->needs_calib || (spec->q->calib_key && spec->q->calib_key(spec, key, sizeof key));
+    return KVQ_OK;
+}
+
+int kvq_spec_needs_calib(const kvq_spec *spec)
+{
+    int need = 0;
+    each_spec(spec, needs_calib_of, &need, NULL);
+    return need;
+}
+
+static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
+{
+    (void)err;
+    *(unsigned *)ud |= spec->q->read_flags;
+    return KVQ_OK;
+}
+
+unsigned kvq_spec_read_flags(const kvq_spec *spec)
+{
+    unsigned f = 0;
+    each_spec(spec, flags_of, &f, NULL);
+    return f;
+}
+
+/* ---------------------------------------------------------------- specs */
 
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
 {
@@ -14,6 +261,7 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
     if (len >= KVQ_SPEC_MAX)
         return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
     memcpy(out->text, text, len + 1);
+    if (!strncmp(text, "mix(", 4)) return mix_parse(text, out, err);
 
     char buf[KVQ_SPEC_MAX];
     memcpy(buf, text, len + 1);
@@ -69,9 +317,3 @@ kvq_status kvq_spec_default(const kvq_quantizer *q, kvq_spec *out, kvq_error *er
     return kvq_spec_parse(text, out, err);
 }
 
-int kvq_spec_needs_calib(const kvq_spec *spec)
-{
-    char key[KVQ_SPEC_MAX];
-    if (spec->q->needs_calib) return 1;
-    return spec->q->calib_key ? spec->q->calib_key(spec, key, sizeof key) : 0;
-}

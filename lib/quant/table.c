@@ -52,6 +52,8 @@ void kvq_registry_describe(FILE *f)
             fprintf(f, "    %-16s %s [%s]\n", kv, p->help, range);
         }
     }
+    fprintf(f, "\nmix(RANGE=SPEC;...)  a spec per layer range, e.g. mix(0-1=kivi:kbits=4,vbits=2;2-=kivi:bits=2):\n"
+               "    RANGE as --layers (a-b, a- to the last layer, a,b); every layer in exactly one range\n");
 }
 
 const char *kvq_quantizer_name(const kvq_quantizer *q) { return q->name; }

@@ -11,6 +11,7 @@
 #include "../simd.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 float kvq_round_scale(float s, kvq_scale_prec prec)
@@ -285,4 +286,20 @@ double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kv
     memcpy(y + (size_t)t0 * D, x + (size_t)t0 * D, (size_t)(t1 - t0) * D * sizeof(float));
     if (recon) kvq_recon_accumulate(recon, x + (size_t)t0 * D, y + (size_t)t0 * D, (size_t)(t1 - t0) * D);
     return kvq_step_bits(&(kvq_step){KVQ_STEP_EXACT, t0, t1, 16, 1, KVQ_SCALE_FP16}, 1, D, 0);
+}
+
+/* The largest |x| of K (amax[0]) and V (amax[1]) over every head of a layer
+ * (fp8 and fp4 scales per tensor), heads in parallel. */
+int kvq_layer_absmax(const kvq_layer *in, int nthreads, float amax[2])
+{
+    int H = in->H;
+    size_t n = (size_t)in->T * in->D;
+    float *head_max = malloc((size_t)2 * H * sizeof *head_max);
+    if (!head_max) return -1;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+    for (int i = 0; i < 2 * H; i++) head_max[i] = kvq_absmax(kvq_head_in(in, i / H, i % H), n);
+    amax[0] = amax[1] = 0.0f;
+    for (int i = 0; i < 2 * H; i++) amax[i / H] = head_max[i] > amax[i / H] ? head_max[i] : amax[i / H];
+    free(head_max);
+    return 0;
 }

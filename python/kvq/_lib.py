@@ -58,9 +58,9 @@ class Param(ctypes.Structure):  # kvq_param
                 ("choices", c_char_p), ("help", c_char_p), ("quiet_default", c_int)]
 
 
-class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 256)
+class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 1024)
     _fields_ = [("q", ctypes.c_void_p), ("val", c_double * 16), ("given", ctypes.c_ubyte * 16),
-                ("text", ctypes.c_char * 256)]
+                ("text", ctypes.c_char * 1024)]
 
 
 class DumpInfo(ctypes.Structure):  # kvq_dump_info
