@@ -540,6 +540,19 @@ typedef struct kvq_sweep_file {
 kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
 void kvq_sweep_file_free(kvq_sweep_file *f);
 
+/* ------------------------------------------------------ bit allocation */
+
+/* The exact optimum of the multiple-choice knapsack of kvq-alloc
+ * (docs/models.md#kvq-alloc): for L layers with G choices each, of cost
+ * cost[l][g] (predicted loss) and weight weight[l][g] (stored bits), the
+ * choice[l] minimising the summed cost with the summed weight (added in
+ * layer order) <= capacity; ties: the lower summed weight, then the
+ * lexicographically first choices (the lower index per layer, in layer
+ * order).  *min_weight (may be NULL): the lightest assignment's weight;
+ * KVQ_ERR_USAGE when that exceeds capacity. */
+kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weight, double capacity, int *choice,
+                           double *min_weight, kvq_error *err);
+
 /* ---------------------------------------------------- synthetic dumps */
 
 typedef struct kvq_gen_opts {
