@@ -89,6 +89,12 @@ if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
         -o "$data/eval-layer.csv" 2>/dev/null
     "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --policy prefill,decode --progress never \
         -o "$data/eval-policy.csv" 2>/dev/null
+    if [ -x "$bin/kvq-alloc" ]; then
+        say "kvq-alloc: kivi kbits x vbits per layer against uniform, budgets 5-10 bits"
+        rm -f "$data/alloc.csv" "$data/alloc.csv.sensitivity.csv" "$data/alloc.csv.uniform.csv"
+        "$bin/kvq-alloc" "$model" --text "$text" --family kivi --grid kbits=2,4,8 --grid vbits=2,4,8 --fixed residual=0 \
+            --budget 5,6,7,8,10 --progress never -o "$data/alloc.csv"
+    fi
     with_model=1
 else
     say "proxy_vs_loss skipped: $model absent (the bundled model lives in ../shared/data/model)"
@@ -106,6 +112,7 @@ say "figures (python: $python)"
 if [ $with_model = 1 ]; then
     "$python" "$here/proxy_vs_loss.py" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
         --eval-policy "$data/eval-policy.csv" --out "$out"
+    [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --input "$data/alloc.csv" --out "$out"
 fi
 if [ -n "${KVQ_SANITIZED:-}" ]; then
     say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
@@ -117,6 +124,7 @@ fi
 if [ $readme = 1 ]; then
     mkdir -p "$here/img"
     cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$here/img/"
+    [ -r "$out/alloc_vs_bits.png" ] && cp "$out/alloc_vs_bits.png" "$here/img/"
     say "refreshed notebooks-export/img/"
 fi
 say "done: $(cd "$out" && ls -- *.png | tr '\n' ' ')in $out/"

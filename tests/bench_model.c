@@ -97,6 +97,25 @@ int main(int argc, char **argv)
         double t = now() - t0;
         sg = t < sg ? t : sg;
     }
+    /* one kvq-alloc sensitivity pass (kvq-eval --per-layer: every layer alone quantized,
+     * in lockstep with the exact model), for two grid points */
+    const char *pass_specs[] = {"kivi:bits=2", "per-token:bits=4"};
+    double pass_s[2];
+    for (int p = 0; p < 2; p++) {
+        kvq_spec sp;
+        kvq_eval_item items[64];
+        if (kvq_spec_parse(pass_specs[p], &sp, &err) || in->n_layers > 64) {
+            fprintf(stderr, "kvq-bench-model: %s\n", err.msg);
+            return 1;
+        }
+        for (int l = 0; l < in->n_layers; l++) items[l] = (kvq_eval_item){.spec = &sp, .layer = l};
+        double t0 = now();
+        if (kvq_model_eval(m, tok, T, items, in->n_layers, &eo, &nll, &err)) {
+            fprintf(stderr, "kvq-bench-model: %s\n", err.msg);
+            return 1;
+        }
+        pass_s[p] = now() - t0;
+    }
     double layer_f32 = 4.0 * ((double)dim * (qd + 2 * kd) + (double)qd * dim + 3.0 * dim * F);
     /* what the forward pass of the exact model allocates besides the layer: its activations
      * (x, x̂, q, att, Q by head, k, v, K, V, pre-RoPE K, gate, up), the
@@ -115,6 +134,9 @@ int main(int argc, char **argv)
            "MB = %.0f MB\n",
            ru.ru_maxrss / 1024.0, sb.st_size / 1048576.0, layer_f32 / 1048576.0, act / 1048576.0,
            (sb.st_size + layer_f32 + act) / 1048576.0);
+    for (int p = 0; p < 2; p++)
+        printf("  kvq-alloc sensitivity pass (%d layers each alone quantized), %s: %.2f s = %.3f passes/s\n",
+               in->n_layers, pass_specs[p], pass_s[p], 1.0 / pass_s[p]);
     free(W), free(X), free(Y), free(tok);
     kvq_model_close(m);
     return 0;

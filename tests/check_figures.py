@@ -19,6 +19,7 @@ EXPECTED = {  # name -> (width, height) in pixels
     "sweep_heatmap_bits": (1250, 550),
 }
 OPTIONAL = {"proxy_vs_loss": (1500, 500),  # made when the bundled model (../shared/data/model) is present
+            "alloc_vs_bits": (900, 600),   # the same
             "python_api": (1500, 500)}     # made from a build with the Python package
 
 

@@ -52,6 +52,12 @@ expect 1 "no-absmax.csv: missing column abs_max (expected kvq-info --channels ou
     run channel_magnitudes.py --values "$d/values-L1-H0.csv" --channels "$tmp/no-absmax.csv"
 expect 1 "no-values.csv: missing column c0 (expected kvq-info --values L:H output" -- \
     run channel_magnitudes.py --values "$tmp/no-values.csv" --channels "$d/channels.csv"
+expect 1 "analyze-model.csv: missing columns budget, mean_bits, dnll, dnll_se (expected kvq-alloc output" -- \
+    run alloc_vs_bits.py --input "$d/analyze-model.csv"
+if [ -r "$d/alloc.csv" ]; then  # made with the bundled model: every budget's allocation and its uniform point
+    [ -s "$out/alloc_vs_bits.png" ] && [ "$(grep -c '^[0-9.]*,"\{0,1\}mix(' "$d/alloc.csv")" = 5 ] \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: alloc_vs_bits or its 5 allocations missing"; }
+fi
 [ ! -e "$tmp/bad" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a rejected input left files in $tmp/bad"; }
 
 echo "$pass passed, $fail failed"

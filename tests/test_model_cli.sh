@@ -135,6 +135,63 @@ if [ -r "$shared/model/stories260K.gguf" ]; then
     expect 2 "mix(0-1=kivi;3-=fp8): layer 2 is in no range" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-1=kivi;3-=fp8)'
     expect 2 "range 0-9: the model has 5 layers" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-9=kivi)'
     expect 2 "layer 1 is in two ranges (0-1 and 1-)" -- "$eval" "$m" --text "$t" --max-tokens 64 -q 'mix(0-1=kivi;1-=fp8)'
+
+    # kvq-alloc (docs/models.md#kvq-alloc): the sensitivities are kvq-eval --per-layer's rows, an allocation's
+    # dnll_pred is the sum of its layers' entries and its bits the pooled bits, --resume after a torn pass
+    # gives the same bytes, and bad input is exit 2
+    alloc=$build/tools/kvq-alloc
+    aargs=("$m" --text "$t" --max-tokens 192 --family kivi --grid kbits=2,4 --grid vbits=2,4 --fixed residual=0)
+    expect 0 -- "$alloc" "${aargs[@]}" --budget 5,5.6,7 --progress never -o "$tmp/al.csv"
+    "$eval" "$m" --text "$t" --max-tokens 192 --per-layer --format csv -q kivi:residual=0,kbits=2,vbits=2 \
+        -q kivi:residual=0,kbits=2,vbits=4 -q kivi:residual=0,kbits=4,vbits=2 -q kivi:residual=0,kbits=4,vbits=4 \
+        >"$tmp/al-eval.csv" 2>/dev/null
+    /usr/bin/python3 - "$tmp/al.csv" "$tmp/al-eval.csv" <<'PY' && pass=$((pass + 1)) || fail=$((fail + 1))
+import csv, sys
+out, ev = sys.argv[1], sys.argv[2]
+sens = {(r["spec"], int(r["layer"])): r for r in csv.DictReader(open(out + ".sensitivity.csv"))}
+bad = []
+for r in csv.DictReader(open(ev)):
+    s = sens.get((r["spec"], int(r["layer"])))
+    if not s or any(float(s[c]) != float(r[c]) for c in ("k_bits", "v_bits", "dnll", "dnll_se")):
+        bad.append(f"sensitivity of {r['spec']} layer {r['layer']}: {s} vs kvq-eval {r}")
+if len(sens) != 4 * 5:
+    bad.append(f"{len(sens)} sensitivity rows, expected 20")
+rows = list(csv.DictReader(open(out)))
+for r in rows:
+    if not r["spec"].startswith("mix("):
+        continue
+    pred, bits = 0.0, 0.0
+    for item in r["spec"][4:-1].split(";"):
+        rng, spec = item.split("=", 1)
+        for part in rng.split(","):
+            a, _, b = part.partition("-")
+            for l in range(int(a), (int(b) if b else 4) + 1 if "-" in part else int(a) + 1):
+                pred += float(sens[(spec, l)]["dnll"])
+                bits += float(sens[(spec, l)]["bits"]) / 5
+    if abs(pred - float(r["dnll_pred"])) > 1e-12 or abs(bits - float(r["mean_bits"])) > 1e-9 or \
+            float(r["mean_bits"]) > float(r["budget"]):
+        bad.append(f"allocation {r}: predicted {pred}, bits {bits}")
+if [r["spec"].startswith("mix(") for r in rows[::2]] != [True] * 3:
+    bad.append(f"rows: {rows}")
+for b in bad:
+    print("FAIL: kvq-alloc:", b)
+sys.exit(1 if bad else 0)
+PY
+    cp "$tmp/al.csv" "$tmp/al-full.csv"
+    cp "$tmp/al.csv.sensitivity.csv" "$tmp/al-sens-full.csv"
+    head -c "$(( $(head -n 11 "$tmp/al-sens-full.csv" | wc -c) + 20 ))" "$tmp/al-sens-full.csv" >"$tmp/al.csv.sensitivity.csv"
+    expect 2 "al.csv.sensitivity.csv exists: --resume continues" -- "$alloc" "${aargs[@]}" --budget 5 -o "$tmp/al.csv"
+    expect 0 "resuming: 2 of 4 sensitivity passes" -- "$alloc" "${aargs[@]}" --budget 5,5.6,7 --resume --progress never -o "$tmp/al.csv"
+    cmp -s "$tmp/al.csv" "$tmp/al-full.csv" && cmp -s "$tmp/al.csv.sensitivity.csv" "$tmp/al-sens-full.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-alloc --resume after a torn pass differs"; }
+    expect 2 "--budget 4: below the cheapest allocation of this grid, 4.5" -- "$alloc" "${aargs[@]}" --budget 4 --resume -o "$tmp/al.csv"
+    expect 2 "--budget abc: expected positive numbers" -- "$alloc" "${aargs[@]}" --budget abc -o "$tmp/al2.csv"
+    expect 2 "--budget B required" -- "$alloc" "${aargs[@]}" -o "$tmp/al2.csv"
+    expect 2 "-o OUT required" -- "$alloc" "${aargs[@]}" --budget 5
+    expect 2 "kbits" -- "$alloc" "$m" --text "$t" --family kivi --grid kbits= --budget 5 -o "$tmp/al2.csv"
+    expect 2 "unknown quantizer" -- "$alloc" "$m" --text "$t" --family nope --grid bits=2 --budget 5 -o "$tmp/al2.csv"
+    expect 2 "not a row of this run's grid" -- "$alloc" "$m" --text "$t" --max-tokens 64 --family kivi --grid bits=3 --budget 9 --resume -o "$tmp/al.csv"
+    [ ! -e "$tmp/al2.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused kvq-alloc left a file"; }
 else
     echo "test_model_cli: bundled model checks skipped: $shared/model absent"
 fi

@@ -393,7 +393,8 @@ int main(int argc, char **argv)
              "continues\n", np);
     cli_interrupt_note(note_head, note_tail);
     cli_interrupt_count(ndone);
-    if (ndone) fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, ndone, np, sens_path);
+    if (ndone && ndone < np)
+        fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, ndone, np, sens_path);
     for (int i = 0; i < np; i++) {
         point *pt = &pts[i];
         if (pt->done) continue;
