@@ -375,10 +375,6 @@ int main(int argc, char **argv)
         cli_error(prog, "%s: cannot drop the unfinished pass: %s", sens_path, strerror(errno));
         rc = CLI_RUNTIME; goto done;
     }
-    if (!(sens = fopen(sens_path, "a")) || fseek(sens, 0, SEEK_END)) {
-        cli_error(prog, "%s: cannot write: %s", sens_path, strerror(errno));
-        rc = CLI_RUNTIME; goto done;
-    }
     if (!(items = calloc((size_t)(L > np + nbudgets ? L : np + nbudgets) + 1, sizeof *items))) {
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME; goto done;
@@ -407,6 +403,11 @@ int main(int argc, char **argv)
             rc = cli_fail(prog, &err);
             goto done;
         }
+        /* opened when the first pass is done: an interrupted first pass leaves no file */
+        if (!sens && (!(sens = fopen(sens_path, "a")) || fseek(sens, 0, SEEK_END))) {
+            cli_error(prog, "%s: cannot write: %s", sens_path, strerror(errno));
+            rc = CLI_RUNTIME; goto done;
+        }
         kvq_report *r = kvq_rows_new(sens, KVQ_FMT_CSV, SENS_COLS, NSENS, 2);
         if (!r) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
         if (ftell(sens) > 0) kvq_report_omit_header(r);
@@ -432,7 +433,7 @@ int main(int argc, char **argv)
         cli_interrupt_count(++ndone);
         ps.pass++;
     }
-    fclose(sens);
+    if (sens) fclose(sens);
     sens = NULL;
 
     /* 2. the knapsack per budget: weights are each layer's stored bits per
