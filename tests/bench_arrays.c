@@ -3,7 +3,7 @@
  * tests/bench_python.py compares kvq.quantize against.
  *     kvq-bench-arrays K.f32 V.f32 H T D THREADS REPS SPEC...
  * prints "SPEC best_seconds" per spec. */
-#include "kvq.h"
+#include "cli.h" /* cli_tune_malloc: the C baseline runs as the tools do */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +34,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: kvq-bench-arrays K.f32 V.f32 H T D THREADS REPS SPEC...\n");
         return 2;
     }
+    cli_tune_malloc();
     int H = atoi(argv[3]), T = atoi(argv[4]), D = atoi(argv[5]), nt = atoi(argv[6]), reps = atoi(argv[7]);
     size_t n = (size_t)H * T * D;
     float *k = read_raw(argv[1], n), *v = read_raw(argv[2], n);
