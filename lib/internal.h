@@ -49,9 +49,6 @@ void *kvq_alloc_lines(size_t bytes);
 /* Index of the first inf or NaN in x[0..n), or n (vectorised screen, then a search). */
 size_t kvq_first_nonfinite(const float *x, size_t n);
 
-/* Effective thread count (<= 0: all cores). */
-int kvq_threads(int requested);
-
 /* Adds head h's reconstruction sums (fused by the quantizer or computed
  * here), bits and static bytes of quantizer output q over layer L to acc:
  * what kvq-analyze's driver and kvq_quantize_arrays both measure. */

@@ -42,6 +42,20 @@ typedef struct kvq_error {
 
 const char *kvq_strerror(kvq_status st);
 const char *kvq_version(void);
+/* What this libkvq is, as provenance records it (docs/tools.md#provenance):
+ * its version; the git commit it was built from (40 hex digits, "-dirty"
+ * appended when the work tree had changes; "" when not built from a git
+ * checkout); the SIMD level its paths use now ("none", "avx2", "avx512":
+ * the CPU's, capped by KVQ_SIMD); the BLAS (OpenBLAS's configuration
+ * string); and whether the CUDA module was built with it. */
+typedef struct kvq_build_info {
+    const char *version, *commit, *simd, *blas;
+    int cuda_built;
+} kvq_build_info;
+void kvq_get_build_info(kvq_build_info *info);
+/* The threads a call given nthreads = requested uses: requested when > 0,
+ * else the processors this process may run on. */
+int kvq_threads(int requested);
 
 /* ------------------------------------------------------- numeric helpers */
 

@@ -386,9 +386,71 @@ static int flush_out(FILE *f, int sync)
     return sync && fsync(fileno(f)) != 0 ? -1 : 0;
 }
 
+int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog)
+{
+    o->meta = m;
+    if (!m || !cli_meta_inline(m)) return 0;
+    o->real = o->f; /* the rows wait in memory for the record that precedes them */
+    if (!(o->f = open_memstream(&o->buf, &o->buflen))) {
+        o->f = o->real, o->real = NULL;
+        cli_error(prog, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The provenance of a finished OUT: with --meta inline the record line and
+ * the rows go to OUT; for a regular-file OUT, OUT.meta.json is written to
+ * its own temporary (*mo, committed after OUT).  0, or -1 after printing. */
+static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapath)
+{
+    const char *name = o->path ? o->path : "-";
+    char hex[65];
+    const char *sha = NULL;
+    char *line = NULL, *doc = NULL;
+    int rc = -1;
+    if (o->real) { /* inline: hash the rows, then write the record and the rows */
+        int bad = fclose(o->f);
+        o->f = o->real, o->real = NULL;
+        if (bad) { cli_error(prog, "out of memory"); goto done; }
+        cli_sha256_mem(o->buf, o->buflen, hex);
+        sha = hex;
+        if (!(line = cli_meta_render(o->meta, prog, name, sha, 1))) goto done;
+        if (fputs(line, o->f) == EOF || fwrite(o->buf, 1, o->buflen, o->f) != o->buflen) {
+            cli_error(prog, "%s: write failed: %s", name, strerror(errno));
+            goto done;
+        }
+    } else if (o->tmp) { /* a regular file: hash what was written */
+        int e;
+        if (flush_out(o->f, 0) || cli_sha256_file(o->tmp, hex, &e)) {
+            cli_error(prog, "%s: write failed: %s", name, strerror(errno));
+            goto done;
+        }
+        sha = hex;
+    }
+    if (o->tmp) {
+        if (!(*metapath = cli_meta_path(o->path))) { cli_error(prog, "out of memory"); goto done; }
+        if (!(doc = cli_meta_render(o->meta, prog, o->path, sha, 0))) goto done;
+        if (cli_out_open(mo, *metapath, prog)) goto done;
+        fputs(doc, mo->f); /* a failed write shows at its commit */
+    }
+    rc = 0;
+done:
+    free(line), free(doc), free(o->buf);
+    o->buf = NULL;
+    return rc;
+}
+
 int cli_out_commit(cli_out *o, const char *prog)
 {
     int rc = 0;
+    cli_out mo = {0};
+    char *metapath = NULL;
+    if (o->meta && meta_prepare(o, prog, &mo, &metapath)) {
+        cli_out_abort(o);
+        free(metapath);
+        return -1;
+    }
     if (o->f == stdout) {
         if (flush_out(stdout, 0)) {
             cli_error(prog, "<stdout>: write failed: %s", strerror(errno));
@@ -406,6 +468,11 @@ int cli_out_commit(cli_out *o, const char *prog)
         rc = -1;
     }
     o->f = NULL;
+    /* an old OUT.meta.json goes before the new OUT takes its place */
+    if (rc == 0 && metapath && unlink(metapath) != 0 && errno != ENOENT) {
+        cli_error(prog, "%s: cannot replace it: %s", metapath, strerror(errno));
+        rc = -1;
+    }
     if (rc == 0 && o->tmp && rename(o->tmp, o->target) != 0) {
         cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
         rc = -1;
@@ -414,14 +481,23 @@ int cli_out_commit(cli_out *o, const char *prog)
     if (o->tmp) cli_temp_unregister(o->tmp);
     free(o->tmp), free(o->path), free(o->target);
     memset(o, 0, sizeof *o);
+    if (mo.f) {
+        if (rc == 0 && cli_out_commit(&mo, prog)) rc = -1;
+        if (mo.f) cli_out_abort(&mo);
+    }
+    free(metapath);
     return rc;
 }
 
 void cli_out_abort(cli_out *o)
 {
+    if (o->real) { /* --meta inline: f is the memory stream */
+        fclose(o->f);
+        o->f = o->real;
+    }
     if (o->f && o->f != stdout) fclose(o->f);
     if (o->tmp) unlink(o->tmp), cli_temp_unregister(o->tmp);
-    free(o->tmp), free(o->path), free(o->target);
+    free(o->tmp), free(o->path), free(o->target), free(o->buf);
     memset(o, 0, sizeof *o);
 }
 
@@ -635,6 +711,11 @@ kvq_format cli_pick_format(const char *format, const char *output)
     if (format) return !strcmp(format, "table") ? KVQ_FMT_TABLE : !strcmp(format, "csv") ? KVQ_FMT_CSV : KVQ_FMT_JSONL;
     if (output) return ends_with(output, ".jsonl") || ends_with(output, ".json") ? KVQ_FMT_JSONL : KVQ_FMT_CSV;
     return isatty(STDOUT_FILENO) ? KVQ_FMT_TABLE : KVQ_FMT_CSV;
+}
+
+const char *cli_format_name(kvq_format fmt)
+{
+    return fmt == KVQ_FMT_TABLE ? "table" : fmt == KVQ_FMT_CSV ? "csv" : "jsonl";
 }
 
 void cli_tune_malloc(void)

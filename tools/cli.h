@@ -62,11 +62,22 @@ int cli_check_output(const char *prog, const char *output, const char *const *in
  * place; else a temporary file beside the target (a symlink followed) that
  * cli_out_commit renames into place, with the mode a new file gets (or the
  * existing file's), removed if SIGINT/SIGTERM/SIGHUP end the run. */
+typedef struct cli_meta cli_meta;
 typedef struct cli_out {
     FILE *f;
     char *path, *target, *tmp; /* as given; symlinks followed; NULL when written in place */
+    cli_meta *meta;            /* cli_out_attach_meta's */
+    FILE *real;                /* --meta inline: OUT, while f collects the rows in memory */
+    char *buf;
+    size_t buflen;
 } cli_out;
 int cli_out_open(cli_out *o, const char *path, const char *prog);
+/* The run's provenance goes with OUT (call before writing anything): at
+ * commit, OUT.meta.json beside a regular-file OUT (the old one removed
+ * before OUT is renamed, the new one renamed after it, so a meta file never
+ * describes another OUT) and, with --meta inline, the record as OUT's first
+ * line.  0, or -1 after printing. */
+int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog);
 int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
 void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
 /* A progress line on stderr for long analyses (kvq_analysis_opts.progress):
@@ -147,6 +158,7 @@ int cli_fit_specs_to_head_dim(const char *prog, const char *where, int defaults,
  * a table on a terminal and CSV on a pipe. */
 int cli_format_option(const char *prog, const char *arg, const char **format);
 kvq_format cli_pick_format(const char *format, const char *output);
+const char *cli_format_name(kvq_format fmt); /* "table", "csv", "jsonl" */
 
 /* Models in the loop (kvq-dump, kvq-eval): the token ids of a run, from
  * --text (the model's tokenizer) or --tokens (ids), cut to the model's
@@ -156,5 +168,60 @@ int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path
                      long max_tokens, int no_context_cut, int **ids, int *T);
 /* The whole file (NUL-terminated, *len without it); CLI_OK or CLI_RUNTIME after printing. */
 int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
+
+/* ---------------------------------------- provenance (tools/meta.c) */
+
+/* docs/tools.md#provenance.  A record begun at the start of main (the time,
+ * the command line, the directory), filled with the inputs and every
+ * option's effective value, and written beside OUT at commit.  Allocation
+ * failures are remembered and reported when it is written. */
+enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
+#define CLI_META_HELP                                                                     \
+    "      --meta WHERE      file (default): the run's provenance in OUT.meta.json;\n"  \
+    "                        inline: also as the first line of jsonl output\n"          \
+    "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
+#define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
+cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
+void cli_meta_free(cli_meta *m);
+/* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, -1 if not ours. */
+int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);
+/* --meta inline needs JSON lines: CLI_OK or CLI_USAGE after printing. */
+int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt);
+int cli_meta_inline(const cli_meta *m);
+/* The operands after the options (dumps, a model, shards), as given. */
+void cli_meta_operands(cli_meta *m, char *const *v, int n);
+/* An input (NULL: none): stat'ed now; hashed (SHA-256) when the record is written. */
+void cli_meta_input(cli_meta *m, const char *role, const char *path);
+/* section.key = value, in the order set; section is "options", "model" or
+ * "result".  _str(NULL) is null; _list appends one string to an array;
+ * _ints(NULL) is null. */
+void cli_meta_str(cli_meta *m, const char *section, const char *key, const char *val);
+void cli_meta_list(cli_meta *m, const char *section, const char *key, const char *val);
+void cli_meta_empty_list(cli_meta *m, const char *section, const char *key);
+void cli_meta_int(cli_meta *m, const char *section, const char *key, long long val);
+void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t val);
+void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val);
+void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int *v, int n);
+/* --layers, --heads, --queries, --per, --threads (resolved), --seed, --device. */
+void cli_meta_analysis(cli_meta *m, const cli_analysis *an);
+/* A model in the loop: the model file, text/tokens/tokenizer as inputs and
+ * options, --max-tokens, --threads (resolved), and the model's name,
+ * architecture, format, shape and the T tokens the run used. */
+void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, const kvq_model_info *in, int T);
+/* Earlier runs of the same OUT (a sweep's --resume, --merge's shards): one
+ * JSON object per line, as cli_meta_read_runs returns them. */
+void cli_meta_prior_runs(cli_meta *m, const char *runs);
+/* The runs recorded in a meta file (*runs NULL when it does not exist):
+ * CLI_OK, or CLI_RUNTIME after printing. */
+int cli_meta_read_runs(const char *prog, const char *meta_path, char **runs);
+char *cli_meta_path(const char *output); /* OUTPUT.meta.json, malloc'ed */
+/* The record (earlier runs and this one, ended at the first call) as the
+ * file's text, or on one line for --meta inline; NULL after printing. */
+char *cli_meta_render(cli_meta *m, const char *prog, const char *output, const char *out_sha256, int one_line);
+/* Writes OUTPUT.meta.json atomically now (kvq-sweep, which appends to OUT in place). */
+int cli_meta_write(cli_meta *m, const char *prog, const char *output, const char *out_sha256);
+/* SHA-256 of a file as 64 hex digits: 0, or -1 with *saved_errno. */
+int cli_sha256_file(const char *path, char hex[65], int *saved_errno);
+void cli_sha256_mem(const void *p, size_t n, char hex[65]);
 
 #endif

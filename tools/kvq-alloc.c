@@ -32,7 +32,9 @@ static void usage(FILE *f)
         "  -b, --budget B[,B..]  mean stored bits per element over K and V (repeatable)\n"
         "  -o, --output OUT      the allocations (CSV, or JSON lines for *.jsonl), written\n"
         "                        atomically; beside it OUT.sensitivity.csv (appended pass by\n"
-        "                        pass) and OUT.uniform.csv (every uniform point evaluated)\n"
+        "                        pass), OUT.uniform.csv (every uniform point evaluated) and\n"
+        "                        OUT.meta.json (the run's provenance)\n"
+        CLI_META_HELP
         "      --resume          keep the complete passes of OUT.sensitivity.csv, run the rest\n"
         "      --policy P        prefill (default) or decode, as kvq-eval\n"
         "      --stride N        decode: re-quantize the cache every N positions (default 1)\n"
@@ -224,7 +226,7 @@ int main(int argc, char **argv)
         {"chunk", required_argument, 0, OPT_CHUNK}, {"chunks", required_argument, 0, OPT_CHUNKS},
         {"calib", required_argument, 0, OPT_CALIB}, CLI_MODEL_LONGOPTS,
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+        CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *family = NULL, *output = NULL, *calib = NULL, *grids[MAX_ARGS], *fixed[MAX_ARGS];
     int ngrids = 0, nfixed = 0, nbudgets = 0, resume = 0, decode = 0, progress_mode = -1, rc = CLI_OK, c;
     double budgets[MAX_BUDGETS];
@@ -245,9 +247,12 @@ int main(int argc, char **argv)
     kvq_report *rep = NULL, *urep = NULL;
     cli_out out = {0}, uout = {0};
     kvq_error err = {0};
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
+    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":g:f:b:o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
+        if (mrc < 0) mrc = cli_meta_option(prog, c, optarg, meta);
         if (mrc >= 0) {
             if (mrc) { rc = mrc; goto done; }
             continue;
@@ -313,6 +318,7 @@ int main(int argc, char **argv)
     }
     if (chunks && !chunk) { cli_error(prog, "--chunks needs --chunk N"); rc = CLI_USAGE; goto done; }
     if (!output[0]) { cli_error(prog, "-o: expected a file name"); rc = CLI_USAGE; goto done; }
+    if ((rc = cli_meta_check_format(prog, meta, cli_pick_format(NULL, output)))) goto done;
     if (kvq_grid_new(family, grids, ngrids, fixed, nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
     size_t npoints = kvq_grid_size(grid);
     if (!(pts = calloc(npoints, sizeof *pts))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
@@ -366,11 +372,40 @@ int main(int argc, char **argv)
         }
     }
 
+    /* provenance: the inputs (a resumed sensitivity file is one) and every option's effective value */
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    cli_meta_model(meta, argv[optind], &mo, in, T);
+    cli_meta_input(meta, "calib", calib);
+    if (resume && access(sens_path, F_OK) == 0) cli_meta_input(meta, "sensitivity (resumed)", sens_path);
+    cli_meta_str(meta, "options", "family", family);
+    cli_meta_empty_list(meta, "options", "grid");
+    for (int i = 0; i < ngrids; i++) cli_meta_list(meta, "options", "grid", grids[i]);
+    cli_meta_empty_list(meta, "options", "fixed");
+    for (int i = 0; i < nfixed; i++) cli_meta_list(meta, "options", "fixed", fixed[i]);
+    for (int b = 0; b < nbudgets; b++) {
+        char bt[32];
+        snprintf(bt, sizeof bt, "%.17g", budgets[b]);
+        cli_meta_list(meta, "options", "budget", bt);
+    }
+    cli_meta_bool(meta, "options", "resume", resume);
+    cli_meta_str(meta, "options", "policy", decode ? "decode" : "prefill");
+    cli_meta_int(meta, "options", "stride", stride);
+    if (chunk) cli_meta_int(meta, "options", "chunk", chunk);
+    else cli_meta_str(meta, "options", "chunk", NULL);
+    if (chunks) cli_meta_int(meta, "options", "chunks", chunks);
+    else cli_meta_str(meta, "options", "chunks", NULL);
+    cli_meta_str(meta, "options", "calib", calib);
+    cli_meta_u64(meta, "options", "seed", seed);
+    cli_meta_str(meta, "result", "sensitivity", sens_path);
+    cli_meta_str(meta, "result", "uniform", uni_path);
+
     /* 1. sensitivities: one --per-layer pass per point not yet in the file */
     long keep = resume ? sens_read(sens_path, pts, np, L) : 0;
     if (keep < 0) { rc = CLI_USAGE; goto done; }
     int ndone = 0;
     for (int i = 0; i < np; i++) ndone += pts[i].done;
+    cli_meta_int(meta, "result", "passes_resumed", ndone);
+    cli_meta_int(meta, "result", "passes_run", np - ndone);
     if (resume && keep > 0 && truncate(sens_path, keep)) {
         cli_error(prog, "%s: cannot drop the unfinished pass: %s", sens_path, strerror(errno));
         rc = CLI_RUNTIME; goto done;
@@ -498,7 +533,8 @@ int main(int argc, char **argv)
     kvq_format fmt = cli_pick_format(NULL, output);
     if (fmt == KVQ_FMT_TABLE) fmt = KVQ_FMT_CSV;
     kvq_status wst = KVQ_OK;
-    if (cli_out_open(&out, output, prog) || cli_out_open(&uout, uni_path, prog)) {
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog) ||
+        cli_out_open(&uout, uni_path, prog)) {
         free(uni), free(ubits), free(upred);
         rc = CLI_RUNTIME; goto done;
     }
@@ -576,5 +612,6 @@ done:
     kvq_grid_free(grid);
     kvq_model_close(m);
     kvq_calib_close(cal);
+    cli_meta_free(meta);
     return rc;
 }

@@ -27,7 +27,9 @@ static void usage(FILE *f)
         "      --per WHAT        pool results per head, layer (default) or model\n"
         "      --format FMT      table, csv or jsonl (default: table on a terminal,\n"
         "                        else csv; with -o, jsonl for *.jsonl names)\n"
-        "  -o, --output FILE     write results to FILE (atomically) instead of stdout\n"
+        "  -o, --output FILE     write results to FILE (atomically) instead of stdout,\n"
+        "                        and the run's provenance to FILE.meta.json\n"
+        CLI_META_HELP
         "      --threads N       worker threads (default: all cores)\n"
         "      --seed N          seed of the random streams (default 0)\n"
         "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
@@ -52,6 +54,7 @@ int main(int argc, char **argv)
         CLI_ANALYSIS_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"list-quantizers", no_argument, 0, OPT_LIST}, {"progress", required_argument, 0, OPT_PROGRESS},
+        CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
 
     int rc = CLI_OK;
@@ -68,11 +71,14 @@ int main(int argc, char **argv)
     cli_out out = {0};
     cli_progress progress = {0};
     int c, progress_mode = -1;
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
 
     cli_analysis_init(&an);
+    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
         int arc = cli_analysis_option(prog, c, optarg, &an);
+        if (arc < 0) arc = cli_meta_option(prog, c, optarg, meta);
         if (arc >= 0) {
             if (arc) { rc = arc; goto done; }
             continue;
@@ -130,6 +136,15 @@ int main(int argc, char **argv)
         }
 
     kvq_format fmt = cli_pick_format(format, output);
+    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
+    /* provenance: the inputs and every option's effective value */
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
+    cli_meta_input(meta, "calib", calib);
+    for (int s = 0; s < nspecs; s++) cli_meta_list(meta, "options", "quant", specs[s].text);
+    cli_meta_str(meta, "options", "calib", calib);
+    cli_meta_analysis(meta, &an);
+    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
 
     {
         const char *in[] = {calib};
@@ -137,7 +152,7 @@ int main(int argc, char **argv)
             (rc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind)))
             goto done;
     }
-    if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) {
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME;
@@ -192,5 +207,6 @@ done:
     kvq_calib_close(calib_dump);
     free(specs);
     cli_analysis_free(&an);
+    cli_meta_free(meta);
     return rc;
 }

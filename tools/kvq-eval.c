@@ -38,7 +38,9 @@ static void usage(FILE *f)
         "      --max-tokens N    keep the first N tokens (BOS included)\n"
         "      --format FMT      table, csv or jsonl (default: table on a terminal, else\n"
         "                        csv; with -o, jsonl for *.jsonl names)\n"
-        "  -o, --output FILE     write results to FILE (atomically) instead of stdout\n"
+        "  -o, --output FILE     write results to FILE (atomically) instead of stdout,\n"
+        "                        and the run's provenance to FILE.meta.json\n"
+        CLI_META_HELP
         "      --progress WHEN   auto (default: on a terminal), always or never\n"
         "      --threads N       worker threads (default: all cores)\n"
         "      --seed N          seed of the quantizers' random streams (default 0)\n"
@@ -105,6 +107,7 @@ int main(int argc, char **argv)
         {"chunks", required_argument, 0, OPT_CHUNKS}, CLI_MODEL_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
+        CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *output = NULL, *format = NULL, *calib = NULL;
     int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
@@ -119,9 +122,12 @@ int main(int argc, char **argv)
     kvq_report *rep = NULL;
     cli_out out = {0};
     kvq_error err = {0};
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
+    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
+        if (mrc < 0) mrc = cli_meta_option(prog, c, optarg, meta);
         if (mrc >= 0) {
             if (mrc) { rc = mrc; goto done; }
             continue;
@@ -230,10 +236,26 @@ int main(int argc, char **argv)
                                              .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
 
     kvq_format fmt = cli_pick_format(format, output);
+    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
+    /* provenance: the inputs and every option's effective value */
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    cli_meta_model(meta, argv[optind], &mo, in, T);
+    cli_meta_input(meta, "calib", calib);
+    for (int s = 0; s < nspecs; s++) cli_meta_list(meta, "options", "quant", specs[s].text);
+    cli_meta_str(meta, "options", "calib", calib);
+    cli_meta_str(meta, "options", "policy", policies[0] && policies[1] ? "prefill,decode" : policies[0] ? "prefill" : "decode");
+    cli_meta_int(meta, "options", "stride", stride);
+    cli_meta_bool(meta, "options", "per-layer", per_layer);
+    if (chunk) cli_meta_int(meta, "options", "chunk", chunk);
+    else cli_meta_str(meta, "options", "chunk", NULL);
+    if (chunks) cli_meta_int(meta, "options", "chunks", chunks);
+    else cli_meta_str(meta, "options", "chunks", NULL);
+    cli_meta_u64(meta, "options", "seed", seed);
+    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
     static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
                                        "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se"};
     enum { NCOL = sizeof cols / sizeof cols[0] };
-    if (cli_out_open(&out, output, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
     if (!(rep = kvq_rows_new(out.f, fmt, cols, NCOL, 6))) {
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME;
@@ -300,5 +322,6 @@ done:
     kvq_model_close(m);
     kvq_calib_close(cal);
     free(specs), free(items), free(ids);
+    cli_meta_free(meta);
     return rc;
 }

@@ -22,7 +22,9 @@ static void usage(FILE *f)
         "      --values L:H      write the keys and values of layer L, KV head H as CSV\n"
         "                        (dump,layer,head,tensor,token,c0..c{D-1}; tensor is key,\n"
         "                        value and key_pre_rope when the dump has it)\n"
-        "  -o, --output FILE     write to FILE (atomically) instead of stdout\n"
+        "  -o, --output FILE     write to FILE (atomically) instead of stdout, and the\n"
+        "                        run's provenance to FILE.meta.json\n"
+        "      --no-hash         record the dumps' size and mtime, not their SHA-256\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
 }
@@ -179,12 +181,11 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_check_stdout_at_exit(prog);
     static const struct option longopts[] = {
         {"channels", no_argument, 0, 'c'}, {"values", required_argument, 0, 'v'},
-        {"output", required_argument, 0, 'o'},
+        {"output", required_argument, 0, 'o'}, CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     int channels = 0, c, rc = CLI_OK, D = 0;
     long vlayer = -1, vhead = -1;
@@ -192,6 +193,11 @@ int main(int argc, char **argv)
     cli_out out = {0};
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        int mrc = cli_meta_option(prog, c, optarg, meta);
+        if (mrc >= 0) {
+            if (mrc) return mrc;
+            continue;
+        }
         switch (c) {
         case 'c': channels = 1; break;
         case 'v': {
@@ -222,8 +228,19 @@ int main(int argc, char **argv)
         return CLI_USAGE;
     }
     int crc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind);
-    if (crc) return crc;
-    if (cli_out_open(&out, output, prog)) return CLI_RUNTIME;
+    if (crc || (crc = cli_meta_check_format(prog, meta, KVQ_FMT_CSV))) return crc;
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
+    cli_meta_bool(meta, "options", "channels", channels);
+    if (vlayer >= 0) {
+        char v[48];
+        snprintf(v, sizeof v, "%ld:%ld", vlayer, vhead);
+        cli_meta_str(meta, "options", "values", v);
+    } else cli_meta_str(meta, "options", "values", NULL);
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) {
+        cli_out_abort(&out);
+        return CLI_RUNTIME;
+    }
     /* the report is built in memory and written only when every dump
      * succeeded: a failing run leaves nothing that looks like a result */
     char *text = NULL;
@@ -250,5 +267,18 @@ int main(int argc, char **argv)
         cli_out_abort(&out);
     }
     free(text);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    cli_check_stdout_at_exit(prog);
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
+    if (!meta) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = run(argc, argv, meta);
+    cli_meta_free(meta);
     return rc;
 }

@@ -34,7 +34,9 @@ static void usage(FILE *f)
         "  -g, --grid K=V1,V2    values of key K; repeatable.  Points run in the order\n"
         "                        of nested loops, the first --grid outermost\n"
         "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
-        "  -o, --output OUT      results file (required; must not exist without --resume)\n"
+        "  -o, --output OUT      results file (required; must not exist without --resume);\n"
+        "                        OUT.meta.json records each run's provenance\n"
+        "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
         "      --resume          continue OUT: keep its complete points, drop a trailing\n"
         "                        partial row, run the rest (a missing OUT starts afresh)\n"
         "      --shard I/N       run only the points p with p mod N = I\n"
@@ -74,6 +76,7 @@ typedef struct {
     cli_analysis an; /* --layers, --heads, --queries, --per, --threads, --seed */
     long shard_i, shard_n, cache_mb;
     int resume, merge, expect_grid, list_points, progress;
+    cli_meta *meta;
 } opts_t;
 
 static double now(void)
@@ -152,6 +155,30 @@ static void progress_point(progress_t *p, size_t point, const char *spec, double
             e1, e2, spec);
     if (p->done == p->total) fputc('\n', stderr);
     fflush(stderr);
+}
+
+/* The sweep's options in its provenance record, with their effective values. */
+static void meta_options(const opts_t *o, kvq_format fmt)
+{
+    cli_meta *m = o->meta;
+    cli_meta_str(m, "options", "quant", o->quant);
+    cli_meta_empty_list(m, "options", "grid");
+    for (int i = 0; i < o->ngrids; i++) cli_meta_list(m, "options", "grid", o->grids[i]);
+    cli_meta_empty_list(m, "options", "fixed");
+    for (int i = 0; i < o->nfixed; i++) cli_meta_list(m, "options", "fixed", o->fixed[i]);
+    if (o->merge) {
+        cli_meta_bool(m, "options", "merge", 1);
+        cli_meta_bool(m, "options", "expect-grid", o->expect_grid);
+        return;
+    }
+    char shard[48];
+    snprintf(shard, sizeof shard, "%ld/%ld", o->shard_i, o->shard_n);
+    cli_meta_bool(m, "options", "resume", o->resume);
+    cli_meta_str(m, "options", "shard", shard);
+    cli_meta_str(m, "options", "calib", o->calib);
+    cli_meta_analysis(m, &o->an);
+    cli_meta_str(m, "options", "format", cli_format_name(fmt));
+    cli_meta_int(m, "options", "cache-mb", o->cache_mb);
 }
 
 /* --------------------------------------------------------------- merge */
@@ -261,7 +288,24 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
         fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog,
                 nunits, invalid);
     }
-    if (cli_out_open(&out, o->output, prog)) { rc = CLI_RUNTIME; goto done; }
+    /* provenance: the shards (and their runs, from their meta files), then this merge */
+    cli_meta_operands(o->meta, files, nfiles);
+    for (int i = 0; i < nfiles; i++) {
+        char *mp = cli_meta_path(files[i]), *runs = NULL;
+        if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        cli_meta_input(o->meta, "shard", files[i]);
+        int mrc = cli_meta_read_runs(prog, mp, &runs);
+        if (!mrc && !runs) fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n",
+                                   prog, files[i]);
+        cli_meta_prior_runs(o->meta, runs);
+        free(mp), free(runs);
+        if (mrc) { rc = mrc; goto done; }
+    }
+    meta_options(o, f[0].fmt);
+    if (cli_out_open(&out, o->output, prog) || cli_out_attach_meta(&out, o->meta, prog)) {
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     if (f[0].fmt == KVQ_FMT_CSV) fprintf(out.f, "%s\n", f[0].columns);
     for (size_t k = 0; k < nunits; k++)
         fwrite(units[k].f->data + units[k].u->begin, 1, units[k].u->end - units[k].u->begin, out.f);
@@ -301,7 +345,7 @@ static int lock_out(int fd, const char *path)
 
 static int do_sweep(opts_t *o, char **dumps, int ndumps)
 {
-    int rc = CLI_OK, fd = -1;
+    int rc = CLI_OK, fd = -1, started = 0;
     char *target = NULL; /* OUT with its symlinks followed: a link's target is what is written */
     kvq_error err = {0};
     kvq_grid *grid = NULL;
@@ -477,6 +521,24 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         goto done;
     }
     if (!exists) sync_dir(target);
+    { /* provenance: the runs before this one (--resume), then this one, "running" until it ends */
+        char *mp = cli_meta_path(o->output), *runs = NULL;
+        if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        int mrc = exists ? cli_meta_read_runs(prog, mp, &runs) : CLI_OK;
+        free(mp);
+        if (mrc) { rc = mrc; goto done; }
+        cli_meta_prior_runs(o->meta, runs);
+        free(runs);
+        cli_meta_operands(o->meta, dumps, ndumps);
+        for (int i = 0; i < ndumps; i++) cli_meta_input(o->meta, "dump", dumps[i]);
+        cli_meta_input(o->meta, "calib", o->calib);
+        if (exists) cli_meta_input(o->meta, "resumed", o->output);
+        meta_options(o, fmt);
+        cli_meta_str(o->meta, "result", "status", "running");
+        cli_meta_int(o->meta, "result", "points_before", (long long)ncomplete);
+        if ((rc = cli_meta_write(o->meta, prog, o->output, NULL))) goto done;
+        started = 1;
+    }
     {
         /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
         char head[512], tail[256];
@@ -561,11 +623,28 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         goto done;
     }
     fd = -1;
+    { /* the record of a finished run, with OUT's checksum */
+        char hex[65];
+        int e;
+        if (cli_sha256_file(target, hex, &e)) {
+            cli_error(prog, "%s: cannot read it back: %s", o->output, strerror(e));
+            rc = CLI_RUNTIME;
+            goto done;
+        }
+        cli_meta_str(o->meta, "result", "status", "complete");
+        cli_meta_int(o->meta, "result", "points_written", (long long)written);
+        if ((rc = cli_meta_write(o->meta, prog, o->output, hex))) goto done;
+        started = 0;
+    }
     double total = now() - t0;
     fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
             "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, ncomplete, ninvalid,
             o->shard_i, o->shard_n, npoints, total, prep_s, written ? (total - prep_s) / (double)written : 0.0);
 done:
+    if (started && rc) { /* a failed run says so in the record (an interrupted one stays "running") */
+        cli_meta_str(o->meta, "result", "status", "failed");
+        cli_meta_write(o->meta, prog, o->output, NULL);
+    }
     if (fd >= 0) close(fd);
     free(target);
     kvq_report_discard(rep);
@@ -592,14 +671,17 @@ int main(int argc, char **argv)
         {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
         {"expect-grid", no_argument, 0, OPT_EXPECT}, {"list-points", no_argument, 0, OPT_LIST},
         {"cache-mb", required_argument, 0, OPT_CACHE}, {"progress", required_argument, 0, OPT_PROGRESS},
+        CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
 
     opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1};
     int rc = CLI_OK, c;
     cli_analysis_init(&o.an);
+    if (!(o.meta = cli_meta_begin(prog, argc, argv))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:g:f:o:hV", longopts, NULL)) != -1) {
         int arc = cli_analysis_option(prog, c, optarg, &o.an);
+        if (arc < 0) arc = cli_meta_option(prog, c, optarg, o.meta);
         if (arc >= 0) {
             if (arc) { rc = arc; goto done; }
             continue;
@@ -660,6 +742,11 @@ int main(int argc, char **argv)
         }
     }
     if (o.progress < 0) o.progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
+    if (cli_meta_inline(o.meta)) {
+        cli_error(prog, "--meta inline: a sweep's OUT is appended across runs and merged; its record is OUT.meta.json");
+        rc = CLI_USAGE;
+        goto done;
+    }
     { /* the dumps, the calibration dump, or the merged files may not be OUT (a --resume OUT is not an input) */
         const char *in[] = {o.calib};
         if ((rc = cli_check_output(prog, o.output, in, 1)) ||
@@ -706,5 +793,6 @@ int main(int argc, char **argv)
 done:
     free(o.grids), free(o.fixed);
     cli_analysis_free(&o.an);
+    cli_meta_free(o.meta);
     return rc;
 }

@@ -1,0 +1,579 @@
+/* meta.c — provenance: the record a run keeps of itself in OUT.meta.json
+ * (docs/tools.md#provenance): the kvq build, the command line and directory,
+ * each input's path, size, mtime and SHA-256, every option's effective value,
+ * the model behind a kvq-eval row, the times and the peak memory.
+ *
+ * The file is one JSON object whose runs are one line each, so that a sweep's
+ * --resume appends a line and --merge joins its shards' lines without a JSON
+ * parser in C:
+ *   {"kvq_meta": 1, "output": "OUT", "runs": [
+ *   {...run 1...},
+ *   {...run 2...}
+ *   ]}
+ */
+#define _GNU_SOURCE /* vasprintf */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define META_HEAD "{\"kvq_meta\": 1, \"output\": "
+
+typedef struct meta_input {
+    char *role, *path;
+    struct stat st; /* at cli_meta_input: compared again when hashing */
+    int stat_errno;
+} meta_input;
+
+typedef struct meta_entry {
+    const char *section; /* "options", "model" or "result" */
+    char *key;
+    char *json; /* the value as JSON text; a list's items without the brackets */
+    int is_list;
+} meta_entry;
+
+struct cli_meta {
+    const char *tool;
+    char *command, *operands; /* JSON arrays */
+    char *cwd;
+    char start[40];
+    struct timespec t0;
+    meta_input *inputs;
+    int ninputs;
+    meta_entry *ents;
+    int nents;
+    char *prior; /* earlier runs' lines, joined by ",\n" */
+    char *run;   /* this run's line as last rendered: the inline record and the file share it */
+    int inline_line, no_hash, nomem;
+};
+
+/* ------------------------------------------------------------ JSON text */
+
+typedef struct {
+    char *s;
+    size_t len, cap;
+    int nomem;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->nomem) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) { b->nomem = 1; return; }
+        b->s = ns, b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *tmp = NULL;
+    int n = vasprintf(&tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) { b->nomem = 1; return; }
+    sb_put(b, tmp, (size_t)n);
+    free(tmp);
+}
+
+/* Length of the valid UTF-8 sequence at s, or 0 if the byte starts none. */
+static int utf8_len(const unsigned char *s)
+{
+    int n = s[0] < 0x80 ? 1 : (s[0] & 0xe0) == 0xc0 && s[0] >= 0xc2 ? 2 : (s[0] & 0xf0) == 0xe0 ? 3
+            : (s[0] & 0xf8) == 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+    for (int i = 1; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return n;
+}
+
+/* s as a JSON string; a byte that is not UTF-8 (a path may hold any) is
+ * written as the code point of the same value, so the file stays JSON. */
+static void sb_json(sbuf *b, const char *s)
+{
+    if (!s) { sb_str(b, "null"); return; }
+    sb_str(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        int n = utf8_len(p);
+        if (*p == '"' || *p == '\\') {
+            char e[2] = {'\\', (char)*p};
+            sb_put(b, e, 2);
+        } else if (*p == '\n') sb_str(b, "\\n");
+        else if (*p == '\t') sb_str(b, "\\t");
+        else if (*p < 0x20 || n == 0) sb_printf(b, "\\u%04x", *p);
+        else { sb_put(b, (const char *)p, (size_t)n); p += n; continue; }
+        p++;
+    }
+    sb_str(b, "\"");
+}
+
+static char *json_dup(const char *s)
+{
+    sbuf b = {0};
+    sb_json(&b, s);
+    if (b.nomem) { free(b.s); return NULL; }
+    return b.s;
+}
+
+/* "2026-11-24T10:28:20Z", or with nanoseconds when ns >= 0. */
+static void iso_time(char *buf, size_t len, time_t t, long ns)
+{
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    size_t n = strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (ns >= 0) snprintf(buf + n, len - n, ".%09ldZ", ns);
+    else snprintf(buf + n, len - n, "Z");
+}
+
+/* ------------------------------------------------------------- recording */
+
+cli_meta *cli_meta_begin(const char *tool, int argc, char **argv)
+{
+    cli_meta *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->tool = tool;
+    sbuf b = {0};
+    sb_str(&b, "[");
+    for (int i = 0; i < argc; i++) {
+        if (i) sb_str(&b, ", ");
+        sb_json(&b, argv[i]);
+    }
+    sb_str(&b, "]");
+    m->command = b.s;
+    m->nomem |= b.nomem;
+    m->cwd = getcwd(NULL, 0); /* NULL (written as null) when it cannot be known */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    iso_time(m->start, sizeof m->start, now.tv_sec, -1);
+    clock_gettime(CLOCK_MONOTONIC, &m->t0);
+    return m;
+}
+
+void cli_meta_free(cli_meta *m)
+{
+    if (!m) return;
+    for (int i = 0; i < m->ninputs; i++) free(m->inputs[i].role), free(m->inputs[i].path);
+    for (int i = 0; i < m->nents; i++) free(m->ents[i].key), free(m->ents[i].json);
+    free(m->inputs), free(m->ents), free(m->command), free(m->operands), free(m->cwd), free(m->prior), free(m->run);
+    free(m);
+}
+
+int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m)
+{
+    if (c == CLI_OPT_NO_HASH) {
+        m->no_hash = 1;
+        return CLI_OK;
+    }
+    if (c != CLI_OPT_META) return -1;
+    if (!strcmp(arg, "file")) m->inline_line = 0;
+    else if (!strcmp(arg, "inline")) m->inline_line = 1;
+    else {
+        cli_error(prog, "--meta %s: expected file or inline", arg);
+        return CLI_USAGE;
+    }
+    return CLI_OK;
+}
+
+int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt)
+{
+    if (m->inline_line && fmt != KVQ_FMT_JSONL) {
+        cli_error(prog, "--meta inline: needs --format jsonl (the record is the first JSON line of OUT)");
+        return CLI_USAGE;
+    }
+    return CLI_OK;
+}
+
+void cli_meta_operands(cli_meta *m, char *const *v, int n)
+{
+    sbuf b = {0};
+    sb_str(&b, "[");
+    for (int i = 0; i < n; i++) {
+        if (i) sb_str(&b, ", ");
+        sb_json(&b, v[i]);
+    }
+    sb_str(&b, "]");
+    free(m->operands);
+    m->operands = b.s;
+    m->nomem |= b.nomem;
+}
+
+void cli_meta_input(cli_meta *m, const char *role, const char *path)
+{
+    if (!path) return;
+    meta_input *ni = realloc(m->inputs, (size_t)(m->ninputs + 1) * sizeof *ni);
+    if (!ni) { m->nomem = 1; return; }
+    m->inputs = ni;
+    meta_input *in = &ni[m->ninputs];
+    memset(in, 0, sizeof *in);
+    if (!(in->role = strdup(role)) || !(in->path = strdup(path))) {
+        free(in->role), free(in->path);
+        m->nomem = 1;
+        return;
+    }
+    in->stat_errno = stat(path, &in->st) ? errno : 0;
+    m->ninputs++;
+}
+
+/* Sets (or, for a list, appends to) section.key: json is the value as JSON
+ * text, owned by the record from here on. */
+static void put(cli_meta *m, const char *section, const char *key, char *json, int is_list)
+{
+    if (!json) { m->nomem = 1; return; }
+    for (int i = 0; i < m->nents; i++) {
+        meta_entry *e = &m->ents[i];
+        if (e->section != section && strcmp(e->section, section)) continue;
+        if (strcmp(e->key, key)) continue;
+        if (is_list && e->is_list) { /* one more item */
+            sbuf b = {e->json, strlen(e->json), strlen(e->json) + 1, 0};
+            if (b.len) sb_str(&b, ", ");
+            sb_str(&b, json);
+            free(json);
+            if (b.nomem) { m->nomem = 1; return; }
+            e->json = b.s;
+            return;
+        }
+        free(e->json);
+        e->json = json, e->is_list = is_list;
+        return;
+    }
+    meta_entry *ne = realloc(m->ents, (size_t)(m->nents + 1) * sizeof *ne);
+    char *k = strdup(key);
+    if (!ne || !k) {
+        if (ne) m->ents = ne;
+        free(k), free(json);
+        m->nomem = 1;
+        return;
+    }
+    m->ents = ne;
+    ne[m->nents++] = (meta_entry){section, k, json, is_list};
+}
+
+void cli_meta_str(cli_meta *m, const char *section, const char *key, const char *val)
+{
+    put(m, section, key, json_dup(val), 0);
+}
+
+void cli_meta_list(cli_meta *m, const char *section, const char *key, const char *val)
+{
+    put(m, section, key, json_dup(val), 1);
+}
+
+void cli_meta_empty_list(cli_meta *m, const char *section, const char *key)
+{
+    put(m, section, key, strdup(""), 1);
+}
+
+void cli_meta_int(cli_meta *m, const char *section, const char *key, long long val)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", val);
+    put(m, section, key, strdup(buf), 0);
+}
+
+void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t val)
+{
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)val);
+    put(m, section, key, strdup(buf), 0);
+}
+
+void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val)
+{
+    put(m, section, key, strdup(val ? "true" : "false"), 0);
+}
+
+void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int *v, int n)
+{
+    if (!v) { put(m, section, key, strdup("null"), 0); return; }
+    sbuf b = {0};
+    sb_str(&b, "[");
+    for (int i = 0; i < n; i++) sb_printf(&b, "%s%d", i ? ", " : "", v[i]);
+    sb_str(&b, "]");
+    put(m, section, key, b.nomem ? (free(b.s), (char *)NULL) : b.s, 0);
+}
+
+void cli_meta_analysis(cli_meta *m, const cli_analysis *an)
+{
+    static const char *const per[] = {"head", "layer", "model"};
+    static const char *const kind[] = {"last", "all", "every", "random"};
+    char q[64];
+    if (an->queries.kind == KVQ_Q_ALL) snprintf(q, sizeof q, "all");
+    else snprintf(q, sizeof q, "%s:%ld", kind[an->queries.kind], an->queries.n);
+    cli_meta_ints(m, "options", "layers", an->layers, an->nlayers);
+    cli_meta_ints(m, "options", "heads", an->heads, an->nheads);
+    cli_meta_str(m, "options", "queries", q);
+    cli_meta_str(m, "options", "per", per[an->per]);
+    cli_meta_int(m, "options", "threads", kvq_threads((int)an->threads));
+    cli_meta_u64(m, "options", "seed", an->seed);
+    cli_meta_str(m, "options", "device", an->cuda ? "cuda" : "cpu");
+}
+
+void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, const kvq_model_info *in, int T)
+{
+    cli_meta_input(m, "model", model_path);
+    cli_meta_input(m, "text", mo->text);
+    cli_meta_input(m, "tokens", mo->tokens);
+    cli_meta_input(m, "tokenizer", mo->tokenizer);
+    cli_meta_str(m, "options", "text", mo->text);
+    cli_meta_str(m, "options", "tokens", mo->tokens);
+    cli_meta_str(m, "options", "tokenizer", mo->tokenizer);
+    if (mo->max_tokens) cli_meta_int(m, "options", "max-tokens", mo->max_tokens);
+    else cli_meta_str(m, "options", "max-tokens", NULL);
+    cli_meta_int(m, "options", "threads", kvq_threads((int)mo->threads));
+    cli_meta_str(m, "model", "name", in->name);
+    cli_meta_str(m, "model", "architecture", in->arch_name);
+    cli_meta_str(m, "model", "format", in->format);
+    cli_meta_int(m, "model", "layers", in->n_layers);
+    cli_meta_int(m, "model", "kv_heads", in->n_kv_heads);
+    cli_meta_int(m, "model", "head_dim", in->head_dim);
+    cli_meta_int(m, "model", "tokens", T);
+}
+
+void cli_meta_prior_runs(cli_meta *m, const char *runs)
+{
+    if (!runs || !runs[0]) return;
+    sbuf b = {m->prior, m->prior ? strlen(m->prior) : 0, m->prior ? strlen(m->prior) + 1 : 0, 0};
+    if (b.len) sb_str(&b, ",\n");
+    sb_str(&b, runs);
+    m->nomem |= b.nomem;
+    m->prior = b.s;
+}
+
+int cli_meta_read_runs(const char *prog, const char *meta_path, char **runs)
+{
+    *runs = NULL;
+    char *text;
+    size_t len;
+    FILE *f = fopen(meta_path, "rb");
+    if (!f) {
+        if (errno == ENOENT) return CLI_OK;
+        cli_error(prog, "%s: cannot read: %s", meta_path, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    fclose(f);
+    if (cli_read_file(prog, meta_path, &text, &len)) return CLI_RUNTIME;
+    char *nl = strchr(text, '\n');
+    if (strncmp(text, META_HEAD, strlen(META_HEAD)) || !nl || nl[-1] != '[') {
+        cli_error(prog, "%s: not a kvq meta file (expected a first line %s...\"runs\": [)", meta_path, META_HEAD);
+        free(text);
+        return CLI_RUNTIME;
+    }
+    sbuf b = {0};
+    int closed = 0;
+    for (char *line = nl + 1; *line && !closed;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line) : strlen(line);
+        if (n >= 2 && !strncmp(line, "]}", 2)) closed = 1;
+        else if (n && line[0] == '{') {
+            if (line[n - 1] == ',') n--;
+            if (b.len) sb_str(&b, ",\n");
+            sb_put(&b, line, n);
+        } else if (n) break;
+        line = end ? end + 1 : line + n;
+    }
+    free(text);
+    if (!closed) {
+        free(b.s);
+        cli_error(prog, "%s: truncated or edited kvq meta file (no closing ]} line)", meta_path);
+        return CLI_RUNTIME;
+    }
+    if (b.nomem) { free(b.s); cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    *runs = b.s;
+    return CLI_OK;
+}
+
+/* ------------------------------------------------------------- the record */
+
+static void sb_section(sbuf *b, const cli_meta *m, const char *section)
+{
+    int first = 1;
+    for (int i = 0; i < m->nents; i++) {
+        const meta_entry *e = &m->ents[i];
+        if (strcmp(e->section, section)) continue;
+        sb_str(b, first ? "" : ", ");
+        first = 0;
+        sb_json(b, e->key);
+        sb_str(b, ": ");
+        if (e->is_list) sb_str(b, "[");
+        sb_str(b, e->json);
+        if (e->is_list) sb_str(b, "]");
+    }
+}
+
+static int has_section(const cli_meta *m, const char *section)
+{
+    for (int i = 0; i < m->nents; i++)
+        if (!strcmp(m->ents[i].section, section)) return 1;
+    return 0;
+}
+
+/* One input: path, size, mtime, SHA-256 (streamed; null with --no-hash). */
+static int sb_input(sbuf *b, const meta_input *in, int hash, const char *prog)
+{
+    if (in->stat_errno) {
+        cli_error(prog, "%s: cannot record it: %s", in->path, strerror(in->stat_errno));
+        return CLI_RUNTIME;
+    }
+    char mt[48], hex[65];
+    iso_time(mt, sizeof mt, in->st.st_mtim.tv_sec, in->st.st_mtim.tv_nsec);
+    sb_str(b, "{\"role\": ");
+    sb_json(b, in->role);
+    sb_str(b, ", \"path\": ");
+    sb_json(b, in->path);
+    char *abs = realpath(in->path, NULL);
+    sb_str(b, ", \"realpath\": ");
+    sb_json(b, abs);
+    free(abs);
+    sb_printf(b, ", \"size\": %lld, \"mtime\": \"%s\", \"sha256\": ", (long long)in->st.st_size, mt);
+    int hashable = S_ISREG(in->st.st_mode);
+    if (hash && hashable) {
+        int e;
+        if (cli_sha256_file(in->path, hex, &e)) {
+            cli_error(prog, "%s: cannot read it to record its SHA-256: %s", in->path, strerror(e));
+            return CLI_RUNTIME;
+        }
+        sb_printf(b, "\"%s\"", hex);
+        struct stat now;
+        if (stat(in->path, &now) == 0 &&
+            (now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
+             now.st_mtim.tv_nsec != in->st.st_mtim.tv_nsec))
+            sb_str(b, ", \"changed_during_run\": true");
+    } else sb_str(b, "null");
+    sb_str(b, "}");
+    return CLI_OK;
+}
+
+/* The run as one line of JSON, ended now; NULL after printing why. */
+static char *run_json(cli_meta *m, const char *prog, const char *out_sha256)
+{
+    sbuf b = {0};
+    kvq_build_info bi;
+    kvq_get_build_info(&bi);
+    struct timespec now, t1;
+    clock_gettime(CLOCK_REALTIME, &now);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    char end[40], host[256] = "";
+    iso_time(end, sizeof end, now.tv_sec, -1);
+    if (gethostname(host, sizeof host - 1)) host[0] = '\0';
+    struct rusage ru;
+    long long peak = getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_maxrss * 1024 : -1;
+
+    sb_str(&b, "{\"tool\": ");
+    sb_json(&b, m->tool);
+    sb_str(&b, ", \"kvq\": {\"version\": ");
+    sb_json(&b, bi.version);
+    sb_str(&b, ", \"commit\": ");
+    sb_json(&b, bi.commit[0] ? bi.commit : NULL);
+    sb_str(&b, ", \"simd\": ");
+    sb_json(&b, bi.simd);
+    sb_str(&b, ", \"blas\": ");
+    sb_json(&b, bi.blas);
+    sb_printf(&b, ", \"cuda_built\": %s}", bi.cuda_built ? "true" : "false");
+    sb_printf(&b, ", \"command\": %s, \"cwd\": ", m->command ? m->command : "null");
+    sb_json(&b, m->cwd);
+    sb_str(&b, ", \"host\": ");
+    sb_json(&b, host[0] ? host : NULL);
+    sb_str(&b, ", \"inputs\": [");
+    for (int i = 0; i < m->ninputs; i++) {
+        if (i) sb_str(&b, ", ");
+        if (sb_input(&b, &m->inputs[i], !m->no_hash, prog)) { free(b.s); return NULL; }
+    }
+    sb_printf(&b, "], \"operands\": %s", m->operands ? m->operands : "[]");
+    sb_str(&b, ", \"hashed\": ");
+    sb_str(&b, m->no_hash ? "false" : "true");
+    sb_str(&b, ", \"options\": {");
+    sb_section(&b, m, "options");
+    sb_printf(&b, "%s\"meta\": \"%s\", \"no-hash\": %s}", has_section(m, "options") ? ", " : "",
+              m->inline_line ? "inline" : "file", m->no_hash ? "true" : "false");
+    if (has_section(m, "model")) {
+        sb_str(&b, ", \"model\": {");
+        sb_section(&b, m, "model");
+        sb_str(&b, "}");
+    }
+    if (has_section(m, "result")) {
+        sb_str(&b, ", \"result\": {");
+        sb_section(&b, m, "result");
+        sb_str(&b, "}");
+    }
+    sb_str(&b, ", \"output_sha256\": ");
+    sb_json(&b, out_sha256);
+    double secs = (double)(t1.tv_sec - m->t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - m->t0.tv_nsec);
+    sb_printf(&b, ", \"start\": \"%s\", \"end\": \"%s\", \"seconds\": %.3f, \"peak_rss_bytes\": %lld}", m->start, end,
+              secs, peak);
+    if (b.nomem || m->nomem) {
+        free(b.s);
+        cli_error(prog, "out of memory");
+        return NULL;
+    }
+    return b.s;
+}
+
+/* The whole file (or, one_line, the inline record): earlier runs, then this one. */
+static char *document(const cli_meta *m, const char *output, const char *run, int one_line)
+{
+    sbuf b = {0};
+    const char *sep = one_line ? " " : "\n";
+    sb_str(&b, META_HEAD);
+    sb_json(&b, output);
+    sb_printf(&b, ", \"runs\": [%s", sep);
+    if (m->prior) {
+        if (one_line) {
+            for (const char *p = m->prior; *p; p++) sb_put(&b, *p == '\n' ? " " : p, 1);
+        } else sb_str(&b, m->prior);
+        sb_printf(&b, ",%s", sep);
+    }
+    sb_str(&b, run);
+    sb_printf(&b, "%s]}\n", sep);
+    if (b.nomem) { free(b.s); return NULL; }
+    return b.s;
+}
+
+char *cli_meta_path(const char *output)
+{
+    size_t n = strlen(output);
+    char *p = malloc(n + sizeof ".meta.json");
+    if (p) memcpy(p, output, n), memcpy(p + n, ".meta.json", sizeof ".meta.json");
+    return p;
+}
+
+int cli_meta_inline(const cli_meta *m) { return m->inline_line; }
+
+char *cli_meta_render(cli_meta *m, const char *prog, const char *output, const char *out_sha256, int one_line)
+{
+    if (!m->run && !(m->run = run_json(m, prog, out_sha256))) return NULL;
+    char *doc = document(m, output, m->run, one_line);
+    if (!doc) cli_error(prog, "out of memory");
+    return doc;
+}
+
+int cli_meta_write(cli_meta *m, const char *prog, const char *output, const char *out_sha256)
+{
+    char *path = cli_meta_path(output), *doc = NULL;
+    cli_out mo = {0};
+    int rc = CLI_RUNTIME;
+    if (!path) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    free(m->run); /* a sweep writes its record twice: at its start and at its end */
+    m->run = NULL;
+    if (!(doc = cli_meta_render(m, prog, output, out_sha256, 0))) goto done;
+    if (cli_out_open(&mo, path, prog)) goto done;
+    if (fputs(doc, mo.f) == EOF) { /* the commit reports the write error */ }
+    rc = cli_out_commit(&mo, prog) ? CLI_RUNTIME : CLI_OK;
+done:
+    if (mo.f) cli_out_abort(&mo);
+    free(path), free(doc);
+    return rc;
+}
