@@ -5,8 +5,10 @@
 # error `attn_rel`, the layer-output error `out_rel_joint`, and the key and value errors
 # `k_rel_fro` / `v_rel_fro`, against the effective bits per element `(k_bits + v_bits)/2`
 # (the true stored cost: codes, scales, zeros, exact windows, outliers, low-rank factors).
-# Colours and markers mark the family; the dashed black line and the ringed points are the
-# Pareto front (no other configuration has both fewer bits and a lower error).
+# Markers mark the family, shades its specs (darker: fewer bits), small numbers the bits per
+# code; the dashed black line and the ringed, named points are the Pareto front (no other
+# configuration has both fewer bits and a lower error). `--width single|double` sizes it for
+# one column or the page; `--no-labels` leaves the numbers out.
 #
 # Regenerate (with every other figure): `notebooks-export/make_figures.sh`, or alone:
 #
@@ -24,7 +26,6 @@ import kvqplot
 
 PANELS = ["attn_rel", "out_rel_joint", "k_rel_fro", "v_rel_fro"]
 REQUIRED = ["dump", "layer", "head", "quantizer", "spec", "k_bits", "v_bits"] + PANELS
-FIGSIZE = (12, 9)
 
 
 def parse_args(argv=None):
@@ -34,6 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--dump", help="the dump to plot when the table has several (default: the only one)")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="error_vs_bits", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -58,11 +60,28 @@ def load(args):
 
 # %% [markdown]
 # ## Plot: one panel per metric, log scale where errors span decades
+#
+# Each family keeps its marker and colour in every kvq figure; its specs are shades of that
+# colour (darker: fewer bits), and each point is labelled with its nominal bit width where the
+# label has room. The dashed black line and the ringed points are the Pareto front; its points
+# are labelled with their family and bits first.
 
 # %%
+def short(p):
+    """'kivi 2b' for a spec with a bit width, else the family and its first key."""
+    b = kvqplot.spec_bits(p["spec"])
+    if b is not None:
+        return f"{p['family']} {b:g}b"
+    rest = p["spec"].split(":", 1)[1].split(",")[0] if ":" in p["spec"] else ""
+    return f"{p['family']} {rest.split('=')[-1]}".strip()
+
+
 def plot(dump, pts, args):
-    fig, axes = plt.subplots(2, 2, figsize=FIGSIZE, dpi=kvqplot.DPI)
     families = list(dict.fromkeys(p["family"] for p in pts))
+    styles = kvqplot.spec_styles([(p["family"], p["spec"]) for p in pts])
+    single = args.width == "single"
+    fig, axes, lax = kvqplot.figure(args.width, 1.45 if single else 2.1, 2, 2, legend="auto",
+                                    nlegend=len(families) + 1, longest=max(map(len, families + ["Pareto front"])))
     for ax, metric in zip(axes.flat, PANELS):
         sel = [p for p in pts if math.isfinite(p[metric])]
         if not sel:
@@ -75,27 +94,29 @@ def plot(dump, pts, args):
             if not fp:
                 continue
             colour, marker = kvqplot.family_style(fam)
-            ax.scatter([p["bits"] for p in fp], [p[metric] for p in fp], color=colour, marker=marker,
-                       s=110 if marker == "*" else 50,
-                       label=fam, zorder=3, edgecolors="white", linewidths=0.5)
+            ax.scatter([p["bits"] for p in fp], [p[metric] for p in fp], c=[styles[(fam, p["spec"])][0] for p in fp],
+                       marker=marker, s=28 if marker == "*" else 16, zorder=3, edgecolors="white", linewidths=0.3)
+            ax.scatter([], [], color=colour, marker=marker, s=20, label=fam)  # the legend's entry: the family
         front = kvqplot.pareto_front([(p["bits"], p[metric]) for p in sel])
         fx = [sel[i]["bits"] for i in front]
         fy = [sel[i][metric] for i in front]
-        ax.step(fx, fy, where="post", color="black", linestyle="--", linewidth=1, zorder=2, label="Pareto front")
-        ax.scatter(fx, fy, s=140, facecolors="none", edgecolors="black", linewidths=1, zorder=4)
+        ax.step(fx, fy, where="post", color="black", linestyle="--", linewidth=0.8, zorder=2, label="Pareto front")
+        ax.scatter(fx, fy, s=50, facecolors="none", edgecolors="black", linewidths=0.6, zorder=4)
         kvqplot.log_if_spread(ax, [p[metric] for p in sel])
-        ax.set_xlabel("effective bits per element, (k_bits + v_bits)/2")
-        ax.set_ylabel(kvqplot.metric_label(metric))
-        ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    for ax in axes.flat[1:]:  # families missing from the first panel
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), frameon=False, fontsize=10)
-    fig.suptitle(f"{dump}: error against stored bits ({len(pts)} configurations, pooled over the model)")
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.14, hspace=0.3, wspace=0.22)
+        # labels: the front's points by name first, then every point's nominal bit width
+        kvqplot.label_points(ax, [(sel[i]["bits"], sel[i][metric], short(sel[i])) for i in front],
+                             enabled=not args.no_labels, fontweight="bold")
+        kvqplot.label_points(ax, [(p["bits"], p[metric], f"{kvqplot.spec_bits(p['spec']):g}") for p in sel
+                                  if kvqplot.spec_bits(p["spec"]) is not None and
+                                  p not in [sel[i] for i in front]],
+                             enabled=not args.no_labels, color="0.35", xytext=(2, -8))
+        ax.set_ylabel(kvqplot.metric_label(metric, short=single))
+        ax.grid(True, which="major", alpha=0.3)
+    fig.supxlabel("stored bits per element, (k_bits + v_bits)/2", fontsize=kvqplot.FONT_PT)
+    kvqplot.legend(lax, *kvqplot.legend_entries(axes))
+    if not single:
+        fig.suptitle(f"{dump}: error against stored bits ({len(pts)} configurations, pooled over the model; "
+                     "labels: bits per code)")
     return fig
 
 

@@ -521,6 +521,16 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         goto done;
     }
     if (!exists) sync_dir(target);
+    {
+        /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
+        char head[512], tail[256];
+        snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
+        snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
+                 ncomplete + nrun);
+        cli_interrupt_note(head, tail);
+        cli_interrupt_count((long)ncomplete);
+    }
+
     { /* provenance: the runs before this one (--resume), then this one, "running" until it ends */
         char *mp = cli_meta_path(o->output), *runs = NULL;
         if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
@@ -532,23 +542,12 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         cli_meta_operands(o->meta, dumps, ndumps);
         for (int i = 0; i < ndumps; i++) cli_meta_input(o->meta, "dump", dumps[i]);
         cli_meta_input(o->meta, "calib", o->calib);
-        if (exists) cli_meta_input(o->meta, "resumed", o->output);
         meta_options(o, fmt);
         cli_meta_str(o->meta, "result", "status", "running");
         cli_meta_int(o->meta, "result", "points_before", (long long)ncomplete);
         if ((rc = cli_meta_write(o->meta, prog, o->output, NULL))) goto done;
         started = 1;
     }
-    {
-        /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
-        char head[512], tail[256];
-        snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
-        snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
-                 ncomplete + nrun);
-        cli_interrupt_note(head, tail);
-        cli_interrupt_count((long)ncomplete);
-    }
-
     for (size_t p = 0; p < npoints; p++) {
         kvq_spec sp;
         if (state[p] == 2 && kvq_grid_spec(grid, p, &sp, &err))

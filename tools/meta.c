@@ -29,6 +29,7 @@ typedef struct meta_input {
     char *role, *path;
     struct stat st; /* at cli_meta_input: compared again when hashing */
     int stat_errno;
+    char sha[65]; /* once hashed ("" before): a sweep writes its record twice */
 } meta_input;
 
 typedef struct meta_entry {
@@ -422,13 +423,13 @@ static int has_section(const cli_meta *m, const char *section)
 }
 
 /* One input: path, size, mtime, SHA-256 (streamed; null with --no-hash). */
-static int sb_input(sbuf *b, const meta_input *in, int hash, const char *prog)
+static int sb_input(sbuf *b, meta_input *in, int hash, const char *prog)
 {
     if (in->stat_errno) {
         cli_error(prog, "%s: cannot record it: %s", in->path, strerror(in->stat_errno));
         return CLI_RUNTIME;
     }
-    char mt[48], hex[65];
+    char mt[48];
     iso_time(mt, sizeof mt, in->st.st_mtim.tv_sec, in->st.st_mtim.tv_nsec);
     sb_str(b, "{\"role\": ");
     sb_json(b, in->role);
@@ -442,11 +443,11 @@ static int sb_input(sbuf *b, const meta_input *in, int hash, const char *prog)
     int hashable = S_ISREG(in->st.st_mode);
     if (hash && hashable) {
         int e;
-        if (cli_sha256_file(in->path, hex, &e)) {
+        if (!in->sha[0] && cli_sha256_file(in->path, in->sha, &e)) {
             cli_error(prog, "%s: cannot read it to record its SHA-256: %s", in->path, strerror(e));
             return CLI_RUNTIME;
         }
-        sb_printf(b, "\"%s\"", hex);
+        sb_printf(b, "\"%s\"", in->sha);
         struct stat now;
         if (stat(in->path, &now) == 0 &&
             (now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
