@@ -27,7 +27,6 @@ import matplotlib.pyplot as plt
 
 import kvqplot
 
-FIGSIZE = (9, 6)
 COLS = ["budget", "spec", "mean_bits", "dnll", "dnll_se"]
 UCOLS = ["spec", "mean_bits", "dnll", "dnll_se"]
 
@@ -38,6 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--uniform", help="its OUT.uniform.csv (default: beside --input)")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="alloc_vs_bits", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -61,29 +61,31 @@ def main(argv=None):
                     for r in rows if str(r["spec"]).startswith("mix(")))
     if not alloc:
         raise kvqplot.InputError(f"{a.input}: no allocation rows (spec mix(...)): expected kvq-alloc output")
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    color = kvqplot.family_style("kivi")[0]
+    single = a.width == "single"
+    fig, axes, _ = kvqplot.figure(a.width, 2.4 if single else 3.0)
+    ax = axes[0, 0]
+    color = kvqplot.OKABE_ITO[0]
     ax.errorbar([x for x, *_ in alloc], [y for _, y, *_ in alloc], yerr=[e for _, _, e, _ in alloc], color=color,
-                marker="o", capsize=3, label="per-layer allocation (kvq-alloc)")
-    for x, y, _, b in alloc:
-        ax.annotate(f"budget {b:g}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8, color=color)
+                marker="o", markersize=4, capsize=2, label="per-layer allocation")
+    kvqplot.label_points(ax, [(x, y, f"{b:g} b") for x, y, _, b in alloc], enabled=not a.no_labels, color=color,
+                         xytext=(4, 4))
     ux = [kvqplot.num(r, "mean_bits", upath) for r in uni]
     uy = [kvqplot.num(r, "dnll", upath) for r in uni]
     ue = [kvqplot.num(r, "dnll_se", upath) for r in uni]
-    ax.errorbar(ux, uy, yerr=ue, fmt="s", color="0.35", capsize=3, label="uniform grid points")
-    for x, y, r in zip(ux, uy, uni):
-        ax.annotate(point_label(str(r["spec"])), (x, y), textcoords="offset points", xytext=(6, -12), fontsize=8,
-                    color="0.35")
+    ax.errorbar(ux, uy, yerr=ue, fmt="s", markersize=3.5, color=kvqplot.OKABE_ITO[1], capsize=2,
+                label="uniform")
+    kvqplot.label_points(ax, [(x, y, point_label(str(r["spec"]))) for x, y, r in zip(ux, uy, uni)],
+                         enabled=not a.no_labels, color="0.3", xytext=(4, -9))
     ys = [abs(y) for y in uy + [y for _, y, *_ in alloc] if y != 0]
     if ys and max(ys) / min(ys) > 30:  # losses span decades (and may dip below 0 in noise): linear near 0
         ax.set_yscale("symlog", linthresh=max(min(ys), max(ys) / 1000))
     ax.axhline(0, color="0.8", lw=0.8)
-    ax.set(xlabel="mean stored bits per element (K and V)", ylabel="dnll (nats per token)",
-           title="loss rise against bits: per-layer allocation vs uniform")
-    ax.legend(loc="lower left")
+    ax.set(xlabel="mean stored bits per element (K and V)", ylabel="dnll (nats per token)")
+    if not single:
+        ax.set_title("loss rise against bits: per-layer allocation vs uniform")
+    ax.legend(loc="best")  # inside, where it covers the fewest points
     if any(not math.isfinite(v) for v in ux + uy):
         raise kvqplot.InputError(f"{upath}: non-finite values")
-    fig.tight_layout()
     return kvqplot.save(fig, a.out, a.name)
 
 

@@ -24,8 +24,6 @@ import numpy as np
 
 import kvqplot
 
-FIGSIZE = (12, 9)
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="|K| and |V| over tokens x channels, and per-channel abs-max profiles.")
@@ -35,6 +33,7 @@ def parse_args(argv=None):
                    help="keys as cached (post-RoPE, default) or before RoPE")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="channel_magnitudes", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -73,17 +72,21 @@ def load(args):
 
 # %%
 def plot(dump, layer, head, tensors, prof, args):
-    fig, axes = plt.subplots(2, 2, figsize=FIGSIZE, dpi=kvqplot.DPI, gridspec_kw={"height_ratios": [3, 2]})
+    single = args.width == "single"
+    fig, axes, lax = kvqplot.figure(args.width, 1.5 if single else 1.9, 2, 2, height_ratios=[3, 2],
+                                    legend="bottom", nlegend=3, longest=16)
     names = {"key": "K", "key_pre_rope": "K before RoPE", "value": "V"}
     for col, t in enumerate((args.key_tensor, "value")):
         ax = axes[0, col]
         x = tensors[t]
         im = ax.imshow(x, aspect="auto", interpolation="nearest", cmap="magma", origin="lower",
                        extent=(-0.5, x.shape[1] - 0.5, -0.5, x.shape[0] - 0.5))
-        ax.set_xlabel("channel index")
-        ax.set_ylabel("token position")
-        ax.set_title(f"|{names[t]}|, layer {layer}, KV head {head}")
-        fig.colorbar(im, ax=ax, label=f"|{names[t]}| (activation units)")
+        ax.set_xlabel("channel")
+        ax.set_ylabel("token" if single else "token position")
+        ax.set_title(f"|{names[t]}|" if single else f"|{names[t]}|, layer {layer}, KV head {head}")
+        cb = fig.colorbar(im, cax=ax.inset_axes([1.03, 0, 0.05, 1]))  # beside its map, not the column
+        if not single:
+            cb.set_label(f"|{names[t]}|")
 
         ax = axes[1, col]
         heads = sorted(h for (tt, h) in prof if tt == t)
@@ -93,20 +96,21 @@ def plot(dump, layer, head, tensors, prof, args):
             ratios.extend(v)
             if h == head:
                 continue
-            ax.plot(range(len(v)), v, color="grey", alpha=0.5, linewidth=1, marker=".",
-                    label="other KV heads" if h == next(x for x in heads if x != head) else None)
+            ax.plot(range(len(v)), v, color="0.55", alpha=0.7, linewidth=0.8, marker=".", markersize=2,
+                    label="other KV heads" if col == 0 and h == next(x for x in heads if x != head) else None)
         if (t, head) in prof:
             v = prof[(t, head)]
-            ax.bar(range(len(v)), v, color="#d62728" if t != "value" else "#1f77b4", alpha=0.8,
-                   label=f"KV head {head}")
+            ax.bar(range(len(v)), v, color=kvqplot.OKABE_ITO[3] if t != "value" else kvqplot.OKABE_ITO[0],
+                   alpha=0.85, label=f"KV head {head}, {names[t]}")
         ratio = max(ratios) / statistics.median(ratios) if ratios and statistics.median(ratios) > 0 else float("nan")
-        ax.set_title(f"per-channel abs-max of {names[t]}, layer {layer} (max/median {ratio:.1f})")
-        ax.set_xlabel("channel index")
-        ax.set_ylabel(f"max |{names[t]}| over tokens")
-        ax.legend(fontsize=9)
+        ax.set_title(f"max/median {ratio:.1f}" if single else
+                     f"abs-max per channel, layer {layer} (max/median {ratio:.1f})")
+        ax.set_xlabel("channel")
+        ax.set_ylabel(f"max |{names[t]}|")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{dump}: keys have outlier channels, values do not")
-    fig.subplots_adjust(left=0.07, right=0.97, top=0.92, bottom=0.07, hspace=0.35, wspace=0.25)
+    kvqplot.legend(lax, *kvqplot.legend_entries(axes[1]))
+    if not single:
+        fig.suptitle(f"{dump}: keys have outlier channels, values do not")
     return fig
 
 

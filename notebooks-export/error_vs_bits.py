@@ -112,7 +112,7 @@ def plot(dump, pts, args):
                              enabled=not args.no_labels, color="0.35", xytext=(2, -8))
         ax.set_ylabel(kvqplot.metric_label(metric, short=single))
         ax.grid(True, which="major", alpha=0.3)
-    fig.supxlabel("stored bits per element, (k_bits + v_bits)/2", fontsize=kvqplot.FONT_PT)
+    kvqplot.bottom_xlabel(axes, "bits per element" if single else "stored bits per element, (k_bits + v_bits)/2")
     kvqplot.legend(lax, *kvqplot.legend_entries(axes))
     if not single:
         fig.suptitle(f"{dump}: error against stored bits ({len(pts)} configurations, pooled over the model; "

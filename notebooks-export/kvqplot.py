@@ -208,7 +208,13 @@ def read_rows(path, required, what="kvq output"):
     return rows, cols
 
 
-_INPUTS = []  # (path, provenance record or None) of every table read, for the caption
+_INPUTS = []  # (path, provenance record, or a note string, or None) of every input, for the caption
+
+
+def note_input(path, how):
+    """An input that is not a kvq tool's output (a dump read in Python): the
+    caption names it and `how` it was read."""
+    _INPUTS.append((path, how))
 
 
 def read_meta(path):
@@ -227,6 +233,9 @@ def caption():
     or the file alone when it has none."""
     parts = []
     for path, meta in dict(_INPUTS).items():
+        if isinstance(meta, str):
+            parts.append(f"{os.path.basename(path)} {meta}")
+            continue
         if not meta:
             parts.append(f"{os.path.basename(path)} (no provenance record)")
             continue
@@ -341,6 +350,15 @@ def legend(lax, handles, labels):
     return lax.legend(handles, labels, loc="center", ncol=lax._kvq_ncol, borderaxespad=0)
 
 
+def bottom_xlabel(axes, text):
+    """The x label under each column's lowest panel (not under the legend)."""
+    for c in range(axes.shape[1]):
+        for r in range(axes.shape[0] - 1, -1, -1):
+            if axes[r, c].axison:
+                axes[r, c].set_xlabel(text)
+                break
+
+
 def legend_entries(axes):
     """The union of the panels' legend entries, in the order first seen."""
     seen = {}
@@ -366,12 +384,18 @@ def label_points(ax, points, enabled=True, **kw):
     ax.figure._kvq_labels = labels
 
 
+def _all_axes(fig):
+    """The figure's axes and the ones inside them (inset colour bars)."""
+    from matplotlib.axes import Axes
+    return [a for a in fig.findobj(Axes)]
+
+
 def texts(fig):
     """Every text the figure draws, non-empty: tick labels (only the ticks
     in view), axis labels, titles, legends, annotations."""
     from matplotlib.text import Text
     ticks, drawn = set(), []
-    for ax in fig.axes:
+    for ax in _all_axes(fig):
         if not ax.get_visible():
             continue
         for axis in (ax.xaxis, ax.yaxis):
@@ -400,7 +424,7 @@ def _thin_ticks(fig):
     """Fewer tick labels on an axis whose labels touch: half the bins of a
     linear axis, powers of ten only on a log one, every other label of a
     fixed (categorical) one; redrawn until none touch."""
-    for ax in fig.axes:
+    for ax in _all_axes(fig):
         for axis in (ax.xaxis, ax.yaxis):
             for _ in range(4):
                 r = fig.canvas.get_renderer()

@@ -22,7 +22,6 @@ import matplotlib.pyplot as plt
 
 import kvqplot
 
-FIGSIZE = (12, 9)
 STYLES = ["-", "--", ":", "-."]
 
 
@@ -35,6 +34,7 @@ def parse_args(argv=None):
     p.add_argument("--dump", help="the dump to plot when the table has several")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="layer_profile", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -65,7 +65,11 @@ def load(args):
 
 # %%
 def plot(dump, metrics, series, args):
-    fig, axes = plt.subplots(2, 2, figsize=FIGSIZE, dpi=kvqplot.DPI)
+    single = args.width == "single"
+    styles = kvqplot.spec_styles([(fam, spec) for spec, (fam, _) in series.items()])
+    nrows = (len(metrics) + 1) // 2
+    fig, axes, lax = kvqplot.figure(args.width, 1.45 if single else 2.0, nrows, 2 if len(metrics) > 1 else 1,
+                                    legend="auto", nlegend=len(series), longest=max(map(len, series)))
     per_family = {}
     for ax, metric in zip(axes.flat, metrics):
         values = []
@@ -75,26 +79,25 @@ def plot(dump, metrics, series, args):
             if not any(math.isfinite(v) for v in ys):
                 continue
             values += ys
-            colour, marker = kvqplot.family_style(fam)
-            k = per_family.setdefault(spec, sum(1 for s, f in per_family.items() if series[s][0] == fam))
-            ax.plot(layers, ys, color=colour, marker=marker, linestyle=STYLES[k % len(STYLES)], label=spec)
+            colour, marker = styles[(fam, spec)]
+            k = per_family.setdefault(spec, sum(1 for s in per_family if series[s][0] == fam))
+            ax.plot(layers, ys, color=colour, marker=marker, markersize=3.5, linewidth=1,
+                    linestyle=STYLES[k % len(STYLES)], label=spec)
         if not values:
-            ax.text(0.5, 0.5, f"no {metric} values\n(the dump has no queries)", ha="center", va="center",
+            ax.text(0.5, 0.5, f"no {metric} values\n(no queries)", ha="center", va="center",
                     transform=ax.transAxes)
             ax.set_axis_off()
             continue
         kvqplot.log_if_spread(ax, values)
-        ax.set_xlabel("layer index")
-        ax.set_ylabel(kvqplot.metric_label(metric))
+        ax.set_ylabel(kvqplot.metric_label(metric, short=single))
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, which="major", alpha=0.3)
     for ax in axes.flat[len(metrics):]:
         ax.set_axis_off()
-    handles, labels = next((ax.get_legend_handles_labels() for ax in axes.flat if ax.get_legend_handles_labels()[0]),
-                           ([], []))
-    fig.legend(handles, labels, loc="lower center", ncol=min(3, max(1, len(labels))), frameon=False, fontsize=9)
-    fig.suptitle(f"{dump}: error per layer ({len(series)} configurations)")
-    fig.subplots_adjust(left=0.08, right=0.98, top=0.93, bottom=0.17, hspace=0.3, wspace=0.22)
+    kvqplot.bottom_xlabel(axes, "layer")
+    kvqplot.legend(lax, *kvqplot.legend_entries(axes))
+    if not single:
+        fig.suptitle(f"{dump}: error per layer ({len(series)} configurations)")
     return fig
 
 

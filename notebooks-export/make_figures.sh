@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # make_figures.sh — regenerate every figure from the bundled data: run the kvq
 # tools on data/stories260K.h5 (calibrated families on stories260K-calib.h5)
-# into OUTDIR/data/, then each figure script, writing OUTDIR/*.png and *.pdf.
-#   notebooks-export/make_figures.sh [--build DIR] [--readme] [OUTDIR]
+# into OUTDIR/data/ (each result with its OUT.meta.json), then each figure
+# script, writing OUTDIR/*.png and *.pdf (the PDF's metadata names the commands).
+#   notebooks-export/make_figures.sh [--build DIR] [--width single|double] [--readme] [OUTDIR]
 #     --build DIR  where the kvq tools were built (default: build)
-#     --readme     also refresh the two images the README shows (notebooks-export/img/)
+#     --width W    single (3.4 in, one column) or double (7 in, default) column figures
+#     --readme     also refresh the images the README shows (notebooks-export/img/)
 #     OUTDIR       default: figures
 # tools/setup.sh figures installs what is missing, builds, and runs this.
 set -euo pipefail
@@ -12,12 +14,16 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 build=$root/build
 readme=0
+width=double
 out=figures
 while [ $# -gt 0 ]; do
     case "$1" in
     --build) build=$(cd "$2" && pwd); shift 2 ;;
     --readme) readme=1; shift ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --width)
+        case "${2:-}" in single|double) width=$2 ;; *) echo "make_figures: error: --width ${2:-}: expected single or double" >&2; exit 2 ;; esac
+        shift 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "make_figures: error: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) out=$1; shift ;;
     esac
@@ -102,22 +108,22 @@ else
 fi
 
 say "figures (python: $python)"
-"$python" "$here/channel_magnitudes.py" --values "$data/values-L1-H0.csv" --channels "$data/channels.csv" --out "$out"
-"$python" "$here/error_vs_bits.py" --input "$data/analyze-model.csv" --out "$out"
-"$python" "$here/error_vs_bits.py" --input "$data/analyze-formats.csv" --name error_vs_bits_formats --out "$out"
-"$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric out_rel_joint --out "$out"
-"$python" "$here/sweep_heatmap.py" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
+"$python" "$here/channel_magnitudes.py" --width "$width" --values "$data/values-L1-H0.csv" --channels "$data/channels.csv" --out "$out"
+"$python" "$here/error_vs_bits.py" --width "$width" --input "$data/analyze-model.csv" --out "$out"
+"$python" "$here/error_vs_bits.py" --width "$width" --input "$data/analyze-formats.csv" --name error_vs_bits_formats --out "$out"
+"$python" "$here/sweep_heatmap.py" --width "$width" --input "$data/sweep-kivi.csv" --x group --y residual --metric out_rel_joint --out "$out"
+"$python" "$here/sweep_heatmap.py" --width "$width" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
     --name sweep_heatmap_bits --out "$out"
-"$python" "$here/layer_profile.py" --input "$data/analyze-layer.csv" --out "$out"
+"$python" "$here/layer_profile.py" --width "$width" --input "$data/analyze-layer.csv" --out "$out"
 if [ $with_model = 1 ]; then
-    "$python" "$here/proxy_vs_loss.py" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
+    "$python" "$here/proxy_vs_loss.py" --width "$width" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
         --eval-policy "$data/eval-policy.csv" --out "$out"
-    [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --input "$data/alloc.csv" --out "$out"
+    [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --width "$width" --input "$data/alloc.csv" --out "$out"
 fi
 if [ -n "${KVQ_SANITIZED:-}" ]; then
     say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
 elif [ -r "$build/python/kvq/__init__.py" ]; then  # the Python API (python/kvq), from the build
-    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/python_api.py" --dump "$dump" --out "$out"
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" "$python" "$here/python_api.py" --width "$width" --dump "$dump" --out "$out"
 else
     say "python_api skipped: $build/python/kvq absent (an older build: reconfigure it)"
 fi

@@ -29,7 +29,6 @@ import numpy as np
 
 import kvqplot
 
-FIGSIZE = (15, 5)
 
 
 def parse_args(argv=None):
@@ -41,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--proxies", default="attn_kl,out_rel_joint", help="two kvq-analyze columns")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="proxy_vs_loss", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -101,42 +101,43 @@ def spearman(x, y):
 
 # %%
 def plot(proxies, cells, policy, args):
-    fig, axes = plt.subplots(1, 3, figsize=FIGSIZE, dpi=kvqplot.DPI)
+    single = args.width == "single"
+    specs_seen = list(dict.fromkeys((fam, spec) for fam, spec, *_ in cells))
+    styles = kvqplot.spec_styles(specs_seen)
+    fig, axes, lax = kvqplot.figure(args.width, 1.7 if single else 2.3, 3 if single else 1, 1 if single else 3,
+                                    legend="auto", nlegend=len(specs_seen) + 2,
+                                    longest=max([len(s) for _, s in specs_seen] + [29]))
+    axes = list(axes.flat)
     for ax, c in zip(axes[:2], proxies):
         xs = [cell[3][c] for cell in cells]
         ys = [cell[4] for cell in cells]
-        seen = set()
-        for fam, spec, layer, px, d in cells:
-            colour, marker = kvqplot.family_style(fam)
-            ax.scatter(px[c], d, color=colour, marker=marker, s=36, label=None if spec in seen else spec)
-            ax.annotate(layer, (px[c], d), fontsize=7, xytext=(3, 2), textcoords="offset points")
-            seen.add(spec)
-        pos = [x for x in xs if x > 0]
-        if pos and max(pos) / min(pos) > 30:
-            ax.set_xscale("log")
-        ax.set_xlabel(f"{kvqplot.metric_label(c)} (kvq-analyze, per layer)")
-        ax.set_ylabel("dnll, only this layer quantized (nats)")
-        ax.set_title(f"Spearman ρ = {spearman(xs, ys):.2f} over {len(cells)} (layer, quantizer) cells", fontsize=10)
-        ax.grid(True, which="both", alpha=0.3)
-    ax = axes[2]
+        for fam, spec in specs_seen:
+            sel = [cell for cell in cells if cell[1] == spec]
+            colour, marker = styles[(fam, spec)]
+            ax.scatter([cell[3][c] for cell in sel], [cell[4] for cell in sel], color=colour, marker=marker, s=18,
+                       label=spec, zorder=3)
+        kvqplot.label_points(ax, [(px[c], d, f"L{layer}") for _, _, layer, px, d in cells],
+                             enabled=not args.no_labels, color="0.35")
+        kvqplot.log_if_spread(ax, xs, axis="x")
+        ax.set_xlabel(f"{kvqplot.metric_label(c, short=True)} (per layer)")
+        ax.set_ylabel("dnll, one layer (nats)")
+        ax.set_title(f"rank corr. ρ = {spearman(xs, ys):.2f}", fontsize=kvqplot.FONT_PT)
+        ax.grid(True, which="major", alpha=0.3)
+    ax = axes[2]  # horizontal bars: every spec's name readable
     specs = list(policy)
-    x = np.arange(len(specs))
+    y = np.arange(len(specs))
     pre = [policy[s][1] for s in specs]
     dec = [policy[s][2] for s in specs]
-    ax.bar(x - 0.2, pre, 0.4, label="prefill (whole cache at once)", color="#4c72b0")
-    ax.bar(x + 0.2, dec, 0.4, label="decode (cache as generation holds it)", color="#dd8452")
-    ax.set_xticks(x)
-    ax.set_xticklabels(specs, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("dnll, every layer quantized (nats)")
-    vals = [v for v in pre + dec if v > 0]
-    if vals and max(vals) / min(vals) > 30:
-        ax.set_yscale("log")
-    ax.legend(fontsize=8, frameon=False)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), frameon=False, fontsize=8)
-    fig.suptitle("Offline proxies against the model's loss (points: layers)")
-    fig.subplots_adjust(left=0.05, right=0.99, top=0.88, bottom=0.3, wspace=0.28)
+    ax.barh(y - 0.2, pre, 0.4, label="whole cache at once (prefill)", color="0.3")
+    ax.barh(y + 0.2, dec, 0.4, label="cache as decoding holds it", color="0.7")
+    ax.set_yticks(y, [s.replace(":bits=", " ") for s in specs])
+    ax.invert_yaxis()
+    ax.set_xlabel("dnll, all layers (nats)")
+    kvqplot.log_if_spread(ax, pre + dec, axis="x")
+    ax.grid(True, axis="x", which="major", alpha=0.3)
+    kvqplot.legend(lax, *kvqplot.legend_entries(axes))
+    if not single:
+        fig.suptitle("Offline proxies against the model's loss (points: layers; right: prefill vs decode)")
     return fig
 
 

@@ -26,7 +26,6 @@ from matplotlib.colors import LogNorm, Normalize
 
 import kvqplot
 
-PANEL_SIZE = (5.5, 4.5)  # inches per panel (the figure is panels x this, plus the colour bar)
 PANELS_MAX = 4
 
 
@@ -42,6 +41,7 @@ def parse_args(argv=None):
     p.add_argument("--dump", help="the dump to plot when the sweep has several")
     p.add_argument("--out", default="figures", help="output folder")
     p.add_argument("--name", default="sweep_heatmap", help="file name without extension")
+    kvqplot.add_style_args(p)
     return p.parse_args([] if kvqplot.in_notebook() else argv)
 
 
@@ -126,15 +126,18 @@ def plot(rows, x, y, facet, args):
     cmap = plt.get_cmap("viridis").copy()
     cmap.set_bad("#d9d9d9")
     n = len(fvals)
-    fig, axes = plt.subplots(1, n, figsize=(PANEL_SIZE[0] * n + 1.5, PANEL_SIZE[1] + 1), dpi=kvqplot.DPI,
-                             squeeze=False)
-    label = "effective bits per element, (k_bits + v_bits)/2" if args.metric == "bits" else kvqplot.metric_label(args.metric)
-    for ax, fv, g in zip(axes[0], fvals, grids):
+    single = args.width == "single"
+    # a single column stacks the panels; the page puts them side by side
+    fig, axes, _ = kvqplot.figure(args.width, 1.5 if single else 2.6, n if single else 1, 1 if single else n)
+    axes = list(axes.flat)
+    label = "bits per element, (k_bits + v_bits)/2" if args.metric == "bits" else \
+        kvqplot.metric_label(args.metric, short=single)
+    for ax, fv, g in zip(axes, fvals, grids):
         im = ax.imshow(np.ma.masked_invalid(g), cmap=cmap, norm=norm, origin="lower", aspect="auto")
         ax.set_xticks(range(len(xs)), xs)
         ax.set_yticks(range(len(ys)), ys)
-        ax.set_xlabel(kvqplot.key_label(x))
-        ax.set_ylabel(kvqplot.key_label(y))
+        ax.set_xlabel(x if single else kvqplot.key_label(x))
+        ax.set_ylabel(y if single else kvqplot.key_label(y))
         if fv is not None:
             ax.set_title(f"{facet} = {fv}")
         for i in range(len(ys)):
@@ -142,13 +145,13 @@ def plot(rows, x, y, facet, args):
                 v = g[i, j]
                 txt = "invalid" if not math.isfinite(v) else f"{v:.3g}"
                 bright = math.isfinite(v) and norm(v) > 0.6
-                ax.text(j, i, txt, ha="center", va="center", fontsize=9,
+                ax.text(j, i, txt, ha="center", va="center", fontsize=kvqplot.FONT_PT,
                         color="black" if bright or not math.isfinite(v) else "white")
-    fig.subplots_adjust(left=0.07, right=0.86, top=0.86, bottom=0.14, wspace=0.25)
-    cax = fig.add_axes([0.89, 0.14, 0.015, 0.72])  # its own axes: never over a panel
-    fig.colorbar(im, cax=cax, label=label + (" (log scale)" if log else ""))
-    quant = rows[0]["quantizer"]
-    fig.suptitle(f"{rows[0]['dump']}: {quant} sweep, {label.split('  ')[0]} (pooled over the model)")
+    cb = fig.colorbar(im, ax=list(axes), fraction=0.05 if single else 0.04, pad=0.02)
+    cb.set_label(label + (" (log)" if log else ""))
+    if not single:
+        fig.suptitle(f"{rows[0]['dump']}: {rows[0]['quantizer']} sweep, {label.split('  ')[0]} "
+                     "(pooled over the model)")
     return fig
 
 

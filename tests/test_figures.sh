@@ -22,6 +22,15 @@ out=$tmp/figs
 rc=$?
 [ $rc = 0 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: make_figures.sh exit $rc"; sed 's/^/  /' "$tmp/make.err" | tail -5; }
 "$python" "$src/tests/check_figures.py" "$out" && pass=$((pass + 1)) || fail=$((fail + 1))
+# paper style, every script at both widths: sizes, fonts >= 8 pt, no overlapping text,
+# distinct legend entries, the provenance caption in the PDF
+OPENBLAS_NUM_THREADS=1 "$python" "$src/tests/check_figure_style.py" "$out/data" "$tmp/styled" "$build" \
+    && pass=$((pass + 1)) || fail=$((fail + 1))
+# --width reaches every script; a bad one is a usage error
+"$nb/make_figures.sh" --build "$build" --width single "$tmp/narrow" 2>/dev/null \
+    && "$python" -c "import struct,sys; w=struct.unpack('>I', open(sys.argv[1],'rb').read()[16:20])[0]; sys.exit(w != 680)" \
+       "$tmp/narrow/error_vs_bits.png" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --width single"; }
+expect 2 "--width wide: expected single or double" -- "$nb/make_figures.sh" --build "$build" --width wide "$tmp/x"
 
 # bad inputs: one line naming the file and what is wrong, exit 1
 d=$out/data
