@@ -460,7 +460,7 @@ def finish(fig):
     for t in labels:
         bb, bounds = t.get_window_extent(r), t.axes.bbox  # inside its own panel
         inside = bb.x0 >= bounds.x0 and bb.x1 <= bounds.x1 and bb.y0 >= bounds.y0 and bb.y1 <= bounds.y1
-        if not inside or any(_overlap(bb, o) for o in fixed + kept):
+        if not inside or any(_overlap(bb, o, pad=-3) for o in fixed + kept):  # 3 px apart at least
             t.set_visible(False)
         else:
             kept.append(bb)
