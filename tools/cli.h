@@ -199,6 +199,7 @@ void cli_meta_str(cli_meta *m, const char *section, const char *key, const char 
 void cli_meta_list(cli_meta *m, const char *section, const char *key, const char *val);
 void cli_meta_empty_list(cli_meta *m, const char *section, const char *key);
 void cli_meta_int(cli_meta *m, const char *section, const char *key, long long val);
+void cli_meta_int_set(cli_meta *m, const char *section, const char *key, long long val); /* 0: null (unset) */
 void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t val);
 void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val);
 void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int *v, int n);

@@ -390,10 +390,8 @@ int main(int argc, char **argv)
     cli_meta_bool(meta, "options", "resume", resume);
     cli_meta_str(meta, "options", "policy", decode ? "decode" : "prefill");
     cli_meta_int(meta, "options", "stride", stride);
-    if (chunk) cli_meta_int(meta, "options", "chunk", chunk);
-    else cli_meta_str(meta, "options", "chunk", NULL);
-    if (chunks) cli_meta_int(meta, "options", "chunks", chunks);
-    else cli_meta_str(meta, "options", "chunks", NULL);
+    cli_meta_int_set(meta, "options", "chunk", chunk);
+    cli_meta_int_set(meta, "options", "chunks", chunks);
     cli_meta_str(meta, "options", "calib", calib);
     cli_meta_u64(meta, "options", "seed", seed);
     cli_meta_str(meta, "result", "sensitivity", sens_path);

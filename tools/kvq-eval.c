@@ -246,10 +246,8 @@ int main(int argc, char **argv)
     cli_meta_str(meta, "options", "policy", policies[0] && policies[1] ? "prefill,decode" : policies[0] ? "prefill" : "decode");
     cli_meta_int(meta, "options", "stride", stride);
     cli_meta_bool(meta, "options", "per-layer", per_layer);
-    if (chunk) cli_meta_int(meta, "options", "chunk", chunk);
-    else cli_meta_str(meta, "options", "chunk", NULL);
-    if (chunks) cli_meta_int(meta, "options", "chunks", chunks);
-    else cli_meta_str(meta, "options", "chunks", NULL);
+    cli_meta_int_set(meta, "options", "chunk", chunk);
+    cli_meta_int_set(meta, "options", "chunks", chunks);
     cli_meta_u64(meta, "options", "seed", seed);
     cli_meta_str(meta, "options", "format", cli_format_name(fmt));
     static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",

@@ -285,6 +285,12 @@ void cli_meta_int(cli_meta *m, const char *section, const char *key, long long v
     put(m, section, key, strdup(buf), 0);
 }
 
+void cli_meta_int_set(cli_meta *m, const char *section, const char *key, long long val)
+{
+    if (val) cli_meta_int(m, section, key, val);
+    else put(m, section, key, strdup("null"), 0);
+}
+
 void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t val)
 {
     char buf[32];
@@ -332,8 +338,7 @@ void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, co
     cli_meta_str(m, "options", "text", mo->text);
     cli_meta_str(m, "options", "tokens", mo->tokens);
     cli_meta_str(m, "options", "tokenizer", mo->tokenizer);
-    if (mo->max_tokens) cli_meta_int(m, "options", "max-tokens", mo->max_tokens);
-    else cli_meta_str(m, "options", "max-tokens", NULL);
+    cli_meta_int_set(m, "options", "max-tokens", mo->max_tokens);
     cli_meta_int(m, "options", "threads", kvq_threads((int)mo->threads));
     cli_meta_str(m, "model", "name", in->name);
     cli_meta_str(m, "model", "architecture", in->arch_name);
