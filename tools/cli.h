@@ -201,6 +201,7 @@ void cli_meta_empty_list(cli_meta *m, const char *section, const char *key);
 void cli_meta_int(cli_meta *m, const char *section, const char *key, long long val);
 void cli_meta_int_set(cli_meta *m, const char *section, const char *key, long long val); /* 0: null (unset) */
 void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t val);
+void cli_meta_double(cli_meta *m, const char *section, const char *key, double val);
 void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val);
 void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int *v, int n);
 /* --layers, --heads, --queries, --per, --threads (resolved), --seed, --device. */
@@ -221,6 +222,12 @@ char *cli_meta_path(const char *output); /* OUTPUT.meta.json, malloc'ed */
 char *cli_meta_render(cli_meta *m, const char *prog, const char *output, const char *out_sha256, int one_line);
 /* Writes OUTPUT.meta.json atomically now (kvq-sweep, which appends to OUT in place). */
 int cli_meta_write(cli_meta *m, const char *prog, const char *output, const char *out_sha256);
+/* Dumps, which the library writes and renames itself (kvq-dump, kvq-gen):
+ * cli_meta_drop removes an old OUTPUT.meta.json before the write (so it
+ * never describes the new file), cli_meta_write_hashed records the new
+ * file's SHA-256 (unless --no-hash) once it is in place. */
+int cli_meta_drop(const char *prog, const char *output);
+int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output);
 /* SHA-256 of a file as 64 hex digits: 0, or -1 with *saved_errno. */
 int cli_sha256_file(const char *path, char hex[65], int *saved_errno);
 void cli_sha256_mem(const void *p, size_t n, char hex[65]);

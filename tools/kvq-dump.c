@@ -22,7 +22,9 @@ static void usage(FILE *f)
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
         "      --max-tokens N    keep the first N tokens (BOS included)\n"
         "      --layers LIST     layers to write, e.g. 0-3,7 (default: all)\n"
-        "  -o, --output FILE     the dump to write (atomically)\n"
+        "  -o, --output FILE     the dump to write (atomically), and its provenance to\n"
+        "                        FILE.meta.json\n"
+        "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
         "      --threads N       worker threads (default: all cores)\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n\n"
@@ -39,15 +41,18 @@ int main(int argc, char **argv)
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS, {"layers", required_argument, 0, OPT_LAYERS},
         {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
-        {0, 0, 0, 0}};
+        CLI_META_LONGOPTS, {0, 0, 0, 0}};
     const char *output = NULL;
     cli_model mo = {0};
     int *layers = NULL, nlayers = 0, *ids = NULL, T = 0, rc = CLI_OK, c;
     kvq_model *m = NULL;
     kvq_error err = {0};
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
+    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
+        if (mrc < 0) mrc = cli_meta_option(prog, c, optarg, meta);
         if (mrc >= 0) {
             if (mrc) { rc = mrc; goto done; }
             continue;
@@ -77,16 +82,27 @@ int main(int argc, char **argv)
         const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer};
         if ((rc = cli_check_output(prog, output, in, 4))) goto done;
     }
+    if (cli_meta_inline(meta)) {
+        cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json");
+        rc = CLI_USAGE; goto done;
+    }
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    cli_meta_model(meta, argv[optind], &mo, in, T);
+    cli_meta_ints(meta, "options", "layers", layers, nlayers);
     double nll;
+    if ((rc = cli_meta_drop(prog, output))) goto done;
     if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) {
         rc = cli_fail(prog, &err);
         goto done;
     }
     fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, output,
             in->format, in->name, layers ? nlayers : in->n_layers, T, nll, exp(nll));
+    cli_meta_double(meta, "result", "mean_nll", nll);
+    rc = cli_meta_write_hashed(meta, prog, output);
 done:
+    cli_meta_free(meta);
     kvq_model_close(m);
     free(layers), free(ids);
     return rc;

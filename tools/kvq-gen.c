@@ -31,7 +31,9 @@ static void usage(FILE *f)
         "      --seed N          seed (default 0)\n"
         "      --progress WHEN   auto (default: a line on a terminal once a run takes\n"
         "                        more than a second), always or never\n"
-        "  -o, --output FILE     output dump (written atomically)\n"
+        "  -o, --output FILE     output dump (written atomically), and its provenance to\n"
+        "                        FILE.meta.json (every setting, a preset expanded)\n"
+        "      --no-hash         do not record the dump's SHA-256\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n");
 }
@@ -49,10 +51,8 @@ static int parse_pos_double(const char *s, double *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_check_stdout_at_exit(prog);
-    kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
     static const struct option longopts[] = {
         {"preset", required_argument, 0, OPT_PRESET}, {"layers", required_argument, 0, OPT_LAYERS},
         {"heads", required_argument, 0, OPT_HEADS}, {"kv-heads", required_argument, 0, OPT_KV},
@@ -62,7 +62,7 @@ int main(int argc, char **argv)
         {"outlier-scale", required_argument, 0, OPT_OSCALE}, {"peak", required_argument, 0, OPT_PEAK},
         {"no-query", no_argument, 0, OPT_NOQ}, {"no-key-pre-rope", no_argument, 0, OPT_NOPRE},
         {"seed", required_argument, 0, OPT_SEED}, {"progress", required_argument, 0, OPT_PROGRESS},
-        {"output", required_argument, 0, 'o'},
+        {"output", required_argument, 0, 'o'}, CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     kvq_gen_opts o;
     kvq_gen_defaults(&o);
@@ -91,6 +91,11 @@ int main(int argc, char **argv)
     field = (int)v;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
+        int mrc = cli_meta_option(prog, c, optarg, meta);
+        if (mrc >= 0) {
+            if (mrc) return mrc;
+            continue;
+        }
         switch (c) {
         case OPT_PRESET: break;
         case OPT_LAYERS: INTOPT(o.num_layers, 1, 1000, "layers") break;
@@ -157,10 +162,45 @@ int main(int argc, char **argv)
     kvq_error err = {0};
     int crc = cli_check_output(prog, output, NULL, 0);
     if (crc) return crc;
+    if (cli_meta_inline(meta)) {
+        cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json");
+        return CLI_USAGE;
+    }
+    /* provenance: every generator setting as it took effect (a preset expanded) */
+    static const char *const dtypes[] = {"float16", "float32", "float64"};
+    cli_meta_int(meta, "options", "layers", o.num_layers);
+    cli_meta_int(meta, "options", "heads", o.num_heads);
+    cli_meta_int(meta, "options", "kv-heads", o.num_kv_heads);
+    cli_meta_int(meta, "options", "head-dim", o.head_dim);
+    cli_meta_int(meta, "options", "tokens", o.seq_len);
+    cli_meta_str(meta, "options", "dtype", dtypes[o.dtype]);
+    cli_meta_str(meta, "options", "rope-style", o.rope_style == KVQ_ROPE_HALF ? "half" : "interleaved");
+    cli_meta_double(meta, "options", "rope-theta", o.rope_theta);
+    cli_meta_int(meta, "options", "outliers", o.outlier_channels);
+    cli_meta_double(meta, "options", "outlier-scale", o.outlier_scale);
+    cli_meta_double(meta, "options", "peak", o.peak);
+    cli_meta_bool(meta, "options", "no-query", !o.with_query);
+    cli_meta_bool(meta, "options", "no-key-pre-rope", !o.with_key_pre_rope);
+    cli_meta_u64(meta, "options", "seed", o.seed);
+    if ((crc = cli_meta_drop(prog, output))) return crc;
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
     cli_progress_start(&progress, prog, progress_mode, output);
     o.progress = cli_progress_stage, o.progress_ud = &progress;
     kvq_status st = kvq_gen_write(output, &o, &err);
     cli_progress_end(&progress);
-    return st ? cli_fail(prog, &err) : CLI_OK;
+    return st ? cli_fail(prog, &err) : cli_meta_write_hashed(meta, prog, output);
+}
+
+int main(int argc, char **argv)
+{
+    cli_check_stdout_at_exit(prog);
+    kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
+    cli_meta *meta = cli_meta_begin(prog, argc, argv);
+    if (!meta) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = run(argc, argv, meta);
+    cli_meta_free(meta);
+    return rc;
 }

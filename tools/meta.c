@@ -298,6 +298,13 @@ void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t va
     put(m, section, key, strdup(buf), 0);
 }
 
+void cli_meta_double(cli_meta *m, const char *section, const char *key, double val)
+{
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.17g", val);
+    put(m, section, key, strdup(buf), 0);
+}
+
 void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val)
 {
     put(m, section, key, strdup(val ? "true" : "false"), 0);
@@ -582,4 +589,25 @@ done:
     if (mo.f) cli_out_abort(&mo);
     free(path), free(doc);
     return rc;
+}
+
+int cli_meta_drop(const char *prog, const char *output)
+{
+    char *path = cli_meta_path(output);
+    if (!path) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    int rc = unlink(path) != 0 && errno != ENOENT ? CLI_RUNTIME : CLI_OK;
+    if (rc) cli_error(prog, "%s: cannot replace it: %s", path, strerror(errno));
+    free(path);
+    return rc;
+}
+
+int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output)
+{
+    char hex[65];
+    int e;
+    if (!m->no_hash && cli_sha256_file(output, hex, &e)) {
+        cli_error(prog, "%s: cannot read it back: %s", output, strerror(e));
+        return CLI_RUNTIME;
+    }
+    return cli_meta_write(m, prog, output, m->no_hash ? NULL : hex);
 }
