@@ -421,9 +421,9 @@ static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapa
             goto done;
         }
     } else if (o->tmp) { /* a regular file: hash what was written */
-        int e;
+        int e = 0;
         if (flush_out(o->f, 0) || cli_sha256_file(o->tmp, hex, &e)) {
-            cli_error(prog, "%s: write failed: %s", name, strerror(errno));
+            cli_error(prog, "%s: %s: %s", name, e ? "cannot read it back" : "write failed", strerror(e ? e : errno));
             goto done;
         }
         sha = hex;
