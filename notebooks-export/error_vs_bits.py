@@ -106,9 +106,9 @@ def plot(dump, pts, args):
         # labels: the front's points by name first, then every point's nominal bit width
         kvqplot.label_points(ax, [(sel[i]["bits"], sel[i][metric], short(sel[i])) for i in front],
                              enabled=not args.no_labels, fontweight="bold")
-        kvqplot.label_points(ax, [(p["bits"], p[metric], f"{kvqplot.spec_bits(p['spec']):g}") for p in sel
-                                  if kvqplot.spec_bits(p["spec"]) is not None and
-                                  p not in [sel[i] for i in front]],
+        kvqplot.label_points(ax, [(p["bits"], p[metric], f"{kvqplot.spec_bits(p['spec']):g}")
+                                  for i, p in enumerate(sel)
+                                  if kvqplot.spec_bits(p["spec"]) is not None and i not in front],
                              enabled=not args.no_labels, color="0.35", xytext=(2, -8))
         ax.set_ylabel(kvqplot.metric_label(metric, short=single))
         ax.grid(True, which="major", alpha=0.3)

@@ -469,10 +469,7 @@ int cli_out_commit(cli_out *o, const char *prog)
     }
     o->f = NULL;
     /* an old OUT.meta.json goes before the new OUT takes its place */
-    if (rc == 0 && metapath && unlink(metapath) != 0 && errno != ENOENT) {
-        cli_error(prog, "%s: cannot replace it: %s", metapath, strerror(errno));
-        rc = -1;
-    }
+    if (rc == 0 && metapath && cli_meta_drop(prog, o->path)) rc = -1;
     if (rc == 0 && o->tmp && rename(o->tmp, o->target) != 0) {
         cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
         rc = -1;

@@ -183,6 +183,9 @@ enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
 #define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
 void cli_meta_free(cli_meta *m);
+/* A tool's main with one return path per error: run(argc, argv, record)
+ * between cli_meta_begin and cli_meta_free. */
+int cli_meta_main(const char *prog, int argc, char **argv, int (*run)(int, char **, cli_meta *));
 /* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, -1 if not ours. */
 int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);
 /* --meta inline needs JSON lines: CLI_OK or CLI_USAGE after printing. */

@@ -195,12 +195,5 @@ int main(int argc, char **argv)
 {
     cli_check_stdout_at_exit(prog);
     kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
-    if (!meta) {
-        cli_error(prog, "out of memory");
-        return CLI_RUNTIME;
-    }
-    int rc = run(argc, argv, meta);
-    cli_meta_free(meta);
-    return rc;
+    return cli_meta_main(prog, argc, argv, run);
 }

@@ -273,12 +273,5 @@ static int run(int argc, char **argv, cli_meta *meta)
 int main(int argc, char **argv)
 {
     cli_check_stdout_at_exit(prog);
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
-    if (!meta) {
-        cli_error(prog, "out of memory");
-        return CLI_RUNTIME;
-    }
-    int rc = run(argc, argv, meta);
-    cli_meta_free(meta);
-    return rc;
+    return cli_meta_main(prog, argc, argv, run);
 }

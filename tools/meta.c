@@ -140,6 +140,20 @@ static void iso_time(char *buf, size_t len, time_t t, long ns)
     else snprintf(buf + n, len - n, "Z");
 }
 
+/* v[0..n) as a JSON array of strings (malloc'ed; NULL when out of memory). */
+static char *json_strings(char *const *v, int n)
+{
+    sbuf b = {0};
+    sb_str(&b, "[");
+    for (int i = 0; i < n; i++) {
+        if (i) sb_str(&b, ", ");
+        sb_json(&b, v[i]);
+    }
+    sb_str(&b, "]");
+    if (b.nomem) { free(b.s); return NULL; }
+    return b.s;
+}
+
 /* ------------------------------------------------------------- recording */
 
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv)
@@ -147,15 +161,7 @@ cli_meta *cli_meta_begin(const char *tool, int argc, char **argv)
     cli_meta *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->tool = tool;
-    sbuf b = {0};
-    sb_str(&b, "[");
-    for (int i = 0; i < argc; i++) {
-        if (i) sb_str(&b, ", ");
-        sb_json(&b, argv[i]);
-    }
-    sb_str(&b, "]");
-    m->command = b.s;
-    m->nomem |= b.nomem;
+    m->nomem |= !(m->command = json_strings(argv, argc));
     m->cwd = getcwd(NULL, 0); /* NULL (written as null) when it cannot be known */
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
@@ -200,16 +206,20 @@ int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt)
 
 void cli_meta_operands(cli_meta *m, char *const *v, int n)
 {
-    sbuf b = {0};
-    sb_str(&b, "[");
-    for (int i = 0; i < n; i++) {
-        if (i) sb_str(&b, ", ");
-        sb_json(&b, v[i]);
-    }
-    sb_str(&b, "]");
     free(m->operands);
-    m->operands = b.s;
-    m->nomem |= b.nomem;
+    m->nomem |= !(m->operands = json_strings(v, n));
+}
+
+int cli_meta_main(const char *prog, int argc, char **argv, int (*run)(int, char **, cli_meta *))
+{
+    cli_meta *m = cli_meta_begin(prog, argc, argv);
+    if (!m) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = run(argc, argv, m);
+    cli_meta_free(m);
+    return rc;
 }
 
 void cli_meta_input(cli_meta *m, const char *role, const char *path)
