@@ -743,8 +743,8 @@ typedef struct kvq_eval_opts {
 } kvq_eval_opts;
 
 /* Teacher-forced evaluation (docs/models.md): the exact model and every item's
- * quantized cache run together, a layer's weights dequantized once for
- * all; *nll_ref receives the exact model's mean NLL over the scored
+ * quantized cache run together in lockstep (an item whose cache is still
+ * exact computes nothing of its own); *nll_ref receives the exact model's mean NLL over the scored
  * positions (pooled over the windows with o->chunk). */
 kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
                           const kvq_eval_opts *o, double *nll_ref, kvq_error *err);

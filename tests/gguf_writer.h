@@ -153,6 +153,71 @@ static inline int gw_write_file(const char *path, const uint8_t *p, size_t n)
     return fclose(f) == 0 && ok ? 0 : -1;
 }
 
+/* Bytes of a GGUF value of `type` at p (below end), or 0 if it runs past end. */
+static inline size_t gw_value_size(uint32_t type, const uint8_t *p, const uint8_t *end)
+{
+    static const size_t scalar[13] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    if (type > 12) return 0;
+    if (type == 8) {
+        uint64_t n;
+        if (end - p < 8) return 0;
+        memcpy(&n, p, 8);
+        return n <= (uint64_t)(end - p) - 8 ? 8 + (size_t)n : 0;
+    }
+    if (type == 9) {
+        uint32_t at;
+        uint64_t n;
+        if (end - p < 12) return 0;
+        memcpy(&at, p, 4), memcpy(&n, p + 4, 8);
+        size_t off = 12;
+        for (uint64_t i = 0; i < n; i++) {
+            size_t s = gw_value_size(at, p + off, end);
+            if (!s) return 0;
+            off += s;
+        }
+        return off;
+    }
+    return (size_t)(end - p) >= scalar[type] ? scalar[type] : 0;
+}
+
+/* Copies the metadata of the GGUF file at path whose keys start with
+ * prefix (e.g. "tokenizer.": a real model's vocabulary) into w, bytes as
+ * they are.  Returns the number copied, or -1 if the file cannot be read. */
+static inline int gw_copy_kvs(gguf_w *w, const char *path, const char *prefix)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    size_t cap = 1 << 20, n = 0;
+    uint8_t *p = malloc(cap);
+    for (size_t r; p && (r = fread(p + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) p = realloc(p, cap *= 2);
+    }
+    fclose(f);
+    if (!p || n < 24 || memcmp(p, "GGUF", 4)) { free(p); return -1; }
+    uint64_t nkv;
+    memcpy(&nkv, p + 16, 8);
+    const uint8_t *q = p + 24, *end = p + n;
+    int copied = 0;
+    for (uint64_t i = 0; i < nkv; i++) {
+        size_t ks = gw_value_size(8, q, end);
+        if (!ks || end - (q + ks) < 4) { free(p); return -1; }
+        uint64_t klen;
+        memcpy(&klen, q, 8);
+        uint32_t type;
+        memcpy(&type, q + ks, 4);
+        size_t vs = gw_value_size(type, q + ks + 4, end);
+        if (!vs) { free(p); return -1; }
+        if (klen >= strlen(prefix) && !memcmp(q + 8, prefix, strlen(prefix))) {
+            gw_put(&w->kv, q, ks + 4 + vs);
+            w->nkv++, copied++;
+        }
+        q += ks + 4 + vs;
+    }
+    free(p);
+    return copied;
+}
+
 /* ---------------------------------------------------- random weights */
 
 static inline uint64_t gw_rand(uint64_t *s)

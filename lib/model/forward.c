@@ -4,11 +4,14 @@
  * positions (prefill).
  *
  * Several streams run in lockstep: the exact model and any number of
- * quantized caches.  Each layer's weights are dequantized once for all of
- * them (peak memory: the mapped file + one layer in float32 + activations),
- * and the output head walks the vocabulary in chunks, keeping an online
- * log-softmax per position, so neither the output matrix nor the logits are
- * ever whole in memory.
+ * quantized caches.  Weights are dequantized a column tile at a time, by
+ * the thread that multiplies it (peak memory: the mapped file + a tile per
+ * thread + activations), and the output head walks the vocabulary in
+ * chunks, keeping an online log-softmax per position, so neither the
+ * output matrix nor the logits are ever whole in memory.  A configuration
+ * computes nothing of its own while its caches are the exact ones, and
+ * only the rows that are scored reach the last layer's queries and the
+ * head.
  *
  * A quantized stream replaces K, V [H][T][D] of a layer by the registry
  * quantizer's reconstruction, exactly as kvq-analyze calls it
@@ -31,91 +34,126 @@
  * every output element is computed by the same call with the same operands
  * whatever the thread count: results do not depend on --threads (docs/models.md
  * "Forward").  A multi-threaded BLAS call splits its work by the thread
- * count, and a last-bit change in a key can flip a 4-bit rounding. */
-enum { TILE_ROWS = 512, TILE_COLS = 1024, ATT_ROWS = 64 };
+ * count, and a last-bit change in a key can flip a 4-bit rounding.
+ *
+ * Row tiles sit at multiples of TILE_ROWS from position 0, and a product
+ * over rows [r0, r1) starts at such a multiple, so the rows a pass computes
+ * of the last layer and the output head (only those that are scored) come
+ * out of the same calls as in a pass that computes them all: a corpus
+ * window's scored half equals a plain run of the window bit for bit.
+ * (OpenBLAS's result for a row depends on the call's other rows: its
+ * kernels block M.)  Tiles of 256 × 512 run at the sgemm rate of larger
+ * ones on these shapes. */
+enum { TILE_ROWS = 256, TILE_COLS = 512, ATT_ROWS = 64 };
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
-/* y [M][N] = x [M][K] · W [N][K]ᵀ + beta · y */
-static void gemm_tiled(float *y, const float *x, const float *W, int M, int K, int N, float beta, int nt)
+/* A weight matrix W [N][K] (a tensor's rows [w0, w0 + N)) is read by the
+ * products in place when the file holds it as aligned float32, else one
+ * column tile — TILE_COLS rows of W — at a time, dequantized into a
+ * buffer of the thread that multiplies it and checked finite there: no
+ * layer is ever whole in float32 (no page of it to fault in), and the
+ * tile is read while it is warm. */
+typedef struct fw_gemm {
+    const float *x; /* [.][K], row 0 */
+    float *y;       /* [.][ldy], row 0, the product's first column */
+    int r0, r1;     /* the rows: tiles from r0 */
+    int ldy;
+} fw_gemm;
+
+/* float32 tensors aligned for float loads are used in place. */
+static int in_place(const kvq_wtensor *t) { return t->type == KVQ_GGML_F32 && ((uintptr_t)t->data & 3) == 0; }
+
+/* The error for the first non-finite weight, at row r, column col of t. */
+static kvq_status nonfinite_weight(const kvq_model *m, const kvq_wtensor *t, int64_t r, size_t col, double v,
+                                   kvq_error *err)
 {
-    int mt = (M + TILE_ROWS - 1) / TILE_ROWS, ct = (N + TILE_COLS - 1) / TILE_COLS;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %zu is %g: expected finite weights", m->path,
+                    t->name ? t->name : "?", (long long)r, col, v);
+}
+
+/* For each job g, rows [g.r0, g.r1) of g.y = g.x · W[w0 .. w0 + N)ᵀ + beta · g.y,
+ * where W is tensor t's rows.  Fails naming the first non-finite weight
+ * read (a tensor read whole once is not checked again). */
+static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, kvq_wtensor *t, int64_t w0, int N,
+                         const fw_gemm *g, int ng, float beta, kvq_error *err)
+{
+    int K = (int)t->cols, ct = (N + TILE_COLS - 1) / TILE_COLS, rt = 0;
+    for (int j = 0; j < ng; j++) rt += (g[j].r1 - g[j].r0 + TILE_ROWS - 1) / TILE_ROWS;
+    if (!rt) return KVQ_OK;
+    const float *Wf = in_place(t) ? (const float *)t->data + (size_t)w0 * K : NULL;
+    /* tasks: a column tile with all its row tiles, or, with fewer column
+     * tiles than twice the threads, one row tile each (dequantizing the
+     * column tile again): the same sgemm calls either way */
+    int split = ct < 2 * nt && rt > 1, ntask = split ? ct * rt : ct;
+    size_t bad = SIZE_MAX; /* the first non-finite weight: row · K + column */
+    float badv = 0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int i = 0; i < mt * ct; i++) {
-        int r = i / ct * TILE_ROWS, c = i % ct * TILE_COLS;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(TILE_ROWS, M - r), imin(TILE_COLS, N - c), K, 1.0f,
-                    x + (size_t)r * K, K, W + (size_t)c * K, K, beta, y + (size_t)r * N + c, N);
+    for (int task = 0; task < ntask; task++) {
+        int ci = split ? task / rt : task, ri = split ? task % rt : -1;
+        int c = ci * TILE_COLS, n = imin(TILE_COLS, N - c);
+        const float *W = Wf ? Wf + (size_t)c * K : tile[omp_get_thread_num()];
+        if (!Wf) {
+            float *buf = tile[omp_get_thread_num()];
+            kvq_wtensor_rows(t, w0 + c, w0 + c + n, buf);
+            size_t nv = (size_t)n * K, i = t->checked ? nv : kvq_first_nonfinite(buf, nv);
+            if (i < nv) {
+#pragma omp critical(kvq_nonfinite_weight)
+                if ((size_t)c * K + i < bad) bad = (size_t)c * K + i, badv = buf[i];
+                continue;
+            }
+        }
+        for (int j = 0, k = 0; j < ng; j++)
+            for (int r = g[j].r0; r < g[j].r1; r += TILE_ROWS, k++) {
+                if (split && k != ri) continue;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(TILE_ROWS, g[j].r1 - r), n, K, 1.0f,
+                            g[j].x + (size_t)r * K, K, W, K, beta, g[j].y + (size_t)r * g[j].ldy + c, g[j].ldy);
+            }
     }
+    if (bad == SIZE_MAX) {
+        if (w0 == 0 && N == t->rows) t->checked = 1;
+        return KVQ_OK;
+    }
+    return nonfinite_weight(m, t, w0 + (int64_t)(bad / (size_t)K), bad % (size_t)K, badv, err);
 }
 
 /* ------------------------------------------------------------ weights */
 
+/* A layer's vectors (norms, biases) in float32, and its matrices as the products read them. */
 typedef struct fw_weights {
-    const float *attn_norm, *wq, *wk, *wv, *bq, *bk, *bv, *q_norm, *k_norm, *wo, *post_attn_norm, *ffn_norm, *w_gate,
-        *w_up, *w_down, *post_ffn_norm;
-    float *buf; /* dequantized copies of the tensors not used in place */
+    const float *attn_norm, *bq, *bk, *bv, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffn_norm;
+    kvq_wtensor *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    float *buf; /* dequantized copies of the vectors not used in place */
     size_t cap;
 } fw_weights;
 
 static size_t wt_floats(const kvq_wtensor *t) { return t->data ? (size_t)t->cols * (size_t)t->rows : 0; }
 
-/* float32 tensors aligned for float loads are used in place. */
-static int in_place(const kvq_wtensor *t) { return t->type == KVQ_GGML_F32 && ((uintptr_t)t->data & 3) == 0; }
-
-/* The error for the first non-finite weight, index bad of the rows from r0 at x. */
-static kvq_status nonfinite_weight(const kvq_model *m, const kvq_wtensor *t, int64_t r0, const float *x, size_t bad,
-                                   kvq_error *err)
-{
-    size_t cols = (size_t)t->cols;
-    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor %s: row %lld, column %zu is %g: expected finite weights", m->path,
-                    t->name ? t->name : "?", (long long)(r0 + (int64_t)(bad / cols)), bad % cols, (double)x[bad]);
-}
-
-/* Rows [r0, r1) of t dequantized into out, rows shared among nt threads
- * (each value is computed alone: the result is the same for any nt), and
- * checked finite: fails naming the tensor, row and column of the first
- * non-finite weight. */
-static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t r0, int64_t r1, float *out, int nt,
+/* Rows [r0, r1) of t dequantized into out (one thread) and checked finite:
+ * fails naming the tensor, row and column of the first non-finite weight. */
+static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t r0, int64_t r1, float *out,
                               kvq_error *err)
 {
-    size_t cols = (size_t)t->cols, bad = SIZE_MAX;
-    int64_t chunk = (int64_t)((1u << 16) / cols) + 1; /* rows of at least 64k values per task */
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(min : bad)
-    for (int64_t a = r0; a < r1; a += chunk) {
-        int64_t b = a + chunk < r1 ? a + chunk : r1;
-        float *y = out + (size_t)(a - r0) * cols;
-        kvq_wtensor_rows(t, a, b, y);
-        size_t n = (size_t)(b - a) * cols, i = kvq_first_nonfinite(y, n);
-        if (i < n && (size_t)(a - r0) * cols + i < bad) bad = (size_t)(a - r0) * cols + i;
-    }
-    return bad == SIZE_MAX ? KVQ_OK : nonfinite_weight(m, t, r0, out, bad, err);
+    size_t cols = (size_t)t->cols, n = (size_t)(r1 - r0) * cols;
+    kvq_wtensor_rows(t, r0, r1, out);
+    size_t bad = kvq_first_nonfinite(out, n);
+    return bad < n ? nonfinite_weight(m, t, r0 + (int64_t)(bad / cols), bad % cols, out[bad], err) : KVQ_OK;
 }
 
-static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, kvq_error *err)
+static kvq_status load_layer(kvq_model *m, int l, fw_weights *w, kvq_error *err)
 {
-    const kvq_layer_weights *lw = &m->layer[l];
-    const kvq_wtensor *src[KVQ_LAYER_TENSORS] = {&lw->attn_norm,
-                                                 &lw->wq,
-                                                 &lw->wk,
-                                                 &lw->wv,
-                                                 &lw->bq,
-                                                 &lw->bk,
-                                                 &lw->bv,
-                                                 &lw->q_norm,
-                                                 &lw->k_norm,
-                                                 &lw->wo,
-                                                 &lw->post_attn_norm,
-                                                 &lw->ffn_norm,
-                                                 &lw->w_gate,
-                                                 &lw->w_up,
-                                                 &lw->w_down,
-                                                 &lw->post_ffn_norm};
-    const float **dst[KVQ_LAYER_TENSORS] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk, &w->bv, &w->q_norm,
-                                            &w->k_norm, &w->wo, &w->post_attn_norm, &w->ffn_norm, &w->w_gate, &w->w_up,
-                                            &w->w_down, &w->post_ffn_norm};
+    kvq_layer_weights *lw = &m->layer[l];
+    const kvq_wtensor *vec[] = {&lw->attn_norm,      &lw->bq,       &lw->bk,           &lw->bv,
+                                &lw->q_norm,         &lw->k_norm,   &lw->post_attn_norm, &lw->ffn_norm,
+                                &lw->post_ffn_norm};
+    const float **dst[] = {&w->attn_norm, &w->bq,       &w->bk,       &w->bv,           &w->q_norm,
+                           &w->k_norm,    &w->post_attn_norm, &w->ffn_norm, &w->post_ffn_norm};
+    enum { NVEC = sizeof vec / sizeof vec[0] };
+    w->wq = &lw->wq, w->wk = &lw->wk, w->wv = &lw->wv, w->wo = &lw->wo;
+    w->w_gate = &lw->w_gate, w->w_up = &lw->w_up, w->w_down = &lw->w_down;
     size_t need = 0;
-    for (int i = 0; i < KVQ_LAYER_TENSORS; i++)
-        if (src[i]->data && !in_place(src[i])) need += wt_floats(src[i]);
+    for (int i = 0; i < NVEC; i++)
+        if (vec[i]->data && !in_place(vec[i])) need += wt_floats(vec[i]);
     if (need > w->cap) {
         free(w->buf);
         w->cap = 0;
@@ -125,32 +163,43 @@ static kvq_status load_layer(const kvq_model *m, int l, fw_weights *w, int nt, k
         w->cap = need;
     }
     size_t off = 0;
-    for (int i = 0; i < KVQ_LAYER_TENSORS; i++) {
-        const kvq_wtensor *t = src[i];
+    for (int i = 0; i < NVEC; i++) {
+        const kvq_wtensor *t = vec[i];
         kvq_status st = KVQ_OK;
         if (!t->data) {
             *dst[i] = NULL;
         } else if (in_place(t)) {
             *dst[i] = (const float *)t->data;
             size_t n = wt_floats(t), bad = kvq_first_nonfinite(*dst[i], n);
-            if (bad < n) st = nonfinite_weight(m, t, 0, *dst[i], bad, err);
+            if (bad < n) st = nonfinite_weight(m, t, (int64_t)(bad / (size_t)t->cols), bad % (size_t)t->cols,
+                                               (*dst[i])[bad], err);
         } else {
-            st = weight_rows(m, t, 0, t->rows, w->buf + off, nt, err);
+            st = weight_rows(m, t, 0, t->rows, w->buf + off, err);
             *dst[i] = w->buf + off;
             off += wt_floats(t);
         }
         if (st) return st;
+    }
+    /* matrices in place are checked here once; the others as each tile is dequantized */
+    const kvq_wtensor *mat[] = {w->wq, w->wk, w->wv, w->wo, w->w_gate, w->w_up, w->w_down};
+    for (size_t i = 0; i < sizeof mat / sizeof mat[0]; i++) {
+        const kvq_wtensor *t = mat[i];
+        if (!t->data || !in_place(t)) continue;
+        const float *f = (const float *)t->data;
+        size_t n = wt_floats(t), bad = kvq_first_nonfinite(f, n);
+        if (bad < n)
+            return nonfinite_weight(m, t, (int64_t)(bad / (size_t)t->cols), bad % (size_t)t->cols, f[bad], err);
     }
     return KVQ_OK;
 }
 
 /* --------------------------------------------------------- small ops */
 
-/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows of n. */
-static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps, int nt)
+/* out[t] = x[t] / sqrt(mean(x[t]²) + eps) · w, rows [r0, r1) of n. */
+static void rmsnorm(float *out, const float *x, const float *w, int r0, int r1, int n, float eps, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < T; t++) {
+    for (int t = r0; t < r1; t++) {
         const float *xr = x + (size_t)t * n;
         float *o = out + (size_t)t * n;
         double ss = 0;
@@ -160,21 +209,11 @@ static void rmsnorm(float *out, const float *x, const float *w, int T, int n, fl
     }
 }
 
-/* y [T][out] = x [T][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
-static void linear(float *y, const float *x, const float *W, const float *bias, int T, int in, int out, int accumulate,
-                   int nt)
-{
-    gemm_tiled(y, x, W, T, in, out, accumulate ? 1.0f : 0.0f, nt);
-    if (bias)
-        for (int t = 0; t < T; t++)
-            for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
-}
-
-/* [T][nh·D] (one row per position) <-> [nh][T][D] (one matrix per head). */
-static void to_heads(const float *x, float *y, int T, int nh, int D)
+/* Rows [r0, r1) of [T][nh·D] (one row per position) -> [nh][T][D] (one matrix per head). */
+static void to_heads(const float *x, float *y, int r0, int r1, int T, int nh, int D)
 {
     for (int h = 0; h < nh; h++)
-        for (int t = 0; t < T; t++)
+        for (int t = r0; t < r1; t++)
             memcpy(y + ((size_t)h * T + t) * D, x + (size_t)t * nh * D + (size_t)h * D, (size_t)D * sizeof(float));
 }
 
@@ -363,7 +402,23 @@ typedef struct fw_ctx {
     kvq_rope rope, rope_swa; /* rope_swa: sliding-window layers with their own base (T = 0: none) */
     kvq_dump_info qinfo;     /* what the quantizers see of the "dump" */
     int nt;
+    int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
+    unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
+    float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
 } fw_ctx;
+
+/* Rows [r0, r1) of y [.][out] = x [.][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
+static kvq_status linear(fw_ctx *c, float *y, const float *x, kvq_wtensor *W, const float *bias, int r0, int r1,
+                         int accumulate, kvq_error *err)
+{
+    int out = (int)W->rows;
+    fw_gemm g = {.x = x, .y = y, .r0 = r0, .r1 = r1, .ldy = out};
+    kvq_status st = gemm_w(c->m, c->tile, c->nt, W, 0, out, &g, 1, accumulate ? 1.0f : 0.0f, err);
+    if (!st && bias)
+        for (int t = r0; t < r1; t++)
+            for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
+    return st;
+}
 
 static const kvq_rope *layer_rope(const fw_ctx *c, int l)
 {
@@ -399,19 +454,34 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     return kvq_quantize_layer(spec, &ctx, &L, &qo, err); /* BLAS runs one thread; the quantizers thread over heads */
 }
 
-/* x [T][dim] += a [T][in] · Wᵀ, RMS-normed first by post_norm when the
- * model has one (gemma3; tmp [T][dim] holds the product), else
- * accumulated by the product itself. */
-static void residual_add(float *x, const float *a, const float *W, const float *post_norm, float *tmp, int T, int in,
-                         int dim, float eps, int nt)
+/* Whether the quantized cache of the first ntok tokens (kq, vq [H][ntok][D])
+ * is bit for bit the exact one (Kh, Vh [H][T][D]). */
+static int cache_is_exact(const fw_ctx *c, int ntok)
 {
-    if (!post_norm) {
-        linear(x, a, W, NULL, T, in, dim, 1, nt);
-        return;
-    }
-    linear(tmp, a, W, NULL, T, in, dim, 0, nt);
-    rmsnorm(tmp, tmp, post_norm, T, dim, eps, nt);
-    for (size_t i = 0, n = (size_t)T * dim; i < n; i++) x[i] += tmp[i];
+    const fw_scratch *s = &c->s;
+    int H = c->m->info.n_kv_heads, D = c->m->info.head_dim, T = c->o->T;
+    size_t n = (size_t)ntok * D * sizeof(float);
+    for (int h = 0; h < H; h++)
+        if (memcmp(s->kq + (size_t)h * ntok * D, s->Kh + (size_t)h * T * D, n) ||
+            memcmp(s->vq + (size_t)h * ntok * D, s->Vh + (size_t)h * T * D, n))
+            return 0;
+    return 1;
+}
+
+/* x [T][dim] += a [T][in] · Wᵀ on rows [r0, T), RMS-normed first by
+ * post_norm when the model has one (gemma3; tmp [T][dim] holds the
+ * product), else accumulated by the product itself. */
+static kvq_status residual_add(fw_ctx *c, float *x, const float *a, kvq_wtensor *W, const float *post_norm,
+                               float *tmp, int r0, int T, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    int dim = in->dim;
+    if (!post_norm) return linear(c, x, a, W, NULL, r0, T, 1, err);
+    kvq_status st = linear(c, tmp, a, W, NULL, r0, T, 0, err);
+    if (st) return st;
+    rmsnorm(tmp, tmp, post_norm, r0, T, dim, in->norm_eps, c->nt);
+    for (size_t i = (size_t)r0 * dim, n = (size_t)T * dim; i < n; i++) x[i] += tmp[i];
+    return KVQ_OK;
 }
 
 /* GELU, tanh form, as ggml_gelu. */
@@ -420,86 +490,181 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * x * (1.0f + 0.044715f * x * x)));
 }
 
-/* One layer of one stream: x += attention(x), x += ffn(x) (gemma3: each
- * output RMS-normed before its residual add). */
-static kvq_status layer_step(fw_ctx *c, kvq_fw_stream *st, int l, kvq_error *err)
+/* The scratch's queries (rows [r0, T)), keys and values (all T rows: the
+ * cache) of layer l from hidden state x: Qh [Hq][T][D], Kh, Vh and the
+ * pre-RoPE Kpre [H][T][D]. */
+static kvq_status layer_qkv(fw_ctx *c, const float *x, int l, int r0, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const fw_weights *w = &c->w;
     fw_scratch *s = &c->s;
     int T = c->o->T, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim;
-    int qd = Hq * D, kd = H * D, F = in->ffn_dim, nt = c->nt, W = kvq_model_layer_window(c->m, l);
-    float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
+    int qd = Hq * D, kd = H * D, nt = c->nt;
     const kvq_rope *rope = layer_rope(c, l);
-    kvq_status rc = KVQ_OK;
-
-    rmsnorm(s->xn, st->x, w->attn_norm, T, dim, in->norm_eps, nt);
-    linear(s->q, s->xn, w->wq, w->bq, T, dim, qd, 0, nt);
-    linear(s->k, s->xn, w->wk, w->bk, T, dim, kd, 0, nt);
-    linear(s->v, s->xn, w->wv, w->bv, T, dim, kd, 0, nt);
-    if (w->q_norm) rmsnorm(s->q, s->q, w->q_norm, T * Hq, D, in->norm_eps, nt); /* per head, before RoPE */
-    if (w->k_norm) rmsnorm(s->k, s->k, w->k_norm, T * H, D, in->norm_eps, nt);
-    to_heads(s->k, s->Kpre, T, H, D);
+    kvq_status st;
+    rmsnorm(s->xn, x, w->attn_norm, 0, T, dim, in->norm_eps, nt);
+    if ((st = linear(c, s->q, s->xn, w->wq, w->bq, r0, T, 0, err)) ||
+        (st = linear(c, s->k, s->xn, w->wk, w->bk, 0, T, 0, err)) ||
+        (st = linear(c, s->v, s->xn, w->wv, w->bv, 0, T, 0, err)))
+        return st;
+    if (w->q_norm) rmsnorm(s->q, s->q, w->q_norm, r0 * Hq, T * Hq, D, in->norm_eps, nt); /* per head, before RoPE */
+    if (w->k_norm) rmsnorm(s->k, s->k, w->k_norm, 0, T * H, D, in->norm_eps, nt);
+    to_heads(s->k, s->Kpre, 0, T, T, H, D);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < T; t++) {
-        for (int j = 0; j < Hq; j++) kvq_rope_rotate(rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
+        for (int j = 0; t >= r0 && j < Hq; j++) kvq_rope_rotate(rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
         for (int h = 0; h < H; h++) kvq_rope_rotate(rope, s->k + (size_t)t * kd + (size_t)h * D, t, 0);
     }
-    to_heads(s->q, s->Qh, T, Hq, D);
-    to_heads(s->k, s->Kh, T, H, D);
-    to_heads(s->v, s->Vh, T, H, D);
-    if (!st->item && c->o->on_layer) {
-        kvq_layer L = {
-            .H = H, .Hq = Hq, .T = T, .D = D, .key = s->Kh, .value = s->Vh, .query = s->Qh, .key_pre_rope = s->Kpre};
-        if ((rc = c->o->on_layer(c->o->ud, l, &L, err))) return rc;
-    }
+    to_heads(s->q, s->Qh, r0, T, T, Hq, D);
+    to_heads(s->k, s->Kh, 0, T, T, H, D);
+    to_heads(s->v, s->Vh, 0, T, T, H, D);
+    return KVQ_OK;
+}
+
+/* The attention rows [r0, T) of stream st at layer l into the scratch's
+ * att, from the scratch's Q, K, V: over the exact cache, or over its item's
+ * quantized cache where the item applies (prefill: quantized once over the
+ * T tokens; decode: as it holds the first p1 tokens for the rows before p1,
+ * p1 growing by the stride), the stored bits counted.
+ * *same (in): st still follows the exact stream — then nothing is attended
+ * while each cache is bit-identical to the exact keys and values, and at
+ * the first that is not, the rows before it are attended exactly; *same
+ * (out): 1 if every cache was exact (st's attention is the exact one). */
+static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, int *same, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    fw_scratch *s = &c->s;
+    int T = c->o->T, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim, kd = H * D, nt = c->nt;
+    int W = kvq_model_layer_window(c->m, l);
+    float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
     const kvq_eval_item *it = st->item;
-    int quantized = it && it->spec && (it->layer < 0 || it->layer == l);
-    if (!quantized) {
-        attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, 0, T, s->att, s->ab, nt);
-        if (it && (it->layer < 0 || it->layer == l)) /* -q none: the exact cache, 16 bits */
-            st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd, st->n_elem += (double)T * kd;
-    } else {
-        int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
-        for (int p0 = 0; p0 < T && !rc; p0 += stride) {
-            int p1 = p0 + stride < T ? p0 + stride : T;
-            if ((rc = quantize_cache(c, it->spec, l, p1, err))) break;
-            attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, W, scale, p0, p1, s->att, s->ab, nt);
-            if (p1 == T) /* the cache after the last token */
-                for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
-        }
-        st->n_elem += (double)T * kd;
+    int applies = it && (it->layer < 0 || it->layer == l);
+    if (applies) st->n_elem += (double)T * kd;
+    if (!applies || !it->spec) {
+        if (applies) /* -q none: the exact cache, 16 bits */
+            st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd;
+        if (!*same) attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
+        return KVQ_OK;
     }
-    if (rc) return rc;
-    residual_add(st->x, s->att, w->wo, w->post_attn_norm, s->xo, T, qd, dim, in->norm_eps, nt);
-    rmsnorm(s->xn, st->x, w->ffn_norm, T, dim, in->norm_eps, nt);
-    linear(s->g, s->xn, w->w_gate, NULL, T, dim, F, 0, nt);
-    linear(s->u, s->xn, w->w_up, NULL, T, dim, F, 0, nt);
+    int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
+    for (int p0 = 0; p0 < T; p0 += stride) {
+        int p1 = p0 + stride < T ? p0 + stride : T;
+        if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
+        kvq_status rc = quantize_cache(c, it->spec, l, p1, err);
+        if (rc) { /* the quantizer's message, with the model it ran in */
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            return kvq_fail(err, rc, "%s: %s", c->m->path, msg);
+        }
+        if (p1 == T) /* the cache after the last token */
+            for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
+        if (*same) {
+            if (cache_is_exact(c, p1)) continue;
+            *same = 0;
+            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+        }
+        if (p1 > r0) attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1, s->att, s->ab, nt);
+    }
+    return KVQ_OK;
+}
+
+/* The rest of layer l for stream st, rows [r0, T): x += attention output ·
+ * Woᵀ, x += ffn(x) (gemma3: each RMS-normed before its residual add). */
+static kvq_status layer_rest(fw_ctx *c, kvq_fw_stream *st, int r0, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    const fw_weights *w = &c->w;
+    fw_scratch *s = &c->s;
+    int T = c->o->T, dim = in->dim, F = in->ffn_dim, nt = c->nt;
+    kvq_status rc;
+    if ((rc = residual_add(c, st->x, s->att, w->wo, w->post_attn_norm, s->xo, r0, T, err))) return rc;
+    rmsnorm(s->xn, st->x, w->ffn_norm, r0, T, dim, in->norm_eps, nt);
+    if ((rc = linear(c, s->g, s->xn, w->w_gate, NULL, r0, T, 0, err)) ||
+        (rc = linear(c, s->u, s->xn, w->w_up, NULL, r0, T, 0, err)))
+        return rc;
     size_t n = (size_t)T * F;
     if (in->ffn_act == KVQ_ACT_GELU_TANH) {
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (size_t i = 0; i < n; i++) s->g[i] = gelu_tanh(s->g[i]) * s->u[i]; /* GeGLU */
+        for (size_t i = (size_t)r0 * F; i < n; i++) s->g[i] = gelu_tanh(s->g[i]) * s->u[i]; /* GeGLU */
     } else {
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = (size_t)r0 * F; i < n; i++) {
             float g = s->g[i];
             s->g[i] = g / (1.0f + expf(-g)) * s->u[i]; /* SwiGLU: silu(gate) · up */
         }
     }
-    residual_add(st->x, s->g, w->w_down, w->post_ffn_norm, s->xo, T, F, dim, in->norm_eps, nt);
+    return residual_add(c, st->x, s->g, w->w_down, w->post_ffn_norm, s->xo, r0, T, err);
+}
+
+/* Fails naming the layer, position and stream if rows [r0, T) of st's hidden state hold a non-finite value. */
+static kvq_status check_finite(const fw_ctx *c, const kvq_fw_stream *st, int l, int r0, kvq_error *err)
+{
+    int T = c->o->T, dim = c->m->info.dim;
+    size_t nx = (size_t)(T - r0) * dim, bad = kvq_first_nonfinite(st->x + (size_t)r0 * dim, nx);
+    if (bad == nx) return KVQ_OK;
+    const kvq_eval_item *it = st->item;
+    return kvq_fail(err, KVQ_ERR_FORMAT,
+                    "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
+                    c->m->path, l, (size_t)r0 + bad / (size_t)dim, it ? " with the cache of " : "",
+                    it ? (it->spec ? it->spec->text : "none") : "", it ? "," : "",
+                    (double)st->x[(size_t)r0 * dim + bad]);
+}
+
+/* Layer l of every stream, rows [r0, T): the exact stream's Q, K, V first;
+ * the streams that follow it check their caches against them (and those
+ * whose cache differs leave it here, from its hidden state before the
+ * layer); then the exact stream; then the streams that had left it before,
+ * each on its own hidden state. */
+static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
+{
+    const kvq_fw_opts *o = c->o;
+    kvq_fw_stream *ex = &o->s[0];
+    int T = o->T, dim = c->m->info.dim;
+    kvq_status rc;
+    for (int i = 0; i < o->ns; i++) c->was_following[i] = i > 0 && o->s[i].follows;
+    if ((rc = layer_qkv(c, ex->x, l, r0, err))) return rc;
+    if (o->on_layer) {
+        const kvq_model_info *in = &c->m->info;
+        kvq_layer L = {.H = in->n_kv_heads, .Hq = in->n_heads, .T = T, .D = in->head_dim, .key = c->s.Kh,
+                       .value = c->s.Vh, .query = c->s.Qh, .key_pre_rope = c->s.Kpre};
+        if ((rc = o->on_layer(o->ud, l, &L, err))) return rc;
+    }
+    for (int i = 1; i < o->ns; i++) {
+        kvq_fw_stream *st = &o->s[i];
+        if (!c->was_following[i]) continue;
+        int same = 1;
+        if ((rc = layer_attention(c, st, l, r0, &same, err))) return rc;
+        if (same) continue;
+        memcpy(st->x, ex->x, (size_t)T * dim * sizeof(float)); /* it leaves the exact stream here */
+        st->follows = 0;
+        if ((rc = layer_rest(c, st, r0, err)) || (rc = check_finite(c, st, l, r0, err))) return rc;
+    }
+    int same = 0;
+    if ((rc = layer_attention(c, ex, l, r0, &same, err)) || (rc = layer_rest(c, ex, r0, err)) ||
+        (rc = check_finite(c, ex, l, r0, err)))
+        return rc;
+    for (int i = 1; i < o->ns; i++) {
+        kvq_fw_stream *st = &o->s[i];
+        if (c->was_following[i] || st->follows) continue;
+        if ((rc = layer_qkv(c, st->x, l, r0, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
+            (rc = layer_rest(c, st, r0, err)) || (rc = check_finite(c, st, l, r0, err)))
+            return rc;
+    }
     return KVQ_OK;
 }
 
 /* ------------------------------------------------------ output head */
 
-/* Folds logits chunk z [N][vc] (vocabulary [v0, v0+vc)) into the online
- * state of stream st; ref: the exact stream's chunk (NULL for itself). */
-static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, const kvq_fw_stream *r, int N, int vc,
-                       int v0, const int *tokens, int nt)
+/* Folds logits chunk z [N][vc] (vocabulary [v0, v0+vc)) of positions
+ * t0 + [0, N) into the online state of stream st; ref: the exact stream's
+ * chunk (NULL for itself). */
+static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, const kvq_fw_stream *r, int t0, int N,
+                       int vc, int v0, const int *tokens, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < N; t++) {
-        const float *zr = z + (size_t)t * vc;
+    for (int i = 0; i < N; i++) {
+        int t = t0 + i;
+        const float *zr = z + (size_t)i * vc;
         float cm = zr[0];
         int ca = 0;
         for (int v = 1; v < vc; v++)
@@ -513,7 +678,7 @@ static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, cons
         int tgt = tokens[t + 1];
         if (tgt >= v0 && tgt < v0 + vc) st->ltgt[t] = zr[tgt - v0];
         if (ref) { /* Σ p_v (a_v − b_v) with p from the reference, scaled by its running max */
-            const float *ar = ref + (size_t)t * vc;
+            const float *ar = ref + (size_t)i * vc;
             float am = ar[0];
             for (int v = 1; v < vc; v++) am = ar[v] > am ? ar[v] : am;
             double ra_old = v0 ? r->lmax[t] : -INFINITY, ra_new = ra_old > am ? ra_old : am;
@@ -524,80 +689,111 @@ static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, cons
     }
 }
 
-/* Logits of a chunk: z [N][n] = xn [N][dim] · W [n][dim]ᵀ, soft-capped when the model says so. */
-static void chunk_logits(float *z, const float *xn, const float *W, int N, int dim, int n, float cap, int nt)
+/* Soft-capping c·tanh(z/c) of n logits, when the model says so. */
+static void softcap(float *z, size_t n, float cap, int nt)
 {
-    gemm_tiled(z, xn, W, N, dim, n, 0.0f, nt);
-    if (cap > 0) {
-        size_t e = (size_t)N * n;
+    if (!(cap > 0)) return;
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (size_t i = 0; i < e; i++) z[i] = cap * tanhf(z[i] / cap);
-    }
+    for (size_t i = 0; i < n; i++) z[i] = cap * tanhf(z[i] / cap);
 }
 
+/* The output head for positions [h0, T − 1) (their rows start at a
+ * multiple of TILE_ROWS, so they are computed as in a pass of every row)
+ * of the exact stream and of each stream that left it — all of them from
+ * each tile of the output matrix while it is warm; a stream that still
+ * follows the exact one has its results. */
 static kvq_status output_head(fw_ctx *c, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const kvq_fw_opts *o = c->o;
-    int N = o->T - 1, dim = in->dim, V = in->vocab_size, nt = c->nt, NA = N;
+    int N = o->T - 1, dim = in->dim, V = in->vocab_size, nt = c->nt, NA = N, h0 = c->h0;
     for (int i = 0; i < o->n_logit_pos; i++) /* the last position's logits are wanted too: one more row */
         if (o->logit_pos[i] == N) NA = N + 1;
-    /* vocabulary chunks: at most 64 MB of weights or of logits at a time */
-    size_t lim = (16u << 20) / (size_t)(N > dim ? N : dim);
-    int vc = lim < 256 ? 256 : lim > (size_t)V ? V : (int)lim;
-    if (vc > V) vc = V;
-    float *W = kvq_alloc_array((size_t)vc, (size_t)dim * sizeof(float));
-    float *A = kvq_alloc_array((size_t)NA, (size_t)vc * sizeof(float)); /* row N: the last position (own call) */
-    float *B = kvq_alloc_array((size_t)N, (size_t)vc * sizeof(float));
-    float *xn = kvq_alloc_array((size_t)o->ns * N + (size_t)(NA - N), (size_t)dim * sizeof(float));
+    int NR = N - h0, NRA = NA - h0, nown = 0; /* rows of a stream; the exact stream's; streams with their own */
+    for (int i = 1; i < o->ns; i++) nown += !o->s[i].follows;
+    /* vocabulary chunks of whole column tiles, their size from the shapes
+     * alone (the online log-softmax folds chunk by chunk: the same chunks in
+     * every pass give the same sums): at most 64 MB of a stream's logits;
+     * the streams' logits of a chunk in groups of at most 64 MB */
+    size_t lim = (16u << 20) / (size_t)(NRA > dim ? NRA : dim);
+    int vc = lim >= (size_t)V ? V : (int)(lim / TILE_COLS) * TILE_COLS;
+    if (vc < TILE_COLS) vc = TILE_COLS < V ? TILE_COLS : V;
+    int grp = (int)((16u << 20) / ((size_t)(NR > 0 ? NR : 1) * vc));
+    grp = grp > nown ? nown : grp;
+    grp = grp < 1 ? 1 : grp;
+    float *A = kvq_alloc_array((size_t)NRA, (size_t)vc * sizeof(float)); /* the exact stream's; row NR: the last position (own call) */
+    float *Z = nown ? kvq_alloc_array((size_t)grp * NR, (size_t)vc * sizeof(float)) : NULL;
+    float *xn = kvq_alloc_array((size_t)nown * NR + (size_t)NRA, (size_t)dim * sizeof(float));
     float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
+    int *own = kvq_alloc_array((size_t)o->ns, sizeof(int)); /* stream of each own block */
+    fw_gemm *jobs = kvq_alloc_array((size_t)grp + 2, sizeof *jobs);
     kvq_status rc = KVQ_OK;
-    if (!W || !A || !B || !xn || !onorm) {
-        rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", N,
+    if (!A || (nown && !Z) || !xn || !onorm || !own || !jobs) {
+        rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", NR,
                       vc);
         goto done;
     }
-    if ((rc = weight_rows(c->m, &c->m->output_norm, 0, 1, onorm, 1, err))) goto done;
-    /* stream i's normed rows at xn + (i ? NA + (i − 1)·N : 0) rows */
-    for (int i = 0; i < o->ns; i++)
-        rmsnorm(xn + (i ? (size_t)NA + (size_t)(i - 1) * N : 0) * dim, o->s[i].x, onorm, i ? N : NA, dim, in->norm_eps,
-                nt);
+    if ((rc = weight_rows(c->m, &c->m->output_norm, 0, 1, onorm, err))) goto done;
+    /* the exact stream's normed rows at xn, stream own[k]'s at xn + (NRA + k·NR) rows */
+    rmsnorm(xn, o->s[0].x + (size_t)h0 * dim, onorm, 0, NRA, dim, in->norm_eps, nt);
+    for (int i = 1, k = 0; i < o->ns; i++)
+        if (!o->s[i].follows) {
+            own[k] = i;
+            rmsnorm(xn + ((size_t)NRA + (size_t)k * NR) * dim, o->s[i].x + (size_t)h0 * dim, onorm, 0, NR, dim,
+                    in->norm_eps, nt);
+            k++;
+        }
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = v0 + vc < V ? vc : V - v0;
-        if ((rc = weight_rows(c->m, &c->m->output, v0, v0 + n, W, nt, err))) goto done;
-        chunk_logits(A, xn, W, N, dim, n, in->logit_softcap, nt);
-        if (NA > N) chunk_logits(A + (size_t)N * n, xn + (size_t)N * dim, W, 1, dim, n, in->logit_softcap, nt);
-        for (int i = 0; i < o->n_logit_pos; i++)
-            memcpy(o->logits + (size_t)i * V + v0, A + (size_t)o->logit_pos[i] * n, (size_t)n * sizeof(float));
-        for (int i = 1; i < o->ns; i++) {
-            chunk_logits(B, xn + ((size_t)NA + (size_t)(i - 1) * N) * dim, W, N, dim, n, in->logit_softcap, nt);
-            fold_chunk(&o->s[i], B, A, &o->s[0], N, n, v0, o->tokens, nt);
+        /* the exact stream's logits with the first group of streams, then the other groups */
+        for (int g0 = 0; g0 == 0 || g0 < nown; g0 += grp) {
+            int nj = 0, ng = nown - g0 < grp ? nown - g0 : grp;
+            if (!g0) {
+                jobs[nj++] = (fw_gemm){.x = xn, .y = A, .r0 = 0, .r1 = NR, .ldy = n};
+                if (NA > N) jobs[nj++] = (fw_gemm){.x = xn, .y = A, .r0 = NR, .r1 = NR + 1, .ldy = n};
+            }
+            for (int k = 0; k < ng; k++)
+                jobs[nj++] = (fw_gemm){.x = xn + ((size_t)NRA + (size_t)(g0 + k) * NR) * dim,
+                                       .y = Z + (size_t)k * NR * n, .r0 = 0, .r1 = NR, .ldy = n};
+            if ((rc = gemm_w(c->m, c->tile, nt, &c->m->output, v0, n, jobs, nj, 0.0f, err))) goto done;
+            if (!g0) softcap(A, (size_t)NRA * n, in->logit_softcap, nt);
+            softcap(Z, (size_t)ng * NR * n, in->logit_softcap, nt);
+            for (int k = 0; k < ng; k++) /* before the exact stream's own fold: they read its running max */
+                fold_chunk(&o->s[own[g0 + k]], Z + (size_t)k * NR * n, A, &o->s[0], h0, NR, n, v0, o->tokens, nt);
         }
-        fold_chunk(&o->s[0], A, NULL, NULL, N, n, v0, o->tokens, nt);
+        for (int i = 0; i < o->n_logit_pos; i++)
+            memcpy(o->logits + (size_t)i * V + v0, A + (size_t)(o->logit_pos[i] - h0) * n, (size_t)n * sizeof(float));
+        fold_chunk(&o->s[0], A, NULL, NULL, h0, NR, n, v0, o->tokens, nt);
     }
+    c->m->output.checked = 1; /* every row read finite */
     const kvq_fw_stream *r = &o->s[0];
+    int from = o->score_from > 0 ? o->score_from : 0;
     for (int i = 0; i < o->ns; i++) {
         kvq_fw_stream *st = &o->s[i];
+        int exact = i == 0 || st->follows; /* its logits are the exact stream's */
         st->nll = st->kl = st->top1 = st->d_n = st->d_mean = st->d_m2 = 0;
-        for (int t = o->score_from > 0 ? o->score_from : 0; t < N; t++) {
-            double lse = st->lmax[t] + log(st->lsum[t]), nll = lse - st->ltgt[t];
+        for (int t = from; t < N; t++) {
+            const kvq_fw_stream *src = exact ? r : st;
+            double lse = src->lmax[t] + log(src->lsum[t]), nll = lse - src->ltgt[t];
             st->nll += nll;
-            if (st->pos_nll) st->pos_nll[t - (o->score_from > 0 ? o->score_from : 0)] = nll;
-            if (i) {
+            if (st->pos_nll) st->pos_nll[t - from] = nll;
+            st->top1 += 1;
+            if (!i) continue;
+            double d = 0;
+            if (!exact) {
                 double lse_r = r->lmax[t] + log(r->lsum[t]), kl = st->lw[t] / r->lsum[t] - lse_r + lse;
                 st->kl += kl > 0 ? kl : 0.0;
-                st->top1 += st->arg[t] == r->arg[t];
-                double d = nll - (lse_r - r->ltgt[t]), delta = d - st->d_mean; /* Welford */
-                st->d_n += 1;
-                st->d_mean += delta / st->d_n;
-                st->d_m2 += delta * (d - st->d_mean);
-            } else {
-                st->top1 += 1;
+                st->top1 -= st->arg[t] != r->arg[t];
+                d = nll - (lse_r - r->ltgt[t]);
             }
+            double delta = d - st->d_mean; /* Welford */
+            st->d_n += 1;
+            st->d_mean += delta / st->d_n;
+            st->d_m2 += delta * (d - st->d_mean);
         }
     }
 done:
-    free(W), free(A), free(B), free(xn), free(onorm);
+    free(A), free(Z), free(xn), free(onorm), free(own), free(jobs);
     return rc;
 }
 
@@ -616,7 +812,7 @@ static kvq_status embed(fw_ctx *c, kvq_error *err)
     int T = o->T, dim = m->info.dim;
     float *x = o->s[0].x, sc = m->info.embed_scale;
     for (int t = 0; t < T; t++) { /* only the rows of the tokens are dequantized */
-        kvq_status st = weight_rows(m, &m->tok_embd, o->tokens[t], o->tokens[t] + 1, x + (size_t)t * dim, 1, err);
+        kvq_status st = weight_rows(m, &m->tok_embd, o->tokens[t], o->tokens[t] + 1, x + (size_t)t * dim, err);
         if (st) return st;
         if (sc > 0)
             for (int i = 0; i < dim; i++) x[(size_t)t * dim + i] *= sc;
@@ -627,12 +823,30 @@ static kvq_status embed(fw_ctx *c, kvq_error *err)
 kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
 {
     const kvq_model_info *in = &m->info;
-    int T = o->T, dim = in->dim;
+    int T = o->T;
     fw_ctx c = {.m = m, .o = o, .nt = kvq_threads(o->nthreads)};
     kvq_status rc;
     int quantized = 0, blas_nt = openblas_get_num_threads();
     for (int i = 0; i < o->ns; i++) quantized |= o->s[i].item && o->s[i].item->spec;
-    if ((rc = scratch_alloc(&c.s, in, T, quantized, c.nt, err))) return rc;
+    /* the rows the last layer and the head compute: from the first scored
+     * position (or wanted logits) down to a multiple of TILE_ROWS; all of
+     * them when a dump wants every layer's queries */
+    int first = o->score_from > 0 ? o->score_from : 0;
+    for (int i = 0; i < o->n_logit_pos; i++) first = o->logit_pos[i] < first ? o->logit_pos[i] : first;
+    c.h0 = o->on_layer ? 0 : first / TILE_ROWS * TILE_ROWS;
+    int kmax = in->dim > in->ffn_dim ? in->dim : in->ffn_dim;
+    if (in->n_heads * in->head_dim > kmax) kmax = in->n_heads * in->head_dim;
+    if (!(c.was_following = calloc((size_t)o->ns, 1)) || !(c.tile = calloc((size_t)c.nt, sizeof *c.tile))) {
+        free(c.was_following);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < c.nt; i++)
+        if (!(c.tile[i] = kvq_alloc_array((size_t)TILE_COLS * kmax, sizeof(float)))) {
+            rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the weight tiles (%d × %d floats a thread)", TILE_COLS,
+                          kmax);
+            goto done;
+        }
+    if ((rc = scratch_alloc(&c.s, in, T, quantized, c.nt, err))) goto done;
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
     if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&
@@ -652,43 +866,22 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
                               .value_dtype = KVQ_F32,
                               .query_dtype = KVQ_F32};
     snprintf(c.qinfo.model, sizeof c.qinfo.model, "%s", in->name);
-    for (int i = 0; i < o->ns; i++) o->s[i].active = !o->s[i].item || o->s[i].item->layer < 0;
+    o->s[0].follows = 0;
+    for (int i = 1; i < o->ns; i++) o->s[i].follows = 1; /* every configuration starts on the exact embeddings */
     if ((rc = embed(&c, err))) goto done;
-    for (int i = 1; i < o->ns; i++)
-        if (o->s[i].active) memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
     for (int l = 0; l < in->n_layers; l++) {
-        if ((rc = load_layer(m, l, &c.w, c.nt, err))) goto done;
-        for (int i = 1; i < o->ns; i++) /* one-layer items start from the exact state at their layer */
-            if (!o->s[i].active && o->s[i].item->layer == l) {
-                memcpy(o->s[i].x, o->s[0].x, (size_t)T * dim * sizeof(float));
-                o->s[i].active = 1;
-            }
-        for (int i = 0; i < o->ns; i++) {
-            if (!o->s[i].active) continue;
-            if ((rc = layer_step(&c, &o->s[i], l, err))) {
-                if (o->s[i].item && o->s[i].item->spec) {
-                    char msg[sizeof err->msg];
-                    snprintf(msg, sizeof msg, "%s", err->msg);
-                    rc = kvq_fail(err, rc, "%s: %s", m->path, msg);
-                }
-                goto done;
-            }
-            size_t nx = (size_t)T * dim, bad = kvq_first_nonfinite(o->s[i].x, nx);
-            if (bad < nx) {
-                const kvq_eval_item *it = o->s[i].item;
-                rc = kvq_fail(err, KVQ_ERR_FORMAT,
-                              "%s: layer %d, position %zu: the hidden state%s%s%s is %g: expected finite activations",
-                              m->path, l, bad / (size_t)dim, it ? " with the cache of " : "",
-                              it ? (it->spec ? it->spec->text : "none") : "", it ? "," : "", (double)o->s[i].x[bad]);
-                goto done;
-            }
-        }
+        if ((rc = load_layer(m, l, &c.w, err))) goto done;
+        /* the last layer: only the rows the head reads (keys and values of all) */
+        if ((rc = layer_all(&c, l, l == in->n_layers - 1 ? c.h0 : 0, err))) goto done;
         if (o->progress) o->progress(o->progress_ud, l + 1, in->n_layers);
     }
     rc = output_head(&c, err);
 done:
     openblas_set_num_threads(blas_nt);
     free(c.w.buf);
+    free(c.was_following);
+    for (int i = 0; c.tile && i < c.nt; i++) free(c.tile[i]);
+    free(c.tile);
     scratch_free(&c.s);
     kvq_rope_free(&c.rope);
     kvq_rope_free(&c.rope_swa);

@@ -16,6 +16,7 @@ typedef struct kvq_wtensor {
     int64_t cols, rows;
     const uint8_t *data; /* NULL: the tensor is absent */
     size_t row_bytes;
+    int checked;         /* 1 once the forward pass has read every value finite */
 } kvq_wtensor;
 
 /* Rows [r0, r1) dequantized to float [r1 − r0][cols]. */
@@ -193,11 +194,16 @@ struct kvq_model {
 /* ----------------------------------------------------- forward pass */
 
 /* One stream of the lockstep forward pass: the exact model (item NULL) or
- * one evaluated configuration.  Results are sums over positions 0..T−2. */
+ * one evaluated configuration.  Results are sums over the scored positions.
+ * A configuration follows the exact stream (computes nothing of its own)
+ * while every cache it has been given is bit-identical to the exact one —
+ * `-q none`, the layers a --per-layer item leaves alone, a quantizer that
+ * keeps these tokens exact — and leaves it, from the exact hidden state,
+ * at the first layer whose cache differs. */
 typedef struct kvq_fw_stream {
     kvq_eval_item *item;
-    float *x;            /* [T][dim] hidden state */
-    int active;          /* a one-layer item starts from the exact stream at its layer */
+    float *x;            /* [T][dim] hidden state (once the stream has left the exact one) */
+    int follows;         /* 1: the hidden state is still the exact stream's */
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
     double nll, kl, top1;          /* sums over the scored positions */
     double d_n, d_mean, d_m2;      /* Welford state of d_t = nll'_t − nll_t over them (not for s[0]) */
