@@ -593,6 +593,70 @@ START_TEST(test_eval_invariants)
 }
 END_TEST
 
+/* What a pass leaves out is not missed (docs/models.md "How it runs"):
+ * with --chunk 600 only rows 256.. reach the last layer's queries and the
+ * head, yet each scored position equals a plain run of its window bit for
+ * bit; a configuration whose cache is still exact rides on the exact
+ * model (a KIVI residual window longer than the window: its numbers are
+ * the exact ones), and one that leaves it mid-decode (residual 32: the
+ * keys' first group is flushed when the cache holds 32 tokens) keeps the
+ * exact NLL at the positions before. */
+START_TEST(test_scored_rows_and_riding)
+{
+    gw_model_opts o = {"llama", 2, 4, 2, 16, 96, 300, 1024, KVQ_GGML_Q8_0, 0, 0, 1, 29};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    enum { N = 600, T = 1300, W = 2, P = N - 1 - N / 2 }; /* scored from 300: rows from 256 computed */
+    static int tok[T];
+    random_tokens(tok, T, o.V, 17);
+    kvq_spec pt, rides, leaves;
+    ck_assert(kvq_spec_parse("per-token:bits=2,group=8", &pt, &err) == KVQ_OK);
+    ck_assert(kvq_spec_parse("kivi:bits=2,group=32,residual=1024", &rides, &err) == KVQ_OK);
+    ck_assert(kvq_spec_parse("kivi:bits=2,group=32,residual=32", &leaves, &err) == KVQ_OK);
+    kvq_eval_item it[] = {{.spec = &pt, .layer = -1}, {.spec = &rides, .layer = -1}, {.spec = NULL, .layer = -1}};
+    static double pos[4 * W * P];
+    kvq_eval_opts eo = {.nthreads = 2, .chunk = N, .position_nll = pos};
+    double ref;
+    ck_assert_msg(kvq_model_eval(m, tok, T, it, 3, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    for (int i = 1; i < 3; i++) /* the exact numbers, exactly */
+        ck_assert_msg(it[i].nll == ref && it[i].kl == 0 && it[i].top1 == 1 && it[i].dnll_se == 0,
+                      "item %d: nll %.17g ref %.17g kl %g", i, it[i].nll, ref, it[i].kl);
+    ck_assert(it[0].nll != ref && it[0].kl > 0);
+    for (int w = 0; w < W; w++) {
+        int win[N];
+        memcpy(win, tok + w * N, sizeof win);
+        win[0] = 1; /* the tiny vocabulary's BOS */
+        static double plain[2 * (N - 1)];
+        kvq_eval_item pl = {.spec = &pt, .layer = -1};
+        double plain_ref;
+        kvq_eval_opts po = {.nthreads = 1, .position_nll = plain};
+        ck_assert_msg(kvq_model_eval(m, win, N, &pl, 1, &po, &plain_ref, &err) == KVQ_OK, "%s", err.msg);
+        for (int t = N / 2; t < N - 1; t++) {
+            int k = w * P + t - N / 2;
+            ck_assert_msg(pos[k] == plain[t] && pos[W * P + k] == plain[N - 1 + t],
+                          "window %d position %d: %.17g / %.17g, plain run %.17g / %.17g", w, t, pos[k],
+                          pos[W * P + k], plain[t], plain[N - 1 + t]);
+            ck_assert(pos[2 * W * P + k] == pos[k] && pos[3 * W * P + k] == pos[k]); /* riding: the exact NLL */
+        }
+    }
+    /* decode, leaving the exact stream at the 32nd token of every layer */
+    kvq_eval_item dec = {.spec = &leaves, .layer = -1, .policy = KVQ_POLICY_DECODE};
+    static double dpos[2 * 99];
+    kvq_eval_opts d1 = {.nthreads = 2, .position_nll = dpos};
+    ck_assert_msg(kvq_model_eval(m, tok, 100, &dec, 1, &d1, &ref, &err) == KVQ_OK, "%s", err.msg);
+    int differ = 0;
+    for (int t = 0; t < 99; t++) {
+        if (t < 31) ck_assert_msg(dpos[99 + t] == dpos[t], "position %d: %.17g, exact %.17g", t, dpos[99 + t], dpos[t]);
+        differ += dpos[99 + t] != dpos[t];
+    }
+    ck_assert_msg(differ > 30, "only %d positions moved", differ);
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+END_TEST
+
 /* The words a pre-tokenizer cuts text into, joined by '|'. */
 static void pre_words(kvq_bpe_pre pre, const char *text, char *out, size_t cap)
 {
@@ -1082,6 +1146,7 @@ int main(void)
     tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
     tcase_add_test(tc, test_eval_invariants);
     tcase_add_test(tc, test_chunk_by_hand);
+    tcase_add_test(tc, test_scored_rows_and_riding);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_pretokenizers);
     tcase_add_test(tc, test_bad_models);
