@@ -49,10 +49,23 @@ const char *kvq_version(void);
  * the CPU's, capped by KVQ_SIMD); the BLAS (OpenBLAS's configuration
  * string); and whether the CUDA module was built with it. */
 typedef struct kvq_build_info {
-    const char *version, *commit, *simd, *blas;
+    const char *version, *commit, *simd, *blas, *blas_core;
     int cuda_built;
 } kvq_build_info;
 void kvq_get_build_info(kvq_build_info *info);
+/* OpenBLAS's kernels (docs/performance.md#blas-kernels): the core in use
+ * (openblas_get_corename); the one OpenBLAS chose itself (the same unless
+ * KVQ_TEST_BLAS_DETECTED=NAME in the environment, for tests, says it chose
+ * NAME); the best core this CPU can run (NULL: not x86-64); that core when
+ * it is above OpenBLAS's choice and OpenBLAS can switch (a DYNAMIC_ARCH
+ * build), else NULL — what the tools restart with. */
+const char *kvq_blas_core(void);
+const char *kvq_blas_core_detected(void);
+const char *kvq_blas_core_for_cpu(void);
+const char *kvq_blas_core_wanted(void);
+/* Why that core: "detected by OpenBLAS", "OPENBLAS_CORETYPE=X" (the user's)
+ * or "chosen by kvq (OPENBLAS_CORETYPE=X; OpenBLAS detected Y)". */
+void kvq_blas_core_source(char *buf, size_t len);
 /* The threads a call given nthreads = requested uses: requested when > 0,
  * else the processors this process may run on. */
 int kvq_threads(int requested);

@@ -133,7 +133,26 @@ expect 2 "--dtype float8" -- "$gen" --dtype float8 -o "$tmp/g.h5"
 
 # --- help, version, listing
 expect 0 "usage: kvq-analyze" -- "$analyze" --help
-expect 0 "kvq-analyze 0." -- "$analyze" --version
+expect 0 "kvq-analyze 0." "BLAS: OpenBLAS" -- "$analyze" --version
+# the BLAS kernels (docs/performance.md#blas-kernels): a core below the CPU's
+# (here as if OpenBLAS had detected Prescott) restarts the tool with the
+# CPU's; a core the user set is kept
+cpu_core=$(env -u OPENBLAS_CORETYPE "$analyze" --version | sed -n 's/.*this CPU runs \([A-Za-z]*\).*/\1/p')
+if [ -n "$cpu_core" ] && [ "$cpu_core" != Prescott ]; then
+    expect 0 "core $cpu_core, chosen by kvq (OPENBLAS_CORETYPE=$cpu_core; OpenBLAS detected Prescott)" -- \
+        env -u OPENBLAS_CORETYPE KVQ_TEST_BLAS_DETECTED=Prescott "$analyze" --version
+    expect 0 "core Prescott, OPENBLAS_CORETYPE=Prescott" -- env OPENBLAS_CORETYPE=Prescott "$analyze" --version
+    expect 0 "core Prescott, OPENBLAS_CORETYPE=Prescott" -- \
+        env OPENBLAS_CORETYPE=Prescott KVQ_TEST_BLAS_DETECTED=Prescott "$analyze" --version
+    env -u OPENBLAS_CORETYPE KVQ_TEST_BLAS_DETECTED=Prescott "$analyze" -q kivi -o "$tmp/blas.csv" "$real" 2>/dev/null
+    if grep -qF "\"blas_core\": \"$cpu_core\", \"blas_core_source\": \"chosen by kvq (OPENBLAS_CORETYPE=$cpu_core; OpenBLAS detected Prescott)\"" "$tmp/blas.csv.meta.json"; then
+        pass=$((pass + 1))
+    else
+        fail=$((fail + 1)); echo "FAIL: meta of a restarted run does not name the BLAS core"; grep -o '"blas_core[^,]*' "$tmp/blas.csv.meta.json"
+    fi
+else
+    echo "skip: BLAS core checks (no x86-64 core for this CPU: ${cpu_core:-none})"
+fi
 expect 0 "per-token" "per-channel" "kivi" "kcvt" "absmax" "residual=128" -- "$analyze" --list-quantizers
 expect 0 "usage: kvq-info" -- "$info" --help
 expect 0 "usage: kvq-gen" -- "$gen" --help

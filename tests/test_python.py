@@ -286,5 +286,31 @@ for what, (stmt, expect) in BAD.items():
     check(r.returncode == 0 and line.startswith("ERROR") and expect in line,
           f"bad input ({what}): exit {r.returncode}, {line!r} {r.stderr[-300:]!r} (expected {expect!r})")
 
+# ------------------------------------------------ OpenBLAS's kernels (docs/performance.md#blas-kernels)
+def py_blas(code, **env):
+    e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "KVQ_BLAS_CORE_DETECTED")}
+    e.update(env)
+    r = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, env=e)
+    return r.returncode, r.stdout.strip(), r.stderr
+
+
+cpu = kvq.blas()["cpu"]
+if cpu:
+    # kvq first: the CPU's core is set before OpenBLAS loads
+    rc, out, err = py_blas("import kvq, os; b = kvq.blas(); print(b['core'], os.environ['OPENBLAS_CORETYPE'])")
+    check(rc == 0 and out == f"{cpu} {cpu}", f"import kvq first: {out!r} {err[-300:]!r}")
+    # numpy first, OpenBLAS as if it had detected Prescott: one warning naming the fix
+    rc, out, err = py_blas("import numpy, kvq; kvq.version(); kvq.version(); print(kvq.blas()['source'])",
+                           KVQ_TEST_BLAS_DETECTED="Prescott")
+    check(rc == 0 and err.count("RuntimeWarning") == 1 and f"OPENBLAS_CORETYPE={cpu}" in err and
+          "Prescott kernels" in err, f"numpy first, a slow core: one warning ({err[-400:]!r})")
+    # a core the user set is kept, without a warning
+    rc, out, err = py_blas("import numpy, kvq; print(kvq.blas()['core'], kvq.blas()['source'])",
+                           OPENBLAS_CORETYPE="Prescott", KVQ_TEST_BLAS_DETECTED="Prescott")
+    check(rc == 0 and out == "Prescott OPENBLAS_CORETYPE=Prescott" and "Warning" not in err,
+          f"the user's core: {out!r} {err[-300:]!r}")
+else:
+    print("skip: BLAS core checks (not an x86-64 CPU kvq knows)")
+
 print(f"test_python: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

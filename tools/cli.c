@@ -724,3 +724,32 @@ void cli_tune_malloc(void)
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
 #endif
 }
+
+void cli_blas_setup(char **argv)
+{
+    const char *user = getenv("OPENBLAS_CORETYPE");
+    if (user && *user) return; /* the user's choice, or ours after the restart */
+    const char *want = kvq_blas_core_wanted();
+    if (!want) return;
+    const char *detected = kvq_blas_core_detected();
+    if (setenv("KVQ_BLAS_CORE_DETECTED", detected, 1) || setenv("OPENBLAS_CORETYPE", want, 1)) return;
+    fflush(NULL);
+    execv("/proc/self/exe", argv); /* OpenBLAS reads OPENBLAS_CORETYPE when it loads */
+    int e = errno;
+    unsetenv("OPENBLAS_CORETYPE"), unsetenv("KVQ_BLAS_CORE_DETECTED");
+    fprintf(stderr, "%s: note: OpenBLAS runs its %s kernels on a CPU that runs %s ones, and restarting with "
+            "OPENBLAS_CORETYPE=%s failed (%s): set it by hand for full speed\n",
+            argv[0] ? argv[0] : "kvq", detected, want, want, strerror(e));
+}
+
+void cli_version(const char *prog)
+{
+    kvq_build_info bi;
+    kvq_get_build_info(&bi);
+    char why[256];
+    kvq_blas_core_source(why, sizeof why);
+    printf("%s %s (commit %s, SIMD %s%s)\n", prog, bi.version, bi.commit[0] ? bi.commit : "unknown", bi.simd,
+           bi.cuda_built ? ", CUDA built" : "");
+    const char *cpu = kvq_blas_core_for_cpu();
+    printf("BLAS: %s; core %s, %s%s%s\n", bi.blas, bi.blas_core, why, cpu ? "; this CPU runs " : "", cpu ? cpu : "");
+}

@@ -108,6 +108,15 @@ void cli_temp_unregister(const char *tmp);
 void cli_interrupt_note(const char *head, const char *tail);
 void cli_interrupt_count(long n);
 
+/* Every tool calls this first (docs/performance.md#blas-kernels): when
+ * OpenBLAS chose kernels below what this CPU runs and the user set no
+ * OPENBLAS_CORETYPE, the tool restarts itself once with it set to the
+ * CPU's core (KVQ_BLAS_CORE_DETECTED keeps OpenBLAS's own choice); if the
+ * restart fails it goes on, with a note. */
+void cli_blas_setup(char **argv);
+/* --version: "PROG VERSION (commit C, SIMD S)" and "BLAS: ... core C (why)". */
+void cli_version(const char *prog);
+
 /* Heavy tools call this first.  Their large temporaries (a head's score
  * matrices, a quantizer's scratch, a read's stage, up to tens of MB) are
  * allocated and freed once per head or layer; glibc would map each one

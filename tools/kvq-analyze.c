@@ -47,6 +47,7 @@ enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
 int main(int argc, char **argv)
 {
+    cli_blas_setup(argv);
     cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     static const struct option longopts[] = {
@@ -97,7 +98,7 @@ int main(int argc, char **argv)
             break;
         case OPT_LIST: kvq_registry_describe(stdout); goto done;
         case 'h': usage(stdout); goto done;
-        case 'V': printf("kvq-analyze %s\n", kvq_version()); goto done;
+        case 'V': cli_version(prog); goto done;
         case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }

@@ -35,6 +35,7 @@ enum { OPT_LAYERS = 256 };
 
 int main(int argc, char **argv)
 {
+    cli_blas_setup(argv);
     cli_check_stdout_at_exit(prog);
     cli_tune_malloc();
     kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
@@ -67,7 +68,7 @@ int main(int argc, char **argv)
             break;
         case 'o': output = optarg; break;
         case 'h': usage(stdout); goto done;
-        case 'V': printf("kvq-dump %s\n", kvq_version()); goto done;
+        case 'V': cli_version(prog); goto done;
         case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }

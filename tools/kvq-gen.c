@@ -146,7 +146,7 @@ static int run(int argc, char **argv, cli_meta *meta)
             break;
         case 'o': output = optarg; break;
         case 'h': usage(stdout); return CLI_OK;
-        case 'V': printf("kvq-gen %s\n", kvq_version()); return CLI_OK;
+        case 'V': cli_version(prog); return CLI_OK;
         case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); return CLI_USAGE;
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); return CLI_USAGE;
         }
@@ -193,6 +193,7 @@ static int run(int argc, char **argv, cli_meta *meta)
 
 int main(int argc, char **argv)
 {
+    cli_blas_setup(argv);
     cli_check_stdout_at_exit(prog);
     kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
     return cli_meta_main(prog, argc, argv, run);

@@ -214,7 +214,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         }
         case 'o': output = optarg; break;
         case 'h': usage(stdout); return CLI_OK;
-        case 'V': printf("kvq-info %s\n", kvq_version()); return CLI_OK;
+        case 'V': cli_version(prog); return CLI_OK;
         case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); return CLI_USAGE;
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); return CLI_USAGE;
         }
@@ -272,6 +272,7 @@ static int run(int argc, char **argv, cli_meta *meta)
 
 int main(int argc, char **argv)
 {
+    cli_blas_setup(argv);
     cli_check_stdout_at_exit(prog);
     return cli_meta_main(prog, argc, argv, run);
 }

@@ -505,6 +505,12 @@ static char *run_json(cli_meta *m, const char *prog, const char *out_sha256)
     sb_json(&b, bi.simd);
     sb_str(&b, ", \"blas\": ");
     sb_json(&b, bi.blas);
+    char why[256]; /* the kernels in use, and why (docs/performance.md#blas-kernels) */
+    kvq_blas_core_source(why, sizeof why);
+    sb_str(&b, ", \"blas_core\": ");
+    sb_json(&b, bi.blas_core);
+    sb_str(&b, ", \"blas_core_source\": ");
+    sb_json(&b, why);
     sb_printf(&b, ", \"cuda_built\": %s}", bi.cuda_built ? "true" : "false");
     sb_printf(&b, ", \"command\": %s, \"cwd\": ", m->command ? m->command : "null");
     sb_json(&b, m->cwd);

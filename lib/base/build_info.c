@@ -13,5 +13,6 @@ void kvq_get_build_info(kvq_build_info *info)
     info->commit = KVQ_GIT_COMMIT;
     info->simd = kvq_simd_active() ? "avx512" : kvq_simd_avx2_active() ? "avx2" : "none";
     info->blas = openblas_get_config();
+    info->blas_core = kvq_blas_core();
     info->cuda_built = KVQ_HAVE_CUDA;
 }

@@ -12,16 +12,32 @@ dependency; torch tensors are accepted (moved to the CPU; bfloat16 widened).
 
 Reference: docs/python.md (quantizers: docs/quantizers.md; columns:
 docs/metrics.md)."""
-from ._lib import Error
-from .cache import DecodeCache
-from .dump import DumpError, read_dump, write_dump
+from . import _blas
+
+_blas.prepare()  # before numpy loads OpenBLAS (docs/performance.md#blas-kernels)
+from ._lib import Error  # noqa: E402
+from .cache import DecodeCache  # noqa: E402
+from .dump import DumpError, read_dump, write_dump  # noqa: E402
 from .quant import Calibration, Quantized, analyze, parse_rows, quantize, quantizers, spec_full
 
 __all__ = ["Error", "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
-           "read_dump", "write_dump", "parse_rows", "spec_full", "version"]
+           "read_dump", "write_dump", "parse_rows", "spec_full", "version", "blas"]
 
 
 def version():
     """libkvq's version string (as the tools' --version)."""
     from ._lib import lib
     return lib().kvq_version().decode()
+
+
+def blas():
+    """The OpenBLAS kernels in use: {"core", "source", "cpu"} — the core, why it
+    is that one (as OUT.meta.json's blas_core_source) and the best core this
+    CPU runs (docs/performance.md#blas-kernels)."""
+    import ctypes
+    from ._lib import lib
+    h = lib()
+    buf = ctypes.create_string_buffer(256)
+    h.kvq_blas_core_source(buf, 256)
+    cpu = h.kvq_blas_core_for_cpu()
+    return {"core": h.kvq_blas_core().decode(), "source": buf.value.decode(), "cpu": cpu.decode() if cpu else None}

@@ -92,6 +92,11 @@ _P = ctypes.c_void_p
 _SIGNATURES = {
     # name: (restype, argtypes)
     "kvq_version": (c_char_p, []),
+    "kvq_blas_core": (c_char_p, []),
+    "kvq_blas_core_detected": (c_char_p, []),
+    "kvq_blas_core_for_cpu": (c_char_p, []),
+    "kvq_blas_core_wanted": (c_char_p, []),
+    "kvq_blas_core_source": (None, [c_char_p, ctypes.c_size_t]),
     "kvq_free": (None, [_P]),
     "kvq_quantizer_count": (ctypes.c_size_t, []),
     "kvq_quantizer_at": (_P, [ctypes.c_size_t]),
@@ -159,6 +164,8 @@ def lib():
             fn = getattr(handle, name)
             fn.restype, fn.argtypes = res, args
         _lib = handle
+        from . import _blas
+        _blas.check(handle)
         return _lib
     raise Error("cannot load libkvq: tried " + "; ".join(tried) +
                 " (build it with meson, then import kvq from BUILD/python, or set KVQ_LIBRARY to libkvq.so)",

@@ -1,0 +1,99 @@
+/* blas.c — which OpenBLAS kernels run (docs/performance.md#blas-kernels).
+ * OpenBLAS picks its kernels ("core") from the CPUID's family and model; on
+ * cloud VMs that mask them it falls back to an old core — Prescott, its
+ * 2004 SSE3 kernels, a fifth of the sgemm rate of the AVX-512 ones on the
+ * same machine.  kvq probes the instruction sets itself (GCC's CPU check,
+ * which also asks the OS whether it saves the wide registers) and says
+ * which core this CPU can run when OpenBLAS's choice is below it; the tools
+ * then restart once with OPENBLAS_CORETYPE set (tools/cli.c,
+ * cli_blas_setup), and the Python package sets it before OpenBLAS loads.
+ * A core the user set is never changed. */
+#include "../kvq.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* The instruction-set level of an x86-64 OpenBLAS core name (its DYNAMIC_ARCH
+ * corename table): 0 SSE, 1 AVX, 2 AVX2 + FMA, 3 AVX-512; -1 a name this
+ * table does not know (another architecture, a newer core): left alone. */
+static int core_level(const char *name)
+{
+    static const struct {
+        const char *name;
+        int level;
+    } cores[] = {{"Katmai", 0},       {"Coppermine", 0},  {"Northwood", 0},      {"Prescott", 0},
+                 {"Banias", 0},       {"Atom", 0},        {"Core2", 0},          {"Penryn", 0},
+                 {"Dunnington", 0},   {"Nehalem", 0},     {"Athlon", 0},         {"Opteron", 0},
+                 {"Opteron_SSE3", 0}, {"Barcelona", 0},   {"Nano", 0},           {"Bobcat", 0},
+                 {"Sandybridge", 1},  {"Bulldozer", 1},   {"Piledriver", 1},     {"Steamroller", 1},
+                 {"Haswell", 2},      {"Excavator", 2},   {"Zen", 2},            {"SkylakeX", 3},
+                 {"Cooperlake", 3},   {"SapphireRapids", 3}};
+    for (size_t i = 0; name && i < sizeof cores / sizeof cores[0]; i++)
+        if (!strcasecmp(name, cores[i].name)) return cores[i].level;
+    return -1;
+}
+
+/* The best core this CPU can run, and its level (-1, NULL: not x86-64 or unknown). */
+static const char *cpu_core(int *level)
+{
+    *level = -1;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    int amd = __builtin_cpu_is("amd");
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512cd"))
+        return *level = 3, "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return *level = 2, amd ? "Zen" : "Haswell"; /* OpenBLAS's Zen kernels are Haswell's, tuned */
+    if (__builtin_cpu_supports("avx")) return *level = 1, amd ? "Bulldozer" : "Sandybridge";
+    return *level = 0, NULL;
+#else
+    return NULL;
+#endif
+}
+
+const char *kvq_blas_core(void)
+{
+    const char *c = openblas_get_corename();
+    return c ? c : "unknown";
+}
+
+const char *kvq_blas_core_for_cpu(void)
+{
+    int level;
+    return cpu_core(&level);
+}
+
+const char *kvq_blas_core_detected(void)
+{
+    const char *t = getenv("KVQ_TEST_BLAS_DETECTED"); /* tests: as if OpenBLAS had chosen this */
+    return t && *t ? t : kvq_blas_core();
+}
+
+const char *kvq_blas_core_wanted(void)
+{
+    /* OpenBLAS picks its core once, when it loads, and only DYNAMIC_ARCH
+     * builds can pick another */
+    const char *cfg = openblas_get_config();
+    if (!cfg || !strstr(cfg, "DYNAMIC_ARCH")) return NULL;
+    int have = core_level(kvq_blas_core_detected()), level;
+    const char *best = cpu_core(&level);
+    return best && have >= 0 && have < level ? best : NULL;
+}
+
+void kvq_blas_core_source(char *buf, size_t len)
+{
+    const char *user = getenv("OPENBLAS_CORETYPE"), *kvq = getenv("KVQ_BLAS_CORE_DETECTED");
+    if (user && *user && kvq && !strcmp(kvq, "python"))
+        snprintf(buf, len, "chosen by the kvq package before OpenBLAS loaded (OPENBLAS_CORETYPE=%s)", user);
+    else if (user && *user && kvq && *kvq)
+        snprintf(buf, len, "chosen by kvq (OPENBLAS_CORETYPE=%s; OpenBLAS detected %s)", user, kvq);
+    else if (user && *user)
+        snprintf(buf, len, "OPENBLAS_CORETYPE=%s", user);
+    else
+        snprintf(buf, len, "detected by OpenBLAS");
+}
