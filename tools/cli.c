@@ -413,7 +413,7 @@ static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapa
         int bad = fclose(o->f);
         o->f = o->real, o->real = NULL;
         if (bad) { cli_error(prog, "out of memory"); goto done; }
-        cli_sha256_mem(o->buf, o->buflen, hex);
+        if (cli_sha256_mem(o->buf, o->buflen, hex)) { cli_error(prog, "%s: SHA-256 failed (libcrypto)", name); goto done; }
         sha = hex;
         if (!(line = cli_meta_render(o->meta, prog, name, sha, 1))) goto done;
         if (fputs(line, o->f) == EOF || fwrite(o->buf, 1, o->buflen, o->f) != o->buflen) {

@@ -202,8 +202,13 @@ int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt);
 int cli_meta_inline(const cli_meta *m);
 /* The operands after the options (dumps, a model, shards), as given. */
 void cli_meta_operands(cli_meta *m, char *const *v, int n);
-/* An input (NULL: none): stat'ed now; hashed (SHA-256) when the record is written. */
+/* An input (NULL: none): stat'ed now, and its bytes as they are now hashed
+ * (SHA-256) by a thread while the run works; the record says
+ * changed_during_run when its size, mtime or ctime moved by then.  An
+ * _extended input is one the run appends to itself (a resumed file): its
+ * bytes at the start are hashed, and growing is not a change. */
 void cli_meta_input(cli_meta *m, const char *role, const char *path);
+void cli_meta_input_extended(cli_meta *m, const char *role, const char *path);
 /* section.key = value, in the order set; section is "options", "model" or
  * "result".  _str(NULL) is null; _list appends one string to an array;
  * _ints(NULL) is null. */
@@ -240,8 +245,21 @@ int cli_meta_write(cli_meta *m, const char *prog, const char *output, const char
  * file's SHA-256 (unless --no-hash) once it is in place. */
 int cli_meta_drop(const char *prog, const char *output);
 int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output);
-/* SHA-256 of a file as 64 hex digits: 0, or -1 with *saved_errno. */
+/* SHA-256 (OpenSSL's libcrypto) of a file as 64 hex digits: 0, or -1 with
+ * *saved_errno; _prefix hashes its first `limit` bytes (EIO when it is
+ * shorter); _mem: 0, or -1 if libcrypto fails. */
 int cli_sha256_file(const char *path, char hex[65], int *saved_errno);
-void cli_sha256_mem(const void *p, size_t n, char hex[65]);
+int cli_sha256_file_prefix(const char *path, long long limit, char hex[65], int *saved_errno);
+int cli_sha256_mem(const void *p, size_t n, char hex[65]);
+/* A thread that hashes files while the run works (the inputs of OUT.meta.json):
+ * cli_hasher_add queues the first `size` bytes of path (NULL: no memory or no
+ * thread: hash it yourself); cli_hash_job_wait waits for that hash (0, or
+ * -1 with *saved_errno); cli_hasher_free stops an unfinished hash and frees. */
+typedef struct cli_hasher cli_hasher;
+typedef struct cli_hash_job cli_hash_job;
+cli_hasher *cli_hasher_new(void);
+cli_hash_job *cli_hasher_add(cli_hasher *h, const char *path, long long size);
+int cli_hash_job_wait(cli_hasher *h, cli_hash_job *j, char hex[65], int *saved_errno);
+void cli_hasher_free(cli_hasher *h);
 
 #endif

@@ -377,7 +377,6 @@ int main(int argc, char **argv)
     cli_meta_operands(meta, argv + optind, argc - optind);
     cli_meta_model(meta, argv[optind], &mo, in, T);
     cli_meta_input(meta, "calib", calib);
-    if (resume && access(sens_path, F_OK) == 0) cli_meta_input(meta, "sensitivity (resumed)", sens_path);
     cli_meta_str(meta, "options", "family", family);
     cli_meta_empty_list(meta, "options", "grid");
     for (int i = 0; i < ngrids; i++) cli_meta_list(meta, "options", "grid", grids[i]);
@@ -409,6 +408,8 @@ int main(int argc, char **argv)
         cli_error(prog, "%s: cannot drop the unfinished pass: %s", sens_path, strerror(errno));
         rc = CLI_RUNTIME; goto done;
     }
+    /* the passes kept are an input (the run appends the others) */
+    if (resume && access(sens_path, F_OK) == 0) cli_meta_input_extended(meta, "sensitivity (resumed)", sens_path);
     if (!(items = calloc((size_t)(L > np + nbudgets ? L : np + nbudgets) + 1, sizeof *items))) {
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME; goto done;

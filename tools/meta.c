@@ -27,8 +27,10 @@
 
 typedef struct meta_input {
     char *role, *path;
-    struct stat st; /* at cli_meta_input: compared again when hashing */
+    struct stat st; /* at cli_meta_input: compared again when the record is written */
     int stat_errno;
+    int extended;   /* the run appends to it itself (a resumed file): growing is no change */
+    cli_hash_job *job; /* its hash in the background (NULL: hashed when the record is written) */
     char sha[65]; /* once hashed ("" before): a sweep writes its record twice */
 } meta_input;
 
@@ -51,6 +53,7 @@ struct cli_meta {
     int nents;
     char *prior; /* earlier runs' lines, joined by ",\n" */
     char *run;   /* this run's line as last rendered: the inline record and the file share it */
+    cli_hasher *hasher; /* hashes the inputs while the run works */
     int inline_line, no_hash, nomem;
 };
 
@@ -173,6 +176,7 @@ cli_meta *cli_meta_begin(const char *tool, int argc, char **argv)
 void cli_meta_free(cli_meta *m)
 {
     if (!m) return;
+    cli_hasher_free(m->hasher);
     for (int i = 0; i < m->ninputs; i++) free(m->inputs[i].role), free(m->inputs[i].path);
     for (int i = 0; i < m->nents; i++) free(m->ents[i].key), free(m->ents[i].json);
     free(m->inputs), free(m->ents), free(m->command), free(m->operands), free(m->cwd), free(m->prior), free(m->run);
@@ -222,7 +226,7 @@ int cli_meta_main(const char *prog, int argc, char **argv, int (*run)(int, char 
     return rc;
 }
 
-void cli_meta_input(cli_meta *m, const char *role, const char *path)
+static void add_input(cli_meta *m, const char *role, const char *path, int extended)
 {
     if (!path) return;
     meta_input *ni = realloc(m->inputs, (size_t)(m->ninputs + 1) * sizeof *ni);
@@ -236,8 +240,16 @@ void cli_meta_input(cli_meta *m, const char *role, const char *path)
         return;
     }
     in->stat_errno = stat(path, &in->st) ? errno : 0;
+    in->extended = extended;
+    /* hashed from now on, while the run works: the bytes it has now */
+    if (!m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode) && (m->hasher || (m->hasher = cli_hasher_new())))
+        in->job = cli_hasher_add(m->hasher, path, (long long)in->st.st_size);
     m->ninputs++;
 }
+
+void cli_meta_input(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 0); }
+
+void cli_meta_input_extended(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 1); }
 
 /* Sets (or, for a list, appends to) section.key: json is the value as JSON
  * text, owned by the record from here on. */
@@ -444,8 +456,10 @@ static int has_section(const cli_meta *m, const char *section)
     return 0;
 }
 
-/* One input: path, size, mtime, SHA-256 (streamed; null with --no-hash). */
-static int sb_input(sbuf *b, meta_input *in, int hash, const char *prog)
+/* One input: path, size, mtime, SHA-256 of its bytes when the run began
+ * (null with --no-hash), and changed_during_run when its size, mtime or
+ * ctime (which no one can set back) moved since. */
+static int sb_input(sbuf *b, cli_meta *m, meta_input *in, int hash, const char *prog)
 {
     if (in->stat_errno) {
         cli_error(prog, "%s: cannot record it: %s", in->path, strerror(in->stat_errno));
@@ -464,18 +478,26 @@ static int sb_input(sbuf *b, meta_input *in, int hash, const char *prog)
     sb_printf(b, ", \"size\": %lld, \"mtime\": \"%s\", \"sha256\": ", (long long)in->st.st_size, mt);
     int hashable = S_ISREG(in->st.st_mode);
     if (hash && hashable) {
-        int e;
-        if (!in->sha[0] && cli_sha256_file(in->path, in->sha, &e)) {
-            cli_error(prog, "%s: cannot read it to record its SHA-256: %s", in->path, strerror(e));
+        int e = 0;
+        if (!in->sha[0] && (in->job ? cli_hash_job_wait(m->hasher, in->job, in->sha, &e)
+                                    : cli_sha256_file_prefix(in->path, (long long)in->st.st_size, in->sha, &e))) {
+            in->sha[0] = '\0';
+            if (e == EIO)
+                cli_error(prog, "%s: it is shorter than when the run began (%lld bytes): cannot record its SHA-256",
+                          in->path, (long long)in->st.st_size);
+            else
+                cli_error(prog, "%s: cannot read it to record its SHA-256: %s", in->path, strerror(e));
             return CLI_RUNTIME;
         }
         sb_printf(b, "\"%s\"", in->sha);
-        struct stat now;
-        if (stat(in->path, &now) == 0 &&
-            (now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
-             now.st_mtim.tv_nsec != in->st.st_mtim.tv_nsec))
-            sb_str(b, ", \"changed_during_run\": true");
     } else sb_str(b, "null");
+    struct stat now;
+    if (hashable && stat(in->path, &now) == 0 &&
+        (in->extended ? now.st_size < in->st.st_size
+                      : now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
+                            now.st_mtim.tv_nsec != in->st.st_mtim.tv_nsec || now.st_ctim.tv_sec != in->st.st_ctim.tv_sec ||
+                            now.st_ctim.tv_nsec != in->st.st_ctim.tv_nsec))
+        sb_str(b, ", \"changed_during_run\": true");
     sb_str(b, "}");
     return CLI_OK;
 }
@@ -519,7 +541,7 @@ static char *run_json(cli_meta *m, const char *prog, const char *out_sha256)
     sb_str(&b, ", \"inputs\": [");
     for (int i = 0; i < m->ninputs; i++) {
         if (i) sb_str(&b, ", ");
-        if (sb_input(&b, &m->inputs[i], !m->no_hash, prog)) { free(b.s); return NULL; }
+        if (sb_input(&b, m, &m->inputs[i], !m->no_hash, prog)) { free(b.s); return NULL; }
     }
     sb_printf(&b, "], \"operands\": %s", m->operands ? m->operands : "[]");
     sb_str(&b, ", \"hashed\": ");

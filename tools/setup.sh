@@ -45,7 +45,7 @@ run_step() { # what command...
     [ -z "$log" ] || rm -f "$log"
 }
 
-pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev check
+pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev libssl-dev check
       python3-matplotlib python3-numpy python3-h5py) # figure scripts (notebooks-export/), tools/kvq_dump.py
 missing=()
 for p in "${pkgs[@]}"; do
