@@ -567,6 +567,26 @@ typedef struct kvq_sweep_file {
 kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
 void kvq_sweep_file_free(kvq_sweep_file *f);
 
+/* kvq's CSV results read back (--resume, --merge): RFC 4180 as kvq writes
+ * it.  Records (the header first) of ncols fields each; a last record
+ * without its newline (an interrupted write) is left out and `torn` set;
+ * `complete` is the byte length of the complete records.  A record with
+ * another number of fields, a quote inside an unquoted field or text after
+ * a quoted one: KVQ_ERR_FORMAT naming the file and line. */
+typedef struct kvq_csv {
+    char **cell; /* [nrec][ncols] */
+    size_t *end; /* [nrec]: the byte after each record's newline */
+    size_t ncells, nrec, complete;
+    int ncols, torn;
+} kvq_csv;
+kvq_status kvq_csv_read(const char *path, kvq_csv *t, kvq_error *err);
+kvq_status kvq_csv_parse(const char *path, const char *data, size_t size, kvq_csv *t, kvq_error *err);
+void kvq_csv_free(kvq_csv *t);
+const char *kvq_csv_at(const kvq_csv *t, size_t rec, int col); /* NULL outside the table */
+int kvq_csv_column(const kvq_csv *t, const char *name);         /* its index in the header, or -1 */
+/* A whole finite decimal number: 0, else -1. */
+int kvq_csv_number(const char *s, double *v);
+
 /* ------------------------------------------------------ bit allocation */
 
 /* The exact optimum of the multiple-choice knapsack of kvq-alloc
@@ -727,6 +747,24 @@ typedef struct kvq_eval_item {
     double dnll_se;          /* standard error of dnll: sample std of the per-position differences / sqrt(positions) */
 } kvq_eval_item;
 
+/* What a corpus evaluation pools over its windows for one configuration
+ * (the exact model: nll and positions alone): sums over the scored
+ * positions, the stored bits and elements of the quantized layers' caches,
+ * and the Welford state (count, mean, squared deviations) of the
+ * per-position dnll.  A window's sums are added in window order
+ * (kvq_eval_sums_add, Chan's combination for the Welford state), so sums of
+ * windows evaluated apart (kvq-eval --shard) merged in window order give the
+ * numbers of one run bit for bit. */
+typedef struct kvq_eval_sums {
+    double nll, kl, top1, positions;
+    double k_bits, v_bits, elements;
+    double d_n, d_mean, d_m2;
+} kvq_eval_sums;
+void kvq_eval_sums_add(kvq_eval_sums *acc, const kvq_eval_sums *w);
+/* The item's results (nll, kl, top1 as means; bits per element; positions;
+ * dnll_se) from its pooled sums. */
+void kvq_eval_item_finish(kvq_eval_item *it, const kvq_eval_sums *s);
+
 typedef struct kvq_eval_opts {
     int stride;        /* decode: the cache is re-quantized every `stride` positions (1: exact decode) */
     uint64_t seed;
@@ -744,6 +782,15 @@ typedef struct kvq_eval_opts {
      * window_progress (may be NULL) is called after each window. */
     int chunk, chunks;
     void (*window_progress)(void *ud, int done, int total);
+    /* a share of a corpus run (kvq-eval --shard): only windows [window_begin,
+     * window_end) of the chunk's windows (both 0: all) */
+    int window_begin, window_end;
+    /* optional: after each window, its sums — the exact model's (ref) and
+     * each item's (items[nitems]) — before they are pooled; a failure stops
+     * the run with that status */
+    kvq_status (*window_done)(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *items,
+                              kvq_error *err);
+    void *window_ud; /* window_done's ud */
     /* optional: the NLL of every scored position, [nitems + 1][positions]
      * (row 0 the exact model, row 1 + i item i; windows one after another) */
     double *position_nll;

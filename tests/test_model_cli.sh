@@ -52,6 +52,37 @@ awk -F, 'NR > 1 && $2 == 32 && $15 == 14 {n++} NR > 1 && $3 == "none" && $16 == 
 expect 2 "--chunks needs --chunk" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunks 2
 expect 2 "--chunk 3" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 3
 expect 1 "fewer than one window" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 48
+# --shard (docs/models.md#shards): three shards of the 4 windows of --chunk 8, merged, are the
+# unsharded run byte for byte (any order of the shard files); --resume after a torn window
+# continues to the same file; what --merge refuses
+sq=(-q none -q per-token:bits=2 -q kivi:bits=2,group=4,residual=4 --policy prefill,decode --chunk 8 --progress never)
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" -o "$tmp/un.csv" 2>/dev/null
+for i in 0 1 2; do expect 0 "shard $i/3 complete" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard $i/3 -o "$tmp/sh$i.csv"; done
+expect 0 "merged 4 windows of 6 configurations from 3 shards" -- "$eval" --merge "$tmp/sh2.csv" "$tmp/sh0.csv" "$tmp/sh1.csv" -o "$tmp/merged.csv"
+cmp -s "$tmp/un.csv" "$tmp/merged.csv" && [ -s "$tmp/un.csv" ] \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: merged shards differ from the unsharded run"; diff "$tmp/un.csv" "$tmp/merged.csv" | head; }
+cp "$tmp/sh2.csv" "$tmp/whole2.csv"
+head -c $(($(head -n 7 "$tmp/sh2.csv" | wc -c) + 30)) "$tmp/whole2.csv" >"$tmp/sh2.csv" # window 2 and part of 3
+expect 1 "sh2.csv: exists; continue its windows with --resume" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 2/3 -o "$tmp/sh2.csv"
+expect 1 "ends in an unfinished row" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+expect 0 "resuming: 1 of this shard's 2 windows" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 2/3 --resume -o "$tmp/sh2.csv"
+cmp -s "$tmp/sh2.csv" "$tmp/whole2.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a resumed shard differs"; }
+expect 1 "line 3 is not window 3 of this run's shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 2/3 --resume -o "$tmp/sh2.csv"
+expect 1 "windows 2..3 of 4 are in no shard" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" -o "$tmp/m2.csv"
+expect 1 "window 2 is in" "duplicated" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" "$tmp/whole2.csv" -o "$tmp/m2.csv"
+expect 1 "un.csv: not a kvq-eval shard" -- "$eval" --merge "$tmp/un.csv" -o "$tmp/m2.csv"
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 1/3 --progress never -o "$tmp/other1.csv" 2>/dev/null
+expect 1 "not shards of one run" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/other1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+[ ! -e "$tmp/m2.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge left a file"; }
+expect 2 "--shard 1/3: needs --chunk N and -o OUT" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --shard 1/3 -o "$tmp/x.csv"
+expect 2 "--shard 3/3: expected I/N" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 3/3 -o "$tmp/x.csv"
+expect 2 "a shard is written as CSV" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 0/2 --format jsonl -o "$tmp/x.csv"
+expect 2 "--resume continues a shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --resume -o "$tmp/x.csv"
+expect 2 "--merge pools finished shards" -- "$eval" --merge --chunk 8 "$tmp/sh0.csv"
+flock "$tmp/sh0.csv" sleep 3 &
+sleep 0.5
+expect 1 "another kvq-eval run is writing it" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 0/3 --resume -o "$tmp/sh0.csv"
+wait
 # --per-layer: one row per layer
 "$eval" "$tiny" --text "$tmp/text.txt" -q kivi:bits=2,group=8,residual=8 --per-layer -o "$tmp/pl.jsonl" 2>/dev/null
 [ "$(grep -c '"layer":"[0-9]"' "$tmp/pl.jsonl")" = 3 ] && ! ls "$tmp"/pl.jsonl.tmp.* >/dev/null 2>&1 \

@@ -42,6 +42,17 @@ int cli_parse_long(const char *s, long min, long max, long *out)
     return 0;
 }
 
+int cli_parse_shard(const char *s, long *i, long *n)
+{
+    const char *slash = s ? strchr(s, '/') : NULL;
+    char head[32];
+    if (!slash || (size_t)(slash - s) >= sizeof head) return -1;
+    memcpy(head, s, (size_t)(slash - s));
+    head[slash - s] = '\0';
+    if (cli_parse_long(head, 0, 1000000, i) || cli_parse_long(slash + 1, 1, 1000000, n) || *i >= *n) return -1;
+    return 0;
+}
+
 int cli_parse_u64(const char *s, uint64_t *out)
 {
     char *end;

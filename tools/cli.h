@@ -18,6 +18,8 @@ int cli_fail(const char *prog, const kvq_error *err);
 /* Whole-string decimal parsing with range checks (no sign for unsigned). */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_u64(const char *s, uint64_t *out);
+/* --shard I/N: 0 <= I < N <= 10^6; 0, or -1. */
+int cli_parse_shard(const char *s, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
 int cli_parse_list(const char *s, int max, int **out, int *n);
 
@@ -107,6 +109,30 @@ void cli_temp_unregister(const char *tmp);
  * an interrupted run that removed its temporary says nothing was written. */
 void cli_interrupt_note(const char *head, const char *tail);
 void cli_interrupt_count(long n);
+
+/* kvq-eval's rows (eval_shard.c): the identity of one configuration's
+ * row, the columns (a shard's add the window and the sums it pools), and a
+ * row's cells (npos: 16 bytes for the positions' text). */
+typedef struct cli_eval_row {
+    const char *model, *quantizer, *spec, *policy;
+    char layer[16];
+} cli_eval_row;
+const char *const *cli_eval_columns(int shard, int *ncols);
+void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_ref, const char *tokens, char *npos,
+                    kvq_cell *row);
+/* kvq-eval --shard (docs/models.md#shards): OUT created, or with resume
+ * continued after its last whole window of this shard's windows [w0, w1)
+ * (*done of them), locked for the run; cli_eval_shard_window is the
+ * kvq_eval_opts.window_done that appends a window's rows and fsyncs. */
+typedef struct cli_eval_shard cli_eval_shard;
+int cli_eval_shard_open(const char *prog, const char *path, int resume, const cli_eval_row *rows, int nitems,
+                        int chunk, int nwin, int w0, int w1, int *done, cli_eval_shard **out);
+kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
+                                 kvq_error *err);
+int cli_eval_shard_close(cli_eval_shard *s);
+/* kvq-eval --merge: the shards' windows pooled in window order into the
+ * rows of one run (to output, atomically, with the shards' runs in its meta). */
+int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta);
 
 /* Every tool calls this first (docs/performance.md#blas-kernels): when
  * OpenBLAS chose kernels below what this CPU runs and the user set no

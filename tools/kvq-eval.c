@@ -32,6 +32,12 @@ static void usage(FILE *f)
         "                        of N tokens, each from an empty cache with BOS first when\n"
         "                        the model adds one, scoring each window's second half\n"
         "      --chunks K        evaluate only the first K windows\n"
+        "      --shard I/N       with --chunk: only the I-th of N contiguous shares of the\n"
+        "                        windows, each window's rows appended to -o OUT as it ends\n"
+        "                        (with the sums --merge pools)\n"
+        "      --resume          continue a shard's OUT after its last whole window\n"
+        "      --merge           kvq-eval --merge SHARD... [-o OUT]: pool the shards' windows\n"
+        "                        into the rows of one run (bit for bit)\n"
         "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds one)\n"
         "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
@@ -46,7 +52,9 @@ static void usage(FILE *f)
         "      --seed N          seed of the quantizers' random streams (default 0)\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n\n"
-        "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n");
+        "Example: kvq-eval stories260K.gguf --text story.txt -q none -q kivi:bits=2 --policy prefill,decode\n"
+        "Across machines: kvq-eval M --text T --chunk 512 -q ... --shard I/4 -o shard-I.csv (I = 0..3), then\n"
+        "                 kvq-eval --merge shard-*.csv -o all.csv\n");
 }
 
 enum {
@@ -58,7 +66,10 @@ enum {
     OPT_PROGRESS,
     OPT_SEED,
     OPT_CHUNK,
-    OPT_CHUNKS
+    OPT_CHUNKS,
+    OPT_SHARD,
+    OPT_RESUME,
+    OPT_MERGE
 };
 
 typedef struct progress_state {
@@ -105,18 +116,22 @@ int main(int argc, char **argv)
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
         {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"chunk", required_argument, 0, OPT_CHUNK},
-        {"chunks", required_argument, 0, OPT_CHUNKS}, CLI_MODEL_LONGOPTS,
+        {"chunks", required_argument, 0, OPT_CHUNKS}, {"shard", required_argument, 0, OPT_SHARD},
+        {"resume", no_argument, 0, OPT_RESUME}, {"merge", no_argument, 0, OPT_MERGE}, CLI_MODEL_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *output = NULL, *format = NULL, *calib = NULL;
     int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
-    long stride = 1, chunk = 0, chunks = 0;
+    long stride = 1, chunk = 0, chunks = 0, shard_i = 0, shard_n = 0;
+    int resume = 0, merge = 0;
+    cli_eval_shard *shard = NULL;
+    cli_eval_row *rows = NULL;
     cli_model mo = {0};
     uint64_t seed = 0;
     int per_layer = 0, policies[2] = {1, 0}, *ids = NULL, T = 0, rc = CLI_OK, c, nspecs = 0;
-    kvq_spec *specs = NULL;
+    kvq_spec *specs = NULL, *owns = NULL;
     kvq_eval_item *items = NULL;
     kvq_model *m = NULL;
     kvq_calib *cal = NULL;
@@ -163,6 +178,14 @@ int main(int argc, char **argv)
                 rc = CLI_USAGE; goto done;
             }
             break;
+        case OPT_SHARD:
+            if (cli_parse_shard(optarg, &shard_i, &shard_n)) {
+                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
+        case OPT_RESUME: resume = 1; break;
+        case OPT_MERGE: merge = 1; break;
         case OPT_FORMAT:
             if ((rc = cli_format_option(prog, optarg, &format))) goto done;
             break;
@@ -182,8 +205,34 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
+    if (merge) { /* the shards' rows pooled: no model to run */
+        if (shard_n || resume || nspecs || chunk || chunks || calib || per_layer || mo.text || mo.tokens) {
+            cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format and "
+                      "--meta apply)");
+            rc = CLI_USAGE; goto done;
+        }
+        if (optind >= argc) { cli_error(prog, "--merge: no shard files given"); rc = CLI_USAGE; goto done; }
+        if ((rc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind))) goto done;
+        kvq_format mfmt = cli_pick_format(format, output);
+        cli_meta_str(meta, "options", "output", output);
+        rc = cli_eval_merge(prog, argv + optind, argc - optind, output, mfmt, meta);
+        goto done;
+    }
     if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
         goto done;
+    if (shard_n && (!chunk || !output || !strcmp(output, "-"))) {
+        cli_error(prog, "--shard %ld/%ld: needs --chunk N and -o OUT (its windows' rows are appended to OUT)", shard_i,
+                  shard_n);
+        rc = CLI_USAGE; goto done;
+    }
+    if (resume && !shard_n) {
+        cli_error(prog, "--resume continues a shard (--shard I/N; --shard 0/1 for a whole corpus run)");
+        rc = CLI_USAGE; goto done;
+    }
+    if (shard_n && format && strcmp(format, "csv")) {
+        cli_error(prog, "--format %s: a shard is written as CSV (--merge writes any format)", format);
+        rc = CLI_USAGE; goto done;
+    }
     {
         const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
         if ((rc = cli_check_output(prog, output, in, 5))) goto done;
@@ -235,6 +284,23 @@ int main(int argc, char **argv)
             for (int l = 0; policies[p] && l < nlay; l++)
                 items[k++] = (kvq_eval_item){.spec = specs[s].q ? &specs[s] : NULL, .layer = per_layer ? l : -1,
                                              .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
+    /* each row's identity: a mix's --per-layer row names that layer's spec (and mix as its quantizer) */
+    if (!(rows = calloc((size_t)nitems + 1, sizeof *rows)) || !(owns = calloc((size_t)nitems + 1, sizeof *owns))) {
+        cli_error(prog, "out of memory");
+        rc = CLI_RUNTIME;
+        goto done;
+    }
+    for (int i = 0; i < nitems; i++) {
+        const kvq_eval_item *it = &items[i];
+        const kvq_spec *sp = it->spec, *text = sp;
+        if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &owns[i], NULL))
+            text = &owns[i];
+        rows[i] = (cli_eval_row){.model = in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
+                                 .spec = sp ? text->text : "none",
+                                 .policy = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"};
+        if (it->layer < 0) snprintf(rows[i].layer, sizeof rows[i].layer, "all");
+        else snprintf(rows[i].layer, sizeof rows[i].layer, "%d", it->layer);
+    }
 
     kvq_format fmt = cli_pick_format(format, output);
     if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
@@ -251,14 +317,46 @@ int main(int argc, char **argv)
     cli_meta_int_set(meta, "options", "chunks", chunks);
     cli_meta_u64(meta, "options", "seed", seed);
     cli_meta_str(meta, "options", "format", cli_format_name(fmt));
-    static const char *const cols[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
-                                       "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se"};
-    enum { NCOL = sizeof cols / sizeof cols[0] };
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
-    if (!(rep = kvq_rows_new(out.f, fmt, cols, NCOL, 6))) {
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME;
-        goto done;
+    int ncol;
+    const char *const *cols = cli_eval_columns(0, &ncol);
+    /* a shard: its share of the windows, appended to OUT window by window */
+    int w0 = 0, w1 = nwin, wdone = 0;
+    if (shard_n) {
+        w0 = (int)(nwin * shard_i / shard_n), w1 = (int)(nwin * (shard_i + 1) / shard_n);
+        char sh[48];
+        snprintf(sh, sizeof sh, "%ld/%ld", shard_i, shard_n);
+        cli_meta_str(meta, "options", "shard", sh);
+        cli_meta_bool(meta, "options", "resume", resume);
+        cli_meta_int(meta, "result", "windows", nwin);
+        cli_meta_int(meta, "result", "window_begin", w0);
+        cli_meta_int(meta, "result", "window_end", w1);
+        if ((rc = cli_eval_shard_open(prog, output, resume, rows, nitems, (int)chunk, nwin, w0, w1, &wdone, &shard)))
+            goto done;
+        if (wdone) { /* the runs that wrote those windows stay in the record */
+            char *mp = cli_meta_path(output), *runs = NULL;
+            if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+            rc = cli_meta_read_runs(prog, mp, &runs);
+            free(mp);
+            if (!rc) cli_meta_prior_runs(meta, runs);
+            free(runs);
+            if (rc) goto done;
+            fprintf(stderr, "%s: resuming: %d of this shard's %d windows already in %s\n", prog, wdone, w1 - w0,
+                    output);
+        }
+        cli_meta_int(meta, "result", "windows_resumed", wdone);
+        static char note_head[1024], note_tail[256];
+        snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", output);
+        snprintf(note_tail, sizeof note_tail, " of shard %ld/%ld's %d windows; the same command with --resume "
+                 "continues\n", shard_i, shard_n, w1 - w0);
+        cli_interrupt_note(note_head, note_tail);
+        cli_interrupt_count(wdone);
+    } else {
+        if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
+        if (!(rep = kvq_rows_new(out.f, fmt, cols, ncol, 6))) {
+            cli_error(prog, "out of memory");
+            rc = CLI_RUNTIME;
+            goto done;
+        }
     }
 
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
@@ -267,6 +365,19 @@ int main(int argc, char **argv)
     kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
                         .progress = chunk ? NULL : progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks,
                         .window_progress = window_progress};
+    if (shard_n) {
+        if (w0 + wdone == w1) { /* every window of the shard is in OUT */
+            fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, output, shard_i, shard_n,
+                    w0, w1 - 1, nwin);
+            rc = cli_eval_shard_close(shard);
+            shard = NULL;
+            if (!rc) rc = cli_meta_write_hashed(meta, prog, output);
+            goto done;
+        }
+        eo.window_begin = w0 + wdone, eo.window_end = w1;
+        eo.window_done = cli_eval_shard_window;
+        eo.window_ud = shard;
+    }
     if (fmt == KVQ_FMT_TABLE)
         fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens%s\n", prog,
                 argv[optind], in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T,
@@ -277,35 +388,19 @@ int main(int argc, char **argv)
         rc = cli_fail(prog, &err);
         goto done;
     }
+    if (shard) { /* every window's rows are in OUT: its record, with OUT's checksum */
+        rc = cli_eval_shard_close(shard);
+        shard = NULL;
+        if (!rc) rc = cli_meta_write_hashed(meta, prog, output);
+        if (!rc) fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, output, shard_i,
+                         shard_n, w0, w1 - 1, nwin);
+        goto done;
+    }
+    char toks[16], npos[16];
+    snprintf(toks, sizeof toks, "%ld", chunk ? (long)nwin * chunk : (long)T);
     for (int i = 0; i < nitems; i++) {
-        const kvq_eval_item *it = &items[i];
-        char toks[16], layer[16];
-        snprintf(toks, sizeof toks, "%ld", chunk ? (long)nwin * chunk : (long)T);
-        char npos[16];
-        snprintf(npos, sizeof npos, "%d", it->positions);
-        if (it->layer < 0) snprintf(layer, sizeof layer, "all");
-        else snprintf(layer, sizeof layer, "%d", it->layer);
-        const kvq_spec *sp = it->spec, *text = sp;
-        kvq_spec own; /* a mix's --per-layer row names that layer's spec (and mix as its quantizer) */
-        if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &own, NULL))
-            text = &own;
-        double dnll = it->nll - nll_ref;
-        kvq_cell row[NCOL] = {{.text = in->name},
-                              {.text = toks},
-                              {.text = sp ? kvq_quantizer_name(sp->q) : "none"},
-                              {.text = sp ? text->text : "none"},
-                              {.text = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"},
-                              {.text = layer},
-                              {.num = it->k_bits, .is_num = 1},
-                              {.num = it->v_bits, .is_num = 1},
-                              {.num = nll_ref, .is_num = 1},
-                              {.num = it->nll, .is_num = 1},
-                              {.num = dnll, .is_num = 1},
-                              {.num = exp(dnll), .is_num = 1},
-                              {.num = it->kl, .is_num = 1},
-                              {.num = it->top1, .is_num = 1},
-                              {.text = npos},
-                              {.num = it->dnll_se, .is_num = 1}};
+        kvq_cell row[16];
+        cli_eval_cells(&rows[i], &items[i], nll_ref, toks, npos, row);
         errno = 0;
         kvq_status wst = kvq_rows_add(rep, row);
         if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }
@@ -320,7 +415,8 @@ done:
     if (out.f) cli_out_abort(&out);
     kvq_model_close(m);
     kvq_calib_close(cal);
-    free(specs), free(items), free(ids);
+    cli_eval_shard_close(shard);
+    free(specs), free(owns), free(rows), free(items), free(ids);
     cli_meta_free(meta);
     return rc;
 }

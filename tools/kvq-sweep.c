@@ -704,18 +704,12 @@ int main(int argc, char **argv)
             o.format = optarg;
             break;
         case OPT_RESUME: o.resume = 1; break;
-        case OPT_SHARD: {
-            char *slash = strchr(optarg, '/');
-            if (slash) *slash = '\0';
-            int bad = !slash || cli_parse_long(optarg, 0, 1000000, &o.shard_i) ||
-                      cli_parse_long(slash + 1, 1, 1000000, &o.shard_n) || o.shard_i >= o.shard_n;
-            if (slash) *slash = '/';
-            if (bad) {
+        case OPT_SHARD:
+            if (cli_parse_shard(optarg, &o.shard_i, &o.shard_n)) {
                 cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
                 rc = CLI_USAGE; goto done;
             }
             break;
-        }
         case OPT_MERGE: o.merge = 1; break;
         case OPT_EXPECT: o.expect_grid = 1; break;
         case OPT_LIST: o.list_points = 1; break;

@@ -149,7 +149,11 @@ static void csv_header(kvq_report *r)
 kvq_status kvq_report_header(kvq_report *r)
 {
     if (r->fmt != KVQ_FMT_CSV) return KVQ_OK;
-    csv_header(r);
+    if (r->cols && !r->header_done) { /* kvq_rows_new's columns */
+        for (int i = 0; i < r->ncols; i++) fputs(i ? "," : "", r->f), csv_cell(r->f, r->cols[i]);
+        fputc('\n', r->f);
+        r->header_done = 1;
+    } else csv_header(r);
     return ferror(r->f) ? KVQ_ERR_IO : KVQ_OK;
 }
 

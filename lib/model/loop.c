@@ -139,29 +139,40 @@ static void eval_tick(void *ud, int layer, int nlayers)
     p->o->progress(p->o->ud, p->pass, p->npasses, layer, nlayers);
 }
 
-/* Sums of one item over the scored positions of every window. */
-typedef struct eval_acc {
-    double nll, kl, top1, kb, vb, ne;
-    double n, mean, m2; /* pooled Welford state of the per-position dnll (Chan's combination) */
-} eval_acc;
-
-static void acc_add(eval_acc *a, const kvq_fw_stream *s)
+void kvq_eval_sums_add(kvq_eval_sums *a, const kvq_eval_sums *w)
 {
-    a->nll += s->nll, a->kl += s->kl, a->top1 += s->top1;
-    a->kb += s->k_bits, a->vb += s->v_bits, a->ne += s->n_elem;
-    double n = a->n + s->d_n;
+    a->nll += w->nll, a->kl += w->kl, a->top1 += w->top1, a->positions += w->positions;
+    a->k_bits += w->k_bits, a->v_bits += w->v_bits, a->elements += w->elements;
+    double n = a->d_n + w->d_n;
     if (n > 0) {
-        double delta = s->d_mean - a->mean;
-        a->m2 += s->d_m2 + delta * delta * a->n * s->d_n / n;
-        a->mean += delta * s->d_n / n;
-        a->n = n;
+        double delta = w->d_mean - a->d_mean;
+        a->d_m2 += w->d_m2 + delta * delta * a->d_n * w->d_n / n;
+        a->d_mean += delta * w->d_n / n;
+        a->d_n = n;
     }
+}
+
+void kvq_eval_item_finish(kvq_eval_item *it, const kvq_eval_sums *a)
+{
+    double npos = a->positions;
+    it->nll = a->nll / npos, it->kl = a->kl / npos, it->top1 = a->top1 / npos;
+    it->k_bits = a->elements ? a->k_bits / a->elements : NAN, it->v_bits = a->elements ? a->v_bits / a->elements : NAN;
+    it->positions = (int)npos;
+    it->dnll_se = a->d_n > 1 ? sqrt(a->d_m2 / (a->d_n - 1)) / sqrt(a->d_n) : NAN;
+}
+
+/* A stream's sums over one window's npos scored positions. */
+static kvq_eval_sums stream_sums(const kvq_fw_stream *s, double npos)
+{
+    return (kvq_eval_sums){.nll = s->nll, .kl = s->kl, .top1 = s->top1, .positions = npos, .k_bits = s->k_bits,
+                           .v_bits = s->v_bits, .elements = s->n_elem, .d_n = s->d_n, .d_mean = s->d_mean,
+                           .d_m2 = s->d_m2};
 }
 
 /* One window: the exact model and the items, in passes bounded by memory. */
 static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items, int nitems,
-                              const kvq_eval_opts *o, int w, size_t total, eval_acc *acc, double *ref_nll,
-                              kvq_error *err)
+                              const kvq_eval_opts *o, int w, int wi, size_t total, kvq_eval_sums *wsum,
+                              kvq_eval_sums *wref, kvq_error *err)
 {
     size_t per_win = (size_t)(T - 1 - score_from);
     const kvq_model_info *in = &m->info;
@@ -181,14 +192,14 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
         ep.pass = pass;
         for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
             s[i].pos_nll =
-                i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)w * per_win;
+                i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)wi * per_win;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
                           .score_from = score_from, .seed = o->seed, .calib = o->calib,
                           .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
-                          .n_logit_pos = pass || w ? 0 : o->n_logit_pos, .logits = o->logits};
+                          .n_logit_pos = pass || wi ? 0 : o->n_logit_pos, .logits = o->logits};
         if (!st && !(st = kvq_forward(m, &fo, err))) {
-            if (pass == 0) *ref_nll += s[0].nll;
-            for (int i = 1; i < ns; i++) acc_add(&acc[i0 + i - 1], &s[i]);
+            if (pass == 0) *wref = (kvq_eval_sums){.nll = s[0].nll, .positions = (double)per_win};
+            for (int i = 1; i < ns; i++) wsum[i0 + i - 1] = stream_sums(&s[i], (double)per_win);
         }
         for (int i = 0; i < ns; i++) stream_free(&s[i]); /* a failed allocation left its stream zeroed */
     }
@@ -208,7 +219,14 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     if (o->chunks > 0 && W > o->chunks) W = o->chunks;
     if (W < 1)
         return kvq_fail(err, KVQ_ERR_USAGE, "%d tokens: fewer than one window of --chunk %d", T, o->chunk);
-    kvq_status st = check_tokens(m, tokens, o->chunk > 0 ? W * N : T, err);
+    int w0 = 0, w1 = W; /* a shard's windows */
+    if (o->window_begin || o->window_end) {
+        if (o->chunk <= 0 || o->window_begin < 0 || o->window_end > W || o->window_begin >= o->window_end)
+            return kvq_fail(err, KVQ_ERR_USAGE, "windows [%d, %d): expected a non-empty range of the %d windows of "
+                            "--chunk %d", o->window_begin, o->window_end, W, o->chunk);
+        w0 = o->window_begin, w1 = o->window_end;
+    }
+    kvq_status st = check_tokens(m, tokens + (size_t)w0 * N, o->chunk > 0 ? (w1 - w0) * N : T, err);
     if (st) return st;
     kvq_dump_info shape = {.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
                            .head_dim = in->head_dim, .seq_len = N};
@@ -228,33 +246,30 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
             return kvq_fail(err, KVQ_ERR_USAGE,
                             "logits of position %d: expected a position below %d and an output array", o->logit_pos[i],
                             N);
-    eval_acc *acc = calloc((size_t)nitems + 1, sizeof *acc);
+    kvq_eval_sums *acc = calloc((size_t)nitems + 1, sizeof *acc), *wsum = calloc((size_t)nitems + 1, sizeof *wsum);
     int *win = kvq_alloc_array((size_t)N, sizeof *win);
-    if (!acc || !win) {
-        free(acc), free(win);
+    if (!acc || !wsum || !win) {
+        free(acc), free(wsum), free(win);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
     /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
     int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos, from = o->chunk > 0 ? N / 2 : 0;
-    double ref = 0;
-    for (int w = 0; w < W && !st; w++) {
+    kvq_eval_sums ref = {0}, wref = {0};
+    for (int w = w0; w < w1 && !st; w++) {
         memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);
         if (bos) win[0] = m->vocab.bos;
-        st = eval_window(m, win, N, from, items, nitems, o, w, (size_t)W * (size_t)(N - 1 - from), acc, &ref, err);
-        if (!st && o->window_progress) o->window_progress(o->ud, w + 1, W);
+        st = eval_window(m, win, N, from, items, nitems, o, w, w - w0, (size_t)(w1 - w0) * (size_t)(N - 1 - from),
+                         wsum, &wref, err);
+        if (!st && o->window_done) st = o->window_done(o->window_ud, w, &wref, wsum, err);
+        if (st) break;
+        kvq_eval_sums_add(&ref, &wref);
+        for (int i = 0; i < nitems; i++) kvq_eval_sums_add(&acc[i], &wsum[i]);
+        if (o->window_progress) o->window_progress(o->ud, w + 1 - w0, w1 - w0);
     }
-    double npos = (double)W * (N - 1 - from);
     if (!st) {
-        if (nll_ref) *nll_ref = ref / npos;
-        for (int i = 0; i < nitems; i++) {
-            kvq_eval_item *it = &items[i];
-            const eval_acc *a = &acc[i];
-            it->nll = a->nll / npos, it->kl = a->kl / npos, it->top1 = a->top1 / npos;
-            it->k_bits = a->ne ? a->kb / a->ne : NAN, it->v_bits = a->ne ? a->vb / a->ne : NAN;
-            it->positions = (int)npos;
-            it->dnll_se = a->n > 1 ? sqrt(a->m2 / (a->n - 1)) / sqrt(a->n) : NAN;
-        }
+        if (nll_ref) *nll_ref = ref.nll / ref.positions;
+        for (int i = 0; i < nitems; i++) kvq_eval_item_finish(&items[i], &acc[i]);
     }
-    free(acc), free(win);
+    free(acc), free(wsum), free(win);
     return st;
 }

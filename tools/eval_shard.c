@@ -1,0 +1,430 @@
+/* eval_shard.c — kvq-eval's rows, and corpus runs across machines
+ * (docs/models.md#shards): `--chunk N --shard I/S` evaluates a contiguous
+ * share of the windows and appends each window's rows to OUT as it
+ * finishes (locked, fsynced; --resume continues after the last whole
+ * window), with the exact sums the run pools; `--merge` adds the shards'
+ * sums in window order, as one run adds them (kvq_eval_sums_add), so the
+ * merged rows are the unsharded run's, bit for bit. */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const EVAL_COLS[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
+                                        "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se",
+                                        /* a shard's rows: the window and what the run pools */
+                                        "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum", "top1_sum",
+                                        "k_bits_sum", "v_bits_sum", "elements", "d_n", "d_mean", "d_m2"};
+enum { NSTD = 16, NSHARD = 28, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER, C_POS = 14, C_WINDOW = 16,
+       C_WINDOWS, C_SUMS };
+
+const char *const *cli_eval_columns(int shard, int *ncols)
+{
+    *ncols = shard ? NSHARD : NSTD;
+    return EVAL_COLS;
+}
+
+void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_ref, const char *tokens,
+                    char *npos, kvq_cell *row)
+{
+    double dnll = it->nll - nll_ref;
+    snprintf(npos, 16, "%d", it->positions);
+    kvq_cell c[NSTD] = {{.text = r->model},
+                        {.text = tokens},
+                        {.text = r->quantizer},
+                        {.text = r->spec},
+                        {.text = r->policy},
+                        {.text = r->layer},
+                        {.num = it->k_bits, .is_num = 1},
+                        {.num = it->v_bits, .is_num = 1},
+                        {.num = nll_ref, .is_num = 1},
+                        {.num = it->nll, .is_num = 1},
+                        {.num = dnll, .is_num = 1},
+                        {.num = exp(dnll), .is_num = 1},
+                        {.num = it->kl, .is_num = 1},
+                        {.num = it->top1, .is_num = 1},
+                        {.text = npos},
+                        {.num = it->dnll_se, .is_num = 1}};
+    memcpy(row, c, sizeof c);
+}
+
+/* ---------------------------------------------------------------- shards */
+
+struct cli_eval_shard {
+    const char *prog, *path;
+    int fd;
+    const cli_eval_row *rows;
+    int nitems, chunk, nwin;
+    long whole; /* whole windows in OUT (what an interrupted run keeps) */
+};
+
+static int write_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t w = write(fd, buf, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        buf += w, len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Row i of window w of a shard file as this run would write it: its identity cells. */
+static int same_item(const kvq_csv *t, size_t rec, const cli_eval_row *r, const char *chunk)
+{
+    const char *want[] = {r->model, chunk, r->quantizer, r->spec, r->policy, r->layer};
+    for (int c = 0; c < 6; c++)
+        if (strcmp(kvq_csv_at(t, rec, c), want[c])) return 0;
+    return 1;
+}
+
+int cli_eval_shard_open(const char *prog, const char *path, int resume, const cli_eval_row *rows, int nitems,
+                        int chunk, int nwin, int w0, int w1, int *done, cli_eval_shard **out)
+{
+    *out = NULL, *done = 0;
+    cli_eval_shard *s = calloc(1, sizeof *s);
+    if (!s) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    *s = (cli_eval_shard){.prog = prog, .path = path, .fd = -1, .rows = rows, .nitems = nitems, .chunk = chunk,
+                          .nwin = nwin};
+    int rc = CLI_RUNTIME;
+    kvq_csv t = {0};
+    kvq_error err = {0};
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && !resume) {
+        cli_error(prog, "%s: exists; continue its windows with --resume, or choose another -o (nothing is overwritten)",
+                  path);
+        goto fail;
+    }
+    if (exists && !S_ISREG(st.st_mode)) {
+        cli_error(prog, "%s: not a regular file (a shard's OUT is read back, cut and appended to)", path);
+        goto fail;
+    }
+    if ((s->fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) < 0) {
+        cli_error(prog, "%s: cannot write: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (flock(s->fd, LOCK_EX | LOCK_NB)) { /* before reading: another run may be about to cut it */
+        if (errno == EWOULDBLOCK)
+            cli_error(prog, "%s: another kvq-eval run is writing it (it holds the lock); wait for it or choose another "
+                      "-o", path);
+        else
+            cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
+        goto fail;
+    }
+    size_t keep = 0;
+    if (exists && kvq_csv_read(path, &t, &err)) { rc = cli_fail(prog, &err); goto fail; }
+    if (t.nrec) { /* --resume: the header, then whole windows of this run's items, in order */
+        int ok = t.ncols == NSHARD;
+        for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(&t, 0, c), EVAL_COLS[c]);
+        if (!ok) {
+            cli_error(prog, "%s: not a kvq-eval shard (its header is not a shard's); remove it or choose another -o",
+                      path);
+            goto fail;
+        }
+        char cs[16];
+        snprintf(cs, sizeof cs, "%d", chunk);
+        keep = 0;
+        size_t rec = 1;
+        int w = w0;
+        for (; rec + (size_t)nitems <= t.nrec && w < w1; w++, rec += (size_t)nitems) {
+            for (int i = 0; i < nitems; i++) {
+                double wv, nv;
+                if (!same_item(&t, rec + (size_t)i, &rows[i], cs) ||
+                    kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOW), &wv) || wv != w ||
+                    kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOWS), &nv) || nv != nwin) {
+                    cli_error(prog, "%s: line %zu is not window %d of this run's shard (the same model, --chunk, "
+                              "--shard and -q in the same order); remove it or drop --resume", path, rec + 1 + (size_t)i,
+                              w);
+                    goto fail;
+                }
+            }
+        }
+        if (rec < t.nrec && w == w1) {
+            cli_error(prog, "%s: has more rows than this shard's %d windows; remove it or drop --resume", path, w1 - w0);
+            goto fail;
+        }
+        *done = w - w0;
+        keep = t.end[(size_t)*done * (size_t)nitems]; /* the header and the whole windows */
+        s->whole = *done;
+    }
+    if (exists && ftruncate(s->fd, (off_t)keep)) {
+        cli_error(prog, "%s: cannot cut its unfinished window: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (lseek(s->fd, (off_t)keep, SEEK_SET) < 0) {
+        cli_error(prog, "%s: cannot seek: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!keep) { /* a new shard: its header */
+        char *h = NULL;
+        size_t hl = 0;
+        FILE *ms = open_memstream(&h, &hl);
+        kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, EVAL_COLS, NSHARD, 6) : NULL;
+        int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
+        if (ms && fclose(ms)) bad = 1;
+        if (bad || write_all(s->fd, h, hl) || fsync(s->fd)) {
+            free(h);
+            cli_error(prog, "%s: write failed: %s", path, strerror(errno));
+            goto fail;
+        }
+        free(h);
+    }
+    kvq_csv_free(&t);
+    *out = s;
+    return CLI_OK;
+fail:
+    kvq_csv_free(&t);
+    if (s->fd >= 0) close(s->fd);
+    free(s);
+    return rc;
+}
+
+static kvq_status fail(kvq_error *err, kvq_status st, const char *path, int window, const char *why)
+{
+    err->status = st;
+    snprintf(err->msg, sizeof err->msg, "%s: window %d: %s", path, window, why);
+    return st;
+}
+
+kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
+                                 kvq_error *err)
+{
+    cli_eval_shard *s = ud;
+    char *buf = NULL, tokens[16], windows[16], wi[16], npos[16];
+    size_t len = 0;
+    FILE *ms = open_memstream(&buf, &len);
+    kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, EVAL_COLS, NSHARD, 6) : NULL;
+    kvq_status st = r ? KVQ_OK : KVQ_ERR_NOMEM;
+    if (r) kvq_report_omit_header(r);
+    snprintf(tokens, sizeof tokens, "%d", s->chunk);
+    snprintf(windows, sizeof windows, "%d", s->nwin);
+    snprintf(wi, sizeof wi, "%d", window);
+    double nll_ref = ref->nll / ref->positions;
+    for (int i = 0; i < s->nitems && !st; i++) {
+        kvq_eval_item it = {0};
+        kvq_eval_item_finish(&it, &sums[i]);
+        kvq_cell row[NSHARD];
+        cli_eval_cells(&s->rows[i], &it, nll_ref, tokens, npos, row);
+        const kvq_eval_sums *w = &sums[i];
+        double v[] = {ref->nll, w->nll, w->kl, w->top1, w->k_bits, w->v_bits, w->elements, w->d_n, w->d_mean, w->d_m2};
+        row[C_WINDOW] = (kvq_cell){.text = wi};
+        row[C_WINDOWS] = (kvq_cell){.text = windows};
+        for (int k = 0; k < 10; k++) row[C_SUMS + k] = (kvq_cell){.num = v[k], .is_num = 1};
+        st = kvq_rows_add(r, row);
+    }
+    if (r) {
+        kvq_status f = kvq_report_finish(r);
+        if (!st) st = f;
+    }
+    if (ms && fclose(ms) && !st) st = KVQ_ERR_NOMEM;
+    if (st) {
+        free(buf);
+        return fail(err, st, s->path, window, "out of memory for its rows");
+    }
+    /* one write and an fsync a window: after a crash OUT holds whole windows and at most a torn one */
+    if (write_all(s->fd, buf, len) || fsync(s->fd)) {
+        char why[256];
+        snprintf(why, sizeof why, "write failed: %s", strerror(errno));
+        free(buf);
+        return fail(err, KVQ_ERR_IO, s->path, window, why);
+    }
+    free(buf);
+    cli_interrupt_count(++s->whole);
+    return KVQ_OK;
+}
+
+int cli_eval_shard_close(cli_eval_shard *s)
+{
+    if (!s) return CLI_OK;
+    int rc = CLI_OK;
+    if (close(s->fd)) {
+        cli_error(s->prog, "%s: write failed: %s", s->path, strerror(errno));
+        rc = CLI_RUNTIME;
+    }
+    free(s);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- merge */
+
+typedef struct shard_win {
+    int file;   /* which shard */
+    size_t rec; /* its first row */
+    long window;
+} shard_win;
+
+static int cmp_win(const void *a, const void *b)
+{
+    const shard_win *x = a, *y = b;
+    return x->window < y->window ? -1 : x->window > y->window;
+}
+
+int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
+{
+    int rc = CLI_RUNTIME, nitems = 0;
+    long nwin = -1;
+    kvq_error err = {0};
+    kvq_csv *t = calloc((size_t)nfiles, sizeof *t);
+    shard_win *win = NULL;
+    size_t nw = 0;
+    kvq_eval_sums *acc = NULL, ref = {0};
+    kvq_eval_item *items = NULL;
+    kvq_report *rep = NULL;
+    cli_out out = {0};
+    if (!t) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    size_t total_recs = 0;
+    for (int f = 0; f < nfiles; f++) {
+        if (kvq_csv_read(files[f], &t[f], &err)) { rc = cli_fail(prog, &err); goto done; }
+        int ok = t[f].nrec > 0 && t[f].ncols == NSHARD;
+        for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(&t[f], 0, c), EVAL_COLS[c]);
+        if (!ok) { cli_error(prog, "%s: not a kvq-eval shard (kvq-eval --shard writes them)", files[f]); goto done; }
+        if (t[f].torn) {
+            cli_error(prog, "%s: ends in an unfinished row: its run did not finish (continue it with --resume)",
+                      files[f]);
+            goto done;
+        }
+        total_recs += t[f].nrec;
+    }
+    if (!(win = calloc(total_recs + 1, sizeof *win))) { cli_error(prog, "out of memory"); goto done; }
+    /* each file: groups of rows of one window, each group the same items as the first file's first */
+    const kvq_csv *t0 = &t[0];
+    for (int f = 0; f < nfiles; f++) {
+        for (size_t rec = 1; rec < t[f].nrec;) {
+            double wv, nv;
+            if (kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOW), &wv) || wv < 0 || wv != floor(wv) ||
+                kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOWS), &nv) || nv < 1 || nv != floor(nv) || wv >= nv) {
+                cli_error(prog, "%s: line %zu: expected a window below the number of windows", files[f], rec + 1);
+                goto done;
+            }
+            if (nwin < 0) nwin = (long)nv;
+            if ((long)nv != nwin) {
+                cli_error(prog, "%s: line %zu: a run of %ld windows; %s's has %ld: not shards of one run", files[f], rec + 1,
+                          (long)nv, files[0], nwin);
+                goto done;
+            }
+            size_t n = 0;
+            while (rec + n < t[f].nrec && !strcmp(kvq_csv_at(&t[f], rec + n, C_WINDOW), kvq_csv_at(&t[f], rec, C_WINDOW)))
+                n++;
+            if (!nitems) nitems = (int)n;
+            if ((int)n != nitems) {
+                cli_error(prog, "%s: window %ld has %zu rows, window %s of %s has %d: not shards of one run (or an "
+                          "unfinished window)", files[f], (long)wv, n, kvq_csv_at(t0, 1, C_WINDOW), files[0], nitems);
+                goto done;
+            }
+            for (size_t i = 0; i < n; i++)
+                for (int c = 0; c <= C_LAYER; c++)
+                    if (strcmp(kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(t0, 1 + i, c))) {
+                        cli_error(prog, "%s: line %zu: %s '%s' where %s has '%s': not shards of one run", files[f],
+                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), files[0],
+                                  kvq_csv_at(t0, 1 + i, c));
+                        goto done;
+                    }
+            win[nw++] = (shard_win){f, rec, (long)wv};
+            rec += n;
+        }
+    }
+    if (!nw) { cli_error(prog, "%s: no window in the shards", files[0]); goto done; }
+    qsort(win, nw, sizeof *win, cmp_win);
+    for (size_t k = 0; k < nw; k++) {
+        if (k && win[k].window == win[k - 1].window) {
+            cli_error(prog, "window %ld is in %s and %s: duplicated", win[k].window, files[win[k - 1].file],
+                      files[win[k].file]);
+            goto done;
+        }
+        if (win[k].window != (long)k) {
+            cli_error(prog, "window %zu of %ld is in no shard: the shards do not cover the run (a shard missing or "
+                      "unfinished?)", k, nwin);
+            goto done;
+        }
+    }
+    if ((long)nw != nwin) {
+        cli_error(prog, "windows %zu..%ld of %ld are in no shard: a shard missing or unfinished", nw, nwin - 1, nwin);
+        goto done;
+    }
+    /* pooled in window order, as one run pools them */
+    acc = calloc((size_t)nitems, sizeof *acc), items = calloc((size_t)nitems, sizeof *items);
+    if (!acc || !items) { cli_error(prog, "out of memory"); goto done; }
+    for (size_t k = 0; k < nw; k++) {
+        const kvq_csv *tf = &t[win[k].file];
+        for (int i = 0; i < nitems; i++) {
+            size_t rec = win[k].rec + (size_t)i;
+            double v[10], pos;
+            for (int c = 0; c < 10; c++)
+                if (kvq_csv_number(kvq_csv_at(tf, rec, C_SUMS + c), &v[c])) {
+                    cli_error(prog, "%s: line %zu: %s: expected a finite number", files[win[k].file], rec + 1,
+                              EVAL_COLS[C_SUMS + c]);
+                    goto done;
+                }
+            if (kvq_csv_number(kvq_csv_at(tf, rec, C_POS), &pos) || pos < 1) {
+                cli_error(prog, "%s: line %zu: positions: expected a positive count", files[win[k].file], rec + 1);
+                goto done;
+            }
+            if (i == 0) kvq_eval_sums_add(&ref, &(kvq_eval_sums){.nll = v[0], .positions = pos});
+            kvq_eval_sums w = {.nll = v[1], .kl = v[2], .top1 = v[3], .positions = pos, .k_bits = v[4],
+                               .v_bits = v[5], .elements = v[6], .d_n = v[7], .d_mean = v[8], .d_m2 = v[9]};
+            kvq_eval_sums_add(&acc[i], &w);
+        }
+    }
+    /* provenance: the shards (and their runs, from their meta files), then this merge */
+    cli_meta_operands(meta, files, nfiles);
+    for (int f = 0; f < nfiles; f++) {
+        char *mp = cli_meta_path(files[f]), *runs = NULL;
+        if (!mp) { cli_error(prog, "out of memory"); goto done; }
+        cli_meta_input(meta, "shard", files[f]);
+        int mrc = cli_meta_read_runs(prog, mp, &runs);
+        if (!mrc && !runs)
+            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", prog,
+                    files[f]);
+        cli_meta_prior_runs(meta, runs);
+        free(mp), free(runs);
+        if (mrc) { rc = mrc; goto done; }
+    }
+    cli_meta_bool(meta, "options", "merge", 1);
+    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
+    cli_meta_int(meta, "result", "windows", nwin);
+    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
+    rc = CLI_RUNTIME;
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
+    if (!(rep = kvq_rows_new(out.f, fmt, EVAL_COLS, NSTD, 6))) { cli_error(prog, "out of memory"); goto done; }
+    char tokens[32], npos[16];
+    double chunk;
+    if (kvq_csv_number(kvq_csv_at(t0, 1, C_TOKENS), &chunk)) { cli_error(prog, "%s: line 2: tokens: expected a number", files[0]); goto done; }
+    snprintf(tokens, sizeof tokens, "%.0f", chunk * (double)nwin);
+    double nll_ref = ref.nll / ref.positions;
+    for (int i = 0; i < nitems; i++) {
+        kvq_eval_item_finish(&items[i], &acc[i]);
+        cli_eval_row id = {.model = kvq_csv_at(t0, 1 + (size_t)i, C_MODEL),
+                           .quantizer = kvq_csv_at(t0, 1 + (size_t)i, C_QUANT),
+                           .spec = kvq_csv_at(t0, 1 + (size_t)i, C_SPEC),
+                           .policy = kvq_csv_at(t0, 1 + (size_t)i, C_POLICY)};
+        snprintf(id.layer, sizeof id.layer, "%s", kvq_csv_at(t0, 1 + (size_t)i, C_LAYER));
+        kvq_cell row[NSTD];
+        cli_eval_cells(&id, &items[i], nll_ref, tokens, npos, row);
+        errno = 0;
+        kvq_status wst = kvq_rows_add(rep, row);
+        if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }
+    }
+    errno = 0;
+    kvq_status st = kvq_report_finish(rep);
+    rep = NULL;
+    if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
+    rc = cli_out_commit(&out, prog) ? CLI_RUNTIME : CLI_OK;
+    if (!rc)
+        fprintf(stderr, "%s: merged %ld windows of %d configurations from %d shards into %s\n", prog, nwin, nitems,
+                nfiles, output ? output : "stdout");
+done:
+    kvq_report_discard(rep);
+    if (out.f) cli_out_abort(&out);
+    for (int f = 0; f < nfiles; f++) kvq_csv_free(&t[f]);
+    free(t), free(win), free(acc), free(items);
+    return rc;
+}
