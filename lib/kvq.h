@@ -802,6 +802,15 @@ typedef struct kvq_eval_opts {
     float *logits;
 } kvq_eval_opts;
 
+/* What an evaluation's numbers depend on, as 64 bits (FNV-1a): the model
+ * file (its size, first and last MiB), the tokens, the policy and its
+ * stride, the chunking, the seed and the calibration file (size, first and
+ * last MiB; NULL: none).  Not the threads: results do not depend on them.
+ * kvq-alloc writes it beside every sensitivity row and refuses to resume or
+ * merge rows of another. */
+uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_policy policy,
+                              const kvq_eval_opts *o, const char *calib_path);
+
 /* Teacher-forced evaluation (docs/models.md): the exact model and every item's
  * quantized cache run together in lockstep (an item whose cache is still
  * exact computes nothing of its own); *nll_ref receives the exact model's mean NLL over the scored

@@ -79,6 +79,13 @@ expect 2 "--shard 3/3: expected I/N" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt
 expect 2 "a shard is written as CSV" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 0/2 --format jsonl -o "$tmp/x.csv"
 expect 2 "--resume continues a shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --resume -o "$tmp/x.csv"
 expect 2 "--merge pools finished shards" -- "$eval" --merge --chunk 8 "$tmp/sh0.csv"
+# the Slurm array script runs the same shards and merge (as tasks 0..2 of an array of 3)
+export TOOL=kvq-eval MODEL=$tiny TOKENS=$tmp/ids40.txt OUTDIR=$tmp/slurm KVQ_BIN=$build/tools
+export ARGS="${sq[*]}"
+for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" 2>/dev/null; done
+bash "$src/tools/kvq-shards.slurm" merge 2>/dev/null
+cmp -s "$tmp/slurm/eval.csv" "$tmp/un.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-shards.slurm (kvq-eval) differs from one run"; }
+unset TOOL MODEL TOKENS OUTDIR KVQ_BIN ARGS
 flock "$tmp/sh0.csv" sleep 3 &
 sleep 0.5
 expect 1 "another kvq-eval run is writing it" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 0/3 --resume -o "$tmp/sh0.csv"
@@ -223,6 +230,72 @@ PY
     expect 2 "unknown quantizer" -- "$alloc" "$m" --text "$t" --family nope --grid bits=2 --budget 5 -o "$tmp/al2.csv"
     expect 2 "not a row of this run's grid" -- "$alloc" "$m" --text "$t" --max-tokens 64 --family kivi --grid bits=3 --budget 9 --resume -o "$tmp/al.csv"
     [ ! -e "$tmp/al2.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused kvq-alloc left a file"; }
+    # an edited or foreign sensitivity table is refused at --resume, naming the line (issue #36)
+    sens=$tmp/al.csv.sensitivity.csv
+    edit() { # line column value: a copy of the full table with one cell changed (CSV quoting kept)
+        /usr/bin/python3 -c 'import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+rows[int(sys.argv[2]) - 1][int(sys.argv[3]) - 1] = sys.argv[4]
+csv.writer(open(sys.argv[5], "w"), lineterminator="\n").writerows(rows)' "$tmp/al-sens-full.csv" "$@" "$sens"
+    }
+    edit 3 6 inf; expect 1 "line 3: dnll 'inf': expected a finite number" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 3 6 -inf; expect 1 "line 3: dnll '-inf'" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 2 1 2.5; expect 2 "line 2: not a row of this run's grid and model" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 2 1 -0.9; expect 2 "line 2: not a row of this run's grid and model" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 4 3 0; expect 1 "line 4: bits 0," "stores" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 4 3 1e300; expect 1 "line 4: bits 1.0000000000000001e+300" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    { head -n 3 "$tmp/al-sens-full.csv"; printf '3,"kivi:bits=2\n4,x\n'; } >"$sens"
+    expect 1 "line 4: a quoted field that never ends" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    cp "$tmp/al-sens-full.csv" "$sens"
+    expect 2 "measured in another run" -- "$alloc" "$m" --text "$t" --max-tokens 160 --family kivi --grid kbits=2,4 \
+        --grid vbits=2,4 --fixed residual=0 --budget 5 --resume -o "$tmp/al.csv"
+    expect 2 "measured in another run" -- "$alloc" "${aargs[@]}" --policy decode --budget 5 --resume -o "$tmp/al.csv"
+    cmp -s "$sens" "$tmp/al-sens-full.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused resume changed the table"; }
+    # a torn line with no pass complete is cut (the header stays), and the passes run after it
+    head -c 70 "$tmp/al-sens-full.csv" >"$sens"
+    expect 0 -- "$alloc" "${aargs[@]}" --budget 5,5.6,7 --resume --progress never -o "$tmp/al.csv"
+    cmp -s "$sens" "$tmp/al-sens-full.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: resume after a torn first line"; }
+    # one run at a time: a second on the same OUT exits 1 at once; the table is not a FIFO or a directory
+    flock "$sens" sleep 3 &
+    sleep 0.5
+    expect 1 "another kvq-alloc run is writing it" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    wait
+    mkfifo "$tmp/fifo.csv.sensitivity.csv"
+    expect 2 "fifo.csv.sensitivity.csv: not a regular file" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/fifo.csv"
+    mkdir "$tmp/dir.csv.sensitivity.csv"
+    expect 2 "dir.csv.sensitivity.csv: not a regular file" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/dir.csv"
+    expect 2 "--budget" "expected positive numbers" -- "$alloc" "${aargs[@]}" --budget "$(printf '5,%.0s' $(seq 300))x" -o "$tmp/al2.csv"
+    # --shard (docs/models.md#shards): two shards' tables merged allocate as one run, byte for byte
+    # (the allocations, the sensitivity table, the uniform points); a shard resumes like a run
+    for i in 0 1; do
+        expect 0 "shard $i/2 complete (2 of the grid's 4 points)" -- "$alloc" "${aargs[@]}" --shard $i/2 --progress never -o "$tmp/as$i.csv"
+    done
+    head -c "$(( $(head -n 6 "$tmp/as1.csv" | wc -c) + 9 ))" "$tmp/as1.csv" >"$tmp/as1-torn.csv"
+    mv "$tmp/as1.csv" "$tmp/as1-full.csv" && mv "$tmp/as1-torn.csv" "$tmp/as1.csv"
+    expect 1 "as1.csv: ends in an unfinished pass" -- "$alloc" --merge "${aargs[@]}" "$tmp/as0.csv" "$tmp/as1.csv" --budget 5,5.6,7 -o "$tmp/am.csv"
+    expect 0 "shard 1/2 complete" -- "$alloc" "${aargs[@]}" --shard 1/2 --resume --progress never -o "$tmp/as1.csv"
+    cmp -s "$tmp/as1.csv" "$tmp/as1-full.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a resumed kvq-alloc shard differs"; }
+    expect 0 "joined 4 sensitivity passes from 2 shards" "budget 5:" -- "$alloc" --merge "${aargs[@]}" "$tmp/as1.csv" "$tmp/as0.csv" --budget 5,5.6,7 --progress never -o "$tmp/am.csv"
+    cmp -s "$tmp/am.csv" "$tmp/al-full.csv" && cmp -s "$tmp/am.csv.sensitivity.csv" "$tmp/al-sens-full.csv" \
+        && cmp -s "$tmp/am.csv.uniform.csv" "$tmp/al.csv.uniform.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: merged kvq-alloc shards differ from one run"; }
+    expect 1 "in no shard" -- "$alloc" --merge "${aargs[@]}" "$tmp/as0.csv" --budget 5 -o "$tmp/am2.csv"
+    expect 1 "twice" -- "$alloc" --merge "${aargs[@]}" "$tmp/as0.csv" "$tmp/as0.csv" --budget 5 -o "$tmp/am2.csv"
+    expect 2 "measured in another run" -- "$alloc" --merge "$m" --text "$t" --max-tokens 160 --family kivi --grid kbits=2,4 \
+        --grid vbits=2,4 --fixed residual=0 "$tmp/as0.csv" "$tmp/as1.csv" --budget 5 -o "$tmp/am2.csv"
+    expect 2 "--shard 0/2 measures sensitivities only" -- "$alloc" "${aargs[@]}" --shard 0/2 --budget 5 -o "$tmp/as9.csv"
+    [ ! -e "$tmp/am2.csv" ] && [ ! -e "$tmp/am2.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge left a file"; }
+    # the Slurm array script: kvq-alloc's passes in 3 tasks, then the merge allocates as one run
+    (export TOOL=kvq-alloc MODEL=$m TEXT=$t OUTDIR=$tmp/aslurm KVQ_BIN=$build/tools BUDGET=5,5.6,7
+     export ARGS="--max-tokens 192 --family kivi --grid kbits=2,4 --grid vbits=2,4 --fixed residual=0"
+     for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" 2>/dev/null; done
+     bash "$src/tools/kvq-shards.slurm" merge 2>/dev/null)
+    cmp -s "$tmp/aslurm/alloc.csv" "$tmp/al-full.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-shards.slurm (kvq-alloc) differs from one run"; }
+    # kvq-eval --shard on the bundled model: two shards of --chunk 64 merged are one run
+    "$eval" "$m" --text "$t" --chunk 64 -q none -q kivi:bits=2 -q per-token:bits=4 --progress never -o "$tmp/ec.csv" 2>/dev/null
+    for i in 0 1; do "$eval" "$m" --text "$t" --chunk 64 -q none -q kivi:bits=2 -q per-token:bits=4 --shard $i/2 --progress never -o "$tmp/ec$i.csv" 2>/dev/null; done
+    "$eval" --merge "$tmp/ec0.csv" "$tmp/ec1.csv" -o "$tmp/ecm.csv" 2>/dev/null
+    cmp -s "$tmp/ec.csv" "$tmp/ecm.csv" && [ -s "$tmp/ec.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: stories260K --chunk 64 shards merged differ"; }
 else
     echo "test_model_cli: bundled model checks skipped: $shared/model absent"
 fi

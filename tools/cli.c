@@ -42,6 +42,20 @@ int cli_parse_long(const char *s, long min, long max, long *out)
     return 0;
 }
 
+int cli_write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w, len -= (size_t)w;
+    }
+    return 0;
+}
+
 int cli_parse_shard(const char *s, long *i, long *n)
 {
     const char *slash = s ? strchr(s, '/') : NULL;

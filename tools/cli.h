@@ -18,6 +18,8 @@ int cli_fail(const char *prog, const kvq_error *err);
 /* Whole-string decimal parsing with range checks (no sign for unsigned). */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_u64(const char *s, uint64_t *out);
+/* Writes all of buf to fd (retrying short writes): 0, or -1 with errno. */
+int cli_write_all(int fd, const void *buf, size_t len);
 /* --shard I/N: 0 <= I < N <= 10^6; 0, or -1. */
 int cli_parse_shard(const char *s, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */

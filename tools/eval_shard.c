@@ -64,19 +64,6 @@ struct cli_eval_shard {
     long whole; /* whole windows in OUT (what an interrupted run keeps) */
 };
 
-static int write_all(int fd, const char *buf, size_t len)
-{
-    while (len) {
-        ssize_t w = write(fd, buf, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        buf += w, len -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Row i of window w of a shard file as this run would write it: its identity cells. */
 static int same_item(const kvq_csv *t, size_t rec, const cli_eval_row *r, const char *chunk)
 {
@@ -171,7 +158,7 @@ int cli_eval_shard_open(const char *prog, const char *path, int resume, const cl
         kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, EVAL_COLS, NSHARD, 6) : NULL;
         int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
         if (ms && fclose(ms)) bad = 1;
-        if (bad || write_all(s->fd, h, hl) || fsync(s->fd)) {
+        if (bad || cli_write_all(s->fd, h, hl) || fsync(s->fd)) {
             free(h);
             cli_error(prog, "%s: write failed: %s", path, strerror(errno));
             goto fail;
@@ -231,7 +218,7 @@ kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref,
         return fail(err, st, s->path, window, "out of memory for its rows");
     }
     /* one write and an fsync a window: after a crash OUT holds whole windows and at most a torn one */
-    if (write_all(s->fd, buf, len) || fsync(s->fd)) {
+    if (cli_write_all(s->fd, buf, len) || fsync(s->fd)) {
         char why[256];
         snprintf(why, sizeof why, "write failed: %s", strerror(errno));
         free(buf);

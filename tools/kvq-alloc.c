@@ -3,15 +3,21 @@
  * grid (one kvq-eval --per-layer pass per point, appended to
  * OUT.sensitivity.csv as each finishes, so --resume continues), the exact
  * knapsack optimum per bit budget (kvq_alloc_solve), then the chosen mix
- * and the uniform points within the budgets evaluated in full. */
+ * and the uniform points within the budgets evaluated in full.  Across
+ * machines: --shard I/N measures a share of the points into its own table,
+ * --merge joins the tables and allocates (docs/models.md#shards). */
 #define _GNU_SOURCE /* asprintf */
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +42,11 @@ static void usage(FILE *f)
         "                        OUT.meta.json (the run's provenance)\n"
         CLI_META_HELP
         "      --resume          keep the complete passes of OUT.sensitivity.csv, run the rest\n"
+        "      --shard I/N       measure only the grid's valid points i with i mod N = I, into\n"
+        "                        the sensitivity table -o OUT itself (no --budget)\n"
+        "      --merge           kvq-alloc --merge MODEL SHARD... (the shards' tables, with\n"
+        "                        the run's other options): join them into OUT.sensitivity.csv\n"
+        "                        and allocate\n"
         "      --policy P        prefill (default) or decode, as kvq-eval\n"
         "      --stride N        decode: re-quantize the cache every N positions (default 1)\n"
         "      --chunk N         corpus evaluation in windows of N tokens (as kvq-eval)\n"
@@ -54,7 +65,19 @@ static void usage(FILE *f)
         "           --grid vbits=2,4,8 --fixed residual=0 --budget 3,4,6 -o alloc.csv\n");
 }
 
-enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUNKS, OPT_CALIB, OPT_PROGRESS, OPT_SEED };
+enum {
+    OPT_FAMILY = 256,
+    OPT_RESUME,
+    OPT_POLICY,
+    OPT_STRIDE,
+    OPT_CHUNK,
+    OPT_CHUNKS,
+    OPT_CALIB,
+    OPT_PROGRESS,
+    OPT_SEED,
+    OPT_SHARD,
+    OPT_MERGE
+};
 
 enum { MAX_ARGS = 64, MAX_BUDGETS = 64 };
 
@@ -62,90 +85,261 @@ enum { MAX_ARGS = 64, MAX_BUDGETS = 64 };
 typedef struct point {
     kvq_spec spec;
     double *k_bits, *v_bits, *dnll, *dnll_se; /* [L] */
+    double want_k, want_v;                    /* the bits the spec stores on this model's layers */
     int done;
+    const char *from;    /* a merge: the shard file that holds its pass */
+    const char *rows;    /* ... and its rows' bytes there */
+    size_t rows_len;
 } point;
 
-/* --- OUT.sensitivity.csv: read back for --resume ------------------------ */
+/* --- the sensitivity table (OUT.sensitivity.csv, a shard's -o) ----------- */
 
-/* The next CSV field of *p (quoted or not) into buf; *p moves past its comma. */
-static int csv_field(const char **p, char *buf, size_t len)
+static const char *const SENS_COLS[] = {"layer", "spec", "k_bits", "v_bits", "bits", "dnll", "dnll_se", "run"};
+enum { NSENS = 8 };
+
+/* What a table is read against: this run's points, layers and fingerprint. */
+typedef struct sens_ctx {
+    point *pts;
+    int np, L;
+    char run[17]; /* kvq_eval_fingerprint as 16 hex digits */
+} sens_ctx;
+
+/* Reads a table's complete passes (all L layers of a point, in layer order,
+ * as a run writes them) into their points, each row checked: a layer of the
+ * model, a spec of this run's grid, finite numbers, bits as the spec stores
+ * them, this run's fingerprint; a point twice is an error.  A torn last row
+ * or an unfinished last pass is not read: *keep is the byte length of what
+ * was (the header included).  For a merge (from != NULL) the points record
+ * the file and their rows' bytes (data), and nothing may be unfinished.
+ * CLI_OK, or the exit code after printing. */
+static int sens_load(const sens_ctx *c, const char *path, const char *from, const char *data, size_t size,
+                     size_t *keep)
 {
-    const char *s = *p;
-    size_t o = 0;
-    if (*s == '"') {
-        for (s++; *s && !(*s == '"' && s[1] != '"'); s++) {
-            if (*s == '"') s++;
-            if (o + 1 < len) buf[o++] = *s;
-        }
-        if (*s != '"') return -1;
-        s++;
-    } else {
-        for (; *s && *s != ',' && *s != '\n'; s++)
-            if (o + 1 < len) buf[o++] = *s;
+    kvq_csv t;
+    kvq_error err = {0};
+    *keep = 0;
+    if (kvq_csv_parse(path, data, size, &t, &err)) return cli_fail(prog, &err);
+    int rc = CLI_RUNTIME;
+    if (!t.nrec) { /* empty, or a torn header */
+        if (from) { cli_error(prog, "%s: empty: not a sensitivity table (kvq-alloc --shard writes them)", path); goto done; }
+        rc = CLI_OK;
+        goto done;
     }
-    buf[o] = '\0';
-    if (*s == ',') s++;
-    *p = s;
-    return 0;
+    int ok = t.ncols == NSENS;
+    for (int k = 0; ok && k < NSENS; k++) ok = !strcmp(kvq_csv_at(&t, 0, k), SENS_COLS[k]);
+    if (!ok) {
+        cli_error(prog, "%s: line 1: expected the header layer,spec,k_bits,v_bits,bits,dnll,dnll_se,run (a table of "
+                  "this kvq-alloc); remove the file%s", path, from ? "" : " or drop --resume");
+        goto done;
+    }
+    *keep = t.end[0];
+    int cur = -1, seen = 0;
+    size_t pass_begin = t.end[0];
+    for (size_t r = 1; r < t.nrec; r++) {
+        const char *layer_s = kvq_csv_at(&t, r, 0), *spec_s = kvq_csv_at(&t, r, 1), *run_s = kvq_csv_at(&t, r, 7);
+        double v[5];
+        long layer = -1;
+        int spec_i = -1;
+        for (int i = 0; i < c->np; i++)
+            if (!strcmp(c->pts[i].spec.text, spec_s)) spec_i = i;
+        if (cli_parse_long(layer_s, 0, c->L - 1, &layer) || spec_i < 0) {
+            cli_error(prog, "%s: line %zu: not a row of this run's grid and model (a spec of --family/--grid/--fixed, "
+                      "a layer 0..%d); remove the file%s", path, r + 1, c->L - 1, from ? "" : " or drop --resume");
+            rc = CLI_USAGE; /* the options do not match the file */
+            goto done;
+        }
+        if (strcmp(run_s, c->run)) {
+            cli_error(prog, "%s: line %zu: measured in another run (run %s, this run %s: another model, text, "
+                      "--max-tokens, --policy, --stride, --chunk, --chunks, --seed or --calib); remove the file%s",
+                      path, r + 1, run_s, c->run, from ? " or use this run's options" : " or drop --resume");
+            rc = CLI_USAGE;
+            goto done;
+        }
+        for (int k = 0; k < 5; k++) {
+            const char *cell = kvq_csv_at(&t, r, 2 + k);
+            if (k == 4 && !*cell) { v[k] = NAN; continue; } /* dnll_se of a single position */
+            if (kvq_csv_number(cell, &v[k])) {
+                cli_error(prog, "%s: line %zu: %s '%s': expected a finite number; remove the file%s", path, r + 1,
+                          SENS_COLS[2 + k], cell, from ? "" : " or drop --resume");
+                goto done;
+            }
+        }
+        point *pt = &c->pts[spec_i];
+        if (!(fabs(v[0] - pt->want_k) <= 1e-9 * pt->want_k) || !(fabs(v[1] - pt->want_v) <= 1e-9 * pt->want_v) ||
+            v[2] != (v[0] + v[1]) / 2) {
+            cli_error(prog, "%s: line %zu: bits %.17g, %.17g, %.17g: %s stores %.17g and %.17g on this model's layers "
+                      "(bits their mean); remove the file%s", path, r + 1, v[0], v[1], v[2], pt->spec.text,
+                      pt->want_k, pt->want_v, from ? "" : " or drop --resume");
+            goto done;
+        }
+        if (spec_i != cur) {
+            if (cur >= 0) break; /* a pass left unfinished: what follows is not read */
+            cur = spec_i, seen = 0, pass_begin = t.end[r - 1];
+        }
+        if (layer != seen) break; /* out of order */
+        if (pt->done) {
+            cli_error(prog, "%s: line %zu: %s's pass is in %s%s twice", path, r + 1, pt->spec.text,
+                      pt->from ? pt->from : path, pt->from && from && strcmp(pt->from, from) ? " and here:" : "");
+            goto done;
+        }
+        pt->k_bits[layer] = v[0], pt->v_bits[layer] = v[1], pt->dnll[layer] = v[3], pt->dnll_se[layer] = v[4];
+        if (++seen == c->L) {
+            pt->done = 1, cur = -1, *keep = t.end[r];
+            if (from) pt->from = from, pt->rows = data + pass_begin, pt->rows_len = t.end[r] - pass_begin;
+        }
+    }
+    if (from && (*keep != size || t.torn)) {
+        cli_error(prog, "%s: ends in an unfinished pass: its run did not finish (continue it with --resume)", path);
+        goto done;
+    }
+    rc = CLI_OK;
+done:
+    kvq_csv_free(&t);
+    return rc;
 }
 
-static const char *const SENS_COLS[] = {"layer", "spec", "k_bits", "v_bits", "bits", "dnll", "dnll_se"};
-enum { NSENS = 7 };
-
-/* Reads the rows of `path` into the points whose spec they name; a point is
- * complete with all L layers.  Returns the byte length of the complete
- * points' rows (the file is cut there), or -1 after printing an error. */
-static long sens_read(const char *path, point *pts, int np, int L)
+/* The whole file (malloc'ed, *size), or NULL after printing. */
+static char *slurp(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : (cli_error(prog, "%s: %s", path, strerror(errno)), -1);
-    char line[4096], cell[KVQ_SPEC_MAX];
-    long keep = 0, pos = 0, lineno = 0;
-    int cur = -1, seen = 0; /* the point whose rows are being read, its rows so far */
-    while (fgets(line, sizeof line, f)) {
-        long len = (long)strlen(line);
-        lineno++;
-        if (len == 0 || line[len - 1] != '\n') break; /* a torn last line */
-        pos += len;
-        if (lineno == 1) {
-            if (strncmp(line, "layer,spec,k_bits,v_bits,bits,dnll,dnll_se\n", (size_t)len)) {
-                cli_error(prog, "%s: line 1: expected the header layer,spec,k_bits,v_bits,bits,dnll,dnll_se", path);
-                fclose(f);
-                return -1;
-            }
-            keep = pos;
-            continue;
+    FILE *f = fopen(path, "rb");
+    if (!f) { cli_error(prog, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb, cap *= 2;
         }
-        const char *p = line;
-        double v[NSENS];
-        int layer = -1, spec_i = -1;
-        for (int c = 0; c < NSENS; c++) {
-            char *end;
-            if (csv_field(&p, cell, sizeof cell)) break;
-            if (c == 1) {
-                for (int i = 0; i < np; i++)
-                    if (!strcmp(pts[i].spec.text, cell)) spec_i = i;
-                continue;
-            }
-            errno = 0;
-            v[c] = strtod(cell, &end);
-            if (errno || end == cell || *end) { layer = -2; break; }
-            if (c == 0) layer = (int)v[0];
-        }
-        if (spec_i < 0 || layer < 0 || layer >= L) {
-            cli_error(prog, "%s: line %ld: not a row of this run's grid and model (a spec of --family/--grid/--fixed, "
-                      "a layer below %d); remove the file or drop --resume", path, lineno, L);
-            fclose(f);
-            return -1;
-        }
-        if (spec_i != cur) cur = spec_i, seen = 0;
-        if (layer != seen) break; /* out of order: keep what came before */
-        point *pt = &pts[spec_i];
-        pt->k_bits[layer] = v[2], pt->v_bits[layer] = v[3], pt->dnll[layer] = v[5], pt->dnll_se[layer] = v[6];
-        if (++seen == L) pt->done = 1, keep = pos, cur = -1;
     }
+    int bad = ferror(f);
     fclose(f);
-    return keep;
+    if (!buf || bad) {
+        free(buf);
+        cli_error(prog, "%s: %s", path, bad ? "read failed" : "out of memory");
+        return NULL;
+    }
+    *size = n;
+    return buf;
+}
+
+/* Opens the table at path for this run: created (registered as a temporary
+ * until a pass is in it), or with resume read and cut after its last
+ * complete pass; locked for the run (a second run on it exits 1 at once).
+ * Not a regular file: refused.  *fd, and CLI_OK or the exit code. */
+static int sens_open(const sens_ctx *c, const char *path, int resume, int *fd, int *created)
+{
+    *fd = -1, *created = 0;
+    struct stat st;
+    int exists = lstat(path, &st) == 0;
+    if (exists && !resume) {
+        cli_error(prog, "%s exists: --resume continues its passes (or remove it)", path);
+        return CLI_USAGE;
+    }
+    if (exists && (stat(path, &st) != 0 || !S_ISREG(st.st_mode))) {
+        cli_error(prog, "%s: not a regular file (the sensitivity table is read back, cut and appended to)", path);
+        return CLI_USAGE;
+    }
+    if ((*fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666)) < 0) {
+        cli_error(prog, "%s: cannot write: %s", path, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB)) {
+        if (errno == EWOULDBLOCK)
+            cli_error(prog, "%s: another kvq-alloc run is writing it (it holds the lock); wait for it or choose another "
+                      "-o", path);
+        else
+            cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
+        close(*fd), *fd = -1;
+        return CLI_RUNTIME;
+    }
+    *created = !exists;
+    size_t size = 0, keep = 0;
+    char *data = exists ? slurp(path, &size) : NULL;
+    if (exists && !data) return CLI_RUNTIME;
+    int rc = exists ? sens_load(c, path, NULL, data, size, &keep) : CLI_OK;
+    free(data);
+    if (rc) return rc;
+    if (exists && (ftruncate(*fd, (off_t)keep) || lseek(*fd, (off_t)keep, SEEK_SET) < 0)) {
+        cli_error(prog, "%s: cannot drop the unfinished pass: %s", path, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    if (!keep) { /* new or empty: the header */
+        char *h = NULL;
+        size_t hl = 0;
+        FILE *ms = open_memstream(&h, &hl);
+        kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, SENS_COLS, NSENS, 2) : NULL;
+        int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
+        if (ms && fclose(ms)) bad = 1;
+        if (bad || cli_write_all(*fd, h, hl)) {
+            free(h);
+            cli_error(prog, "%s: write failed: %s", path, strerror(errno));
+            return CLI_RUNTIME;
+        }
+        free(h);
+    }
+    return CLI_OK;
+}
+
+/* One pass's rows (every layer of pt), one write and an fsync. */
+static int sens_append(int fd, const char *path, const point *pt, const char *run, int L)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *ms = open_memstream(&buf, &len);
+    kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, SENS_COLS, NSENS, 2) : NULL;
+    kvq_status st = r ? KVQ_OK : KVQ_ERR_NOMEM;
+    if (r) kvq_report_omit_header(r);
+    for (int l = 0; l < L && !st; l++) {
+        char ls[16];
+        snprintf(ls, sizeof ls, "%d", l);
+        kvq_cell row[NSENS] = {{.text = ls}, {.text = pt->spec.text}, {.num = pt->k_bits[l], .is_num = 1},
+                               {.num = pt->v_bits[l], .is_num = 1},
+                               {.num = (pt->k_bits[l] + pt->v_bits[l]) / 2, .is_num = 1},
+                               {.num = pt->dnll[l], .is_num = 1}, {.num = pt->dnll_se[l], .is_num = 1},
+                               {.text = run}};
+        st = kvq_rows_add(r, row);
+    }
+    if (r) {
+        kvq_status f = kvq_report_finish(r);
+        if (!st) st = f;
+    }
+    if ((ms && fclose(ms)) || st) {
+        free(buf);
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = cli_write_all(fd, buf, len) || fsync(fd) ? CLI_RUNTIME : CLI_OK;
+    if (rc) cli_error(prog, "%s: write failed: %s", path, strerror(errno));
+    free(buf);
+    return rc;
+}
+
+/* The bits a spec stores on one of this model's layers of T tokens: the
+ * quantizer on a synthetic layer (the bits depend on the shapes alone). */
+static int spec_bits(point *pt, const kvq_model_info *in, int T, kvq_calib *cal, uint64_t seed, int nthreads)
+{
+    int H = in->n_kv_heads, D = in->head_dim;
+    size_t n = (size_t)H * T * D;
+    float *x = malloc(n * sizeof *x), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    kvq_acc *acc = calloc((size_t)H, sizeof *acc);
+    int rc = CLI_RUNTIME;
+    if (!x || !k || !v || !acc) { cli_error(prog, "out of memory"); goto done; }
+    for (size_t i = 0; i < n; i++) x[i] = (float)(sin(0.37 * (double)i) * (1.0 + (double)(i % 7)));
+    kvq_error err = {0};
+    if (kvq_quantize_arrays(pt->spec.text, 0, seed, nthreads, H, T, D, x, x, x, NULL, NULL, in->rope_theta,
+                            in->rope_style, cal, k, v, acc, &err)) {
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
+    double kb = 0, vb = 0, ne = (double)n;
+    for (int h = 0; h < H; h++) kb += acc[h].k.bits, vb += acc[h].v.bits;
+    pt->want_k = kb / ne, pt->want_v = vb / ne;
+    rc = CLI_OK;
+done:
+    free(x), free(k), free(v), free(acc);
+    return rc;
 }
 
 /* --- the allocation as a mix -------------------------------------------- */
@@ -181,37 +375,215 @@ static int mix_text(const point *pts, const int *choice, int L, char *buf, size_
 /* --- progress ------------------------------------------------------------ */
 
 typedef struct progress_state {
-    int on, pass, npasses;
+    int on, pass, npasses, validating;
     time_t start;
 } progress_state;
 
+/* "sensitivity pass p/N, layer l/L" while measuring, then "validation" for the full evaluation of the allocations. */
 static void pass_progress(void *ud, int pass, int npasses, int layer, int nlayers)
 {
     (void)pass, (void)npasses;
     progress_state *p = ud;
     if (!p->on) return;
     long el = (long)(time(NULL) - p->start);
-    double frac = (p->pass + (double)layer / nlayers) / p->npasses;
-    fprintf(stderr, "\r%s: pass %d/%d, layer %d/%d, %lds, about %lds left      ", prog, p->pass + 1, p->npasses, layer,
-            nlayers, el, frac > 0 ? (long)(el / frac * (1 - frac) + 0.5) : 0L);
+    if (p->validating) {
+        fprintf(stderr, "\r%s: validation (the allocations and the uniform points in full), layer %d/%d, %lds      ",
+                prog, layer, nlayers, el);
+    } else {
+        double frac = (p->pass + (double)layer / nlayers) / p->npasses;
+        fprintf(stderr, "\r%s: sensitivity pass %d/%d, layer %d/%d, %lds, about %lds left      ", prog, p->pass + 1,
+                p->npasses, layer, nlayers, el, frac > 0 ? (long)(el / frac * (1 - frac) + 0.5) : 0L);
+    }
     fflush(stderr);
 }
 
-/* --- main ------------------------------------------------------------------ */
-
 static int parse_budgets(const char *s, double *b, int *n)
 {
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", s);
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    char *buf = strdup(s), *save = NULL;
+    if (!buf) return -1;
+    int rc = 0;
+    for (char *t = strtok_r(buf, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
         char *end;
         errno = 0;
         double v = strtod(t, &end);
-        if (errno || end == t || *end || !(v > 0) || !isfinite(v) || *n == MAX_BUDGETS) return -1;
-        b[(*n)++] = v;
+        if (errno || end == t || *end || !(v > 0) || !isfinite(v) || *n == MAX_BUDGETS) rc = -1;
+        else b[(*n)++] = v;
     }
-    return 0;
+    free(buf);
+    return rc;
+}
+
+/* The allocation per budget (steps 2 and 3 of docs/models.md#kvq-alloc):
+ * the knapsack's optimum, then the allocations and the uniform points within
+ * the largest budget evaluated in full; OUT, OUT.uniform.csv and a summary. */
+typedef struct alloc_run {
+    kvq_model *m;
+    const int *ids;
+    int T, L;
+    const kvq_model_info *in;
+    point *pts;
+    int np;
+    const double *budgets;
+    int nbudgets, decode;
+    kvq_eval_opts *eo;
+    progress_state *ps;
+    const char *output, *sens_path, *uni_path;
+    cli_meta *meta;
+} alloc_run;
+
+static int allocate(const alloc_run *a)
+{
+    int L = a->L, np = a->np, nb = a->nbudgets, rc = CLI_RUNTIME;
+    const point *pts = a->pts;
+    double n_l = 2.0 * a->in->n_kv_heads * a->in->head_dim, ntot = n_l * L;
+    double *cost = calloc((size_t)L * np, sizeof *cost), *weight = calloc((size_t)L * np, sizeof *weight);
+    double *ubits = calloc((size_t)np, sizeof *ubits), *upred = calloc((size_t)np, sizeof *upred);
+    int *choice = calloc((size_t)L * nb, sizeof *choice), *uni = calloc((size_t)np, sizeof *uni);
+    kvq_spec *vspecs = calloc((size_t)nb, sizeof *vspecs);
+    kvq_eval_item *items = calloc((size_t)(np + nb) + 1, sizeof *items);
+    kvq_report *rep = NULL, *urep = NULL;
+    cli_out out = {0}, uout = {0};
+    kvq_error err = {0};
+    kvq_policy pol = a->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL;
+    if (!cost || !weight || !ubits || !upred || !choice || !uni || !vspecs || !items) {
+        cli_error(prog, "out of memory");
+        goto done;
+    }
+    /* the knapsack per budget: weights are each layer's stored bits per token
+     * (K and V of its KV heads); every layer of these models has the same
+     * size, so the budget's capacity is B times their sum */
+    for (int l = 0; l < L; l++)
+        for (int i = 0; i < np; i++) {
+            cost[(size_t)l * np + i] = pts[i].dnll[l];
+            weight[(size_t)l * np + i] = (pts[i].k_bits[l] + pts[i].v_bits[l]) / 2 * n_l;
+        }
+    for (int b = 0; b < nb; b++) {
+        double wmin = NAN;
+        kvq_error aerr = {0};
+        kvq_status st =
+            kvq_alloc_solve(L, np, cost, weight, a->budgets[b] * ntot, choice + (size_t)b * L, &wmin, &aerr);
+        if (st == KVQ_ERR_USAGE && wmin > a->budgets[b] * ntot) {
+            cli_error(prog, "--budget %g: below the cheapest allocation of this grid, %.6g bits per element",
+                      a->budgets[b], wmin / ntot);
+            rc = CLI_USAGE;
+            goto done;
+        }
+        if (st) { rc = cli_fail(prog, &aerr); goto done; }
+        char text[KVQ_SPEC_MAX + 8];
+        if (mix_text(pts, choice + (size_t)b * L, L, text, sizeof text) || kvq_spec_parse(text, &vspecs[b], &err)) {
+            cli_error(prog, "--budget %g: the allocation does not fit a spec of %d characters", a->budgets[b],
+                      KVQ_SPEC_MAX - 1);
+            goto done;
+        }
+    }
+    /* the allocations and the uniform points within the largest budget, in full */
+    double bmax = 0;
+    int nit = 0;
+    for (int b = 0; b < nb; b++) bmax = a->budgets[b] > bmax ? a->budgets[b] : bmax;
+    for (int b = 0; b < nb; b++) items[nit++] = (kvq_eval_item){.spec = &vspecs[b], .layer = -1, .policy = pol};
+    for (int i = 0; i < np; i++) {
+        double w = 0, s = 0;
+        for (int l = 0; l < L; l++) w += weight[(size_t)l * np + i], s += cost[(size_t)l * np + i];
+        ubits[i] = w / ntot, upred[i] = s, uni[i] = -1;
+        if (w <= bmax * ntot) uni[i] = nit, items[nit++] = (kvq_eval_item){.spec = &pts[i].spec, .layer = -1, .policy = pol};
+    }
+    a->ps->validating = 1;
+    double nll_ref;
+    kvq_status est = kvq_model_eval(a->m, a->ids, a->T, items, nit, a->eo, &nll_ref, &err);
+    if (a->ps->on) fputc('\n', stderr);
+    if (est) { rc = cli_fail(prog, &err); goto done; }
+
+    static const char *const cols[] = {"budget", "spec", "mean_bits", "k_bits", "v_bits", "dnll_pred",
+                                       "dnll", "dnll_se", "kl", "top1"};
+    enum { NCOL = sizeof cols / sizeof cols[0] };
+    kvq_format fmt = cli_pick_format(NULL, a->output);
+    if (fmt == KVQ_FMT_TABLE) fmt = KVQ_FMT_CSV;
+    if (cli_out_open(&out, a->output, prog) || cli_out_attach_meta(&out, a->meta, prog) ||
+        cli_out_open(&uout, a->uni_path, prog))
+        goto done;
+    rep = kvq_rows_new(out.f, fmt, cols, NCOL, 2);
+    urep = kvq_rows_new(uout.f, KVQ_FMT_CSV, cols + 1, NCOL - 1, 1);
+    kvq_status wst = !rep || !urep ? KVQ_ERR_NOMEM : KVQ_OK;
+    int *best = calloc((size_t)nb, sizeof *best); /* per budget: the best uniform point within it, or −1 */
+    if (!best) wst = KVQ_ERR_NOMEM;
+    for (int b = 0; b < nb && !wst; b++) {
+        char bt[32];
+        snprintf(bt, sizeof bt, "%g", a->budgets[b]);
+        double pred = 0;
+        for (int l = 0; l < L; l++) pred += cost[(size_t)l * np + choice[(size_t)b * L + l]];
+        best[b] = -1; /* least measured dnll, then fewer bits */
+        for (int i = 0; i < np; i++) {
+            if (uni[i] < 0 || ubits[i] * ntot > a->budgets[b] * ntot) continue;
+            const kvq_eval_item *u = &items[uni[i]], *bu = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
+            if (!bu || u->nll < bu->nll || (u->nll == bu->nll && ubits[i] < ubits[best[b]])) best[b] = i;
+        }
+        for (int r = 0; r < 2 && !wst; r++) {
+            const kvq_eval_item *it = r ? (best[b] >= 0 ? &items[uni[best[b]]] : NULL) : &items[b];
+            if (!it) {
+                fprintf(stderr, "%s: note: --budget %g: no uniform point of the grid fits\n", prog, a->budgets[b]);
+                break;
+            }
+            kvq_cell row[NCOL] = {{.text = bt}, {.text = it->spec->text},
+                                  {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
+                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
+                                  {.num = r ? upred[best[b]] : pred, .is_num = 1},
+                                  {.num = it->nll - nll_ref, .is_num = 1}, {.num = it->dnll_se, .is_num = 1},
+                                  {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
+            errno = 0;
+            wst = kvq_rows_add(rep, row);
+        }
+    }
+    for (int i = 0; i < np && !wst; i++) {
+        if (uni[i] < 0) continue;
+        const kvq_eval_item *it = &items[uni[i]];
+        kvq_cell row[NCOL - 1] = {{.text = it->spec->text}, {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
+                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
+                                  {.num = upred[i], .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
+                                  {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
+                                  {.num = it->top1, .is_num = 1}};
+        errno = 0;
+        wst = kvq_rows_add(urep, row);
+    }
+    int werr = errno;
+    if (!wst) {
+        errno = 0;
+        wst = kvq_report_finish(rep);
+        rep = NULL;
+        werr = errno;
+    }
+    if (!wst) {
+        errno = 0;
+        wst = kvq_report_finish(urep);
+        urep = NULL;
+        werr = errno;
+    }
+    if (wst) {
+        free(best);
+        rc = cli_write_error(prog, a->output, wst, werr);
+        goto done;
+    }
+    if (cli_out_commit(&uout, prog) || cli_out_commit(&out, prog)) { free(best); goto done; }
+    /* the summary: the four files, then each budget's allocation beside its best uniform point */
+    fprintf(stderr, "%s: wrote %s (the allocations), %s (%d sensitivity passes), %s (%d uniform points), %s.meta.json\n",
+            prog, a->output, a->sens_path, np, a->uni_path, nit - nb, a->output);
+    for (int b = 0; b < nb; b++) {
+        const kvq_eval_item *al = &items[b], *u = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
+        fprintf(stderr, "  budget %g: %s — %.4g bits, dnll %.4g", a->budgets[b], al->spec->text,
+                (al->k_bits + al->v_bits) / 2, al->nll - nll_ref);
+        if (u)
+            fprintf(stderr, "; best uniform %s — %.4g bits, dnll %.4g\n", u->spec->text, (u->k_bits + u->v_bits) / 2,
+                    u->nll - nll_ref);
+        else fputs("; no uniform point fits\n", stderr);
+    }
+    free(best);
+    rc = CLI_OK;
+done:
+    kvq_report_discard(rep);
+    kvq_report_discard(urep);
+    if (out.f) cli_out_abort(&out);
+    if (uout.f) cli_out_abort(&uout);
+    free(cost), free(weight), free(ubits), free(upred), free(choice), free(uni), free(vspecs), free(items);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -223,30 +595,26 @@ int main(int argc, char **argv)
         {"family", required_argument, 0, OPT_FAMILY}, {"grid", required_argument, 0, 'g'},
         {"fixed", required_argument, 0, 'f'}, {"budget", required_argument, 0, 'b'},
         {"output", required_argument, 0, 'o'}, {"resume", no_argument, 0, OPT_RESUME},
+        {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
         {"chunk", required_argument, 0, OPT_CHUNK}, {"chunks", required_argument, 0, OPT_CHUNKS},
         {"calib", required_argument, 0, OPT_CALIB}, CLI_MODEL_LONGOPTS,
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *family = NULL, *output = NULL, *calib = NULL, *grids[MAX_ARGS], *fixed[MAX_ARGS];
-    int ngrids = 0, nfixed = 0, nbudgets = 0, resume = 0, decode = 0, progress_mode = -1, rc = CLI_OK, c;
+    int ngrids = 0, nfixed = 0, nbudgets = 0, resume = 0, merge = 0, decode = 0, progress_mode = -1, rc = CLI_OK, c;
     double budgets[MAX_BUDGETS];
-    long stride = 1, chunk = 0, chunks = 0;
+    long stride = 1, chunk = 0, chunks = 0, shard_i = 0, shard_n = 0;
     uint64_t seed = 0;
     cli_model mo = {0};
     kvq_grid *grid = NULL;
     kvq_model *m = NULL;
     kvq_calib *cal = NULL;
     point *pts = NULL;
-    int np = 0, *ids = NULL, T = 0, L = 0;
+    int np = 0, *ids = NULL, T = 0, L = 0, fd = -1, created = 0;
     kvq_eval_item *items = NULL;
-    kvq_spec *vspecs = NULL;
-    double *cost = NULL, *weight = NULL;
-    int *choice = NULL;
-    char *sens_path = NULL, *uni_path = NULL;
-    FILE *sens = NULL;
-    kvq_report *rep = NULL, *urep = NULL;
-    cli_out out = {0}, uout = {0};
+    char *sens_path = NULL, *uni_path = NULL, **shard_data = NULL;
+    int nshards = 0;
     kvq_error err = {0};
     cli_meta *meta = cli_meta_begin(prog, argc, argv);
     if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
@@ -278,6 +646,13 @@ int main(int argc, char **argv)
             break;
         case 'o': output = optarg; break;
         case OPT_RESUME: resume = 1; break;
+        case OPT_MERGE: merge = 1; break;
+        case OPT_SHARD:
+            if (cli_parse_shard(optarg, &shard_i, &shard_n)) {
+                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
         case OPT_POLICY:
             if (!strcmp(optarg, "prefill") || !strcmp(optarg, "decode")) decode = !strcmp(optarg, "decode");
             else { cli_error(prog, "--policy %s: expected prefill or decode", optarg); rc = CLI_USAGE; goto done; }
@@ -309,17 +684,28 @@ int main(int argc, char **argv)
         default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
+    /* --merge: MODEL SHARD...; else MODEL alone */
+    int nops = argc - optind;
+    if (merge && nops >= 2) nshards = nops - 1, argc = optind + 1;
+    else if (merge) { cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)"); rc = CLI_USAGE; goto done; }
     if ((rc = cli_model_check(prog, argc, optind, &mo,
                               "kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME --grid ... --budget B -o OUT")))
         goto done;
-    if (!family || !ngrids || !nbudgets || !output) {
+    char **shards = argv + optind + 1;
+    if (!family || !ngrids || !output || (!nbudgets && !shard_n)) {
         cli_error(prog, "%s required (see --help)", !family ? "--family NAME" : !ngrids ? "--grid K=V1,V2,..."
-                  : !nbudgets ? "--budget B" : "-o OUT");
+                  : !output ? "-o OUT" : "--budget B");
         rc = CLI_USAGE; goto done;
     }
+    if (shard_n && (nbudgets || merge)) {
+        cli_error(prog, "--shard %ld/%ld measures sensitivities only: --budget and --merge go to the merge", shard_i,
+                  shard_n);
+        rc = CLI_USAGE; goto done;
+    }
+    if (merge && resume) { cli_error(prog, "--merge joins finished shards: --resume does not apply"); rc = CLI_USAGE; goto done; }
     if (chunks && !chunk) { cli_error(prog, "--chunks needs --chunk N"); rc = CLI_USAGE; goto done; }
-    if (!output[0]) { cli_error(prog, "-o: expected a file name"); rc = CLI_USAGE; goto done; }
-    if ((rc = cli_meta_check_format(prog, meta, cli_pick_format(NULL, output)))) goto done;
+    if (!output[0] || !strcmp(output, "-")) { cli_error(prog, "-o: expected a file name"); rc = CLI_USAGE; goto done; }
+    if ((rc = cli_meta_check_format(prog, meta, shard_n ? KVQ_FMT_CSV : cli_pick_format(NULL, output)))) goto done;
     if (kvq_grid_new(family, grids, ngrids, fixed, nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
     size_t npoints = kvq_grid_size(grid);
     if (!(pts = calloc(npoints, sizeof *pts))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
@@ -332,20 +718,22 @@ int main(int argc, char **argv)
         np++;
     }
     if (!np) { cli_error(prog, "the grid has no valid point"); rc = CLI_USAGE; goto done; }
-    if (asprintf(&sens_path, "%s.sensitivity.csv", output) < 0 || asprintf(&uni_path, "%s.uniform.csv", output) < 0) {
+    /* the sensitivity table: the shard's -o, or OUT.sensitivity.csv */
+    if (shard_n) {
+        if (!(sens_path = strdup(output))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    } else if (asprintf(&sens_path, "%s.sensitivity.csv", output) < 0 ||
+               asprintf(&uni_path, "%s.uniform.csv", output) < 0) {
         sens_path = uni_path = NULL;
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME; goto done;
     }
     {
-        const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
-        if ((rc = cli_check_output(prog, output, in, 5)) || (rc = cli_check_output(prog, sens_path, in, 5)) ||
-            (rc = cli_check_output(prog, uni_path, in, 5)))
+        const char *in[MAX_ARGS + 5] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
+        int nin = 5;
+        for (int i = 0; i < nshards && nin < MAX_ARGS + 5; i++) in[nin++] = shards[i];
+        if ((rc = cli_check_output(prog, output, in, nin)) || (rc = cli_check_output(prog, sens_path, in, nin)) ||
+            (uni_path && (rc = cli_check_output(prog, uni_path, in, nin))))
             goto done;
-    }
-    if (!resume && access(sens_path, F_OK) == 0) {
-        cli_error(prog, "%s exists: --resume continues its passes (or remove it)", sens_path);
-        rc = CLI_USAGE; goto done;
     }
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
     for (int i = 0; i < np; i++)
@@ -363,6 +751,15 @@ int main(int argc, char **argv)
         cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, in->context_length);
         rc = CLI_USAGE; goto done;
     }
+    if (chunk && T < chunk) {
+        cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", mo.text ? mo.text : mo.tokens, T, chunk);
+        rc = CLI_RUNTIME; goto done;
+    }
+    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
+                        .progress = pass_progress, .chunk = (int)chunk, .chunks = (int)chunks};
+    sens_ctx sc = {.pts = pts, .np = np, .L = L};
+    snprintf(sc.run, sizeof sc.run, "%016" PRIx64,
+             kvq_eval_fingerprint(m, ids, T, decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &eo, calib));
     for (int i = 0; i < np; i++) {
         point *pt = &pts[i];
         pt->k_bits = calloc((size_t)L, sizeof(double)), pt->v_bits = calloc((size_t)L, sizeof(double));
@@ -371,10 +768,11 @@ int main(int argc, char **argv)
             cli_error(prog, "out of memory");
             rc = CLI_RUNTIME; goto done;
         }
+        if ((rc = spec_bits(pt, in, chunk ? (int)chunk : T, cal, seed, (int)mo.threads))) goto done;
     }
 
-    /* provenance: the inputs (a resumed sensitivity file is one) and every option's effective value */
-    cli_meta_operands(meta, argv + optind, argc - optind);
+    /* provenance: the inputs and every option's effective value */
+    cli_meta_operands(meta, argv + optind, 1);
     cli_meta_model(meta, argv[optind], &mo, in, T);
     cli_meta_input(meta, "calib", calib);
     cli_meta_str(meta, "options", "family", family);
@@ -382,53 +780,91 @@ int main(int argc, char **argv)
     for (int i = 0; i < ngrids; i++) cli_meta_list(meta, "options", "grid", grids[i]);
     cli_meta_empty_list(meta, "options", "fixed");
     for (int i = 0; i < nfixed; i++) cli_meta_list(meta, "options", "fixed", fixed[i]);
+    cli_meta_empty_list(meta, "options", "budget");
     for (int b = 0; b < nbudgets; b++) {
         char bt[32];
         snprintf(bt, sizeof bt, "%.17g", budgets[b]);
         cli_meta_list(meta, "options", "budget", bt);
     }
     cli_meta_bool(meta, "options", "resume", resume);
+    cli_meta_bool(meta, "options", "merge", merge);
+    if (shard_n) {
+        char sh[48];
+        snprintf(sh, sizeof sh, "%ld/%ld", shard_i, shard_n);
+        cli_meta_str(meta, "options", "shard", sh);
+    }
     cli_meta_str(meta, "options", "policy", decode ? "decode" : "prefill");
     cli_meta_int(meta, "options", "stride", stride);
     cli_meta_int_set(meta, "options", "chunk", chunk);
     cli_meta_int_set(meta, "options", "chunks", chunks);
     cli_meta_str(meta, "options", "calib", calib);
     cli_meta_u64(meta, "options", "seed", seed);
+    cli_meta_str(meta, "result", "run", sc.run);
     cli_meta_str(meta, "result", "sensitivity", sens_path);
     cli_meta_str(meta, "result", "uniform", uni_path);
 
-    /* 1. sensitivities: one --per-layer pass per point not yet in the file */
-    long keep = resume ? sens_read(sens_path, pts, np, L) : 0;
-    if (keep < 0) { rc = CLI_USAGE; goto done; }
-    int ndone = 0;
-    for (int i = 0; i < np; i++) ndone += pts[i].done;
-    cli_meta_int(meta, "result", "passes_resumed", ndone);
-    cli_meta_int(meta, "result", "passes_run", np - ndone);
-    if (resume && keep > 0 && truncate(sens_path, keep)) {
-        cli_error(prog, "%s: cannot drop the unfinished pass: %s", sens_path, strerror(errno));
-        rc = CLI_RUNTIME; goto done;
+    /* 1. sensitivities: a merge joins the shards' passes; else one --per-layer pass per point not yet in the table */
+    if (merge) {
+        if (!(shard_data = calloc((size_t)nshards, sizeof *shard_data))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+        for (int s = 0; s < nshards; s++) {
+            size_t size, keep;
+            if (!(shard_data[s] = slurp(shards[s], &size))) { rc = CLI_RUNTIME; goto done; }
+            if ((rc = sens_load(&sc, shards[s], shards[s], shard_data[s], size, &keep))) goto done;
+            cli_meta_input(meta, "shard", shards[s]);
+        }
+        int missing = 0;
+        char list[256] = "";
+        for (int i = 0; i < np; i++)
+            if (!pts[i].done) {
+                size_t l = strlen(list);
+                if (missing < 5) snprintf(list + l, sizeof list - l, "%s%s", missing ? "; " : "", pts[i].spec.text);
+                missing++;
+            }
+        if (missing) {
+            cli_error(prog, "%d of the grid's %d points are in no shard: %s%s", missing, np, list,
+                      missing > 5 ? "; ..." : "");
+            rc = CLI_RUNTIME; goto done;
+        }
+        /* OUT.sensitivity.csv: the shards' passes in point order, as one run writes them */
+        if (access(sens_path, F_OK) == 0) {
+            cli_error(prog, "%s exists: a merge writes it anew (remove it)", sens_path);
+            rc = CLI_USAGE; goto done;
+        }
+        if ((rc = sens_open(&sc, sens_path, 0, &fd, &created))) goto done;
+        cli_temp_register(sens_path); /* until it is whole */
+        for (int i = 0; i < np; i++)
+            if (cli_write_all(fd, pts[i].rows, pts[i].rows_len)) {
+                cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno));
+                rc = CLI_RUNTIME; goto done;
+            }
+        if (fsync(fd)) { cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno)); rc = CLI_RUNTIME; goto done; }
+        cli_temp_unregister(sens_path), created = 0;
+        fprintf(stderr, "%s: joined %d sensitivity passes from %d shards into %s\n", prog, np, nshards, sens_path);
+    } else {
+        if ((rc = sens_open(&sc, sens_path, resume, &fd, &created))) goto done;
+        if (created) cli_temp_register(sens_path); /* an interrupted first pass leaves nothing */
+        if (resume && !created) cli_meta_input_extended(meta, "sensitivity (resumed)", sens_path);
     }
-    /* the passes kept are an input (the run appends the others) */
-    if (resume && access(sens_path, F_OK) == 0) cli_meta_input_extended(meta, "sensitivity (resumed)", sens_path);
-    if (!(items = calloc((size_t)(L > np + nbudgets ? L : np + nbudgets) + 1, sizeof *items))) {
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME; goto done;
-    }
+    int mine = 0, ndone = 0; /* this run's points (a shard's share), and those already measured */
+    for (int i = 0; i < np; i++)
+        if (!shard_n || i % shard_n == shard_i) mine++, ndone += pts[i].done;
+    cli_meta_int(meta, "result", "passes_resumed", merge ? 0 : ndone);
+    cli_meta_int(meta, "result", "passes_run", mine - ndone);
+    if (!(items = calloc((size_t)L + 1, sizeof *items))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
-    progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, 0, np - ndone + 1, time(NULL)};
-    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
-                        .progress = pass_progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks};
+    progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, 0, mine - ndone, 0, time(NULL)};
+    eo.ud = &ps;
     static char note_head[1024], note_tail[256];
     snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", sens_path);
     snprintf(note_tail, sizeof note_tail, " of %d sensitivity passes complete; the same command with --resume "
-             "continues\n", np);
+             "continues\n", mine);
     cli_interrupt_note(note_head, note_tail);
     cli_interrupt_count(ndone);
-    if (ndone && ndone < np)
-        fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, ndone, np, sens_path);
+    if (ndone && ndone < mine)
+        fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, ndone, mine, sens_path);
     for (int i = 0; i < np; i++) {
         point *pt = &pts[i];
-        if (pt->done) continue;
+        if (pt->done || (shard_n && i % shard_n != shard_i)) continue;
         for (int l = 0; l < L; l++)
             items[l] = (kvq_eval_item){.spec = &pt->spec, .layer = l,
                                        .policy = decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
@@ -438,176 +874,46 @@ int main(int argc, char **argv)
             rc = cli_fail(prog, &err);
             goto done;
         }
-        /* opened when the first pass is done: an interrupted first pass leaves no file */
-        if (!sens && (!(sens = fopen(sens_path, "a")) || fseek(sens, 0, SEEK_END))) {
-            cli_error(prog, "%s: cannot write: %s", sens_path, strerror(errno));
-            rc = CLI_RUNTIME; goto done;
-        }
-        kvq_report *r = kvq_rows_new(sens, KVQ_FMT_CSV, SENS_COLS, NSENS, 2);
-        if (!r) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-        if (ftell(sens) > 0) kvq_report_omit_header(r);
-        kvq_status wst = KVQ_OK;
-        for (int l = 0; l < L && !wst; l++) {
-            char ls[16];
-            snprintf(ls, sizeof ls, "%d", l);
+        for (int l = 0; l < L; l++) {
             pt->k_bits[l] = items[l].k_bits, pt->v_bits[l] = items[l].v_bits;
             pt->dnll[l] = items[l].nll - nll_ref, pt->dnll_se[l] = items[l].dnll_se;
-            kvq_cell row[NSENS] = {{.text = ls}, {.text = pt->spec.text}, {.num = pt->k_bits[l], .is_num = 1},
-                                   {.num = pt->v_bits[l], .is_num = 1},
-                                   {.num = (pt->k_bits[l] + pt->v_bits[l]) / 2, .is_num = 1},
-                                   {.num = pt->dnll[l], .is_num = 1}, {.num = pt->dnll_se[l], .is_num = 1}};
-            errno = 0;
-            wst = kvq_rows_add(r, row);
         }
-        int werr = errno;
-        kvq_status fst = kvq_report_finish(r);
-        if (!wst) wst = fst, werr = errno;
-        if (!wst && (fflush(sens) || fsync(fileno(sens)))) wst = KVQ_ERR_IO, werr = errno;
-        if (wst) { rc = cli_write_error(prog, sens_path, wst, werr); goto done; }
+        if ((rc = sens_append(fd, sens_path, pt, sc.run, L))) goto done;
+        if (created) cli_temp_unregister(sens_path), created = 0; /* a pass is in it: kept from now on */
         pt->done = 1;
         cli_interrupt_count(++ndone);
         ps.pass++;
     }
-    if (sens) fclose(sens);
-    sens = NULL;
-
-    /* 2. the knapsack per budget: weights are each layer's stored bits per
-     * token (K and V of its KV heads); every layer of these models has the
-     * same size, so the budget's capacity is B times their sum */
-    double n_l = 2.0 * in->n_kv_heads * in->head_dim, ntot = n_l * L;
-    cost = calloc((size_t)L * np, sizeof *cost), weight = calloc((size_t)L * np, sizeof *weight);
-    choice = calloc((size_t)L * nbudgets, sizeof *choice);
-    vspecs = calloc((size_t)nbudgets, sizeof *vspecs);
-    if (!cost || !weight || !choice || !vspecs) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    for (int l = 0; l < L; l++)
-        for (int i = 0; i < np; i++) {
-            cost[(size_t)l * np + i] = pts[i].dnll[l];
-            weight[(size_t)l * np + i] = (pts[i].k_bits[l] + pts[i].v_bits[l]) / 2 * n_l;
-        }
-    for (int b = 0; b < nbudgets; b++) {
-        double wmin;
-        kvq_error aerr = {0};
-        kvq_status st = kvq_alloc_solve(L, np, cost, weight, budgets[b] * ntot, choice + (size_t)b * L, &wmin, &aerr);
-        if (st == KVQ_ERR_USAGE && wmin > budgets[b] * ntot) {
-            cli_error(prog, "--budget %g: below the cheapest allocation of this grid, %.6g bits per element", budgets[b],
-                      wmin / ntot);
-            rc = CLI_USAGE; goto done;
-        }
-        if (st) { rc = cli_fail(prog, &aerr); goto done; }
-        char text[KVQ_SPEC_MAX + 8];
-        if (mix_text(pts, choice + (size_t)b * L, L, text, sizeof text) ||
-            kvq_spec_parse(text, &vspecs[b], &err)) {
-            cli_error(prog, "--budget %g: the allocation does not fit a spec of %d characters", budgets[b],
-                      KVQ_SPEC_MAX - 1);
-            rc = CLI_RUNTIME; goto done;
-        }
-    }
-
-    /* 3. the allocations and the uniform points within the largest budget, in full */
-    double bmax = 0;
-    for (int b = 0; b < nbudgets; b++) bmax = budgets[b] > bmax ? budgets[b] : bmax;
-    int nit = 0, *uni = calloc((size_t)np, sizeof *uni); /* uni[i]: item of point i, or −1 */
-    if (!uni) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    for (int b = 0; b < nbudgets; b++)
-        items[nit++] = (kvq_eval_item){.spec = &vspecs[b], .layer = -1,
-                                       .policy = decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
-    double *ubits = calloc((size_t)np, sizeof *ubits), *upred = calloc((size_t)np, sizeof *upred);
-    if (!ubits || !upred) { free(uni), free(ubits), free(upred); cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    for (int i = 0; i < np; i++) {
-        double w = 0, s = 0;
-        for (int l = 0; l < L; l++) w += weight[(size_t)l * np + i], s += cost[(size_t)l * np + i];
-        ubits[i] = w / ntot, upred[i] = s, uni[i] = -1;
-        if (w <= bmax * ntot)
-            uni[i] = nit, items[nit++] = (kvq_eval_item){.spec = &pts[i].spec, .layer = -1,
-                                                         .policy = decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
-    }
-    ps.pass = ps.npasses - 1;
-    double nll_ref;
-    kvq_status est = kvq_model_eval(m, ids, T, items, nit, &eo, &nll_ref, &err);
-    if (ps.on) fputc('\n', stderr);
-    if (est) { free(uni), free(ubits), free(upred); rc = cli_fail(prog, &err); goto done; }
-
-    static const char *const cols[] = {"budget", "spec", "mean_bits", "k_bits", "v_bits", "dnll_pred",
-                                       "dnll", "dnll_se", "kl", "top1"};
-    enum { NCOL = sizeof cols / sizeof cols[0] };
-    kvq_format fmt = cli_pick_format(NULL, output);
-    if (fmt == KVQ_FMT_TABLE) fmt = KVQ_FMT_CSV;
-    kvq_status wst = KVQ_OK;
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog) ||
-        cli_out_open(&uout, uni_path, prog)) {
-        free(uni), free(ubits), free(upred);
+    if (ps.on && ps.npasses) fputc('\n', stderr);
+    if (fd >= 0 && close(fd)) {
+        fd = -1;
+        cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno));
         rc = CLI_RUNTIME; goto done;
     }
-    rep = kvq_rows_new(out.f, fmt, cols, NCOL, 2);
-    urep = kvq_rows_new(uout.f, KVQ_FMT_CSV, cols + 1, NCOL - 1, 1);
-    if (!rep || !urep) wst = KVQ_ERR_NOMEM;
-    for (int b = 0; b < nbudgets && !wst; b++) {
-        char bt[32];
-        snprintf(bt, sizeof bt, "%g", budgets[b]);
-        double pred = 0;
-        for (int l = 0; l < L; l++) pred += cost[(size_t)l * np + choice[(size_t)b * L + l]];
-        const kvq_eval_item *a = &items[b];
-        int best = -1; /* the best uniform point within this budget: least measured dnll, then fewer bits */
-        for (int i = 0; i < np; i++) {
-            if (uni[i] < 0 || ubits[i] * ntot > budgets[b] * ntot) continue;
-            const kvq_eval_item *u = &items[uni[i]], *bu = best >= 0 ? &items[uni[best]] : NULL;
-            if (!bu || u->nll < bu->nll || (u->nll == bu->nll && ubits[i] < ubits[best])) best = i;
-        }
-        for (int r = 0; r < 2 && !wst; r++) {
-            const kvq_eval_item *it = r ? (best >= 0 ? &items[uni[best]] : NULL) : a;
-            if (!it) {
-                fprintf(stderr, "%s: note: --budget %g: no uniform point of the grid fits\n", prog, budgets[b]);
-                break;
-            }
-            kvq_cell row[NCOL] = {{.text = bt}, {.text = it->spec->text},
-                                  {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
-                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = r ? upred[best] : pred, .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
-                                  {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
-                                  {.num = it->top1, .is_num = 1}};
-            errno = 0;
-            wst = kvq_rows_add(rep, row);
-        }
+    fd = -1;
+    if (shard_n) { /* a shard's table is its result (even with no point of its own): its record, with its checksum */
+        if (created) cli_temp_unregister(sens_path), created = 0;
+        if ((rc = cli_meta_write_hashed(meta, prog, sens_path))) goto done;
+        fprintf(stderr, "%s: %s: shard %ld/%ld complete (%d of the grid's %d points)\n", prog, sens_path, shard_i,
+                shard_n, mine, np);
+        goto done;
     }
-    for (int i = 0; i < np && !wst; i++) {
-        if (uni[i] < 0) continue;
-        const kvq_eval_item *it = &items[uni[i]];
-        kvq_cell row[NCOL - 1] = {{.text = it->spec->text}, {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
-                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = upred[i], .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
-                                  {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
-                                  {.num = it->top1, .is_num = 1}};
-        errno = 0;
-        wst = kvq_rows_add(urep, row);
-    }
-    free(uni), free(ubits), free(upred);
-    int werr = errno;
-    if (!wst) {
-        errno = 0;
-        wst = kvq_report_finish(rep);
-        rep = NULL;
-        werr = errno;
-    }
-    if (!wst) {
-        errno = 0;
-        wst = kvq_report_finish(urep);
-        urep = NULL;
-        werr = errno;
-    }
-    if (wst) { rc = cli_write_error(prog, output, wst, werr); goto done; }
-    if (cli_out_commit(&uout, prog) || cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+
+    /* 2-3. the allocations, evaluated beside the uniform points */
+    alloc_run ar = {.m = m, .ids = ids, .T = T, .L = L, .in = in, .pts = pts, .np = np, .budgets = budgets,
+                    .nbudgets = nbudgets, .decode = decode, .eo = &eo, .ps = &ps, .output = output,
+                    .sens_path = sens_path, .uni_path = uni_path, .meta = meta};
+    rc = allocate(&ar);
 done:
-    kvq_report_discard(rep);
-    kvq_report_discard(urep);
-    if (out.f) cli_out_abort(&out);
-    if (uout.f) cli_out_abort(&uout);
-    if (sens) {
-        long size = fseek(sens, 0, SEEK_END) ? 1 : ftell(sens);
-        fclose(sens);
-        if (size == 0) unlink(sens_path); /* no pass finished: leave nothing behind */
+    if (fd >= 0) close(fd);
+    if (created && sens_path) { /* no pass finished: leave nothing behind */
+        cli_temp_unregister(sens_path);
+        unlink(sens_path);
     }
     for (int i = 0; pts && i < np; i++) free(pts[i].k_bits), free(pts[i].v_bits), free(pts[i].dnll), free(pts[i].dnll_se);
-    free(pts), free(items), free(vspecs), free(cost), free(weight), free(choice), free(sens_path), free(uni_path);
+    for (int s = 0; shard_data && s < nshards; s++) free(shard_data[s]);
+    free(shard_data);
+    free(pts), free(items), free(sens_path), free(uni_path);
     free(ids);
     kvq_grid_free(grid);
     kvq_model_close(m);

@@ -102,20 +102,6 @@ static int push(const char ***v, int *n, const char *s)
     return 0;
 }
 
-/* Writes all of buf or fails with errno set. */
-static int write_all(int fd, const char *buf, size_t len)
-{
-    while (len) {
-        ssize_t w = write(fd, buf, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        buf += w, len -= (size_t)w;
-    }
-    return 0;
-}
-
 /* fsync of the directory holding path, so a new file's name is durable too. */
 static void sync_dir(const char *path)
 {
@@ -511,7 +497,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     }
     if (keep == 0 && fmt == KVQ_FMT_CSV) {
         header[header_len] = '\n';
-        int bad = write_all(fd, header, header_len + 1);
+        int bad = cli_write_all(fd, header, header_len + 1);
         header[header_len] = '\0';
         if (bad) { cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
     }
@@ -606,7 +592,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         ms = NULL;
         if (st || closed) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
         /* the point's rows as one unit: appended, then made durable */
-        if (write_all(fd, unit, unit_len) != 0 || fsync(fd) != 0) {
+        if (cli_write_all(fd, unit, unit_len) != 0 || fsync(fd) != 0) {
             cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
             goto done;

@@ -42,8 +42,17 @@ kvq_status kvq_csv_parse(const char *path, const char *data, size_t size, kvq_cs
         while (!done) { /* one field */
             size_t n = 0;
             if (i < size && data[i] == '"') {
+                size_t qline = line;
                 for (i++;; i++) {
-                    if (i >= size) { done = 1; break; } /* torn inside quotes */
+                    if (i >= size) { /* torn inside quotes: a write cut short, unless the field ran on for lines */
+                        if (line > qline) {
+                            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: a quoted field that never ends", path,
+                                          qline);
+                            goto fail;
+                        }
+                        done = 1;
+                        break;
+                    }
                     if (data[i] == '"') {
                         if (i + 1 < size && data[i + 1] == '"') { field[n++] = '"', i++; continue; }
                         i++;
