@@ -324,6 +324,18 @@ expect 2 "that is an input of this run" -- "$build/tools/kvq-sweep" "$tmp/in.h5"
 ln -sf "$tmp/in.h5" "$tmp/link.h5"
 expect 2 "that is an input of this run" -- "$analyze" -q kivi -o "$tmp/link.h5" "$tmp/in.h5"
 [ "$(cksum <"$tmp/in.h5")" = "$sum0" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: an input was overwritten"; }
+# OUT.meta.json gets the checks -o gets (issue #36): a link from it to an input, or an input
+# under its name, is a usage error before any work; a FIFO or directory there is refused
+# instead of blocking the run or failing it at the end
+ln -s "$tmp/in.h5" "$tmp/r.csv.meta.json"
+expect 2 "r.csv.meta.json (the provenance record of -o): that is an input of this run" -- "$analyze" -q per-token --per model -o "$tmp/r.csv" "$tmp/in.h5"
+expect 2 "r.csv.meta.json (the provenance record of -o): that is an input of this run" -- "$build/tools/kvq-info" -o "$tmp/r.csv" "$tmp/in.h5"
+expect 2 "r.csv.meta.json (the provenance record of -o): that is an input of this run" -- "$build/tools/kvq-sweep" "$tmp/in.h5" --quant kivi --grid bits=2,4 -o "$tmp/r.csv"
+[ "$(cksum <"$tmp/in.h5")" = "$sum0" ] && [ ! -e "$tmp/r.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a meta link overwrote an input"; }
+mkfifo "$tmp/ff.csv.meta.json" && mkdir "$tmp/dd.csv.meta.json"
+expect 2 "ff.csv.meta.json (the provenance record of -o): not a regular file (a FIFO)" -- timeout 20 "$analyze" -q kivi -o "$tmp/ff.csv" "$tmp/in.h5"
+expect 2 "dd.csv.meta.json (the provenance record of -o): not a regular file (a directory)" -- timeout 20 "$analyze" -q kivi -o "$tmp/dd.csv" "$tmp/in.h5"
+expect 2 "ff.csv.meta.json (the provenance record of -o): not a regular file (a FIFO)" -- timeout 20 "$build/tools/kvq-gen" -o "$tmp/ff.csv"
 # a symlink loop at -o is refused with exit 1 and left as it is; a dangling link is written
 # through (kvq-sweep too), and where its directory is missing the message names both
 ln -s loop-b "$o/loop-a" && ln -s loop-a "$o/loop-b"

@@ -126,6 +126,11 @@ expect 0 "kvq-dump" -- "$dump" --version
 cp "$tiny" "$tmp/keep.gguf"
 expect 2 "that is an input of this run" -- "$dump" "$tmp/keep.gguf" --text "$tmp/text.txt" -o "$tmp/keep.gguf"
 expect 2 "that is an input of this run" -- "$eval" "$tmp/keep.gguf" --text "$tmp/text.txt" -q none -o "$tmp/text.txt"
+# OUT.meta.json that is an input (a text named so) is refused too, before the run (issue #36)
+cp "$tmp/text.txt" "$tmp/y.csv.meta.json"
+expect 2 "y.csv.meta.json (the provenance record of -o): that is an input of this run" -- "$eval" "$tiny" --text "$tmp/y.csv.meta.json" --max-tokens 32 -q none -o "$tmp/y.csv"
+expect 2 "y.csv.meta.json (the provenance record of -o): that is an input of this run" -- "$dump" "$tiny" --text "$tmp/y.csv.meta.json" -o "$tmp/y.csv"
+grep -q "the cat" "$tmp/y.csv.meta.json" && [ ! -e "$tmp/y.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a meta path overwrote the text"; }
 # a symlink loop at -o is refused, never replaced (docs/tools.md)
 ln -s loop-b "$tmp/loop-a" && ln -s loop-a "$tmp/loop-b"
 expect 1 "loop-a: cannot write the output: a symlink loop" -- "$dump" "$tmp/keep.gguf" --text "$tmp/text.txt" -o "$tmp/loop-a"
@@ -261,9 +266,12 @@ csv.writer(open(sys.argv[5], "w"), lineterminator="\n").writerows(rows)' "$tmp/a
     expect 1 "another kvq-alloc run is writing it" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
     wait
     mkfifo "$tmp/fifo.csv.sensitivity.csv"
-    expect 2 "fifo.csv.sensitivity.csv: not a regular file" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/fifo.csv"
+    expect 2 "fifo.csv.sensitivity.csv (the sensitivity table of -o): not a regular file (a FIFO)" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/fifo.csv"
+    mkfifo "$tmp/fu.csv.uniform.csv"
+    expect 2 "fu.csv.uniform.csv (the uniform points of -o): not a regular file (a FIFO)" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 -o "$tmp/fu.csv"
+    [ ! -e "$tmp/fu.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused kvq-alloc left its table"; }
     mkdir "$tmp/dir.csv.sensitivity.csv"
-    expect 2 "dir.csv.sensitivity.csv: not a regular file" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/dir.csv"
+    expect 2 "dir.csv.sensitivity.csv (the sensitivity table of -o): not a regular file (a directory)" -- timeout 20 "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/dir.csv"
     expect 2 "--budget" "expected positive numbers" -- "$alloc" "${aargs[@]}" --budget "$(printf '5,%.0s' $(seq 300))x" -o "$tmp/al2.csv"
     # --shard (docs/models.md#shards): two shards' tables merged allocate as one run, byte for byte
     # (the allocations, the sensitivity table, the uniform points); a shard resumes like a run

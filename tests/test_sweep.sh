@@ -133,6 +133,9 @@ expect 1 "point 0 (kivi:bits=2,group=32,residual=32) is in" "duplicated" -- "$sw
 expect 1 "columns differ from" -- "$sweep" --merge "$tmp/s0.csv" "$tmp/ph.csv" -o "$tmp/m3.csv"
 expect 1 "point 2 is 'kivi:bits=2,group=32,residual=64'; the expected grid has another spec there" -- \
     "$sweep" --merge "$tmp"/s?.csv --expect-grid --quant kivi --grid group=32,64 --grid residual=32,128,96 --grid bits=2,4 -o "$tmp/m3.csv"
+# a shard's meta file that is a FIFO is refused, not read forever (issue #36)
+cp "$tmp/s1.csv" "$tmp/sf.csv" && mkfifo "$tmp/sf.csv.meta.json"
+expect 1 "sf.csv.meta.json: not a regular file" -- timeout 20 "$sweep" --merge "$tmp/s0.csv" "$tmp/sf.csv" "$tmp/s2.csv" -o "$tmp/m3.csv"
 head -c -5 "$tmp/s1.csv" >"$tmp/s1-torn.csv"
 expect 1 "s1-torn.csv: ends in a partial row: an interrupted shard" -- "$sweep" --merge "$tmp/s0.csv" "$tmp/s1-torn.csv" -o "$tmp/m3.csv"
 "$analyze" -q kivi --format csv "$real" >"$tmp/not-sweep.csv" # analyze rows: no point column

@@ -342,6 +342,29 @@ void cli_check_stdout_at_exit(const char *prog)
     atexit(close_stdout);
 }
 
+/* A file the run writes beside OUT (what: how messages name it) must not be
+ * one of its inputs, nor anything but a regular file where it exists: a
+ * FIFO there would block the run, a directory fail it at the end. */
+static int check_side(const char *prog, const char *what, const char *path, const char *const *inputs, int n)
+{
+    struct stat so, si;
+    if (stat(path, &so) != 0) {
+        if (lstat(path, &so) == 0) { /* a dangling link or a loop: written through, or refused when written */ }
+        return CLI_OK;
+    }
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+            cli_error(prog, "%s (%s): that is an input of this run (%s); nothing written", path, what, inputs[i]);
+            return CLI_USAGE;
+        }
+    if (!S_ISREG(so.st_mode)) {
+        cli_error(prog, "%s (%s): not a regular file (a %s); remove it or choose another -o", path, what,
+                  S_ISDIR(so.st_mode) ? "directory" : S_ISFIFO(so.st_mode) ? "FIFO" : "device or socket");
+        return CLI_USAGE;
+    }
+    return CLI_OK;
+}
+
 int cli_check_output(const char *prog, const char *output, const char *const *inputs, int n)
 {
     struct stat so, si;
@@ -350,13 +373,28 @@ int cli_check_output(const char *prog, const char *output, const char *const *in
         cli_error(prog, "-o: expected a file name, got an empty string");
         return CLI_USAGE;
     }
-    if (!strcmp(output, "-") || stat(output, &so) != 0) return CLI_OK; /* stdout, or a new file */
-    for (int i = 0; i < n; i++)
+    if (!strcmp(output, "-")) return CLI_OK; /* stdout */
+    int exists = stat(output, &so) == 0;
+    for (int i = 0; exists && i < n; i++)
         if (inputs[i] && stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
             cli_error(prog, "-o %s: that is an input of this run (%s); nothing written", output, inputs[i]);
             return CLI_USAGE;
         }
-    return CLI_OK;
+    if (exists && !S_ISREG(so.st_mode)) return CLI_OK; /* a FIFO or a device OUT has no meta file */
+    /* OUT.meta.json, the provenance record written beside OUT, gets the same checks */
+    char *meta = cli_meta_path(output);
+    if (!meta) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = check_side(prog, "the provenance record of -o", meta, inputs, n);
+    free(meta);
+    return rc;
+}
+
+int cli_check_side_file(const char *prog, const char *what, const char *path, const char *const *inputs, int n)
+{
+    return check_side(prog, what, path, inputs, n);
 }
 
 int cli_out_open(cli_out *o, const char *path, const char *prog)

@@ -62,6 +62,11 @@ void cli_check_stdout_at_exit(const char *prog);
  * one file); nothing is written then.  inputs may hold NULLs.  CLI_OK or
  * CLI_USAGE after printing. */
 int cli_check_output(const char *prog, const char *output, const char *const *inputs, int n);
+/* The same for OUT.meta.json (cli_check_output checks it) and the other
+ * files a run writes beside OUT (kvq-alloc's tables): not an input, and a
+ * regular file where it exists (a FIFO would block the run).  what names it:
+ * "the sensitivity table of -o".  CLI_OK or CLI_USAGE after printing. */
+int cli_check_side_file(const char *prog, const char *what, const char *path, const char *const *inputs, int n);
 /* Output: stdout when path is NULL or "-"; a FIFO or a device written in
  * place; else a temporary file beside the target (a symlink followed) that
  * cli_out_commit renames into place, with the mode a new file gets (or the

@@ -731,8 +731,9 @@ int main(int argc, char **argv)
         const char *in[MAX_ARGS + 5] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
         int nin = 5;
         for (int i = 0; i < nshards && nin < MAX_ARGS + 5; i++) in[nin++] = shards[i];
-        if ((rc = cli_check_output(prog, output, in, nin)) || (rc = cli_check_output(prog, sens_path, in, nin)) ||
-            (uni_path && (rc = cli_check_output(prog, uni_path, in, nin))))
+        if ((rc = cli_check_output(prog, output, in, nin)) ||
+            (!shard_n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", sens_path, in, nin))) ||
+            (uni_path && (rc = cli_check_side_file(prog, "the uniform points of -o", uni_path, in, nin))))
             goto done;
     }
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }

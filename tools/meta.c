@@ -393,13 +393,16 @@ int cli_meta_read_runs(const char *prog, const char *meta_path, char **runs)
     *runs = NULL;
     char *text;
     size_t len;
-    FILE *f = fopen(meta_path, "rb");
-    if (!f) {
+    struct stat st;
+    if (stat(meta_path, &st) != 0) {
         if (errno == ENOENT) return CLI_OK;
         cli_error(prog, "%s: cannot read: %s", meta_path, strerror(errno));
         return CLI_RUNTIME;
     }
-    fclose(f);
+    if (!S_ISREG(st.st_mode)) { /* a FIFO would block the read */
+        cli_error(prog, "%s: not a regular file: not a kvq meta file", meta_path);
+        return CLI_RUNTIME;
+    }
     if (cli_read_file(prog, meta_path, &text, &len)) return CLI_RUNTIME;
     char *nl = strchr(text, '\n');
     if (strncmp(text, META_HEAD, strlen(META_HEAD)) || !nl || nl[-1] != '[') {
