@@ -69,6 +69,8 @@ void kvq_blas_core_source(char *buf, size_t len);
 /* The threads a call given nthreads = requested uses: requested when > 0,
  * else the processors this process may run on. */
 int kvq_threads(int requested);
+/* The most threads a call may ask for (the tools' --threads, the bindings' threads=). */
+#define KVQ_MAX_THREADS 4096
 
 /* ------------------------------------------------------- numeric helpers */
 
@@ -124,6 +126,8 @@ typedef struct kvq_dump kvq_dump; /* an open dump file (opaque) */
  * tensor values are read (and checked finite) by kvq_dump_read_layer. */
 kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err);
 const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d);
+/* The dump's model attribute whole (kvq_dump_info.model holds its first 255 bytes). */
+const char *kvq_dump_model(const kvq_dump *d);
 const char *kvq_dump_path(const kvq_dump *d);
 /* Reads one layer (memory stays bounded by one layer).  `flags` selects the
  * optional tensors; those the dump lacks are left NULL. */

@@ -278,13 +278,91 @@ BAD = {
     "read_dump": (f"kvq.read_dump({os.path.join(src, 'README.md')!r})", "README.md"),
     "mix layer": ("kvq.quantize('mix(0-1=kivi)', np.ones((2, 4, 8)), np.ones((2, 4, 8)), layer=2)",
                   "layer 2 is in no range"),
+    # issue #36: integers ctypes would wrap, threads the library cannot start, outputs that overlap the inputs
+    "threads": ("kvq.quantize('per-token:bits=4', np.ones((2, 4, 8)), np.ones((2, 4, 8)), threads=100000)",
+                "threads (0: as many as the work keeps busy): expected an integer 0..4096"),
+    "analyze threads": (f"kvq.analyze({DUMP!r}, 'kivi', threads=100000)", "expected an integer 0..4096"),
+    "cache threads": ("kvq.DecodeCache('kivi', threads=100000)", "expected an integer 0..4096"),
+    "layer 2^32": ("kvq.quantize('kivi', np.ones((2, 4, 8)), np.ones((2, 4, 8)), layer=2**32)",
+                   "layer: expected an integer 0..2147483647"),
+    "heads 2^32+1": (f"kvq.analyze({DUMP!r}, 'kivi', heads=[2**32 + 1])", "heads: expected an integer"),
+    "seed 2^64": ("kvq.quantize('kivi', np.ones((2, 4, 8)), np.ones((2, 4, 8)), seed=2**64)",
+                  "seed: expected an integer 0..18446744073709551615"),
+    "T 2^32+16": ("x = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (1, 2**32 + 16, 1), (0, 0, 0)); "
+                  "kvq.quantize('kivi', x, x)", "each dimension must be below 2^31"),
+    "out is the input": ("k = np.ones((2, 4, 8), np.float32); v = k + 1; kvq.quantize('gear', k, v, out=(k, v))",
+                         "out[0]: overlaps the input key"),
+    "out overlaps value": ("k = np.ones((2, 4, 8), np.float32); v = np.ones((2, 4, 8), np.float32); "
+                           "o = np.empty((2, 4, 8), np.float32); kvq.quantize('turboquant', k, v, out=(o, v))",
+                           "out[1]: overlaps the input value"),
+    # torch-like tensors (duck-typed as kvq reads them): a conversion is a copy, a meta tensor has no values
+    "copy=False, float16 tensor": ("t = FakeTensor(np.ones((2, 4, 8)), 'torch.float16'); "
+                                   "kvq.quantize('kivi', t, t, copy=False)", "a torch float16 tensor"),
+    "copy=False, cuda tensor": ("t = FakeTensor(np.ones((2, 4, 8), np.float32), 'torch.float32', 'cuda:0'); "
+                                "kvq.quantize('kivi', t, t, copy=False)", "a tensor on cuda:0"),
+    "meta tensor": ("t = FakeTensor(None, 'torch.float32', 'meta'); kvq.quantize('kivi', t, t)",
+                    "'meta' device has no values"),
+    "lone surrogate": ("kvq.quantize('kivi\\udc80', np.ones((2, 4, 8)), np.ones((2, 4, 8)))",
+                       "spec: not text that UTF-8 can hold"),
+    "write_dump NUL": (f"kvq.write_dump({os.path.join(tmp, 'nul.h5')!r}, [dict(key=np.ones((2, 4, 8)), "
+                       f"value=np.ones((2, 4, 8)))], model='a\\0b')", "model: contains a NUL character"),
+    # DecodeCache: a bad spec at construction; state only after success; batch checked
+    "cache bad spec": ("kvq.DecodeCache('kivi:bitz=2')", "bitz"),
+    "cache failed first update": ("c = kvq.DecodeCache('cluster')\n    try:\n        c.update(0, np.ones((2, 1, 8)), "
+                                  "np.ones((2, 1, 8)))\n    except kvq.Error:\n        pass\n    "
+                                  "assert c.seq_length(0) == 0\n    c.bits(0)", "layer 0: nothing cached yet"),
+    "cache retry": ("c = kvq.DecodeCache('cluster')\n    for i in range(2):\n        try:\n            "
+                    "c.update(0, np.ones((2, 1, 8)), np.ones((2, 1, 8)))\n        except kvq.Error as e:\n"
+                    "            last = e\n    raise last", "needs a calibration dump"),
+    "cache batch": ("c = kvq.DecodeCache('kivi'); c.update(0, np.ones((1, 2, 1, 8)), np.ones((1, 2, 1, 8))); "
+                    "c.bits(0, batch=5)", "batch 5: the cache of layer 0 holds 1 sequence(s)"),
 }
-code = "import sys, numpy as np, kvq\ntry:\n    {}\nexcept kvq.Error as e:\n    print('ERROR', e.status, e)\n"
+FAKE = """
+class FakeTensor:  # what kvq reads of a torch tensor: detach, cpu, float, numpy, dtype, device
+    def __init__(self, a, dtype, device="cpu"):
+        self.a, self.dtype, self.device = a, dtype, device
+    def detach(self):
+        return self
+    def float(self):
+        return FakeTensor(self.a.astype(np.float32), "torch.float32", self.device)
+    def cpu(self):
+        if self.device == "meta":
+            raise NotImplementedError("Cannot copy out of meta tensor; no data!")
+        return FakeTensor(self.a, self.dtype, "cpu")
+    def numpy(self):
+        return self.a
+"""
+code = "import sys, numpy as np, kvq\n" + FAKE + "try:\n    {}\nexcept kvq.Error as e:\n    print('ERROR', e.status, e)\n"
 for what, (stmt, expect) in BAD.items():
     r = subprocess.run([sys.executable, "-c", code.format(stmt)], capture_output=True, text=True)
     line = r.stdout.strip()
     check(r.returncode == 0 and line.startswith("ERROR") and expect in line,
           f"bad input ({what}): exit {r.returncode}, {line!r} {r.stderr[-300:]!r} (expected {expect!r})")
+
+# ------------------------------------------------ DecodeCache: "none", two threads, long model names
+c = kvq.DecodeCache("none")
+kx, vx = np.random.default_rng(3).standard_normal((2, 2, 5, 8)).astype(np.float32)
+kh, vh = c.update(0, kx, vx)
+check(np.array_equal(kh, kx) and np.array_equal(vh, vx) and c.bits(0) == (16.0, 16.0, 0.0),
+      "DecodeCache('none'): the exact cache, 16 bits")
+import threading  # noqa: E402
+c = kvq.DecodeCache("kivi:bits=2,group=4,residual=4")
+
+
+def feed():
+    for _ in range(100):
+        c.update(0, np.ones((2, 1, 8), np.float32), np.ones((2, 1, 8), np.float32))
+
+
+ts = [threading.Thread(target=feed) for _ in range(2)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+check(c.seq_length(0) == 200, f"DecodeCache from two threads: {c.seq_length(0)} tokens, expected 200")
+longname = "m" * 300
+kvq.write_dump(os.path.join(tmp, "long.h5"), [dict(key=np.ones((2, 4, 8)), value=np.ones((2, 4, 8)))], model=longname)
+check(kvq.read_dump(os.path.join(tmp, "long.h5"))["model"] == longname, "read_dump: a 300-character model name whole")
 
 # ------------------------------------------------ OpenBLAS's kernels (docs/performance.md#blas-kernels)
 def py_blas(code, **env):

@@ -12,6 +12,27 @@
 
 void kvq_free(void *p) { free(p); }
 
+/* The threads a call of the bindings uses: the caller's (1..KVQ_MAX_THREADS,
+ * as the tools' --threads), or for 0 as many as the work keeps busy — a
+ * thread per 2^18 elements up to the cores — so that the small calls of a
+ * decode loop run on the calling thread alone and pay for no idle workers
+ * (they spin after each parallel region; on a loaded machine that cost
+ * 6-24 ms a call).  Results do not depend on the thread count. */
+static kvq_status binding_threads(int requested, size_t work, int *nt, kvq_error *err)
+{
+    if (requested < 0 || requested > KVQ_MAX_THREADS)
+        return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (automatic) or 1..%d", requested,
+                        KVQ_MAX_THREADS);
+    if (requested > 0) {
+        *nt = requested;
+        return KVQ_OK;
+    }
+    size_t want = work >> 18;
+    int cores = kvq_threads(0);
+    *nt = want < 1 ? 1 : want > (size_t)cores ? cores : (int)want;
+    return KVQ_OK;
+}
+
 /* The first non-finite value of an [H][T][D] tensor, named by head, token
  * and channel, as the dump reader names one in a file. */
 static kvq_status check_finite(const char *what, const float *x, int H, int T, int D, kvq_error *err)
@@ -62,7 +83,11 @@ kvq_status kvq_quantize_arrays(const char *spec_text, int layer, uint64_t seed, 
         have_rope = 2; /* owned */
     }
 
-    int nt = kvq_threads(nthreads);
+    int nt = 1;
+    if ((st = binding_threads(nthreads, (size_t)H * T * D, &nt, err))) {
+        if (have_rope == 2) kvq_rope_free(&rope);
+        return st;
+    }
     kvq_blas_serial(); /* parallelism is ours, over heads */
     kvq_layer L = {.H = H, .Hq = H, .T = T, .D = D, .key = (float *)key, .value = (float *)value,
                    .key_pre_rope = (float *)key_pre_rope};
@@ -96,6 +121,8 @@ kvq_status kvq_analyze_csv(const char *path, const char *label, const char *cons
 {
     *csv = NULL;
     if (nspecs <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "no quantizer spec given");
+    if (nthreads < 0 || nthreads > KVQ_MAX_THREADS)
+        return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (all cores) or 1..%d", nthreads, KVQ_MAX_THREADS);
     if (per != KVQ_PER_HEAD && per != KVQ_PER_LAYER && per != KVQ_PER_MODEL)
         return kvq_fail(err, KVQ_ERR_USAGE, "per: expected head, layer or model");
     kvq_spec *specs = kvq_alloc_array((size_t)nspecs, sizeof *specs);

@@ -21,13 +21,15 @@ struct kvq_dump {
     uint16_t *stage; /* float16 values on their way to float32, kept between reads */
     size_t stage_n;
     int *window;     /* [num_layers] each layer's sliding_window (0: none) */
+    char *model;     /* the model attribute whole (info.model keeps its first 255 bytes) */
 };
 
 /* ------------------------------------------------------------- attributes */
 
-/* Reads a string attribute (fixed or variable length) of the root. */
+/* Reads a string attribute (fixed or variable length) of the root into buf
+ * (cut to len) and, when full is given, whole into *full (malloc'ed). */
 static kvq_status attr_string(const char *path, hid_t obj, const char *name, int required,
-                              char *buf, size_t len, int *present, kvq_error *err)
+                              char *buf, size_t len, int *present, char **full, kvq_error *err)
 {
     char det[256];
     kvq_status st = KVQ_OK;
@@ -62,7 +64,9 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
             goto out;
         }
         snprintf(buf, len, "%s", s ? s : "");
+        if (full && !(*full = strdup(s ? s : ""))) st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: /%s: out of memory", path, name);
         if (s) H5free_memory(s);
+        if (st) goto out;
     } else {
         size_t sz = H5Tget_size(t);
         char *tmp = malloc(sz + 1);
@@ -80,7 +84,8 @@ static kvq_status attr_string(const char *path, hid_t obj, const char *name, int
         size_t n = strlen(tmp);
         while (n > 0 && tmp[n - 1] == ' ') tmp[--n] = '\0'; /* space padding */
         snprintf(buf, len, "%s", tmp);
-        free(tmp);
+        if (full) *full = tmp;
+        else free(tmp);
     }
     *present = 1;
 out:
@@ -357,11 +362,11 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     int present;
     kvq_status st;
 
-    if ((st = attr_string(p, root, "kvq_format", 1, tag, sizeof tag, &present, err))) return st;
+    if ((st = attr_string(p, root, "kvq_format", 1, tag, sizeof tag, &present, NULL, err))) return st;
     if (strcmp(tag, KVQ_DUMP_FORMAT_TAG) != 0)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /kvq_format: expected \"%s\", got \"%s\"", p, KVQ_DUMP_FORMAT_TAG,
                         tag);
-    if ((st = attr_string(p, root, "model", 1, in->model, sizeof in->model, &present, err))) return st;
+    if ((st = attr_string(p, root, "model", 1, in->model, sizeof in->model, &present, &d->model, err))) return st;
     if ((st = attr_dim(p, root, "num_layers", &in->num_layers, err)) ||
         (st = attr_dim(p, root, "num_heads", &in->num_heads, err)) ||
         (st = attr_dim(p, root, "num_kv_heads", &in->num_kv_heads, err)) ||
@@ -386,7 +391,7 @@ static kvq_status validate_root(kvq_dump *d, kvq_error *err)
     in->rope_theta = theta;
 
     char style[64];
-    if ((st = attr_string(p, root, "rope_style", 0, style, sizeof style, &present, err))) return st;
+    if ((st = attr_string(p, root, "rope_style", 0, style, sizeof style, &present, NULL, err))) return st;
     in->rope_style = KVQ_ROPE_UNSET;
     if (present) {
         if (!strcmp(style, "interleaved")) in->rope_style = KVQ_ROPE_INTERLEAVED;
@@ -543,8 +548,11 @@ void kvq_dump_close(kvq_dump *d)
     free(d->path);
     free(d->stage);
     free(d->window);
+    free(d->model);
     free(d);
 }
+
+const char *kvq_dump_model(const kvq_dump *d) { return d->model ? d->model : d->info.model; }
 
 kvq_attn_mode kvq_dump_attn_mode(const kvq_dump *d, int layer)
 {

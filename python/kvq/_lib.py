@@ -121,6 +121,7 @@ _SIGNATURES = {
                                 ctypes.c_uint64, c_int, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
+    "kvq_dump_model": (c_char_p, [_P]),
     "kvq_dump_read_layer": (c_int, [_P, c_int, ctypes.c_uint, ctypes.POINTER(Layer), ctypes.POINTER(_Err)]),
     "kvq_dump_read_tokens": (c_int, [_P, ctypes.POINTER(ctypes.POINTER(c_int)), ctypes.POINTER(ctypes.c_size_t),
                                      ctypes.POINTER(_Err)]),

@@ -109,6 +109,12 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
         raise DumpError("path: expected a file name")
     if not isinstance(model, str) or not model:
         raise DumpError("model: expected a non-empty string")
+    if "\0" in model:
+        raise DumpError("model: contains a NUL character (an HDF5 string cannot hold one)")
+    try:
+        model.encode()
+    except UnicodeEncodeError as e:
+        raise DumpError(f"model: not text that UTF-8 can hold ({e.reason} at character {e.start})") from None
     if layout not in ("BHTD", "BTHD"):
         raise DumpError(f'layout: expected "BHTD" ([B,]H,T,D: Hugging Face) or "BTHD" ([B,]T,H,D: '
                         f'flash-attention / vLLM), got {layout!r}')
@@ -211,7 +217,7 @@ def read_dump(path, *, layers=None, query=True, key_pre_rope=True):
         for i in which:
             if not 0 <= i < nl:
                 raise Error(f"{os.fspath(path)}: layer {i}: expected 0..{nl - 1} (the dump has {nl})")
-        out = dict(model=info.model.decode("utf-8", "replace"), num_layers=nl, num_heads=info.num_heads,
+        out = dict(model=L.kvq_dump_model(d).decode("utf-8", "replace"), num_layers=nl, num_heads=info.num_heads,
                    num_kv_heads=info.num_kv_heads, head_dim=info.head_dim, seq_len=info.seq_len,
                    query_prescaled=bool(info.query_prescaled), attn_scale=info.attn_scale or None,
                    attn_softcap=info.attn_softcap or None, rope=None, tokens=None)

@@ -61,7 +61,10 @@ def _text(s, what):
         raise Error(f"{what}: expected a string, got {type(s).__name__}")
     if "\0" in s:
         raise Error(f"{what}: contains a NUL character")
-    return s.encode()
+    try:
+        return s.encode()
+    except UnicodeEncodeError as e:  # a lone surrogate
+        raise Error(f"{what}: not text that UTF-8 can hold ({e.reason} at character {e.start})") from None
 
 
 class Calibration:
@@ -157,10 +160,23 @@ class Quantized(collections.namedtuple("Quantized", "key value k_bits v_bits sta
     columns) and .head_metrics (one dict per KV head, its --per head rows)."""
 
 
-def _check_int(v, what, lo=0):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise Error(f"{what}: expected an integer >= {lo}, got {v!r}")
+INT_MAX = 2 ** 31 - 1  # a C int (layers, heads)
+MAX_THREADS = 4096  # KVQ_MAX_THREADS, as the tools' --threads
+
+
+def _check_int(v, what, lo=0, hi=INT_MAX):
+    """v as a Python int in [lo, hi]: ctypes would wrap anything outside what C holds."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+        raise Error(f"{what}: expected an integer {lo}..{hi}, got {v!r}")
     return int(v)
+
+
+def _check_seed(v):
+    return _check_int(v, "seed", 0, 2 ** 64 - 1)
+
+
+def _check_threads(v):
+    return _check_int(v, "threads (0: as many as the work keeps busy)", 0, MAX_THREADS)
 
 
 def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=None, seed=0, threads=0, copy=True,
@@ -175,9 +191,7 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
     C-contiguous input is read in place; copy=False makes any conversion an
     Error instead.  out=(key_out, value_out): float32 C-contiguous arrays of
     the input's shape to write K', V' into (no allocation per call)."""
-    layer, seed, threads = _check_int(layer, "layer"), _check_int(seed, "seed"), _check_int(threads, "threads")
-    if seed >= 1 << 64:
-        raise Error(f"seed: expected below 2^64, got {seed}")
+    layer, seed, threads = _check_int(layer, "layer"), _check_seed(seed), _check_threads(threads)
     spec_b = _text(spec, "spec")
     k = as_f32(key, "key", copy, (3, 4))
     batch4 = k.ndim == 4
@@ -214,6 +228,10 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
                 raise Error(f"{name}: expected a writeable float32 C-contiguous array of shape {[H, T, D]}")
         if np.shares_memory(kq, vq):
             raise Error("out: key_out and value_out overlap")
+        for name, o in (("out[0]", kq), ("out[1]", vq)):  # written while the inputs are read
+            for iname, i in (("key", k), ("value", arrays["value"]), ("key_pre_rope", arrays.get("key_pre_rope"))):
+                if i is not None and np.shares_memory(o, i):
+                    raise Error(f"{name}: overlaps the input {iname}: give outputs of their own")
         kq, vq = kq.reshape(H, T, D), vq.reshape(H, T, D)
     accs = (_lib.Acc * H)()
     L, err = _lib.lib(), _lib.new_error()
@@ -276,7 +294,7 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
         raise Error(f"per: expected 'head', 'layer' or 'model', got {per!r}")
     lay, nlay = _int_list(layers, "layers")
     hd, nhd = _int_list(heads, "heads")
-    seed, threads = _check_int(seed, "seed"), _check_int(threads, "threads")
+    seed, threads = _check_seed(seed), _check_threads(threads)
     cal = calibration(calib)
     tmpdir = None
     try:
