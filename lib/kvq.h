@@ -727,6 +727,11 @@ kvq_status kvq_model_tokenize_file(const kvq_model *m, const char *path, size_t 
 /* Whitespace-separated token ids, each below vocab; `what` names the source. */
 kvq_status kvq_tokens_parse(const char *what, const char *text, size_t len, int vocab, int **ids,
                             size_t *n, kvq_error *err);
+/* The same, read from a file in blocks: at most max_tokens ids (0: all)
+ * are read, so /dev/urandom or a huge file cost no more than they; a NUL
+ * byte (/dev/zero, a binary file) is KVQ_ERR_FORMAT at the first block. */
+kvq_status kvq_tokens_parse_file(const char *path, int vocab, size_t max_tokens, int **ids, size_t *n,
+                                 kvq_error *err);
 
 /* Writes kvq-dump/1 (atomically) of a forward pass over tokens[0..T): key,
  * value, query (post-RoPE, not prescaled) and key_pre_rope of the selected

@@ -67,5 +67,35 @@ int main(int argc, char **argv)
         printf(", %.3f s, peak memory %.0f MB\n", now() - t0, ru.ru_maxrss / 1024.0);
     }
     unlink(model);
+
+    /* Gemma 3's vocabulary (../shared): user-defined whitespace tokens cut out
+     * of whitespace runs; the time must grow linearly with the text */
+    char gemma[4096];
+    snprintf(gemma, sizeof gemma, "%s/../shared/data/models-tiny/tiny-gemma3.gguf", KVQ_SOURCE_ROOT);
+    kvq_model *g;
+    kvq_error err = {0};
+    if (access(gemma, R_OK) || kvq_model_open(gemma, NULL, &g, &err)) {
+        printf("  Gemma 3 whitespace runs: skipped (no %s)\n", gemma);
+        return 0;
+    }
+    printf("  Gemma 3's vocabulary, \"\\r\\n\\t\" repeated (whitespace runs cut by its user-defined tokens):\n");
+    double prev = 0;
+    for (size_t len = 100000; len <= 800000; len *= 2) {
+        char *t = malloc(len);
+        for (size_t i = 0; i < len; i++) t[i] = "\r\n\t"[i % 3];
+        int *ids;
+        size_t k;
+        double t0 = now();
+        if (kvq_model_tokenize(g, t, len, &ids, &k, &err)) {
+            fprintf(stderr, "kvq-bench-tokenize: %s\n", err.msg);
+            return 1;
+        }
+        double dt = now() - t0;
+        printf("    %6zu characters: %zu tokens, %.3f s%s", len, k, dt, prev > 0 ? "" : "\n");
+        if (prev > 0) printf(" (x%.2f for twice the text)\n", dt / prev);
+        prev = dt;
+        free(ids), free(t);
+    }
+    kvq_model_close(g);
     return 0;
 }

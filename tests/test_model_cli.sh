@@ -42,6 +42,22 @@ yes "the cat at the inn. a cat." | head -c 24000000 >"$tmp/big.txt"
 expect 0 "8 tokens" -- "$eval" "$tiny" --text "$tmp/big.txt" --max-tokens 8 -q none --format table
 expect 1 "not a text file (a NUL byte at offset 0)" -- timeout 60 "$eval" "$tiny" --text /dev/zero -q none
 rm -f "$tmp/big.txt"
+# reading stays bounded by what the tokens need (issue #36): a 40 MB line of words with
+# --max-tokens 16 (before: read whole, 39 s and 1.55 GB); 70 MB without any place to cut
+# is refused after 64 MB; ids from /dev/zero or /dev/urandom are refused at the first block;
+# --chunk 8 --chunks 1 reads 8 tokens of a FIFO that never ends
+yes "the cat sat at the inn a cat" | tr '\n' ' ' | head -c 40000000 >"$tmp/line.txt"
+expect 0 "16 tokens" -- timeout 20 "$eval" "$tiny" --text "$tmp/line.txt" --max-tokens 16 -q none --format table
+head -c 70000000 /dev/zero | tr '\0' 'a' >"$tmp/nocut.txt"
+expect 1 "nocut.txt: 64 MB from byte 0 hold no place where tokens can be cut" -- timeout 60 "$eval" "$tiny" --text "$tmp/nocut.txt" -q none
+rm -f "$tmp/line.txt" "$tmp/nocut.txt"
+expect 1 "/dev/zero: not a text file (a NUL byte at offset 0)" -- timeout 20 "$eval" "$tiny" --tokens /dev/zero -q none
+expect 1 "/dev/urandom: not a text file (a NUL byte" -- timeout 20 "$dump" "$tiny" --tokens /dev/urandom -o "$tmp/x.h5"
+mkfifo "$tmp/endless.fifo"
+(yes "the cat at the inn. a cat." >"$tmp/endless.fifo" 2>/dev/null &)
+expect 0 "positions" -- timeout 20 "$eval" "$tiny" --text "$tmp/endless.fifo" --chunk 8 --chunks 1 -q none --format csv
+(yes "1 5 9" >"$tmp/endless.fifo" 2>/dev/null &)
+expect 0 "positions" -- timeout 20 "$eval" "$tiny" --tokens "$tmp/endless.fifo" --chunk 8 --chunks 2 -q none --format csv
 # --chunk: corpus windows, the positions and dnll_se columns; bad window options
 printf '%s ' 1 $(seq 5 40) >"$tmp/ids40.txt"
 expect 0 "positions,dnll_se" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q per-token:bits=2 --chunk 16 --format csv
@@ -314,6 +330,10 @@ if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
     awk -F'\t' '$1 == "01.txt" {print $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3.ids"
     awk -F'\t' '{printf "%s ", $2}' "$shared/models-tiny/tiny-gemma3.tokens.tsv" >"$tmp/g3-all.ids"
     expect 0 "gemma3, 6 layers" -- "$dump" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 -o "$tmp/g3.h5"
+    # 400 KB of whitespace runs, cut by Gemma's user-defined whitespace tokens: linear now (was 38.6 s;
+    # kvq-bench-tokenize times 100k..800k characters)
+    /usr/bin/python3 -c 'import sys; sys.stdout.write("\r\n\t" * 133334)' >"$tmp/ws.txt"
+    expect 0 "64 tokens" -- timeout 30 "$eval" "$g3" --text "$tmp/ws.txt" --max-tokens 64 -q none --format table
     # every architecture: --text through its own tokenizer, a dump kvq-info accepts
     for a in llama3 qwen3 phi3; do
         expect 0 "kvq tiny random" -- "$dump" "$shared/models-tiny/tiny-$a.gguf" --text "$shared/texts/tokenizer/03.txt" -o "$tmp/$a.h5"

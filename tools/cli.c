@@ -597,36 +597,35 @@ int cli_read_file(const char *prog, const char *path, char **buf, size_t *len)
     return CLI_OK;
 }
 
-int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
-                     long max_tokens, int no_context_cut, int **ids, int *T)
+int cli_model_tokens(const char *prog, const kvq_model *m, const cli_model *mo, int **ids, int *T)
 {
     const kvq_model_info *in = kvq_model_get_info(m);
-    const char *path = text_path ? text_path : tokens_path;
-    char *buf;
-    size_t len, n;
+    const char *text_path = mo->text, *path = mo->text ? mo->text : mo->tokens;
+    long max_tokens = mo->max_tokens;
+    int no_context_cut = mo->no_context_cut;
+    size_t n;
     kvq_error err = {0};
     kvq_status st;
-    int rc;
-    if (text_path) { /* streamed: with --max-tokens only as much text is read as that many tokens need */
-        size_t need = max_tokens > 0 ? (size_t)max_tokens : 0;
-        if (!no_context_cut && (!need || need > (size_t)in->context_length)) need = (size_t)in->context_length + 1;
+    /* the tokens the run can use: only as much of the file is read as they need */
+    size_t need = max_tokens > 0 ? (size_t)max_tokens : 0;
+    if (mo->uses > 0 && (!need || need > (size_t)mo->uses)) need = (size_t)mo->uses;
+    if (!no_context_cut && (!need || need > (size_t)in->context_length)) need = (size_t)in->context_length + 1;
+    if (text_path) {
         st = kvq_model_tokenize_file(m, path, need, ids, &n, &err);
         if (st == KVQ_ERR_USAGE) { /* an empty text: bad input, not a usage error */
             cli_error(prog, "%s: %s", path, err.msg);
             return CLI_RUNTIME;
         }
     } else {
-        if ((rc = cli_read_file(prog, path, &buf, &len))) return rc;
-        st = kvq_tokens_parse(path, buf, len, in->vocab_size, ids, &n, &err);
-        free(buf);
+        st = kvq_tokens_parse_file(path, in->vocab_size, need, ids, &n, &err);
     }
     if (st) {
         int code = cli_fail(prog, &err);
         return st == KVQ_ERR_UNSUPPORTED ? CLI_USAGE : code;
     }
     if (!no_context_cut && n > (size_t)in->context_length) {
-        fprintf(stderr, "%s: note: %s: %s%zu tokens cut to the model's context length %d\n", prog, path,
-                text_path ? "more than " : "", text_path ? (size_t)in->context_length : n, in->context_length);
+        fprintf(stderr, "%s: note: %s: more than %d tokens cut to the model's context length %d\n", prog, path,
+                in->context_length, in->context_length);
         n = (size_t)in->context_length;
     }
     if (max_tokens > 0 && n > (size_t)max_tokens) n = (size_t)max_tokens;
@@ -685,7 +684,7 @@ int cli_model_load(const char *prog, char **argv, int optind, const cli_model *m
     kvq_error err = {0};
     *m = NULL, *ids = NULL;
     if (kvq_model_open(argv[optind], mo->tokenizer, m, &err)) return cli_fail(prog, &err);
-    return cli_model_tokens(prog, *m, mo->text, mo->tokens, mo->max_tokens, mo->no_context_cut, ids, T);
+    return cli_model_tokens(prog, *m, mo, ids, T);
 }
 
 int cli_push_spec(const char *prog, kvq_spec **specs, int *n, const kvq_spec *sp)

@@ -168,6 +168,8 @@ typedef struct cli_model {
     const char *text, *tokens, *tokenizer;
     long max_tokens, threads; /* 0: no cut, all cores */
     int no_context_cut;       /* kvq-eval --chunk: the stream is not cut to the context length */
+    long uses;                /* the most tokens the run can use (--chunk N --chunks K: N·K; 0: all):
+                                 no more is read */
 } cli_model;
 /* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
  * after printing the error; -1 if `c` is not a model option. */
@@ -204,10 +206,11 @@ const char *cli_format_name(kvq_format fmt); /* "table", "csv", "jsonl" */
 
 /* Models in the loop (kvq-dump, kvq-eval): the token ids of a run, from
  * --text (the model's tokenizer) or --tokens (ids), cut to the model's
- * context length (with a note) and to max_tokens (0: no cut).  CLI_OK or
- * the exit code after printing the error. */
-int cli_model_tokens(const char *prog, const kvq_model *m, const char *text_path, const char *tokens_path,
-                     long max_tokens, int no_context_cut, int **ids, int *T);
+ * context length (with a note; not with mo->no_context_cut) and to
+ * --max-tokens; no more of the file is read than those and mo->uses allow
+ * (a FIFO, /dev/urandom or a 40 MB line cost what the tokens need).  CLI_OK
+ * or the exit code after printing the error. */
+int cli_model_tokens(const char *prog, const kvq_model *m, const cli_model *mo, int **ids, int *T);
 /* The whole file (NUL-terminated, *len without it); CLI_OK or CLI_RUNTIME after printing. */
 int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
 

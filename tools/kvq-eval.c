@@ -250,6 +250,7 @@ int main(int argc, char **argv)
         rc = CLI_USAGE; goto done;
     }
     mo.no_context_cut = chunk > 0;
+    mo.uses = chunk > 0 && chunks > 0 ? chunk * chunks : 0; /* --chunks K: the first K windows alone */
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     { /* llama.cpp's block rule (ggml, fp4): as kvq-analyze */

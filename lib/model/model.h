@@ -108,6 +108,7 @@ typedef struct kvq_vocab {
     int nspecial;
     int special_rstrip; /* phi-3 models: whitespace after a matched token is dropped */
     int stream_unsafe;  /* a piece holds a newline followed by printable ASCII: no streamed cuts */
+    int space_cut_unsafe; /* a piece holds an ASCII letter followed by a space: no cuts at "x| y" */
     /* open-addressing hash of pieces → id */
     int *slot;
     size_t nslot;
@@ -123,6 +124,8 @@ kvq_status kvq_bpe_index(kvq_vocab *v, kvq_error *err);
  * kvq_cp_class), as lengths into *len (malloc'ed), *nw of them; -1: no memory. */
 int kvq_bpe_pretokenize(kvq_bpe_pre pre, const uint32_t *cp, const unsigned char *cls, size_t n, size_t **len,
                         size_t *nw);
+/* The most text kvq_model_tokenize_file holds at once without a place to cut it. */
+#define KVQ_TEXT_UNCUT_MAX ((size_t)64 << 20)
 /* kvq_model_tokenize_file reading `block` bytes at a time (tests cut small texts often). */
 kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t max_tokens, size_t block, int **ids,
                                     size_t *nids, kvq_error *err);

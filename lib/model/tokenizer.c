@@ -92,10 +92,26 @@ typedef struct fragment {
     int token; /* -1: raw text */
 } fragment;
 
+/* Appends fragment x to *f (growing it). */
+static int push_fragment(fragment **f, size_t *n, size_t *cap, fragment x)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 16;
+        fragment *g = realloc(*f, nc * sizeof *g);
+        if (!g) return -1;
+        *f = g, *cap = nc;
+    }
+    (*f)[(*n)++] = x;
+    return 0;
+}
+
 /* llama.cpp's tokenizer_st_partition with parse_special = false: each
  * user-defined token, longest first, is cut out of every raw fragment at
  * each of its occurrences (left to right); with rstrip, whitespace after
- * it is dropped.  *out is the fragment list (malloc'ed). */
+ * it is dropped.  *out is the fragment list (malloc'ed).  Each token is one
+ * pass that writes a new list — the fragments are never moved in place —
+ * so the cost is linear in the text for each token (a list rewritten per
+ * occurrence was quadratic on whitespace runs: 38.6 s for 400 KB). */
 static int partition(const kvq_vocab *v, const char *text, size_t n, fragment **out, size_t *nout)
 {
     size_t cap = 16, nf = 1;
@@ -104,31 +120,36 @@ static int partition(const kvq_vocab *v, const char *text, size_t n, fragment **
     f[0] = (fragment){0, n, -1};
     for (int k = 0; k < v->nspecial; k++) {
         const char *tok = v->piece[v->special[k]];
-        size_t tl = strlen(tok);
+        size_t tl = strlen(tok), ng = 0, gcap = 0;
         if (!tl) continue;
-        for (size_t i = 0; i < nf; i++) {
-            if (f[i].token >= 0) continue;
-            const char *hit = memmem(text + f[i].off, f[i].len, tok, tl);
-            if (!hit) continue;
-            size_t at = (size_t)(hit - text), end = f[i].off + f[i].len, r = at + tl;
-            if (v->special_rstrip)
-                while (r < end && isspace((unsigned char)text[r])) r++;
-            /* [left][token][right]: replace fragment i by up to three */
-            if (nf + 2 > cap) {
-                fragment *nf2 = realloc(f, 2 * cap * sizeof *f);
-                if (!nf2) { free(f); return -1; }
-                f = nf2, cap *= 2;
+        fragment *g = NULL;
+        int bad = 0;
+        for (size_t i = 0; i < nf && !bad; i++) {
+            if (f[i].token >= 0) {
+                bad = push_fragment(&g, &ng, &gcap, f[i]);
+                continue;
             }
-            fragment left = {f[i].off, at - f[i].off, -1}, mid = {at, tl, v->special[k]}, right = {r, end - r, -1};
-            fragment rep[3];
-            int nr = 0;
-            if (left.len) rep[nr++] = left;
-            rep[nr++] = mid;
-            if (right.len) rep[nr++] = right;
-            memmove(f + i + nr, f + i + 1, (nf - i - 1) * sizeof *f);
-            memcpy(f + i, rep, (size_t)nr * sizeof *f);
-            nf += (size_t)nr - 1;
-            i += (size_t)(left.len ? 1 : 0); /* continue with the right remainder */
+            size_t off = f[i].off, end = f[i].off + f[i].len;
+            const char *hit;
+            while (!bad && off < end && (hit = memmem(text + off, end - off, tok, tl))) {
+                size_t at = (size_t)(hit - text), r = at + tl;
+                if (v->special_rstrip)
+                    while (r < end && isspace((unsigned char)text[r])) r++;
+                if (at > off) bad = push_fragment(&g, &ng, &gcap, (fragment){off, at - off, -1});
+                if (!bad) bad = push_fragment(&g, &ng, &gcap, (fragment){at, tl, v->special[k]});
+                off = r; /* the right remainder, searched again */
+            }
+            if (!bad && off < end) bad = push_fragment(&g, &ng, &gcap, (fragment){off, end - off, -1});
+        }
+        if (bad) {
+            free(f), free(g);
+            return -1;
+        }
+        free(f);
+        f = g, nf = ng, cap = gcap;
+        if (!f) { /* the text was one token, cut away whole */
+            nf = 0;
+            break;
         }
     }
     *out = f, *nout = nf;
@@ -202,14 +223,20 @@ kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, in
     return st;
 }
 
-/* A cut before text[p] is safe when text[p − 1] is a newline and text[p]
- * printable ASCII other than space: no pre-tokenizer word, SentencePiece
- * merge or user-defined token crosses it (the vocabulary was checked for
- * pieces containing such a pair: v->stream_unsafe). */
-static size_t last_safe_cut(const char *b, size_t from, size_t n)
+/* A cut before text[p] is safe (no pre-tokenizer word, SentencePiece merge
+ * or user-defined token crosses it) when text[p − 1] is a newline and
+ * text[p] printable ASCII other than space, unless a piece holds such a pair
+ * (v->stream_unsafe); or when text[p] is a space between two ASCII letters,
+ * unless a piece holds a letter followed by a space (v->space_cut_unsafe).
+ * The last such cut in (from, n), or 0. */
+static size_t last_safe_cut(const kvq_vocab *v, const char *b, size_t from, size_t n)
 {
-    for (size_t p = n; p-- > (from > 1 ? from : 1);)
-        if (b[p - 1] == '\n' && b[p] > ' ' && b[p] < 0x7F) return p;
+    for (size_t p = n; p-- > (from > 1 ? from : 1);) {
+        if (!v->stream_unsafe && b[p - 1] == '\n' && b[p] > ' ' && b[p] < 0x7F) return p;
+        if (!v->space_cut_unsafe && b[p] == ' ' && p + 1 < n && isalpha((unsigned char)b[p - 1]) &&
+            (unsigned char)b[p - 1] < 0x80 && isalpha((unsigned char)b[p + 1]) && (unsigned char)b[p + 1] < 0x80)
+            return p;
+    }
     return 0;
 }
 
@@ -233,8 +260,15 @@ kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t
     }
     char *buf = NULL;
     size_t len = 0, cap = 0, offset = 0; /* offset: bytes of the file before buf */
-    int eof = 0, streaming = !m->vocab.stream_unsafe;
+    int eof = 0;
     while (!st && !eof) {
+        if (len > KVQ_TEXT_UNCUT_MAX) { /* memory stays bounded by what the tokens need */
+            st = kvq_fail(err, KVQ_ERR_FORMAT,
+                          "%s: %zu MB from byte %zu hold no place where tokens can be cut (a newline before "
+                          "printable ASCII, a space between letters): give the text in lines, or token ids "
+                          "with --tokens", path, len >> 20, offset);
+            break;
+        }
         if (cap - len < BLOCK) { /* a long line without cuts: the buffer grows geometrically */
             size_t nc = cap < BLOCK ? 2 * BLOCK : 2 * cap;
             char *nb = realloc(buf, nc);
@@ -253,7 +287,7 @@ kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t
             break;
         }
         len += got;
-        size_t cut = eof ? len : streaming ? last_safe_cut(buf, len - got, len) : 0; /* the rest has no cut */
+        size_t cut = eof ? len : last_safe_cut(&m->vocab, buf, len - got, len); /* 0: the rest has no cut */
         if (!cut) continue;
         if ((st = tok_segment(m, &ts, buf, cut, err))) break;
         memmove(buf, buf + cut, len - cut);
@@ -265,6 +299,76 @@ kvq_status kvq_tokenize_file_blocks(const kvq_model *m, const char *path, size_t
     if (!st) st = tok_end(m, &ts, eof && !len, ids, nids, err);
     free(ts.out.id);
     return st;
+}
+
+/* Parses text[0, n) as ids into b (the token index for messages from b->n),
+ * stopping at max ids (0: all). */
+static kvq_status parse_ids(const char *what, const char *text, size_t n, int vocab, size_t max, kvq_tokbuf *b,
+                            kvq_error *err)
+{
+    size_t i = 0;
+    while (i < n && (!max || b->n < max)) {
+        if (isspace((unsigned char)text[i])) { i++; continue; }
+        size_t j = i;
+        long long val = 0;
+        while (j < n && isdigit((unsigned char)text[j]) && val <= (long long)INT32_MAX)
+            val = val * 10 + (text[j++] - '0');
+        if (j == i || (j < n && !isspace((unsigned char)text[j])) || val >= vocab) {
+            size_t e = j;
+            while (e < n && !isspace((unsigned char)text[e]) && e - i < 32) e++;
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: token %zu \"%.*s\": expected a token id 0..%d (whitespace-separated)",
+                            what, b->n, (int)(e - i), text + i, vocab - 1);
+        }
+        if (kvq_tokbuf_push(b, (int)val)) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", what);
+        i = j;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_tokens_parse_file(const char *path, int vocab, size_t max_tokens, int **ids, size_t *nids,
+                                 kvq_error *err)
+{
+    enum { BLOCK = 1 << 16, WORD = 64 }; /* an id is never longer than WORD characters */
+    *ids = NULL, *nids = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kvq_fail(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(BLOCK + WORD);
+    kvq_tokbuf b = {0};
+    kvq_status st = buf ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
+    size_t len = 0, offset = 0; /* offset: bytes of the file before buf */
+    int eof = 0;
+    while (!st && !eof && (!max_tokens || b.n < max_tokens)) {
+        size_t got = fread(buf + len, 1, BLOCK, f);
+        if (got == 0) {
+            if (ferror(f)) { st = kvq_fail(err, KVQ_ERR_IO, "%s: read failed: %s", path, strerror(errno)); break; }
+            eof = 1;
+        }
+        const char *nul = memchr(buf + len, '\0', got);
+        if (nul) { /* /dev/zero, a binary file: at the first block */
+            st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a text file (a NUL byte at offset %zu)", path,
+                          offset + (size_t)(nul - buf));
+            break;
+        }
+        len += got;
+        size_t cut = len; /* parse up to the last whitespace; the word after it may go on */
+        if (!eof) {
+            while (cut > 0 && !isspace((unsigned char)buf[cut - 1])) cut--;
+            if (len - cut > WORD) cut = len; /* a word too long to be an id: its error names it */
+        }
+        if ((st = parse_ids(path, buf, cut, vocab, max_tokens, &b, err))) break;
+        memmove(buf, buf + cut, len - cut);
+        len -= cut, offset += cut;
+    }
+    fclose(f);
+    free(buf);
+    if (!st && b.n == 0)
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: no token ids (expected whitespace-separated integers)", path);
+    if (st) {
+        free(b.id);
+        return st;
+    }
+    *ids = b.id, *nids = b.n;
+    return KVQ_OK;
 }
 
 kvq_status kvq_tokens_parse(const char *what, const char *text, size_t n, int vocab, int **ids, size_t *nids,

@@ -4,6 +4,8 @@
  * adjacent pairs may merge and how they rank), and the growing token list. */
 #include "model.h"
 
+#include <ctype.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +38,15 @@ kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
         const char *t = v->piece[v->kind == KVQ_TOK_BPE ? v->special[i] : i];
         for (const char *c = strchr(t, '\n'); c && !v->stream_unsafe; c = strchr(c + 1, '\n'))
             v->stream_unsafe = c[1] > ' ' && c[1] < 0x7F;
+    }
+    /* ... and between two ASCII letters at a space ("x| y"): no such piece may hold an
+     * ASCII letter followed by a space (SentencePiece's U+2581 too); BPE's pre-tokenizers
+     * start a word at that space, so only its user-defined tokens matter */
+    for (int i = 0; i < n && !v->space_cut_unsafe; i++) {
+        const unsigned char *t = (const unsigned char *)v->piece[v->kind == KVQ_TOK_BPE ? v->special[i] : i];
+        for (; *t && !v->space_cut_unsafe; t++)
+            v->space_cut_unsafe = isalpha(*t) && *t < 0x80 &&
+                                  (t[1] == ' ' || (t[1] == 0xE2 && t[2] == 0x96 && t[3] == 0x81));
     }
     return KVQ_OK;
 }
