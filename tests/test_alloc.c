@@ -102,6 +102,9 @@ START_TEST(by_hand)
     /* bad input */
     double bad[] = {NAN, 0, 0, 0, 0, 0};
     ck_assert_int_eq(kvq_alloc_solve(3, 2, bad, w, 12, ch, NULL, &err), KVQ_ERR_USAGE);
+    mw = 42; /* a NaN cost: *min_weight is still set (NaN), never left as it was (issue #36) */
+    ck_assert_int_eq(kvq_alloc_solve(3, 2, bad, w, 12, ch, &mw, &err), KVQ_ERR_USAGE);
+    ck_assert(isnan(mw));
     ck_assert_int_eq(kvq_alloc_solve(0, 2, c, w, 12, ch, NULL, &err), KVQ_ERR_USAGE);
 }
 END_TEST

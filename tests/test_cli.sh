@@ -379,6 +379,7 @@ expect 0 "all,all,mix,\"$mixs\",5.6,7," -- "$analyze" -q "$mixs" --per model --f
 expect 2 "layer 4 is in no range (every layer needs one)" -- "$analyze" -q 'mix(0-3=kivi)' "$real"
 expect 2 "mix(0-=cluster): needs --calib" -- "$analyze" -q 'mix(0-=cluster)' "$real"
 expect 2 "range 1-: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'mix(0=fp8;1-=kivi:bitz=2)' "$real"
+expect 2 "mix(0-4,=kivi): range '0-4,': expected layers as a, a-b, a- or a,b" -- "$analyze" -q 'mix(0-4,=kivi)' "$real"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

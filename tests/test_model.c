@@ -873,6 +873,35 @@ START_TEST(test_bad_models)
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;
     expect_bad(&w, KVQ_ERR_UNSUPPORTED, "ggml type 99");
+    /* issue #36: a block_count below the file's layers (a truncated model would run), a bool
+     * byte of 2, and the accepted ranges of the optional reals said as they are accepted */
+    o.L = 2;
+    gw_tiny_model(&w, &o);
+    o.L = 1;
+    {
+        gguf_w w1 = {0}; /* the same tensors, block_count 1 */
+        gw_kv_str(&w1, "general.architecture", "llama");
+        gw_kv_u32(&w1, "llama.block_count", 1);
+        gw_kv_u32(&w1, "llama.context_length", 64);
+        gw_kv_u32(&w1, "llama.embedding_length", 32);
+        gw_kv_u32(&w1, "llama.feed_forward_length", 64);
+        gw_kv_u32(&w1, "llama.attention.head_count", 4);
+        gw_kv_u32(&w1, "llama.attention.head_count_kv", 2);
+        w1.t = w.t, w1.nt = w.nt, w.t = NULL, w.nt = 0;
+        gw_free(&w);
+        expect_bad(&w1, KVQ_ERR_FORMAT, "tensor blk.1.attn_norm.weight: layer 1, but llama.block_count is 1");
+    }
+    gw_tiny_model(&w, &o);
+    gw_kv_bool(&w, "tokenizer.ggml.add_bos_token", 2);
+    expect_bad(&w, KVQ_ERR_FORMAT, "tokenizer.ggml.add_bos_token: a bool of byte value 2: expected 0 or 1");
+    gw_tiny_model(&w, &o);
+    gw_kv_f32(&w, "llama.rope.scaling.factor", -0.5f);
+    expect_bad(&w, KVQ_ERR_FORMAT, "llama.rope.scaling.factor: expected 0 (none) or a positive number below 1e+06");
+    o.arch = "gemma3";
+    gw_tiny_model(&w, &o);
+    o.arch = "llama";
+    gw_kv_f32(&w, "gemma3.final_logit_softcapping", -0.5f);
+    expect_bad(&w, KVQ_ERR_FORMAT, "gemma3.final_logit_softcapping: expected 0 (none) or a positive finite number");
     /* a metadata key or a tensor name given twice */
     gw_tiny_model(&w, &o);
     gw_kv_u32(&w, "llama.block_count", 7);

@@ -63,6 +63,7 @@ static size_t lex_first(alloc_state *const *front, int l, const alloc_state *c, 
 kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weight, double capacity, int *choice,
                            double *min_weight, kvq_error *err)
 {
+    if (min_weight) *min_weight = NAN; /* set on every path: callers read it after a failure */
     if (L <= 0 || G <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "allocation: expected layers and grid points");
     double wmin = 0;
     for (int l = 0; l < L; l++) {

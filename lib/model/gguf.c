@@ -197,6 +197,13 @@ kvq_status kvq_gguf_parse(kvq_gguf *g, const char *path, const uint8_t *map, siz
                               (unsigned long long)kv->n);
                 goto fail;
             }
+            if (et == GGUF_BOOL) /* a bool is the byte 0 or 1, as gguf.cpp reads it */
+                for (uint64_t k = 0; k < kv->n; k++)
+                    if (c.p[k] > 1) {
+                        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: a bool of byte value %u: expected 0 or 1", path,
+                                      kv->key, (unsigned)c.p[k]);
+                        goto fail;
+                    }
             skip(&c, (size_t)(kv->n * es));
         }
         if (!strcmp(kv->key, "general.alignment")) {

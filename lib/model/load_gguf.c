@@ -334,6 +334,21 @@ static kvq_status hreal(kvq_model *m, const char *suffix, double lo, double hi, 
     return KVQ_OK;
 }
 
+/* An optional real `{arch}.suffix` (absent: *v unchanged): 0 (none) or a positive number below hi. */
+static kvq_status hreal_or_none(kvq_model *m, const char *suffix, double hi, double *v, kvq_error *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->info.arch_name, suffix);
+    if (kvq_gguf_get_real(&m->gguf, key, v) < 0 || !(*v == 0 || (*v > 0 && *v < hi))) {
+        if (isinf(hi))
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected 0 (none) or a positive finite number",
+                            m->path, key);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata %s: expected 0 (none) or a positive number below %g", m->path,
+                        key, hi);
+    }
+    return KVQ_OK;
+}
+
 /* RoPE scaling: none, or linear with a factor (llama.cpp's freq_scale = 1 / factor). */
 static kvq_status rope_scaling(kvq_model *m, kvq_error *err)
 {
@@ -348,7 +363,7 @@ static kvq_status rope_scaling(kvq_model *m, kvq_error *err)
                         "%s: metadata %s: \"%.*s\" RoPE scaling is not supported (kvq runs none and linear)", m->path,
                         key, (int)(len < 40 ? len : 40), s);
     double factor = 0;
-    kvq_status st = hreal(m, "rope.scaling.factor", -1, 1e6, &factor, err);
+    kvq_status st = hreal_or_none(m, "rope.scaling.factor", 1e6, &factor, err);
     if (st) return st;
     if (r == 1 && len == 4) factor = 0; /* "none" */
     in->rope_scale = factor > 0 ? 1.0 / factor : 1.0;
@@ -455,7 +470,7 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         in->embed_scale = sqrtf((float)in->dim);
         in->attn_scale = 1.0f / sqrtf((float)(in->n_layers == 62 ? in->dim / in->n_heads : in->head_dim));
         double cap = 0;
-        if ((st = hreal(m, "final_logit_softcapping", -1, INFINITY, &cap, err)) || (st = sliding_layers(m, err)))
+        if ((st = hreal_or_none(m, "final_logit_softcapping", INFINITY, &cap, err)) || (st = sliding_layers(m, err)))
             return st;
         in->logit_softcap = cap > 0 ? (float)cap : 0.0f;
     }
@@ -526,6 +541,18 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
         if (!post)
             memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm),
                 memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
+    }
+    /* a layer's tensors beyond block_count: llama.cpp refuses the file (its tensor
+     * count does not match), rather than run a model cut short */
+    for (uint64_t i = 0; i < g->ntensors; i++) {
+        const char *name = g->tensors[i].name;
+        char *end;
+        if (strncmp(name, "blk.", 4)) continue;
+        long l = strtol(name + 4, &end, 10);
+        if (end != name + 4 && *end == '.' && l >= in->n_layers)
+            return kvq_fail(err, KVQ_ERR_FORMAT,
+                            "%s: tensor %s: layer %ld, but %s.block_count is %d (llama.cpp refuses such a file)",
+                            m->path, name, l, in->arch_name, in->n_layers);
     }
     return load_vocab(m, err);
 }

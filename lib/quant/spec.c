@@ -77,7 +77,10 @@ static kvq_status mix_split(const char *text, mix *m, kvq_error *err)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: more than %d ranges", text, MIX_MAX_ITEMS);
         mix_item *it = &m->item[m->nitems];
         *it = (mix_item){pos, (int)(eq - text), (int)(eq - text) + 1, stop};
-        /* the range: comma-separated a, a-b, a- */
+        /* the range: comma-separated a, a-b, a- (no empty element: "0-4," is refused) */
+        if (text[it->r1 - 1] == ',')
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: range '%.*s': expected layers as a, a-b, a- or a,b", text,
+                            it->r1 - it->r0, text + it->r0);
         for (int a = it->r0; a < it->r1;) {
             int b = a;
             while (b < it->r1 && text[b] != ',') b++;
