@@ -43,7 +43,10 @@ calib=$root/data/stories260K-calib.h5
 mkdir -p "$out/data"
 data=$out/data
 bin=$build/tools
-say() { echo "make_figures: $*" >&2; }
+# each step says when it starts and how long the run has taken; the tools show their
+# own progress (layer by layer, pass by pass) when stderr is a terminal
+start=$SECONDS
+say() { printf 'make_figures: [%3d s] %s\n' $((SECONDS - start)) "$*" >&2; }
 
 say "kvq-info: channel magnitudes, layer 1 KV head 0 token by token"
 "$bin/kvq-info" --channels -o "$data/channels.csv" "$dump"
@@ -80,7 +83,7 @@ for b in 4 8; do fspecs+=(-q "per-token:bits=$b"); done
 say "kvq-sweep: KIVI group x residual x bits"
 rm -f "$data/sweep-kivi.csv"
 "$bin/kvq-sweep" "$dump" --quant kivi --grid bits=2,4 --grid group=16,32,64,128 --grid residual=0,32,64,128 \
-    --per model --progress never -o "$data/sweep-kivi.csv" 2>/dev/null
+    --per model --progress never -o "$data/sweep-kivi.csv"
 
 # models in the loop: the bundled model when ../shared/data/model is present (never committed)
 shared=${KVQ_MODEL_DIR:-$root/../shared/data}
@@ -89,17 +92,17 @@ if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
     say "kvq-dump + kvq-analyze + kvq-eval: proxies against the loss on $model"
     text=$shared/texts/story_main.txt
     mspecs=(-q per-token:bits=2 -q per-token:bits=4 -q per-channel:bits=2 -q kivi:bits=2 -q kcvt:bits=2 -q absmax:bits=4)
-    "$bin/kvq-dump" "$model" --text "$text" --max-tokens 512 -o "$data/model-dump.h5" 2>/dev/null
+    "$bin/kvq-dump" "$model" --text "$text" --max-tokens 512 -o "$data/model-dump.h5"
     "$bin/kvq-analyze" "${mspecs[@]}" --per layer -o "$data/proxy-layer.csv" "$data/model-dump.h5"
-    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --per-layer --progress never \
-        -o "$data/eval-layer.csv" 2>/dev/null
-    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --policy prefill,decode --progress never \
-        -o "$data/eval-policy.csv" 2>/dev/null
+    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --per-layer \
+        -o "$data/eval-layer.csv"
+    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --policy prefill,decode \
+        -o "$data/eval-policy.csv"
     if [ -x "$bin/kvq-alloc" ]; then
         say "kvq-alloc: kivi kbits x vbits per layer against uniform, budgets 5-10 bits"
         rm -f "$data/alloc.csv" "$data/alloc.csv.sensitivity.csv" "$data/alloc.csv.uniform.csv"
         "$bin/kvq-alloc" "$model" --text "$text" --family kivi --grid kbits=2,4,8 --grid vbits=2,4,8 --fixed residual=0 \
-            --budget 5,6,7,8,10 --progress never -o "$data/alloc.csv"
+            --budget 5,6,7,8,10 -o "$data/alloc.csv"
     fi
     with_model=1
 else

@@ -193,8 +193,10 @@ run("kvq-analyze", "--meta", "both", "d.h5", expect=2)
 
 # --- a meta file that cannot be written: nothing is
 os.mkdir(os.path.join(tmp, "blocked.csv.meta.json"))
-p = run("kvq-analyze", "-q", "kivi:bits=2", "-o", "blocked.csv", "d.h5", expect=1)
-check(not os.path.exists(os.path.join(tmp, "blocked.csv")) and len(p.stderr.strip().splitlines()) == 1,
+# (refused before any work, as a usage error: the -o chosen cannot carry its record)
+p = run("kvq-analyze", "-q", "kivi:bits=2", "-o", "blocked.csv", "d.h5", expect=2)
+check(not os.path.exists(os.path.join(tmp, "blocked.csv")) and len(p.stderr.strip().splitlines()) == 1
+      and "blocked.csv.meta.json" in p.stderr,
       f"unwritable meta file: one line, no OUT ({p.stderr.strip()})")
 
 # --- interrupted: no meta file for a missing OUT; an earlier pair stays a pair

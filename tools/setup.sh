@@ -58,7 +58,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     export DEBIAN_FRONTEND=noninteractive
     run_step "updating the package lists (apt-get update)" $sudo apt-get update
-    run_step "installing ${missing[*]} (apt-get install, about a minute)" \
+    run_step "installing ${missing[*]} (apt-get install, a few minutes)" \
         $sudo apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 
