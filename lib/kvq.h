@@ -142,8 +142,10 @@ kvq_status kvq_dump_read_layer_reuse(kvq_dump *d, int layer, unsigned flags, kvq
  * *out (malloc'ed) = [Hq][npos][D], read as a hyperslab and checked finite. */
 kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size_t npos, float **out,
                                     kvq_error *err);
-/* The root `tokens` attribute (kvq-dump's token ids; *tokens malloc'ed). */
+/* The root `tokens` attribute (kvq-dump's token ids; *tokens malloc'ed):
+ * KVQ_ERR_FORMAT where it is missing (kvq_dump_has_tokens: 1 if it is there). */
 kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err);
+int kvq_dump_has_tokens(kvq_dump *d);
 void kvq_dump_close(kvq_dump *d);
 void kvq_layer_free(kvq_layer *l);
 
@@ -263,6 +265,8 @@ int kvq_quantizer_nparams(const kvq_quantizer *q);
 const kvq_param *kvq_quantizer_param(const kvq_quantizer *q, int i);
 int kvq_quantizer_in_default_set(const kvq_quantizer *q); /* part of kvq-analyze's default set */
 unsigned kvq_quantizer_read_flags(const kvq_quantizer *q); /* KVQ_READ_* tensors it reads */
+/* The keys of a non-default spec the tests run beside the default one ("bits=3,group=4"): NAME:KEYS */
+const char *kvq_quantizer_example_spec(const kvq_quantizer *q);
 
 size_t kvq_quantizer_count(void);
 const kvq_quantizer *kvq_quantizer_at(size_t i);

@@ -19,11 +19,9 @@ import re
 import sys
 
 import matplotlib
-
-matplotlib.use("Agg")  # no display needed
-import matplotlib.colors as mcolors  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker as mticker  # noqa: E402
+import matplotlib.colors as mcolors
+import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 
 DPI = 200  # PNG pixels per inch: a double-column figure is 1400 px wide
 WIDTHS = {"single": 3.4, "double": 7.0}  # inches: one column and the full page of a two-column paper
@@ -525,7 +523,11 @@ def save(fig, outdir, name):
 
 
 def run(main, prog):
-    """Runs main(); an InputError becomes one line on stderr and exit 1."""
+    """Runs main(); an InputError becomes one line on stderr and exit 1.  A
+    script run from the shell draws off-screen (Agg); importing kvqplot, or
+    running in a notebook, leaves the backend alone."""
+    if not in_notebook():
+        matplotlib.use("Agg")
     try:
         for path in main():
             print(f"{prog}: wrote {path}", file=sys.stderr)

@@ -13,7 +13,7 @@
  *     score shape;
  *   - kvq_analyze_dump with --device cuda against the CPU, whole dump.
  * Without a GPU it says so and exits 77 (skipped). */
-#include "device.h"
+#include "analysis/device.h"
 #include "internal.h"
 #include "quant/quant.h"
 

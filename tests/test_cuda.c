@@ -13,7 +13,7 @@
  *   - the prepared (sweep) path equals the streamed one on the GPU.
  * Elsewhere it checks that --device cuda is refused with a clear reason and
  * exits 77 (meson: skipped). */
-#include "device.h"
+#include "analysis/device.h"
 #include "testutil.h"
 
 #include <stdio.h>

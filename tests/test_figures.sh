@@ -16,6 +16,11 @@ if [ -z "$python" ]; then
     exit 77
 fi
 . "$src/tests/cli_lib.sh"
+export MPLBACKEND=Agg # off-screen wherever this runs, also where a display is set
+
+# importing kvqplot leaves a notebook's backend alone (only a script run from the shell picks Agg)
+PYTHONPATH=$nb MPLBACKEND=pdf "$python" -c 'import matplotlib, kvqplot, sys; sys.exit(matplotlib.get_backend().lower() != "pdf")' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: importing kvqplot switched the matplotlib backend"; }
 
 out=$tmp/figs
 "$nb/make_figures.sh" --build "$build" "$out" 2>"$tmp/make.err"

@@ -61,23 +61,33 @@ for q in reg:
 check(next(q for q in reg if q["name"] == "cluster")["needs_calib"], "cluster needs calibration")
 
 # ------------------------------------------- kvq.quantize against kvq-analyze
-# every family's default spec and one non-default spec each; ggml and fp4
-# need head_dim a multiple of their blocks: a kvq-gen dump with head_dim 32
-OTHER = {"per-token": "bits=3,group=4,span=layer", "per-channel": "bits=3,group=64,scale=fp32",
-         "kivi": "bits=2,group=8,residual=16", "kcvt": "bits=2,span=layer", "absmax": "bits=4,group=4",
-         "gear": "lowrank=svd,rank=2", "gear-l": "backbone=kcvt", "cluster": "centroids=4,window=8",
-         "lloydmax": "bits=3,rotate=hadamard,codebook=data", "fp8": "format=e5m2,scale=token",
-         "fp4": "format=nvfp4,global=tensor", "tender": "bits=3,chunk=100,span=head",
-         "ggml": "ktype=q4_0,vtype=iq4_nl", "kvquant": "bits=2,prerope=1", "turboquant": "bits=2,variant=prod"}
-check(set(OTHER) == set(names), f"a non-default spec for every family: {set(names) ^ set(OTHER)}")
+# every family's default spec and its registry row's example_spec; a spec
+# that cannot run on stories260K's head_dim 8 (a block that 8 does not hold)
+# runs on a kvq-gen dump with head_dim 32 and is refused on head_dim 8
+EXAMPLE = {q["name"]: q["example_spec"] for q in reg}
+check(all(kvq.spec_full(s) != kvq.spec_full(n) for n, s in EXAMPLE.items()), "every example_spec differs from the default")
+
+
+def fits8(spec):
+    try:
+        kvq.check_spec(spec, head_dim=8)
+        return True
+    except kvq.Error as e:
+        check(e.status == "usage" and "head_dim 8" in str(e), f"{spec}: refused on head_dim 8 naming it ({e})")
+        return False
+
+
 GEN = os.path.join(tmp, "gen32.h5")
 tool("kvq-gen", "--layers", "2", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--tokens", "96",
      "--seed", "3", "-o", GEN)
 dumps = {DUMP: kvq.read_dump(DUMP), GEN: kvq.read_dump(GEN)}
 COLS = kvq.quant.RECON_COLUMNS
+refused8 = []
 for name in names:
-    for spec in (name, f"{name}:{OTHER[name]}"):
-        path = GEN if name in ("ggml", "fp4") else DUMP
+    for spec in (name, EXAMPLE[name]):
+        path = DUMP if fits8(spec) else GEN
+        if path == GEN:
+            refused8.append(spec)
         d = dumps[path]
         calib = CALIB if path == DUMP else GEN  # kvq-gen's dump calibrates itself (same model shape)
         rows = kvq.parse_rows(tool("kvq-analyze", "--per", "head", "--format", "csv", "--calib", calib, "--seed",
@@ -97,12 +107,13 @@ for name in names:
             check(abs(rel - r.metrics["k_rel_fro"]) <= 1e-6 * rel + 1e-12, f"{spec}: k_rel_fro {rel} vs "
                                                                            f"{r.metrics['k_rel_fro']}")
         check(same == n, f"{spec}: {same}/{n} per-head rows equal kvq-analyze's bit for bit")
-for name in ("ggml", "fp4"):  # head_dim 8: refused as the tool refuses it
+check(len(refused8) >= 2, f"families that refuse head_dim 8 found from the registry: {refused8}")
+for spec in refused8:  # head_dim 8: kvq.quantize refuses what check_spec said it would
     try:
-        kvq.quantize(name, dumps[DUMP]["layers"][0]["key"], dumps[DUMP]["layers"][0]["value"])
-        check(False, f"{name} on head_dim 8 refused")
+        kvq.quantize(spec, dumps[DUMP]["layers"][0]["key"], dumps[DUMP]["layers"][0]["value"])
+        check(False, f"{spec} on head_dim 8 refused")
     except kvq.Error as e:
-        check("head_dim 8 is not a multiple" in str(e) and e.status == "usage", f"{name}: {e}")
+        check("head_dim 8" in str(e) and e.status == "usage", f"{spec}: {e}")
 
 # per layer: the Quantized fields are the --per layer row
 rows = kvq.parse_rows(tool("kvq-analyze", "--per", "layer", "--format", "csv", "-q", "gear", DUMP))
@@ -245,6 +256,31 @@ if os.path.exists(BIN):
           f"{rows[0]['nll_ref']:.6f})")
 else:
     print(f"test_python: {BIN} absent: the model-loop check skipped")
+
+# ------------------- errors as numpy/h5py users catch them; Calibration in `with`
+for what, call, builtin, status in (
+        ("a bad spec", lambda: kvq.quantize("kivi:bits=99", np.zeros((2, 4, 8)), np.zeros((2, 4, 8))), ValueError,
+         "usage"),
+        ("a missing dump", lambda: kvq.read_dump(os.path.join(tmp, "missing.h5")), OSError, "io"),
+        ("a file that is not a dump", lambda: kvq.read_dump(__file__), ValueError, "format")):
+    try:
+        call()
+        check(False, f"{what}: raised")
+    except kvq.Error as e:
+        check(isinstance(e, builtin) and e.status == status and str(e) and "(" not in str(e)[:1],
+              f"{what}: {type(e).__name__} is a {builtin.__name__} with status {e.status}: {e}")
+check(issubclass(kvq.DumpError, ValueError) and issubclass(kvq.DumpError, kvq.UsageError), "DumpError: a ValueError")
+with kvq.Calibration(CALIB) as cal:
+    a = dumps[DUMP]["layers"][0]
+    rope = dumps[DUMP]["rope"]
+    r_with = kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=rope)
+    check(np.array_equal(r_with.key, kvq.quantize("cluster", a["key"], a["value"], calib=CALIB, rope=rope).key),
+          "Calibration in `with`: the same result as calib=PATH")
+try:
+    kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=rope)
+    check(False, "a closed Calibration refused")
+except kvq.Error as e:
+    check("was closed" in str(e), f"a closed Calibration refused: {e}")
 
 # ------------------------------- bad input: kvq.Error, never a crash
 BAD = {

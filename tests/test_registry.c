@@ -1,12 +1,14 @@
 /* test_registry.c — every registered quantizer, found by looping over the
  * registry (ggml's test-quantize-fns style), so a new family is covered by
- * its table entry alone: its default spec and one spec with a key changed
- * (the first alternative value that parses), each on a GQA layer with
+ * its table entry alone: its default spec, its row's example_spec and one
+ * spec with a key changed (the first alternative value that parses), each on a GQA layer with
  * pre-RoPE keys and RoPE, calibrated on a second layer where the spec asks:
  *   - results bit-identical at 1, 2 and 3 threads and at every SIMD level
  *     (portable, AVX2, all the CPU has);
  *   - every output finite, bits per element in (0, 64], static bytes >= 0;
- *   - relative reconstruction error of K and V below 1 (better than 0);
+ *   - relative reconstruction error of K and V below 1, and below the
+ *     ceiling of the code's bit width (ggml's limits per type);
+ *   - where the row has a plain reference: the same numbers from it;
  *   - a second run is identical (no hidden state) and the input untouched.
  * A few variants with code paths of their own are listed beside. */
 #include "testutil.h"
@@ -69,6 +71,52 @@ static void same(const kvq_spec *sp, const run_result *a, const run_result *b, c
                   "%s: bits differ %s", sp->text, what);
 }
 
+static int references; /* specs compared with their family's reference */
+
+/* spec through its family's plain reference (kvq_quantize_layer_reference);
+ * 0 if the family has none. */
+static int run_reference(const kvq_spec *sp, const kvq_layer *L, const kvq_rope *rope, run_result *r)
+{
+    kvq_error err = {0};
+    size_t n = (size_t)H * T * D;
+    r->k = malloc(n * sizeof(float)), r->v = malloc(n * sizeof(float));
+    ck_assert(r->k && r->v);
+    memset(r->sb, 0, sizeof r->sb);
+    kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = 1, .rope = rope};
+    kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
+    kvq_status st = kvq_quantize_layer_reference(sp, &ctx, L, &out, &err);
+    if (st == KVQ_ERR_UNSUPPORTED && !err.msg[0]) {
+        free(r->k), free(r->v);
+        return 0;
+    }
+    ck_assert_msg(st == KVQ_OK, "%s: reference: %s", sp->text, err.msg);
+    return 1;
+}
+
+/* The largest relative Frobenius error a spec may have at b code bits on
+ * fill_layer's tensors (Gaussian; K with an outlier channel 8x the
+ * others), as ggml's test-quantize-fns holds each type to a limit for its
+ * bit width: a b-bit code halves its error per bit, so the ceiling is
+ * 4·2^-b (the worst family at its width today: turboquant, 3.55·2^-b;
+ * KVQ_TEST_VERBOSE=1 prints every spec's error and ceiling). */
+static double error_ceiling(int bits) { return bits > 0 ? fmin(0.99, 4.0 * exp2(-bits)) : 1.0; }
+
+/* The code bits of a tensor (0 = K, 1 = V): the spec's kbits / vbits where
+ * set, else its bits; 0 for families whose precision is not a bits key
+ * (fp8, fp4 and ggml are formats, held to their references and to the
+ * method's own code in test_families). */
+static int code_bits(const kvq_spec *sp, int tensor)
+{
+    int bits = 0;
+    for (int i = 0; i < sp->q->nparams; i++) {
+        const char *key = sp->q->params[i].key;
+        if (isnan(sp->val[i])) continue;
+        if (!strcmp(key, tensor ? "vbits" : "kbits")) return (int)sp->val[i];
+        if (!strcmp(key, "bits")) bits = (int)sp->val[i];
+    }
+    return bits;
+}
+
 static double rel_error(const float *x, const float *y, size_t n)
 {
     double e = 0, s = 0;
@@ -128,6 +176,21 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
     }
     double ek = rel_error(L->key, base.k, n), ev = rel_error(L->value, base.v, n);
     ck_assert_msg(ek < 1 && ev < 1, "%s: relative error K %g, V %g", sp->text, ek, ev);
+    /* the error ceiling of the code's bit width (test-quantize-fns' limits per type) */
+    int kb = code_bits(sp, 0), vb = code_bits(sp, 1);
+    if (getenv("KVQ_TEST_VERBOSE"))
+        fprintf(stderr, "  K %d bits: %.4f (ceiling %.4f); V %d bits: %.4f (%.4f)\n", kb, ek, error_ceiling(kb), vb, ev,
+                error_ceiling(vb));
+    ck_assert_msg(ek <= error_ceiling(kb) && ev <= error_ceiling(vb),
+                  "%s: relative error K %g at %d bits, V %g at %d bits: above the ceilings %g, %g", sp->text, ek, kb, ev,
+                  vb, error_ceiling(kb), error_ceiling(vb));
+    /* the family's plain reference (its row's .reference), where it has one: the same numbers */
+    run_result ref;
+    if (run_reference(sp, L, rope, &ref)) {
+        same(sp, &base, &ref, "from the family's reference");
+        free(ref.k), free(ref.v);
+        references++;
+    }
     /* again, at 1 thread: no hidden state; then 2 and 3 threads; then each SIMD level */
     const struct { int threads, simd; const char *what;
     } variants[] = {{1, -1, "on a second run"},    {2, -1, "at 2 threads"},
@@ -159,12 +222,27 @@ START_TEST(every_registered_quantizer)
         kvq_spec sp;
         ck_assert_msg(kvq_spec_default(q, &sp, &err) == KVQ_OK, "%s: %s", q->name, err.msg);
         check_spec(&sp, &L, &C, &rope);
+        /* the row's example_spec: parses, runs on this D, is not the default */
+        const char *ex = kvq_quantizer_example_spec(q);
+        ck_assert_msg(ex && *ex, "%s: the table row has no example_spec", q->name);
+        char text[KVQ_SPEC_MAX], full_def[KVQ_SPEC_MAX], full_ex[KVQ_SPEC_MAX];
+        snprintf(text, sizeof text, "%s:%s", q->name, ex);
+        kvq_spec_format_full(&sp, full_def, sizeof full_def);
+        ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_OK && kvq_spec_check_shape(&sp, D, &err) == KVQ_OK,
+                      "%s: %s", text, err.msg);
+        kvq_spec_format_full(&sp, full_ex, sizeof full_ex);
+        ck_assert_msg(strcmp(full_def, full_ex), "%s: the example spec is the default one", text);
+        check_spec(&sp, &L, &C, &rope);
         if (alternative_spec(q, &sp)) {
             check_spec(&sp, &L, &C, &rope);
             alternatives++;
         }
     }
     ck_assert_int_eq(alternatives, (int)kvq_quantizer_count()); /* every family has a second spec */
+    int with_reference = 0;
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) with_reference += kvq_quantizer_at(i)->reference != NULL;
+    ck_assert_int_eq(references, 3 * with_reference); /* default, example and changed-key spec of each */
+    ck_assert_int_ge(with_reference, 6);
     /* variants with paths of their own that neither spec above takes */
     const char *extra[] = {"gear:lowrank=svd,span=layer", "lloydmax:rotate=hadamard", "fp8:scale=channel",
                            "fp8:format=e5m2,scale=token", "tender:span=head,chunk=7",

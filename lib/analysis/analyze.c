@@ -10,7 +10,7 @@
  * With a GPU (opts.device): the layer goes to the device once, the plan
  * quantizers run there (the others on the CPU, their K', V' copied over),
  * and the attention metrics of every head run there. */
-#include "../device.h"
+#include "device.h"
 #include "../internal.h"
 #include "../quant/quant.h"
 

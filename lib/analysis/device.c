@@ -3,7 +3,7 @@
  * libkvq-cuda.so, opened with dlopen on the first --device cuda, so CPU
  * runs never load the CUDA runtime — and a clear "built without CUDA"
  * otherwise, so nothing else in libkvq needs #if. */
-#include "../device.h"
+#include "device.h"
 #include "../internal.h"
 #include "kvq_config.h"
 

@@ -736,6 +736,12 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     return KVQ_OK;
 }
 
+int kvq_dump_has_tokens(kvq_dump *d)
+{
+    kvq_h5_quiet();
+    return H5Aexists(d->file, "tokens") > 0;
+}
+
 kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err)
 {
     char det[256];

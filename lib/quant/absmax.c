@@ -33,10 +33,12 @@ static void absmax_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 const kvq_quantizer kvq_q_absmax = {
     .name = "absmax",
     .description = "symmetric absmax per token (INT8-style), one scale per group",
+    .example_spec = "bits=4,group=4",
     .params = absmax_params,
     .nparams = sizeof absmax_params / sizeof absmax_params[0],
     .in_default_set = 1,
     .default_spec = "",
     .plan = absmax_plan,
     .quantize_head = kvq_plan_quantize_head,
+    .reference = kvq_plan_reference,
 };

@@ -195,6 +195,7 @@ static kvq_status cluster_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 const kvq_quantizer kvq_q_cluster = {
     .name = "cluster",
     .description = "k-means centre + residual: K per-channel U, V rotated Lloyd-Max",
+    .example_spec = "centroids=4,window=8",
     .params = cluster_params,
     .nparams = sizeof cluster_params / sizeof cluster_params[0],
     .needs_calib = 1,

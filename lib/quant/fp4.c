@@ -112,6 +112,7 @@ static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 const kvq_quantizer kvq_q_fp4 = {
     .name = "fp4",
     .description = "FP4 micro-scaled formats MXFP4 / NVFP4 (E2M1 + block scales), bit-exact ggml",
+    .example_spec = "format=nvfp4,global=tensor",
     .params = fp4_params,
     .nparams = sizeof fp4_params / sizeof fp4_params[0],
     .in_default_set = 1,

@@ -89,12 +89,51 @@ static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     return KVQ_OK;
 }
 
+/* The reference (.reference): every element as docs/quantizers.md#fp8 writes
+ * it, x' = fp8(x / s)·s with the branchy cast kvq_fp8_cast_ref, the scale of
+ * the element's tensor, head, token or channel found by a plain scan. */
+static kvq_status fp8_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, kvq_error *err)
+{
+    (void)ctx, (void)err;
+    int H = in->H, T = in->T, D = in->D, scale = (int)sp->val[F8_SCALE];
+    kvq_fp8_format fmt = (kvq_fp8_format)sp->val[F8_FORMAT];
+    const float fmax = kvq_fp8_max(fmt);
+    for (int tensor = 0; tensor < 2; tensor++) {
+        const float *x = tensor ? in->value : in->key; /* [H][T][D] */
+        float *y = tensor ? out->value : out->key;
+        float tensor_amax = kvq_absmax(x, (size_t)H * T * D);
+        for (int h = 0; h < H; h++) {
+            const float *xh = x + (size_t)h * T * D;
+            float head_amax = kvq_absmax(xh, (size_t)T * D);
+            for (int t = 0; t < T; t++)
+                for (int c = 0; c < D; c++) {
+                    float amax = 0.0f; /* the max |x| the element's scale is taken over */
+                    if (scale == SC_TENSOR) amax = tensor_amax;
+                    else if (scale == SC_HEAD) amax = head_amax;
+                    else if (scale == SC_TOKEN) amax = kvq_absmax(xh + (size_t)t * D, (size_t)D);
+                    else if (scale == SC_CHANNEL)
+                        for (int u = 0; u < T; u++) amax = fmaxf(amax, fabsf(xh[(size_t)u * D + c]));
+                    float s = scale == SC_NONE ? 1.0f : kvq_max_scale(amax, fmax);
+                    size_t i = ((size_t)h * T + t) * D + c;
+                    y[i] = kvq_fp8_cast_ref(x[i] / s, fmt) * s;
+                }
+            /* codes, plus 32 bits per scale (a tensor's shared by its H heads) */
+            double scales[] = {[SC_NONE] = 0, [SC_TENSOR] = 1.0 / H, [SC_HEAD] = 1, [SC_TOKEN] = T, [SC_CHANNEL] = D};
+            *kvq_head_bits(out, tensor, h) = 8.0 * T * D + 32.0 * scales[scale];
+        }
+    }
+    return KVQ_OK;
+}
+
 const kvq_quantizer kvq_q_fp8 = {
     .name = "fp8",
     .description = "FP8 cast e4m3/e5m2 after a float32 scale, round to nearest even, saturating",
+    .example_spec = "format=e5m2,scale=token",
     .params = fp8_params,
     .nparams = sizeof fp8_params / sizeof fp8_params[0],
     .in_default_set = 1,
     .default_spec = "",
     .quantize = fp8_quantize,
+    .reference = fp8_reference,
 };

@@ -414,6 +414,7 @@ out:
 const kvq_quantizer kvq_q_gear = {
     .name = "gear",
     .description = "GEAR: kivi/kcvt backbone + exact sparse outliers + low-rank residual",
+    .example_spec = "lowrank=svd,rank=2",
     .params = gear_params,
     .nparams = sizeof gear_params / sizeof gear_params[0],
     .in_default_set = 1,
@@ -424,6 +425,7 @@ const kvq_quantizer kvq_q_gear = {
 const kvq_quantizer kvq_q_gear_l = {
     .name = "gear-l",
     .description = "GEAR-L: gear without outliers (sparsity=0): backbone + low rank",
+    .example_spec = "backbone=kcvt",
     .params = gear_l_params,
     .nparams = sizeof gear_l_params / sizeof gear_l_params[0],
     .check = gear_l_check,

@@ -93,6 +93,7 @@ static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
 const kvq_quantizer kvq_q_ggml = {
     .name = "ggml",
     .description = "llama.cpp KV-cache types (-ctk/-ctv), bit-exact ggml quantize_row_*_ref + dequantize",
+    .example_spec = "ktype=q4_0,vtype=iq4_nl",
     .params = ggml_params,
     .nparams = sizeof ggml_params / sizeof ggml_params[0],
     .in_default_set = 1,

@@ -40,12 +40,14 @@ static void per_token_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 const kvq_quantizer kvq_q_per_token = {
     .name = "per-token",
     .description = "U per token for K and V: groups of `group` channels",
+    .example_spec = "bits=3,group=4,span=layer",
     .params = per_token_params,
     .nparams = sizeof per_token_params / sizeof per_token_params[0],
     .in_default_set = 1,
     .default_spec = "",
     .plan = per_token_plan,
     .quantize_head = kvq_plan_quantize_head,
+    .reference = kvq_plan_reference,
 };
 
 /* ----------------------------------------------------------- per-channel */
@@ -69,12 +71,14 @@ static void per_channel_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 const kvq_quantizer kvq_q_per_channel = {
     .name = "per-channel",
     .description = "U per channel for K and V: groups of `group` tokens",
+    .example_spec = "bits=3,group=64,scale=fp32",
     .params = per_channel_params,
     .nparams = sizeof per_channel_params / sizeof per_channel_params[0],
     .in_default_set = 1,
     .default_spec = "",
     .plan = per_channel_plan,
     .quantize_head = kvq_plan_quantize_head,
+    .reference = kvq_plan_reference,
 };
 
 /* ------------------------------------------------------------------ kivi */
@@ -130,6 +134,7 @@ static void kivi_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 const kvq_quantizer kvq_q_kivi = {
     .name = "kivi",
     .description = "KIVI: K per-channel, V per-token, last tokens kept exact",
+    .example_spec = "bits=2,group=8,residual=16",
     .params = kivi_params,
     .nparams = sizeof kivi_params / sizeof kivi_params[0],
     .in_default_set = 1,
@@ -137,6 +142,7 @@ const kvq_quantizer kvq_q_kivi = {
     .check = kivi_check,
     .plan = kivi_plan,
     .quantize_head = kvq_plan_quantize_head,
+    .reference = kvq_plan_reference,
 };
 
 /* ------------------------------------------------------------------ kcvt */
@@ -164,10 +170,12 @@ static void kcvt_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 const kvq_quantizer kvq_q_kcvt = {
     .name = "kcvt",
     .description = "GEAR's KCVT: K per-channel over all tokens, V per-token over all channels",
+    .example_spec = "bits=2,span=layer",
     .params = kcvt_params,
     .nparams = sizeof kcvt_params / sizeof kcvt_params[0],
     .in_default_set = 1,
     .default_spec = "",
     .plan = kcvt_plan,
     .quantize_head = kvq_plan_quantize_head,
+    .reference = kvq_plan_reference,
 };

@@ -216,6 +216,7 @@ static kvq_status kvquant_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx
 const kvq_quantizer kvq_q_kvquant = {
     .name = "kvquant",
     .description = "KVQuant: pre-RoPE per-channel K / per-token V, NUQ levels, sparse outliers, sinks",
+    .example_spec = "bits=2,prerope=1",
     .params = kvquant_params,
     .nparams = sizeof kvquant_params / sizeof kvquant_params[0],
     .in_default_set = 1,

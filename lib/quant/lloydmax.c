@@ -211,6 +211,7 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
 const kvq_quantizer kvq_q_lloydmax = {
     .name = "lloydmax",
     .description = "per-token fp16 norm + rotation + Lloyd-Max levels; codebook=data needs --calib",
+    .example_spec = "bits=3,rotate=hadamard,codebook=data",
     .params = lloydmax_params,
     .nparams = sizeof lloydmax_params / sizeof lloydmax_params[0],
     .in_default_set = 1,

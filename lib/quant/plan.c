@@ -76,3 +76,82 @@ kvq_status kvq_plan_quantize_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     }
     return KVQ_OK;
 }
+
+/* ------------------------------------------------------------ the reference */
+
+/* One group of a step through the reference definition (uniform.c): U, or
+ * A for absmax steps; n values x[i·stride] into y[i·stride]. */
+static kvq_status ref_group(const kvq_step *s, const float *x, float *y, size_t n, size_t stride)
+{
+    return s->kind == KVQ_STEP_ABSMAX ? kvq_absmax_quantize_ref(x, y, n, stride, s->bits, s->prec)
+                                      : kvq_group_quantize_ref(x, y, n, stride, s->bits, s->prec);
+}
+
+/* One step of one tensor x, y [H][T][D], spelled out group by group as
+ * docs/building-blocks.md (U), (A) defines it; *bad gets the head of a
+ * KVQ_ERR_NUMERIC. */
+static kvq_status ref_step(const kvq_step *s, const float *x, float *y, int H, int T, int D, float *row, int *bad)
+{
+    size_t W = (size_t)H * D;
+    for (int h = 0; h < H; h++) {
+        *bad = h;
+        const float *xh = x + (size_t)h * T * D;
+        float *yh = y + (size_t)h * T * D;
+        kvq_status st = KVQ_OK;
+        switch (s->kind) {
+        case KVQ_STEP_EXACT: /* the dump's values */
+            for (size_t i = (size_t)s->t0 * D; i < (size_t)s->t1 * D; i++) yh[i] = xh[i];
+            break;
+        case KVQ_STEP_TOKEN:
+        case KVQ_STEP_ABSMAX: { /* each token: groups of G consecutive channels, the last one shorter */
+            int G = s->group == 0 || s->group > D ? D : s->group; /* per-token groups are >= 1 */
+            for (int t = s->t0; t < s->t1 && !st; t++)
+                for (int c0 = 0; c0 < D && !st; c0 += G)
+                    st = ref_group(s, xh + (size_t)t * D + c0, yh + (size_t)t * D + c0,
+                                   (size_t)(D - c0 < G ? D - c0 : G), 1);
+            break;
+        }
+        case KVQ_STEP_CHANNEL: /* each channel: groups of `group` tokens from t0, the last one shorter */
+            for (int c = 0; c < D && !st; c++)
+                for (int g0 = s->t0; g0 < s->t1 && !st; g0 += s->group)
+                    st = ref_group(s, xh + (size_t)g0 * D + c, yh + (size_t)g0 * D + c,
+                                   (size_t)(s->t1 - g0 < s->group ? s->t1 - g0 : s->group), (size_t)D);
+            break;
+        case KVQ_STEP_TOKEN_LAYER: /* each token: its H head vectors one after another */
+            if (h) break;          /* all heads at once */
+            for (int t = s->t0; t < s->t1 && !st; t++) {
+                size_t G = (size_t)s->group > W ? W : (size_t)s->group;
+                for (int hh = 0; hh < H; hh++)
+                    for (int c = 0; c < D; c++) row[(size_t)hh * D + c] = x[((size_t)hh * T + t) * D + c];
+                for (size_t c0 = 0; c0 < W && !st; c0 += G)
+                    st = ref_group(s, row + c0, row + c0, W - c0 < G ? W - c0 : G, 1);
+                for (int hh = 0; hh < H; hh++)
+                    for (int c = 0; c < D; c++) y[((size_t)hh * T + t) * D + c] = row[(size_t)hh * D + c];
+            }
+            break;
+        }
+        if (st) return st;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_plan_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D;
+    kvq_plan p;
+    sp->q->plan(sp, T, D, &p);
+    float *row = malloc((size_t)H * D * sizeof *row);
+    if (!row) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+    kvq_status st = KVQ_OK;
+    int bad = 0, tensor = 0;
+    for (tensor = 0; tensor < 2 && !st; tensor++) {
+        const float *x = tensor ? in->value : in->key;
+        float *y = tensor ? out->value : out->key;
+        for (int i = 0; i < p.nsteps[tensor] && !st; i++) st = ref_step(&p.step[tensor][i], x, y, H, T, D, row, &bad);
+        for (int h = 0; h < H; h++) *kvq_head_bits(out, tensor, h) = kvq_plan_bits(&p, tensor, H, D, h);
+    }
+    free(row);
+    if (st == KVQ_ERR_NUMERIC) return kvq_quant_numeric_error(err, sp, ctx, tensor - 1 ? "value" : "key", bad);
+    return st ? kvq_fail(err, st, "%s: %s", sp->text, kvq_strerror(st)) : KVQ_OK;
+}

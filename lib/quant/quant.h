@@ -18,6 +18,10 @@ typedef struct kvq_quantizer {
     int needs_calib;    /* always needs --calib (see calib_key for spec-dependent needs) */
     int in_default_set; /* part of kvq-analyze's default set */
     const char *default_spec; /* the spec the default set uses ("" = defaults) */
+    /* Keys of a non-default spec that takes the family's own paths (e.g.
+     * "bits=3,group=4,span=layer"): the registry and Python tests run it
+     * beside the default on every family, so no test keeps a list. */
+    const char *example_spec;
     /* Cross-key constraints; NULL if none.  Returns KVQ_ERR_USAGE naming the key. */
     kvq_status (*check)(const kvq_spec *spec, kvq_error *err);
     /* Whether the spec can run on heads of D channels (e.g. llama.cpp's rule:
@@ -32,6 +36,12 @@ typedef struct kvq_quantizer {
                            kvq_quant_out *out, kvq_error *err);
     kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int head, kvq_error *err);
+    /* The plain reference (optional, ggml's from_float_ref beside the fast
+     * function): the whole layer on one thread in plain C, written as docs/
+     * defines the family; tests/test_registry.c holds the fast path above to
+     * it at every thread count and SIMD level.  Same contract as quantize. */
+    kvq_status (*reference)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                            kvq_quant_out *out, kvq_error *err);
     /* The uniform families also describe themselves as a plan of steps
      * (T tokens, D channels), which the CUDA path executes; NULL if the
      * quantizer is not a plan.  Their quantize_head is kvq_plan_quantize_head. */
@@ -179,6 +189,16 @@ static inline void kvq_scatter_channels(const float *rows, int nb, int n, size_t
 kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                   kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
+/* The plain reference of every plan quantizer (their .reference): each
+ * step group by group with kvq_group_quantize_ref / kvq_absmax_quantize_ref. */
+kvq_status kvq_plan_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                              kvq_quant_out *out, kvq_error *err);
+/* spec on a layer through its family's reference (the prerotate wrapper
+ * and the shape check as kvq_quantize_layer); KVQ_ERR_UNSUPPORTED, with
+ * no message, for a family without one. */
+kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err);
+
 /* Pre-rotation (docs/building-blocks.md#rotations): the `prerotate` key a family adds to its table
  * with one line; kvq_quantize_layer then runs the family on Π·x and returns
  * Πᵀ·y' (prerotate.c). */
@@ -203,10 +223,5 @@ void kvq_param_list_keys(const kvq_quantizer *q, char *buf, size_t len);
 /* Helper to name the head in error messages. */
 kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const kvq_quant_ctx *ctx,
                                    const char *tensor, int head);
-
-/* Registry entries (one per family file). */
-extern const kvq_quantizer kvq_q_per_token, kvq_q_per_channel, kvq_q_kivi, kvq_q_kcvt, kvq_q_absmax, kvq_q_gear,
-    kvq_q_gear_l, kvq_q_cluster, kvq_q_lloydmax, kvq_q_fp8, kvq_q_tender, kvq_q_ggml, kvq_q_turboquant, kvq_q_kvquant,
-    kvq_q_fp4;
 
 #endif

@@ -1,6 +1,7 @@
 /* run.c — running a spec on one layer: the shape check, the `prerotate`
- * wrapper, and the per-head runner that spreads a family's quantize_head
- * over the heads (K and V) in parallel and names the head that failed. */
+ * wrapper, the per-head runner that spreads a family's quantize_head over
+ * the heads (K and V) in parallel and names the head that failed, and the
+ * same through the family's plain reference (for tests). */
 #include "../internal.h"
 #include "quant.h"
 
@@ -25,6 +26,21 @@ kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
     if (st) return st;
     if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
     return quantize_layer_direct(spec, ctx, in, out, err);
+}
+
+kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err)
+{
+    if (kvq_spec_is_mix(spec)) {
+        kvq_spec sub;
+        kvq_status st = kvq_spec_for_layer(spec, ctx->layer, &sub, err);
+        return st ? st : kvq_quantize_layer_reference(&sub, ctx, in, out, err);
+    }
+    if (!spec->q->reference) return KVQ_ERR_UNSUPPORTED;
+    kvq_status st = kvq_spec_check_shape(spec, in->D, err);
+    if (st) return st;
+    if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, spec->q->reference);
+    return spec->q->reference(spec, ctx, in, out, err);
 }
 
 static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,

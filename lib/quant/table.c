@@ -1,27 +1,21 @@
 /* table.c — the one table of quantizers (docs/quantizers.md), in the style of ggml's
  * type traits: CLIs, sweeps, --list-quantizers and the tests loop over it.
- * Adding a quantizer: one new file with its kvq_quantizer, one line below. */
+ * Adding a quantizer: one new file with its kvq_quantizer, one line in
+ * families.def (docs/adding-a-quantizer.md). */
 #include "../internal.h"
 #include "quant.h"
 
 #include <string.h>
 
+/* the entries (families.def): an extern each, then the table */
+#define KVQ_FAMILY(entry, file) extern const kvq_quantizer entry;
+#include "families.def"
+#undef KVQ_FAMILY
+
 static const kvq_quantizer *const registry[] = {
-    &kvq_q_per_token,
-    &kvq_q_per_channel,
-    &kvq_q_kivi,
-    &kvq_q_kcvt,
-    &kvq_q_absmax,
-    &kvq_q_gear,
-    &kvq_q_gear_l,
-    &kvq_q_cluster,
-    &kvq_q_lloydmax,
-    &kvq_q_fp8,
-    &kvq_q_fp4,
-    &kvq_q_tender,
-    &kvq_q_ggml,
-    &kvq_q_kvquant,
-    &kvq_q_turboquant,
+#define KVQ_FAMILY(entry, file) &entry,
+#include "families.def"
+#undef KVQ_FAMILY
 };
 
 size_t kvq_quantizer_count(void) { return sizeof registry / sizeof registry[0]; }
@@ -65,3 +59,5 @@ const kvq_param *kvq_quantizer_param(const kvq_quantizer *q, int i)
 }
 int kvq_quantizer_in_default_set(const kvq_quantizer *q) { return q->in_default_set; }
 unsigned kvq_quantizer_read_flags(const kvq_quantizer *q) { return q->read_flags; }
+
+const char *kvq_quantizer_example_spec(const kvq_quantizer *q) { return q->example_spec; }

@@ -201,6 +201,7 @@ static kvq_status tender_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
 const kvq_quantizer kvq_q_tender = {
     .name = "tender",
     .description = "Tender: per-chunk channel bias + channel groups whose scales differ by powers of alpha",
+    .example_spec = "bits=3,chunk=100,span=head",
     .params = tender_params,
     .nparams = sizeof tender_params / sizeof tender_params[0],
     .in_default_set = 1,

@@ -95,6 +95,7 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
 const kvq_quantizer kvq_q_turboquant = {
     .name = "turboquant",
     .description = "TurboQuant: rotation + Lloyd-Max (b-1 bits) + 1-bit QJL residual, unbiased scores",
+    .example_spec = "bits=2,variant=prod",
     .params = turboquant_params,
     .nparams = sizeof turboquant_params / sizeof turboquant_params[0],
     .in_default_set = 1,

@@ -15,13 +15,15 @@ docs/metrics.md)."""
 from . import _blas
 
 _blas.prepare()  # before numpy loads OpenBLAS (docs/performance.md#blas-kernels)
-from ._lib import Error  # noqa: E402
+from ._lib import (Error, FileError, FormatError, NumericError, OutOfMemoryError, UnsupportedError,  # noqa: E402
+                   UsageError)
 from .cache import DecodeCache  # noqa: E402
 from .dump import DumpError, read_dump, write_dump  # noqa: E402
-from .quant import Calibration, Quantized, analyze, parse_rows, quantize, quantizers, spec_full
+from .quant import Calibration, Quantized, analyze, check_spec, parse_rows, quantize, quantizers, spec_full
 
-__all__ = ["Error", "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
-           "read_dump", "write_dump", "parse_rows", "spec_full", "version", "blas"]
+__all__ = ["Error", "UsageError", "FileError", "FormatError", "NumericError", "OutOfMemoryError", "UnsupportedError",
+           "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
+           "read_dump", "write_dump", "parse_rows", "spec_full", "check_spec", "version", "blas"]
 
 
 def version():

@@ -7,18 +7,71 @@ runs) without it; the first call that needs it says where it looked."""
 import ctypes
 import os
 
-__all__ = ["Error", "lib", "check", "ReconAcc", "Acc", "Metrics", "Param", "Spec", "DumpInfo", "Layer", "AttnMode",
+__all__ = ["Error", "UsageError", "FileError", "FormatError", "OutOfMemoryError", "NumericError", "UnsupportedError",
+           "lib", "check", "ReconAcc", "Acc", "Metrics", "Param", "Spec", "DumpInfo", "Layer", "AttnMode",
            "Rope"]
 
 
 class Error(Exception):
     """A failure reported by libkvq (or a bad argument): the message is the
     library's one line; `status` is its kind (usage, io, format, nomem,
-    numeric, unsupported, internal)."""
+    numeric, unsupported, internal).  Raised as the subclass of its kind,
+    which is also the matching built-in, so `except ValueError` and `except
+    OSError` catch what numpy and h5py users expect:
 
-    def __init__(self, message, status="usage"):
+    usage: UsageError (ValueError)     io: FileError (OSError)
+    format: FormatError (ValueError)   nomem: OutOfMemoryError (MemoryError)
+    numeric: NumericError (ArithmeticError)
+    unsupported: UnsupportedError (NotImplementedError)
+    """
+
+    def __new__(cls, message="", status="usage", *args, **kwargs):
+        if cls is Error:  # Error(msg, status) raises the subclass of that kind
+            cls = _BY_STATUS.get(status, Error)
+        return super().__new__(cls, message)
+
+    def __init__(self, message="", status=None):
         super().__init__(message)
-        self.status = status
+        self.status = status or self._status
+
+    _status = "internal"
+
+
+class UsageError(Error, ValueError):
+    """A bad argument, spec or option (status "usage")."""
+    _status = "usage"
+
+
+class FileError(Error, OSError):
+    """A file that cannot be opened, read or written (status "io")."""
+    _status = "io"
+
+    def __str__(self):  # OSError's own would print the args tuple
+        return str(self.args[0]) if self.args else ""
+
+
+class FormatError(Error, ValueError):
+    """A file that is not what it should be: a damaged dump, a bad GGUF (status "format")."""
+    _status = "format"
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """libkvq ran out of memory (status "nomem")."""
+    _status = "nomem"
+
+
+class NumericError(Error, ArithmeticError):
+    """A non-finite value or scale, named by the message (status "numeric")."""
+    _status = "numeric"
+
+
+class UnsupportedError(Error, NotImplementedError):
+    """Something this build or this input's shape cannot do (status "unsupported")."""
+    _status = "unsupported"
+
+
+_BY_STATUS = {"usage": UsageError, "io": FileError, "format": FormatError, "nomem": OutOfMemoryError,
+              "numeric": NumericError, "unsupported": UnsupportedError}
 
 
 _STATUS = ["ok", "usage", "io", "format", "nomem", "numeric", "unsupported", "internal"]
@@ -106,6 +159,8 @@ _SIGNATURES = {
     "kvq_quantizer_param": (ctypes.POINTER(Param), [_P, c_int]),
     "kvq_quantizer_in_default_set": (c_int, [_P]),
     "kvq_quantizer_read_flags": (ctypes.c_uint, [_P]),
+    "kvq_quantizer_example_spec": (c_char_p, [_P]),
+    "kvq_spec_check_shape": (c_int, [ctypes.POINTER(Spec), c_int, ctypes.POINTER(_Err)]),
     "kvq_spec_parse": (c_int, [c_char_p, ctypes.POINTER(Spec), ctypes.POINTER(_Err)]),
     "kvq_spec_needs_calib": (c_int, [ctypes.POINTER(Spec)]),
     "kvq_spec_format_full": (None, [ctypes.POINTER(Spec), ctypes.c_char_p, ctypes.c_size_t]),
@@ -123,6 +178,7 @@ _SIGNATURES = {
     "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
     "kvq_dump_model": (c_char_p, [_P]),
     "kvq_dump_read_layer": (c_int, [_P, c_int, ctypes.c_uint, ctypes.POINTER(Layer), ctypes.POINTER(_Err)]),
+    "kvq_dump_has_tokens": (c_int, [_P]),
     "kvq_dump_read_tokens": (c_int, [_P, ctypes.POINTER(ctypes.POINTER(c_int)), ctypes.POINTER(ctypes.c_size_t),
                                      ctypes.POINTER(_Err)]),
     "kvq_dump_read_rope": (c_int, [_P, ctypes.POINTER(Rope), ctypes.POINTER(_Err)]),

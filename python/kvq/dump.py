@@ -31,11 +31,12 @@ __all__ = ["write_dump", "read_dump", "DumpError"]
 _FORMAT = "kvq-dump/1"
 
 
-from ._lib import Error
+from ._lib import Error, UsageError
 
 
-class DumpError(Error, ValueError):
-    """A tensor or argument that kvq-dump/1 cannot hold; the message names it."""
+class DumpError(UsageError):
+    """A tensor or argument that kvq-dump/1 cannot hold; the message names it
+    (a kvq.UsageError, so also a ValueError)."""
 
     def __init__(self, message):
         super().__init__(message, "usage")
@@ -231,10 +232,9 @@ def read_dump(path, *, layers=None, query=True, key_pre_rope=True):
                                sin=np.ctypeslib.as_array(rope.sin, (n,)).reshape(shape).copy())
             L.kvq_rope_free(ctypes.byref(rope))
         toks, ntok = ctypes.POINTER(ctypes.c_int)(), ctypes.c_size_t()
-        st = L.kvq_dump_read_tokens(d, ctypes.byref(toks), ctypes.byref(ntok), ctypes.byref(err))
-        if st and not err.msg.endswith(b"attribute missing"):
-            _lib.check(st, err)  # a /tokens that is there but damaged
-        if st == 0 and toks:
+        if L.kvq_dump_has_tokens(d):  # a /tokens that is there but damaged raises
+            _lib.check(L.kvq_dump_read_tokens(d, ctypes.byref(toks), ctypes.byref(ntok), ctypes.byref(err)), err)
+        if toks:
             out["tokens"] = np.ctypeslib.as_array(toks, (ntok.value,)).astype(np.int32) if ntok.value else \
                 np.zeros(0, np.int32)
             L.kvq_free(toks)

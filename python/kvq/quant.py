@@ -23,7 +23,8 @@ RECON_COLUMNS = ("k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs"
 def quantizers():
     """The registry, as `kvq-analyze --list-quantizers` prints it: one dict
     per family (name, description, params, needs_calib, in_default_set,
-    reads_key_pre_rope); each param a dict (key, type, default, min, max,
+    reads_key_pre_rope, example_spec: a non-default spec that takes the
+    family's own paths); each param a dict (key, type, default, min, max,
     choices, help)."""
     L, out = _lib.lib(), []
     for i in range(L.kvq_quantizer_count()):
@@ -42,18 +43,29 @@ def quantizers():
         out.append(dict(name=name, description=L.kvq_quantizer_description(q).decode(), params=params,
                         needs_calib=bool(L.kvq_spec_needs_calib(ctypes.byref(spec))),
                         in_default_set=bool(L.kvq_quantizer_in_default_set(q)),
-                        reads_key_pre_rope=bool(L.kvq_quantizer_read_flags(q) & 2)))
+                        reads_key_pre_rope=bool(L.kvq_quantizer_read_flags(q) & 2),
+                        example_spec=f"{name}:{L.kvq_quantizer_example_spec(q).decode()}"))
     return out
+
+
+def check_spec(spec, head_dim=None):
+    """Raises Error (status "usage") if the spec does not parse or, given
+    head_dim, cannot run on heads of that many channels (a block that does
+    not divide it); returns the spec with every key written out."""
+    L, sp, err = _lib.lib(), _lib.Spec(), _lib.new_error()
+    _lib.check(L.kvq_spec_parse(_text(spec, "spec"), ctypes.byref(sp), ctypes.byref(err)), err)
+    if head_dim is not None:
+        _check_int(head_dim, "head_dim", 1)
+        _lib.check(L.kvq_spec_check_shape(ctypes.byref(sp), head_dim, ctypes.byref(err)), err)
+    buf = ctypes.create_string_buffer(1024)
+    L.kvq_spec_format_full(ctypes.byref(sp), buf, len(buf))
+    return buf.value.decode()
 
 
 def spec_full(spec):
     """The spec with every key written out (defaults filled in), as the
     `spec` column of a sweep point; raises Error for a bad spec."""
-    L, sp, err = _lib.lib(), _lib.Spec(), _lib.new_error()
-    _lib.check(L.kvq_spec_parse(_text(spec, "spec"), ctypes.byref(sp), ctypes.byref(err)), err)
-    buf = ctypes.create_string_buffer(1024)
-    L.kvq_spec_format_full(ctypes.byref(sp), buf, len(buf))
-    return buf.value.decode()
+    return check_spec(spec)
 
 
 def _text(s, what):
@@ -70,13 +82,21 @@ def _text(s, what):
 class Calibration:
     """A calibration dump (`kvq-analyze --calib`) and the states fitted on it
     (k-means centres, codebooks), computed on first use per layer and spec
-    and kept while the object lives.  Paths given as `calib=` are opened
-    once per process and shared."""
+    and kept while the object lives (or `with kvq.Calibration(path) as c:`
+    closes it at the block's end).  Paths given as `calib=` are opened once
+    per process and shared."""
 
     def __init__(self, path):
         L, err, h = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
         _lib.check(L.kvq_calib_open(_text(os.fspath(path), "calib"), ctypes.byref(h), ctypes.byref(err)), err)
         self._h, self.path = h, os.fspath(path)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     def close(self):
         if self._h:

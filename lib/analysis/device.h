@@ -4,7 +4,7 @@
 #ifndef KVQ_DEVICE_H
 #define KVQ_DEVICE_H
 
-#include "quant/plan.h"
+#include "../quant/plan.h"
 
 /* One layer's K, V [H][T][D] and room for nslots reconstructions. */
 kvq_status kvq_device_set_layer(kvq_device *dev, const kvq_layer *L, int nslots, kvq_error *err);
