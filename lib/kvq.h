@@ -294,6 +294,11 @@ void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len);
 void kvq_registry_describe(FILE *f);
 /* Does this spec need a --calib dump? (a mix: does any of its specs) */
 int kvq_spec_needs_calib(const kvq_spec *spec);
+/* The one calibration rule: KVQ_ERR_USAGE, "SPEC: " KVQ_NEEDS_CALIB, when
+ * the spec needs a calibration dump and the caller has none (the tools add
+ * how to give one). */
+#define KVQ_NEEDS_CALIB "needs a calibration dump of the same model (a dump of another text)"
+kvq_status kvq_spec_check_calib(const kvq_spec *spec, int have_calib, kvq_error *err);
 /* The tensors the spec reads besides K and V (KVQ_READ_*; a mix: all of its specs'). */
 unsigned kvq_spec_read_flags(const kvq_spec *spec);
 
@@ -665,6 +670,13 @@ kvq_status kvq_quantize_arrays(const char *spec, int layer, uint64_t seed, int n
                                const double *rope_cos, const double *rope_sin, double rope_theta,
                                kvq_rope_style rope_style, kvq_calib *calib, float *key_out, float *value_out,
                                kvq_acc *head_acc, kvq_error *err);
+
+/* The layout of the structs bindings mirror field for field (python/kvq's
+ * ctypes classes), so that a binding can refuse a libkvq built from other
+ * headers instead of reading garbage: the i-th field of those structs, in
+ * declaration order, as its struct's name, its own, its offset and the
+ * struct's size.  0 past the last (i counts from 0), else 1. */
+int kvq_abi_field(int i, const char **type, const char **field, size_t *offset, size_t *size);
 
 /* kvq-analyze on one dump with these options, its rows as CSV text (header
  * included) in *csv, byte for byte what `kvq-analyze --format csv` writes

@@ -171,7 +171,7 @@ START_TEST(calibration_errors)
     kvq_analysis a;
     /* no --calib */
     ck_assert_int_eq(analyze(tgt, NULL, texts, 1, 1, &a, sp, &err), KVQ_ERR_USAGE);
-    ck_assert(strstr(err.msg, "needs --calib"));
+    ck_assert(strstr(err.msg, KVQ_NEEDS_CALIB));
     const char *lm[] = {"lloydmax:codebook=data"};
     ck_assert_int_eq(analyze(tgt, NULL, lm, 1, 1, &a, sp, &err), KVQ_ERR_USAGE);
     /* another model's calibration dump */

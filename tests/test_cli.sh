@@ -182,8 +182,8 @@ expect 0 -- "$analyze" -q per-token:scale=fp32 "$tmp/huge.h5"
 # --- calibrated quantizers (issue 3)
 calib=$src/data/stories260K-calib.h5
 expect 0 "gear" "gear-l" "cluster" "lloydmax" "[needs --calib]" "codebook=sphere" -- "$analyze" --list-quantizers
-expect 2 "cluster: needs --calib FILE" -- "$analyze" -q cluster "$real"
-expect 2 "lloydmax:codebook=data: needs --calib FILE" -- "$analyze" -q lloydmax:codebook=data "$real"
+expect 2 "cluster: needs a calibration dump of the same model" "give it with --calib FILE" -- "$analyze" -q cluster "$real"
+expect 2 "lloydmax:codebook=data: needs a calibration dump" -- "$analyze" -q lloydmax:codebook=data "$real"
 expect 2 "gear-l:sparsity=0.1: sparsity: gear-l has no outliers" -- "$analyze" -q gear-l:sparsity=0.1 "$real"
 expect 2 "gear:lowrank=qr: lowrank=qr: expected one of power|svd" -- "$analyze" -q gear:lowrank=qr "$real"
 expect 0 -- "$gen" --layers 1 --tokens 40 --head-dim 12 -o "$tmp/d12.h5"
@@ -202,7 +202,7 @@ expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16"
 expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
 # --- the frontier families (docs/quantizers.md)
 expect 0 "ggml " "ktype=q8_0" "iq4_nl" "fp4 " "format=mxfp4" "global=none" "kvquant " "codebook=nuq" "turboquant " "variant=prod" "prerotate=none" -- "$analyze" --list-quantizers
-expect 2 "kvquant: needs --calib FILE" -- "$analyze" -q kvquant "$real"
+expect 2 "kvquant: needs a calibration dump" -- "$analyze" -q kvquant "$real"
 expect 0 "kvquant" -- "$analyze" -q kvquant --calib "$calib" --per model "$real"
 expect 0 "kvquant:codebook=uniform" -- "$analyze" -q kvquant:codebook=uniform --per model "$real"
 expect 2 "turboquant:bits=1: bits=1: variant=prod needs bits >= 2" -- "$analyze" -q turboquant:bits=1 "$real"
@@ -377,7 +377,7 @@ expect 0 '0,all,mix,"kivi:kbits=4,vbits=2",5,8.5,' '4,all,mix,per-token:bits=2,6
     "$analyze" -q "$mixs" --per layer --format csv "$real"
 expect 0 "all,all,mix,\"$mixs\",5.6,7," -- "$analyze" -q "$mixs" --per model --format csv "$real"
 expect 2 "layer 4 is in no range (every layer needs one)" -- "$analyze" -q 'mix(0-3=kivi)' "$real"
-expect 2 "mix(0-=cluster): needs --calib" -- "$analyze" -q 'mix(0-=cluster)' "$real"
+expect 2 "mix(0-=cluster): needs a calibration dump" -- "$analyze" -q 'mix(0-=cluster)' "$real"
 expect 2 "range 1-: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'mix(0=fp8;1-=kivi:bitz=2)' "$real"
 expect 2 "mix(0-4,=kivi): range '0-4,': expected layers as a, a-b, a- or a,b" -- "$analyze" -q 'mix(0-4,=kivi)' "$real"
 

@@ -132,7 +132,7 @@ expect 2 "--policy sometimes" -- "$eval" "$tiny" --text "$tmp/text.txt" --policy
 expect 2 "--stride 0" -- "$eval" "$tiny" --text "$tmp/text.txt" --stride 0
 expect 2 "--max-tokens 1" -- "$dump" "$tiny" --text "$tmp/text.txt" --max-tokens 1 -o "$tmp/x.h5"
 expect 2 "unknown quantizer 'nope'" -- "$eval" "$tiny" --text "$tmp/text.txt" -q nope
-expect 2 "cluster: needs --calib FILE" -- "$eval" "$tiny" --text "$tmp/text.txt" -q cluster
+expect 2 "cluster: needs a calibration dump" "--calib FILE" -- "$eval" "$tiny" --text "$tmp/text.txt" -q cluster
 expect 2 "--tokens" -- "$dump" "$qwen" --text "$tmp/text.txt" -o "$tmp/x.h5"
 expect 2 "layer 7: expected 0..2" -- "$dump" "$tiny" --text "$tmp/text.txt" --layers 7 -o "$tmp/x.h5"
 expect 0 "usage: kvq-eval" -- "$eval" --help

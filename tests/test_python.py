@@ -257,6 +257,19 @@ if os.path.exists(BIN):
 else:
     print(f"test_python: {BIN} absent: the model-loop check skipped")
 
+# ------------- the ctypes mirrors match the library's structs (checked at load)
+import ctypes  # noqa: E402
+check(kvq._lib.abi_mismatches(kvq._lib.lib()) == [], "the mirrored structs match libkvq's layout")
+
+
+class _Shifted(ctypes.Structure):  # kvq_metrics with v_bits a float: what a stale mirror looks like
+    _c_name = "kvq_metrics"
+    _fields_ = [("k_bits", ctypes.c_double), ("v_bits", ctypes.c_float)]
+
+
+bad = kvq._lib.abi_mismatches(kvq._lib.lib(), [_Shifted])
+check(len(bad) == 1 and bad[0].startswith("kvq_metrics: ") and "16 bytes" in bad[0], f"a stale mirror is named: {bad}")
+
 # ------------------- errors as numpy/h5py users catch them; Calibration in `with`
 for what, call, builtin, status in (
         ("a bad spec", lambda: kvq.quantize("kivi:bits=99", np.zeros((2, 4, 8)), np.zeros((2, 4, 8))), ValueError,

@@ -49,7 +49,7 @@ expect 2 "no -o OUT given" -- "$sweep" "$real" --quant kivi --grid bits=2
 expect 2 "no --quant NAME given" -- "$sweep" "$real" --grid bits=2 -o "$tmp/x.csv"
 expect 2 "--shard 3/3: expected I/N with 0 <= I < N" -- "$sweep" "$real" --quant kivi --shard 3/3 -o "$tmp/x.csv"
 expect 2 "--format table: expected csv or jsonl" -- "$sweep" "$real" --quant kivi --format table -o "$tmp/x.csv"
-expect 2 "--quant cluster: needs --calib FILE" -- "$sweep" "$real" --quant cluster --grid centroids=4,8 -o "$tmp/x.csv"
+expect 2 "cluster:centroids=4: needs a calibration dump" "give it with --calib FILE" -- "$sweep" "$real" --quant cluster --grid centroids=4,8 -o "$tmp/x.csv"
 expect 2 "--expect-grid applies to --merge only" -- "$sweep" "$real" --quant kivi --expect-grid -o "$tmp/x.csv"
 expect 2 "stories260K.h5: layer 7: expected 0..4" -- "$sweep" "$real" --quant kivi --layers 7 -o "$tmp/x.csv"
 check "no output left by usage errors" [ ! -e "$tmp/x.csv" ]

@@ -397,6 +397,14 @@ int cli_check_side_file(const char *prog, const char *what, const char *path, co
     return check_side(prog, what, path, inputs, n);
 }
 
+int cli_check_calib(const char *prog, const kvq_spec *spec, int have_calib)
+{
+    kvq_error err = {0};
+    if (kvq_spec_check_calib(spec, have_calib, &err) == KVQ_OK) return CLI_OK;
+    cli_error(prog, "%s; give it with --calib FILE", err.msg);
+    return CLI_USAGE;
+}
+
 int cli_out_open(cli_out *o, const char *path, const char *prog)
 {
     memset(o, 0, sizeof *o);

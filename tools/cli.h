@@ -67,6 +67,9 @@ int cli_check_output(const char *prog, const char *output, const char *const *in
  * regular file where it exists (a FIFO would block the run).  what names it:
  * "the sensitivity table of -o".  CLI_OK or CLI_USAGE after printing. */
 int cli_check_side_file(const char *prog, const char *what, const char *path, const char *const *inputs, int n);
+/* The calibration rule (kvq_spec_check_calib): the library's message and
+ * how to give the dump, CLI_USAGE; CLI_OK where the spec has what it needs. */
+int cli_check_calib(const char *prog, const kvq_spec *spec, int have_calib);
 /* Output: stdout when path is NULL or "-"; a FIFO or a device written in
  * place; else a temporary file beside the target (a symlink followed) that
  * cli_out_commit renames into place, with the mode a new file gets (or the

@@ -738,10 +738,7 @@ int main(int argc, char **argv)
     }
     if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
     for (int i = 0; i < np; i++)
-        if (kvq_spec_needs_calib(&pts[i].spec) && !cal) {
-            cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", pts[i].spec.text);
-            rc = CLI_USAGE; goto done;
-        }
+        if ((rc = cli_check_calib(prog, &pts[i].spec, cal != NULL))) goto done;
     mo.no_context_cut = chunk > 0;
     mo.uses = chunk > 0 && chunks > 0 ? chunk * chunks : 0; /* --chunks K: the first K windows alone */
     if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;

@@ -130,11 +130,7 @@ int main(int argc, char **argv)
         if (skipped_shape[0] && !shape_dim) shape_dim = head_dim;
     }
     for (int s = 0; s < nspecs; s++)
-        if (kvq_spec_needs_calib(&specs[s]) && !calib_dump) {
-            cli_error(prog, "%s: needs --calib FILE (a calibration dump of the same model)", specs[s].text);
-            rc = CLI_USAGE;
-            goto done;
-        }
+        if ((rc = cli_check_calib(prog, &specs[s], calib_dump != NULL))) goto done;
 
     kvq_format fmt = cli_pick_format(format, output);
     if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;

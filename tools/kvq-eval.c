@@ -241,10 +241,7 @@ int main(int argc, char **argv)
     int defaults = nspecs == 0;
     if (defaults && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
     for (int s = 0; s < nspecs; s++)
-        if (specs[s].q && kvq_spec_needs_calib(&specs[s]) && !cal) {
-            cli_error(prog, "%s: needs --calib FILE (a kvq-dump of another text with the same model)", specs[s].text);
-            rc = CLI_USAGE; goto done;
-        }
+        if (specs[s].q && (rc = cli_check_calib(prog, &specs[s], cal != NULL))) goto done;
     if (chunks && !chunk) {
         cli_error(prog, "--chunks needs --chunk N");
         rc = CLI_USAGE; goto done;

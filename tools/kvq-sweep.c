@@ -363,7 +363,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     extra_cols[nk] = "point";
 
     /* this shard's points: valid ones to run, invalid ones said and skipped */
-    int needs_calib = 0;
+    kvq_spec needs_calib = {0}; /* the first point that needs a calibration dump */
     for (size_t p = 0; p < npoints; p++) {
         if ((long)(p % (size_t)o->shard_n) != o->shard_i) continue;
         kvq_spec sp;
@@ -373,15 +373,11 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             continue;
         }
         state[p] = 1, nrun++;
-        needs_calib |= kvq_spec_needs_calib(&sp);
+        if (!needs_calib.q && kvq_spec_needs_calib(&sp)) needs_calib = sp;
         if (o->list_points) printf("%zu\t%s\tvalid\n", p, sp.text);
     }
     if (o->list_points) goto done;
-    if (needs_calib && !o->calib) {
-        cli_error(prog, "--quant %s: needs --calib FILE (a calibration dump of the same model)", o->quant);
-        rc = CLI_USAGE;
-        goto done;
-    }
+    if (needs_calib.q && (rc = cli_check_calib(prog, &needs_calib, o->calib != NULL))) goto done;
 
     /* the device, the dumps and the calibration dump, opened once */
     if ((rc = cli_analysis_device(prog, &o->an))) goto done;

@@ -383,11 +383,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             goto done;
         }
         if (!kvq_spec_needs_calib(&o->specs[s])) continue;
-        if (!o->calib) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a calibration dump of the same model)",
-                          o->specs[s].text);
-            goto done;
-        }
+        if ((st = kvq_spec_check_calib(&o->specs[s], o->calib != NULL, err))) goto done;
         if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;
     }
 

@@ -7,10 +7,55 @@
 #include "../internal.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 void kvq_free(void *p) { free(p); }
+
+/* The structs python/kvq/_lib.py mirrors, every field in order. */
+#define ABI(T, f) {#T, #f, offsetof(T, f), sizeof(T)}
+static const struct abi_field {
+    const char *type, *field;
+    size_t offset, size;
+} abi[] = {
+    ABI(kvq_error, status), ABI(kvq_error, msg),
+    ABI(kvq_recon_acc, n), ABI(kvq_recon_acc, sum_x2), ABI(kvq_recon_acc, sum_e2), ABI(kvq_recon_acc, sum_abs_e),
+    ABI(kvq_recon_acc, max_abs), ABI(kvq_recon_acc, bits),
+    ABI(kvq_attn_acc, rows), ABI(kvq_attn_acc, s_ref2), ABI(kvq_attn_acc, s_diff2), ABI(kvq_attn_acc, a_ref2),
+    ABI(kvq_attn_acc, a_diff2), ABI(kvq_attn_acc, kl_sum), ABI(kvq_attn_acc, top1_same), ABI(kvq_attn_acc, o_ref2),
+    ABI(kvq_attn_acc, o_diff2), ABI(kvq_attn_acc, o_joint_diff2),
+    ABI(kvq_acc, k), ABI(kvq_acc, v), ABI(kvq_acc, static_bytes), ABI(kvq_acc, has_attn), ABI(kvq_acc, attn),
+    ABI(kvq_metrics, k_bits), ABI(kvq_metrics, v_bits), ABI(kvq_metrics, k_rel_fro), ABI(kvq_metrics, k_rmse),
+    ABI(kvq_metrics, k_mae), ABI(kvq_metrics, k_max_abs), ABI(kvq_metrics, k_sqnr_db), ABI(kvq_metrics, v_rel_fro),
+    ABI(kvq_metrics, v_rmse), ABI(kvq_metrics, v_mae), ABI(kvq_metrics, v_max_abs), ABI(kvq_metrics, v_sqnr_db),
+    ABI(kvq_metrics, has_attn), ABI(kvq_metrics, score_rel), ABI(kvq_metrics, attn_rel), ABI(kvq_metrics, attn_kl),
+    ABI(kvq_metrics, attn_top1), ABI(kvq_metrics, out_rel), ABI(kvq_metrics, out_rel_joint),
+    ABI(kvq_metrics, static_bytes),
+    ABI(kvq_param, key), ABI(kvq_param, type), ABI(kvq_param, def), ABI(kvq_param, min), ABI(kvq_param, max),
+    ABI(kvq_param, choices), ABI(kvq_param, help), ABI(kvq_param, quiet_default),
+    ABI(kvq_spec, q), ABI(kvq_spec, val), ABI(kvq_spec, given), ABI(kvq_spec, text),
+    ABI(kvq_dump_info, model), ABI(kvq_dump_info, num_layers), ABI(kvq_dump_info, num_heads),
+    ABI(kvq_dump_info, num_kv_heads), ABI(kvq_dump_info, head_dim), ABI(kvq_dump_info, seq_len),
+    ABI(kvq_dump_info, has_rope_theta), ABI(kvq_dump_info, rope_theta), ABI(kvq_dump_info, rope_style),
+    ABI(kvq_dump_info, query_prescaled), ABI(kvq_dump_info, has_query), ABI(kvq_dump_info, has_key_pre_rope),
+    ABI(kvq_dump_info, has_rope_table), ABI(kvq_dump_info, key_dtype), ABI(kvq_dump_info, value_dtype),
+    ABI(kvq_dump_info, query_dtype), ABI(kvq_dump_info, attn_scale), ABI(kvq_dump_info, attn_softcap),
+    ABI(kvq_dump_info, window_layers),
+    ABI(kvq_layer, H), ABI(kvq_layer, Hq), ABI(kvq_layer, T), ABI(kvq_layer, D), ABI(kvq_layer, key),
+    ABI(kvq_layer, value), ABI(kvq_layer, query), ABI(kvq_layer, key_pre_rope),
+    ABI(kvq_attn_mode, prescaled), ABI(kvq_attn_mode, scale), ABI(kvq_attn_mode, softcap),
+    ABI(kvq_attn_mode, window),
+    ABI(kvq_rope, T), ABI(kvq_rope, D), ABI(kvq_rope, style), ABI(kvq_rope, cos), ABI(kvq_rope, sin),
+};
+#undef ABI
+
+int kvq_abi_field(int i, const char **type, const char **field, size_t *offset, size_t *size)
+{
+    if (i < 0 || (size_t)i >= sizeof abi / sizeof abi[0]) return 0;
+    *type = abi[i].type, *field = abi[i].field, *offset = abi[i].offset, *size = abi[i].size;
+    return 1;
+}
 
 /* The threads a call of the bindings uses: the caller's (1..KVQ_MAX_THREADS,
  * as the tools' --threads), or for 0 as many as the work keeps busy — a
@@ -62,8 +107,7 @@ kvq_status kvq_quantize_arrays(const char *spec_text, int layer, uint64_t seed, 
     kvq_status st = kvq_spec_parse(spec_text ? spec_text : "", &sp, err);
     if (st) return st;
     if ((st = kvq_spec_check_shape(&sp, D, err))) return st;
-    if (kvq_spec_needs_calib(&sp) && !calib)
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs a calibration dump of the same model", sp.text);
+    if ((st = kvq_spec_check_calib(&sp, calib != NULL, err))) return st;
     if ((st = check_finite("key", key, H, T, D, err)) || (st = check_finite("value", value, H, T, D, err)) ||
         (key_pre_rope && (st = check_finite("key_pre_rope", key_pre_rope, H, T, D, err))))
         return st;

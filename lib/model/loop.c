@@ -237,8 +237,7 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
                             items[i].layer, in->n_layers - 1);
         if (sp && (st = kvq_spec_check_layers(sp, in->n_layers, err))) return st;
         if (!sp || !kvq_spec_needs_calib(sp)) continue;
-        if (!o->calib)
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: needs --calib FILE (a dump of the same model)", sp->text);
+        if ((st = kvq_spec_check_calib(sp, o->calib != NULL, err))) return st;
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
     }
     for (int i = 0; i < o->n_logit_pos; i++)

@@ -188,7 +188,7 @@ static kvq_status cluster_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
                                kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
     const cluster_state *s = ctx->calib;
-    if (!s) return kvq_fail(err, KVQ_ERR_USAGE, "needs --calib FILE (a calibration dump of the same model)");
+    if (!s) return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", sp->text, KVQ_NEEDS_CALIB);
     return tensor ? cluster_values(sp, ctx, s, in, out, h, err) : cluster_keys(sp, ctx, s, in, out, h, err);
 }
 

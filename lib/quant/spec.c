@@ -240,6 +240,12 @@ int kvq_spec_needs_calib(const kvq_spec *spec)
     return need;
 }
 
+kvq_status kvq_spec_check_calib(const kvq_spec *spec, int have_calib, kvq_error *err)
+{
+    if (have_calib || !kvq_spec_needs_calib(spec)) return KVQ_OK;
+    return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", spec->text, KVQ_NEEDS_CALIB);
+}
+
 static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
 {
     (void)err;

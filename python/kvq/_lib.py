@@ -79,19 +79,23 @@ c_double, c_int, c_float, c_char_p = ctypes.c_double, ctypes.c_int, ctypes.c_flo
 
 
 class _Err(ctypes.Structure):  # kvq_error
+    _c_name = "kvq_error"
     _fields_ = [("status", c_int), ("msg", ctypes.c_char * 1024)]
 
 
 class ReconAcc(ctypes.Structure):  # kvq_recon_acc
+    _c_name = "kvq_recon_acc"
     _fields_ = [(n, c_double) for n in ("n", "sum_x2", "sum_e2", "sum_abs_e", "max_abs", "bits")]
 
 
 class AttnAcc(ctypes.Structure):  # kvq_attn_acc
+    _c_name = "kvq_attn_acc"
     _fields_ = [(n, c_double) for n in ("rows", "s_ref2", "s_diff2", "a_ref2", "a_diff2", "kl_sum", "top1_same",
                                         "o_ref2", "o_diff2", "o_joint_diff2")]
 
 
 class Acc(ctypes.Structure):  # kvq_acc
+    _c_name = "kvq_acc"
     _fields_ = [("k", ReconAcc), ("v", ReconAcc), ("static_bytes", c_double), ("has_attn", c_int),
                 ("attn", AttnAcc)]
 
@@ -100,6 +104,7 @@ _RECON = ("rel_fro", "rmse", "mae", "max_abs", "sqnr_db")
 
 
 class Metrics(ctypes.Structure):  # kvq_metrics
+    _c_name = "kvq_metrics"
     _fields_ = ([("k_bits", c_double), ("v_bits", c_double)] + [("k_" + n, c_double) for n in _RECON] +
                 [("v_" + n, c_double) for n in _RECON] + [("has_attn", c_int)] +
                 [(n, c_double) for n in ("score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel",
@@ -107,16 +112,19 @@ class Metrics(ctypes.Structure):  # kvq_metrics
 
 
 class Param(ctypes.Structure):  # kvq_param
+    _c_name = "kvq_param"
     _fields_ = [("key", c_char_p), ("type", c_int), ("default", c_char_p), ("min", c_double), ("max", c_double),
                 ("choices", c_char_p), ("help", c_char_p), ("quiet_default", c_int)]
 
 
 class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 1024)
+    _c_name = "kvq_spec"
     _fields_ = [("q", ctypes.c_void_p), ("val", c_double * 16), ("given", ctypes.c_ubyte * 16),
                 ("text", ctypes.c_char * 1024)]
 
 
 class DumpInfo(ctypes.Structure):  # kvq_dump_info
+    _c_name = "kvq_dump_info"
     _fields_ = [("model", ctypes.c_char * 256)] + [(n, c_int) for n in (
         "num_layers", "num_heads", "num_kv_heads", "head_dim", "seq_len", "has_rope_theta")] + [
         ("rope_theta", c_double), ("rope_style", c_int)] + [(n, c_int) for n in (
@@ -129,15 +137,18 @@ _PD = ctypes.POINTER(c_double)
 
 
 class Layer(ctypes.Structure):  # kvq_layer
+    _c_name = "kvq_layer"
     _fields_ = [(n, c_int) for n in ("H", "Hq", "T", "D")] + [(n, _PF) for n in (
         "key", "value", "query", "key_pre_rope")]
 
 
 class AttnMode(ctypes.Structure):  # kvq_attn_mode
+    _c_name = "kvq_attn_mode"
     _fields_ = [("prescaled", c_int), ("scale", c_float), ("softcap", c_float), ("window", c_int)]
 
 
 class Rope(ctypes.Structure):  # kvq_rope
+    _c_name = "kvq_rope"
     _fields_ = [("T", c_int), ("D", c_int), ("style", c_int), ("cos", _PD), ("sin", _PD)]
 
 
@@ -189,6 +200,37 @@ _SIGNATURES = {
 }
 
 _lib = None
+_MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope)
+
+
+def abi_mismatches(handle, classes=_MIRRORED):
+    """How the library's structs differ from these ctypes mirrors (field
+    offsets, sizes; kvq_abi_field), as lines; empty when they agree."""
+    fn = getattr(handle, "kvq_abi_field", None)
+    if fn is None:
+        return ["it has no kvq_abi_field (an older libkvq)"]
+    fn.restype = c_int
+    fn.argtypes = [c_int, ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p), ctypes.POINTER(ctypes.c_size_t),
+                   ctypes.POINTER(ctypes.c_size_t)]
+    c_side, i = {}, 0
+    t, f, off, size = c_char_p(), c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
+    while fn(i, ctypes.byref(t), ctypes.byref(f), ctypes.byref(off), ctypes.byref(size)):
+        entry = c_side.setdefault(t.value.decode(), {"size": size.value, "fields": []})
+        entry["fields"].append((f.value.decode(), off.value))
+        i += 1
+    out = []
+    for cls in classes:
+        c = c_side.get(cls._c_name)
+        if c is None:
+            out.append(f"{cls._c_name}: not described by the library")
+            continue
+        ours = [getattr(cls, name).offset for name, *_ in cls._fields_]
+        theirs = [o for _, o in c["fields"]]
+        if ctypes.sizeof(cls) != c["size"] or ours != theirs:
+            out.append(f"{cls._c_name}: {c['size']} bytes, fields at {theirs} in C; {ctypes.sizeof(cls)} bytes, "
+                       f"fields at {ours} here")
+    return out
+
 
 
 def _candidates():
@@ -216,6 +258,10 @@ def lib():
             handle = ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
+            continue
+        bad = abi_mismatches(handle)
+        if bad:  # a library built from other headers than this package mirrors
+            tried.append(f"{path} (laid out differently from this kvq package: {'; '.join(bad[:2])}; rebuild both)")
             continue
         for name, (res, args) in _SIGNATURES.items():
             fn = getattr(handle, name)
