@@ -1,7 +1,9 @@
 """check_imports.py — libkvq's import graph, read from its object files
 (`nm`: which file defines each symbol another file uses): no cycle between
 files, and every room (lib/<room>/) uses only the rooms before it in
-ORDER, as the README's layout says.   check_imports.py OBJDIR"""
+ORDER, as the README's layout says; with a second OBJDIR, the tools' shared
+files (libkvqcli) likewise: each uses only those before it in TOOLS_ORDER
+(tools/cli.h).   check_imports.py LIB_OBJDIR [TOOLS_OBJDIR]"""
 import collections
 import glob
 import os
@@ -9,6 +11,7 @@ import subprocess
 import sys
 
 ORDER = ["base", "math", "metrics", "formats", "io", "quant", "analysis", "model"]
+TOOLS_ORDER = ["out.c.o", "hash.c.o", "meta.c.o", "cli.c.o", "eval_shard.c.o"]
 
 
 def graph(objdir):
@@ -62,7 +65,7 @@ def cycles(edges):
     return out
 
 
-def main(objdir):
+def main(objdir, tools_objdir=None):
     edges = graph(objdir)
     if not edges:
         print(f"check_imports: error: {objdir}: no object files")
@@ -78,11 +81,22 @@ def main(objdir):
                 bad.append(f"{a} -> {b}: a room outside {ORDER}")
             elif ORDER.index(rb) > ORDER.index(ra):
                 bad.append(f"{a} uses {sym} from {b}: {ra}/ may use only {', '.join(ORDER[:ORDER.index(ra)])}")
+    nfiles = len(edges)
+    if tools_objdir:
+        tedges = graph(tools_objdir)
+        bad += [f"tools files in a cycle: {' '.join(c)}" for c in cycles(tedges)]
+        for a, used in sorted(tedges.items()):
+            for b, sym in sorted(used.items()):
+                if a not in TOOLS_ORDER or b not in TOOLS_ORDER:
+                    bad.append(f"tools: {a} -> {b}: a file outside {TOOLS_ORDER}")
+                elif TOOLS_ORDER.index(b) > TOOLS_ORDER.index(a):
+                    bad.append(f"tools: {a} uses {sym} from {b}, which comes after it in {TOOLS_ORDER}")
+        nfiles += len(tedges)
     for b in bad:
         print("check_imports:", b)
-    print(f"check_imports: {len(edges)} files, {'no' if not bad else len(bad)} problems")
+    print(f"check_imports: {nfiles} files, {'no' if not bad else len(bad)} problems")
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))

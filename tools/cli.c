@@ -1,4 +1,6 @@
-/* cli.c — shared helpers of the kvq tools (see cli.h). */
+/* cli.c — the tools' shared options and checks (see cli.h): numbers and
+ * lists, the analysis and model options, specs and the default set, -o's
+ * checks, formats, progress, BLAS set-up and --version. */
 #include "cli.h"
 #include "kvq_config.h"
 
@@ -7,29 +9,11 @@
 #ifdef __GLIBC__
 #include <malloc.h>
 #endif
-#include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-void cli_error(const char *prog, const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "%s: error: ", prog);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
-int cli_fail(const char *prog, const kvq_error *err)
-{
-    cli_error(prog, "%s", err->msg[0] ? err->msg : kvq_strerror(err->status));
-    return err->status == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
-}
 
 int cli_parse_long(const char *s, long min, long max, long *out)
 {
@@ -39,20 +23,6 @@ int cli_parse_long(const char *s, long min, long max, long *out)
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < min || v > max) return -1;
     *out = v;
-    return 0;
-}
-
-int cli_write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w, len -= (size_t)w;
-    }
     return 0;
 }
 
@@ -191,16 +161,6 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
     }
 }
 
-int cli_write_error(const char *prog, const char *output, kvq_status st, int saved_errno)
-{
-    const char *what = output && strcmp(output, "-") ? output : "<stdout>";
-    if (st == KVQ_ERR_IO && saved_errno) /* e.g. ENOSPC: "No space left on device" */
-        cli_error(prog, "%s: write failed: %s", what, strerror(saved_errno));
-    else
-        cli_error(prog, "%s: %s", what, st == KVQ_ERR_IO ? "write failed" : kvq_strerror(st));
-    return CLI_RUNTIME;
-}
-
 static double cli_now(void)
 {
     struct timespec ts;
@@ -243,103 +203,6 @@ void cli_progress_end(cli_progress *p)
 {
     if (p->width > 0) fputc('\n', stderr);
     p->width = 0;
-}
-
-/* Temporaries to remove if SIGINT, SIGTERM or SIGHUP ends the run (SIGKILL
- * cannot be caught).  The handler only unlinks and write(2)s a message it
- * finds ready (both async-signal-safe), then re-raises the signal with its
- * default action, so the exit status still says which signal it was. */
-#define CLI_MAX_TEMPS 8
-static const char *volatile cli_temps[CLI_MAX_TEMPS];
-static const char *stdout_prog = "kvq";
-/* what an interrupted run kept: "<head><count><tail>" (cli_interrupt_note) */
-static char intr_head[512], intr_tail[512];
-static volatile sig_atomic_t intr_count = -1;
-
-static void write_str(const char *s) /* to stderr, from the handler */
-{
-    size_t n = strlen(s);
-    while (n) {
-        ssize_t w = write(STDERR_FILENO, s, n);
-        if (w <= 0) return;
-        s += w, n -= (size_t)w;
-    }
-}
-
-static void cli_on_signal(int sig)
-{
-    int removed = 0;
-    for (int i = 0; i < CLI_MAX_TEMPS; i++)
-        if (cli_temps[i]) removed += unlink(cli_temps[i]) == 0;
-    if (intr_count >= 0) {
-        char digits[24], *d = digits + sizeof digits;
-        long n = intr_count;
-        *--d = '\0';
-        do *--d = (char)('0' + n % 10), n /= 10; while (n);
-        write_str(intr_head), write_str(d), write_str(intr_tail);
-    } else if (removed) {
-        write_str(stdout_prog), write_str(": interrupted: nothing written (the unfinished output was removed)\n");
-    }
-    signal(sig, SIG_DFL);
-    raise(sig);
-}
-
-static void install_signal_handlers(void)
-{
-    static int installed;
-    if (installed) return;
-    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_handler = cli_on_signal;
-        sigemptyset(&sa.sa_mask);
-        sigaction(sigs[i], &sa, NULL);
-    }
-    installed = 1;
-}
-
-void cli_temp_register(const char *tmp)
-{
-    install_signal_handlers();
-    for (int i = 0; i < CLI_MAX_TEMPS; i++)
-        if (!cli_temps[i]) {
-            cli_temps[i] = tmp;
-            return;
-        }
-}
-
-void cli_temp_unregister(const char *tmp)
-{
-    for (int i = 0; i < CLI_MAX_TEMPS; i++)
-        if (cli_temps[i] == tmp) cli_temps[i] = NULL;
-}
-
-void cli_interrupt_note(const char *head, const char *tail)
-{
-    intr_count = -1; /* the handler never reads a half-copied note */
-    snprintf(intr_head, sizeof intr_head, "%s", head);
-    snprintf(intr_tail, sizeof intr_tail, "%s", tail);
-    intr_count = 0;
-    install_signal_handlers();
-}
-
-void cli_interrupt_count(long n) { intr_count = n; }
-
-/* At exit: output that never reached stdout (/dev/full, a closed pipe) is a
- * failure, exit 1, not a silent 0 (gnulib's close_stdout idiom). */
-static void close_stdout(void)
-{
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "%s: error: standard output: write failed: %s\n", stdout_prog, strerror(errno ? errno : EIO));
-        _exit(CLI_RUNTIME);
-    }
-}
-
-void cli_check_stdout_at_exit(const char *prog)
-{
-    stdout_prog = prog;
-    atexit(close_stdout);
 }
 
 /* A file the run writes beside OUT (what: how messages name it) must not be
@@ -403,206 +266,6 @@ int cli_check_calib(const char *prog, const kvq_spec *spec, int have_calib)
     if (kvq_spec_check_calib(spec, have_calib, &err) == KVQ_OK) return CLI_OK;
     cli_error(prog, "%s; give it with --calib FILE", err.msg);
     return CLI_USAGE;
-}
-
-int cli_out_open(cli_out *o, const char *path, const char *prog)
-{
-    memset(o, 0, sizeof *o);
-    if (!path || !strcmp(path, "-")) {
-        o->f = stdout;
-        return 0;
-    }
-    kvq_error err = {0};
-    int special = 0, fd = -1;
-    if (!(o->path = strdup(path))) {
-        cli_error(prog, "%s: out of memory", path);
-        return -1;
-    }
-    if (kvq_output_target(path, &o->target, &special, &err)) {
-        cli_error(prog, "%s", err.msg);
-        cli_out_abort(o);
-        return -1;
-    }
-    if (special) { /* a FIFO or a device: write it in place, never replace it */
-        if (!(o->f = fopen(o->target, "w"))) {
-            cli_error(prog, "%s: cannot open output: %s", path, strerror(errno));
-            cli_out_abort(o);
-            return -1;
-        }
-        return 0;
-    }
-    if (kvq_output_temp(path, o->target, &o->tmp, &fd, &err)) {
-        cli_error(prog, "%s", err.msg);
-        cli_out_abort(o);
-        return -1;
-    }
-    if (!(o->f = fdopen(fd, "w"))) {
-        cli_error(prog, "%s: cannot create output: %s", path, strerror(errno));
-        close(fd);
-        cli_out_abort(o);
-        return -1;
-    }
-    cli_temp_register(o->tmp);
-    return 0;
-}
-
-/* Flushes o->f (and fsyncs a regular file); 0, or -1 with errno kept. */
-static int flush_out(FILE *f, int sync)
-{
-    if (fflush(f) != 0) return -1;
-    if (ferror(f)) {
-        errno = EIO;
-        return -1;
-    }
-    return sync && fsync(fileno(f)) != 0 ? -1 : 0;
-}
-
-int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog)
-{
-    o->meta = m;
-    if (!m || !cli_meta_inline(m)) return 0;
-    o->real = o->f; /* the rows wait in memory for the record that precedes them */
-    if (!(o->f = open_memstream(&o->buf, &o->buflen))) {
-        o->f = o->real, o->real = NULL;
-        cli_error(prog, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
-/* The provenance of a finished OUT: with --meta inline the record line and
- * the rows go to OUT; for a regular-file OUT, OUT.meta.json is written to
- * its own temporary (*mo, committed after OUT).  0, or -1 after printing. */
-static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapath)
-{
-    const char *name = o->path ? o->path : "-";
-    char hex[65];
-    const char *sha = NULL;
-    char *line = NULL, *doc = NULL;
-    int rc = -1;
-    if (o->real) { /* inline: hash the rows, then write the record and the rows */
-        int bad = fclose(o->f);
-        o->f = o->real, o->real = NULL;
-        if (bad) { cli_error(prog, "out of memory"); goto done; }
-        if (cli_sha256_mem(o->buf, o->buflen, hex)) { cli_error(prog, "%s: SHA-256 failed (libcrypto)", name); goto done; }
-        sha = hex;
-        if (!(line = cli_meta_render(o->meta, prog, name, sha, 1))) goto done;
-        if (fputs(line, o->f) == EOF || fwrite(o->buf, 1, o->buflen, o->f) != o->buflen) {
-            cli_error(prog, "%s: write failed: %s", name, strerror(errno));
-            goto done;
-        }
-    } else if (o->tmp) { /* a regular file: hash what was written */
-        int e = 0;
-        if (flush_out(o->f, 0) || cli_sha256_file(o->tmp, hex, &e)) {
-            cli_error(prog, "%s: %s: %s", name, e ? "cannot read it back" : "write failed", strerror(e ? e : errno));
-            goto done;
-        }
-        sha = hex;
-    }
-    if (o->tmp) {
-        if (!(*metapath = cli_meta_path(o->path))) { cli_error(prog, "out of memory"); goto done; }
-        if (!(doc = cli_meta_render(o->meta, prog, o->path, sha, 0))) goto done;
-        if (cli_out_open(mo, *metapath, prog)) goto done;
-        fputs(doc, mo->f); /* a failed write shows at its commit */
-    }
-    rc = 0;
-done:
-    free(line), free(doc), free(o->buf);
-    o->buf = NULL;
-    return rc;
-}
-
-int cli_out_commit(cli_out *o, const char *prog)
-{
-    int rc = 0;
-    cli_out mo = {0};
-    char *metapath = NULL;
-    if (o->meta && meta_prepare(o, prog, &mo, &metapath)) {
-        cli_out_abort(o);
-        free(metapath);
-        return -1;
-    }
-    if (o->f == stdout) {
-        if (flush_out(stdout, 0)) {
-            cli_error(prog, "<stdout>: write failed: %s", strerror(errno));
-            rc = -1;
-        }
-        memset(o, 0, sizeof *o);
-        return rc;
-    }
-    if (flush_out(o->f, o->tmp != NULL)) { /* ENOSPC says "No space left on device" */
-        cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
-        rc = -1;
-    }
-    if (fclose(o->f) != 0 && rc == 0) {
-        cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
-        rc = -1;
-    }
-    o->f = NULL;
-    /* an old OUT.meta.json goes before the new OUT takes its place */
-    if (rc == 0 && metapath && cli_meta_drop(prog, o->path)) rc = -1;
-    if (rc == 0 && o->tmp && rename(o->tmp, o->target) != 0) {
-        cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
-        rc = -1;
-    }
-    if (rc && o->tmp) unlink(o->tmp);
-    if (o->tmp) cli_temp_unregister(o->tmp);
-    free(o->tmp), free(o->path), free(o->target);
-    memset(o, 0, sizeof *o);
-    if (mo.f) {
-        if (rc == 0 && cli_out_commit(&mo, prog)) rc = -1;
-        if (mo.f) cli_out_abort(&mo);
-    }
-    free(metapath);
-    return rc;
-}
-
-void cli_out_abort(cli_out *o)
-{
-    if (o->real) { /* --meta inline: f is the memory stream */
-        fclose(o->f);
-        o->f = o->real;
-    }
-    if (o->f && o->f != stdout) fclose(o->f);
-    if (o->tmp) unlink(o->tmp), cli_temp_unregister(o->tmp);
-    free(o->tmp), free(o->path), free(o->target), free(o->buf);
-    memset(o, 0, sizeof *o);
-}
-
-int cli_read_file(const char *prog, const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *b = NULL;
-    size_t n = 0, cap = 0;
-    if (!f) {
-        cli_error(prog, "%s: cannot open: %s", path, strerror(errno));
-        return CLI_RUNTIME;
-    }
-    for (;;) {
-        if (cap - n < 65536) {
-            size_t nc = cap ? 2 * cap : 65536;
-            char *nb = realloc(b, nc + 1);
-            if (!nb) {
-                cli_error(prog, "%s: out of memory", path);
-                free(b), fclose(f);
-                return CLI_RUNTIME;
-            }
-            b = nb, cap = nc;
-        }
-        size_t got = fread(b + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        cli_error(prog, "%s: read failed", path);
-        free(b);
-        return CLI_RUNTIME;
-    }
-    b[n] = '\0';
-    *buf = b, *len = n;
-    return CLI_OK;
 }
 
 int cli_model_tokens(const char *prog, const kvq_model *m, const cli_model *mo, int **ids, int *T)

@@ -1,5 +1,9 @@
 /* cli.h — what the kvq tools share: one-line errors, checked number and
- * list parsing, and output files written atomically (temporary + rename). */
+ * list parsing, and output files written atomically (temporary + rename).
+ * Its files, each using only those after it (tests/check_imports.py):
+ * eval_shard.c (kvq-eval's rows), cli.c (options, specs, models), meta.c
+ * (provenance, and OUT's commit with it), hash.c (SHA-256), out.c (errors,
+ * atomic output). */
 #ifndef KVQ_CLI_H
 #define KVQ_CLI_H
 
@@ -90,8 +94,17 @@ int cli_out_open(cli_out *o, const char *path, const char *prog);
  * describes another OUT) and, with --meta inline, the record as OUT's first
  * line.  0, or -1 after printing. */
 int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog);
-int cli_out_commit(cli_out *o, const char *prog); /* flush, fsync, rename */
-void cli_out_abort(cli_out *o);                   /* close and remove the temporary */
+/* flush, fsync, rename; with a record attached, OUT.meta.json around it (meta.c) */
+int cli_out_commit(cli_out *o, const char *prog);
+void cli_out_abort(cli_out *o); /* close and remove the temporary */
+/* cli_out_commit's two halves (out.c), for the commit that adds a record
+ * between them: close flushes, fsyncs and closes (stdout: flushes and is
+ * done); place renames the temporary into place where ok, else removes it,
+ * and frees.  0, or -1 after printing. */
+int cli_out_close(cli_out *o, const char *prog);
+int cli_out_place(cli_out *o, const char *prog, int ok);
+/* fflush and a stream error check (and fsync where sync): 0, or -1 with errno. */
+int cli_flush(FILE *f, int sync);
 /* A progress line on stderr for long analyses (kvq_analysis_opts.progress):
  * "\rPROG: NAME: layer i/n, STAGE, T s", rewritten in place.  --progress
  * auto shows it on a terminal once a run has taken a second; always, from

@@ -652,3 +652,82 @@ int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output)
     }
     return cli_meta_write(m, prog, output, m->no_hash ? NULL : hex);
 }
+
+/* ------------------------------- OUT with its record (cli_out_attach_meta) */
+
+int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog)
+{
+    o->meta = m;
+    if (!m || !cli_meta_inline(m)) return 0;
+    o->real = o->f; /* the rows wait in memory for the record that precedes them */
+    if (!(o->f = open_memstream(&o->buf, &o->buflen))) {
+        o->f = o->real, o->real = NULL;
+        cli_error(prog, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The provenance of a finished OUT: with --meta inline the record line and
+ * the rows go to OUT; for a regular-file OUT, OUT.meta.json is written to
+ * its own temporary (*mo, committed after OUT).  0, or -1 after printing. */
+static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapath)
+{
+    const char *name = o->path ? o->path : "-";
+    char hex[65];
+    const char *sha = NULL;
+    char *line = NULL, *doc = NULL;
+    int rc = -1;
+    if (o->real) { /* inline: hash the rows, then write the record and the rows */
+        int bad = fclose(o->f);
+        o->f = o->real, o->real = NULL;
+        if (bad) { cli_error(prog, "out of memory"); goto done; }
+        if (cli_sha256_mem(o->buf, o->buflen, hex)) { cli_error(prog, "%s: SHA-256 failed (libcrypto)", name); goto done; }
+        sha = hex;
+        if (!(line = cli_meta_render(o->meta, prog, name, sha, 1))) goto done;
+        if (fputs(line, o->f) == EOF || fwrite(o->buf, 1, o->buflen, o->f) != o->buflen) {
+            cli_error(prog, "%s: write failed: %s", name, strerror(errno));
+            goto done;
+        }
+    } else if (o->tmp) { /* a regular file: hash what was written */
+        int e = 0;
+        if (cli_flush(o->f, 0) || cli_sha256_file(o->tmp, hex, &e)) {
+            cli_error(prog, "%s: %s: %s", name, e ? "cannot read it back" : "write failed", strerror(e ? e : errno));
+            goto done;
+        }
+        sha = hex;
+    }
+    if (o->tmp) {
+        if (!(*metapath = cli_meta_path(o->path))) { cli_error(prog, "out of memory"); goto done; }
+        if (!(doc = cli_meta_render(o->meta, prog, o->path, sha, 0))) goto done;
+        if (cli_out_open(mo, *metapath, prog)) goto done;
+        fputs(doc, mo->f); /* a failed write shows at its commit */
+    }
+    rc = 0;
+done:
+    free(line), free(doc), free(o->buf);
+    o->buf = NULL;
+    return rc;
+}
+
+int cli_out_commit(cli_out *o, const char *prog)
+{
+    cli_out mo = {0};
+    char *metapath = NULL;
+    if (o->meta && meta_prepare(o, prog, &mo, &metapath)) {
+        cli_out_abort(o);
+        free(metapath);
+        return -1;
+    }
+    if (o->f == stdout) return cli_out_close(o, prog);
+    int rc = cli_out_close(o, prog);
+    /* an old OUT.meta.json goes before the new OUT takes its place */
+    if (rc == 0 && metapath && cli_meta_drop(prog, o->path)) rc = -1;
+    if (cli_out_place(o, prog, rc == 0)) rc = -1;
+    if (mo.f) {
+        if (rc == 0 && cli_out_commit(&mo, prog)) rc = -1;
+        if (mo.f) cli_out_abort(&mo);
+    }
+    free(metapath);
+    return rc;
+}
