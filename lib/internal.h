@@ -3,6 +3,7 @@
 #define KVQ_INTERNAL_H
 
 #include "kvq.h"
+#include "kvq_output.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

@@ -4,7 +4,6 @@ torch tensors when torch is installed, and every validation error.
     python3 test_kvq_dump_py.py BUILD_DIR SOURCE_DIR"""
 import os
 import stat
-import subprocess
 import sys
 import tempfile
 
@@ -18,21 +17,12 @@ except ImportError as e:  # tools/setup.sh installs python3-numpy and python3-h5
 build, src = sys.argv[1], sys.argv[2]
 sys.path.insert(0, os.path.join(src, "tools"))
 from kvq_dump import DumpError, write_dump  # noqa: E402
+from kvqtest import check, finish, run_tool  # noqa: E402
 
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
 
 
 def run(*args):
-    return subprocess.run([os.path.join(build, "tools", args[0]), *args[1:]], capture_output=True, text=True)
+    return run_tool(build, *args)
 
 
 rng = np.random.default_rng(0)
@@ -136,5 +126,4 @@ try:
 finally:
     os.umask(old_umask)
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish("test_kvq_dump_py")

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import time
 
+from kvqtest import check, finish, run_tool
+
 build, src = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
 tools = os.path.join(build, "tools")
 dump = os.path.join(src, "data", "stories260K.h5")
@@ -23,20 +25,10 @@ shared = os.environ.get("KVQ_MODEL_DIR", os.path.join(src, "..", "shared", "data
 model = os.path.join(shared, "model", "stories260K.gguf")
 text = os.path.join(shared, "texts", "story_main.txt")
 tmp = tempfile.mkdtemp(prefix="kvq-test-meta.")
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print(f"FAIL: {what}")
 
 
 def run(tool, *args, cwd=tmp, expect=0):
-    p = subprocess.run([os.path.join(tools, tool), *args], cwd=cwd, capture_output=True, text=True)
+    p = run_tool(build, tool, *args, cwd=cwd)
     check(p.returncode == expect, f"{tool} {' '.join(args)}: exit {p.returncode}, expected {expect}: {p.stderr.strip()}")
     return p
 
@@ -312,5 +304,4 @@ else:
     print(f"SKIP: kvq-eval and kvq-alloc records: {model} absent")
 
 shutil.rmtree(tmp)
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish("test_meta")

@@ -23,26 +23,17 @@ if os.environ.get("KVQ_SANITIZED"):
     sys.exit(77)
 
 import kvq  # noqa: E402
+from kvqtest import check, finish, run_tool  # noqa: E402
 
 build, src = sys.argv[1], sys.argv[2]
 shared = os.path.join(src, "..", "shared")
 data = os.path.join(src, "data")
 DUMP, CALIB = os.path.join(data, "stories260K.h5"), os.path.join(data, "stories260K-calib.h5")
 tmp = tempfile.mkdtemp(prefix="kvq-test-python.")
-passed = failed = 0
-
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL:", what)
 
 
 def tool(*args):
-    r = subprocess.run([os.path.join(build, "tools", args[0]), *args[1:]], capture_output=True, text=True)
+    r = run_tool(build, *args)
     if r.returncode:
         raise RuntimeError(f"{args}: exit {r.returncode}: {r.stderr}")
     return r.stdout
@@ -285,12 +276,12 @@ for what, call, builtin, status in (
 check(issubclass(kvq.DumpError, ValueError) and issubclass(kvq.DumpError, kvq.UsageError), "DumpError: a ValueError")
 with kvq.Calibration(CALIB) as cal:
     a = dumps[DUMP]["layers"][0]
-    rope = dumps[DUMP]["rope"]
-    r_with = kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=rope)
-    check(np.array_equal(r_with.key, kvq.quantize("cluster", a["key"], a["value"], calib=CALIB, rope=rope).key),
+    dump_rope = dumps[DUMP]["rope"]
+    r_with = kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=dump_rope)
+    check(np.array_equal(r_with.key, kvq.quantize("cluster", a["key"], a["value"], calib=CALIB, rope=dump_rope).key),
           "Calibration in `with`: the same result as calib=PATH")
 try:
-    kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=rope)
+    kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=dump_rope)
     check(False, "a closed Calibration refused")
 except kvq.Error as e:
     check("was closed" in str(e), f"a closed Calibration refused: {e}")
@@ -439,5 +430,4 @@ if cpu:
 else:
     print("skip: BLAS core checks (not an x86-64 CPU kvq knows)")
 
-print(f"test_python: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish("test_python")

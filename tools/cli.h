@@ -8,6 +8,7 @@
 #define KVQ_CLI_H
 
 #include "kvq.h"
+#include "kvq_output.h" /* atomic result files: the tools' own plumbing */
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,0 +1,189 @@
+/* kvq_analysis.h — part of libkvq's public API (kvq.h includes every part):
+ * analyses of dumps: the driver, the GPU, reports, sweeps, bit allocation. */
+#ifndef KVQ_API_ANALYSIS_H
+#define KVQ_API_ANALYSIS_H
+
+#include "kvq_metrics.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------- compute device */
+
+/* An open GPU (opaque).  With one, the analysis runs the plan quantizers
+ * (kvq_quantizer.plan) and every attention metric on it; the other
+ * quantizers run on the CPU and their K', V' are copied over. */
+typedef struct kvq_device kvq_device;
+/* 1 if this build has the CUDA path (meson -Dcuda=enabled). */
+int kvq_device_cuda_built(void);
+/* Opens the first CUDA GPU; KVQ_ERR_UNSUPPORTED with one line saying why
+ * (built without CUDA, no GPU or driver). */
+kvq_status kvq_device_open_cuda(kvq_device **out, kvq_error *err);
+const char *kvq_device_name(const kvq_device *dev);
+void kvq_device_close(kvq_device *dev);
+
+/* --------------------------------------------------------- analysis driver */
+
+typedef enum kvq_per { KVQ_PER_HEAD, KVQ_PER_LAYER, KVQ_PER_MODEL } kvq_per;
+
+typedef struct kvq_analysis_opts {
+    const kvq_spec *specs;
+    int nspecs;
+    const int *layers; /* NULL: all */
+    int nlayers;
+    const int *heads;  /* KV heads; NULL: all */
+    int nheads;
+    kvq_query_sel queries;
+    uint64_t seed;
+    int nthreads;      /* <= 0: all cores */
+    kvq_calib *calib;  /* needed by specs for which kvq_spec_needs_calib() */
+    kvq_device *device; /* NULL: everything on the CPU */
+    /* progress (may be NULL): called as each stage of a layer starts, with
+     * the index of the selected layer, their count and what runs ("read",
+     * a spec's text, "metrics") */
+    void (*progress)(void *ud, int layer_index, int nlayers, const char *stage);
+    void *ud;
+} kvq_analysis_opts;
+
+/* Result accumulators of one dump: acc[(li * nheads + hi) * nspecs + s] for
+ * the li-th selected layer and hi-th selected head. */
+typedef struct kvq_analysis {
+    int nlayers, nheads, nspecs;
+    int *layers, *heads;
+    int has_attn;
+    kvq_acc *acc;
+} kvq_analysis;
+
+kvq_status kvq_analyze_dump(kvq_dump *d, const kvq_analysis_opts *opts, kvq_analysis *out,
+                            kvq_error *err);
+void kvq_analysis_free(kvq_analysis *a);
+
+/* A dump prepared for many analyses (kvq-sweep): the selected layers' K, V
+ * (and pre-RoPE keys if `read_flags` asks), the query positions, RoPE and each
+ * selected head's exact attention, read and computed once and kept in memory
+ * (kvq_prepare_bytes says how much).  The selection (layers, heads, queries)
+ * and seed come from `o`; later analyses use those, whatever their own opts
+ * say, and give results identical to kvq_analyze_dump's. */
+typedef struct kvq_prepared kvq_prepared;
+kvq_status kvq_prepare_bytes(kvq_dump *d, const kvq_analysis_opts *o, unsigned read_flags,
+                             size_t *bytes, kvq_error *err);
+kvq_status kvq_prepare_dump(kvq_dump *d, const kvq_analysis_opts *o, unsigned read_flags,
+                            kvq_prepared **out, kvq_error *err);
+/* Uses o->specs, nspecs, nthreads and calib. */
+kvq_status kvq_analyze_prepared(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
+                                kvq_error *err);
+void kvq_prepared_free(kvq_prepared *p);
+
+/* ------------------------------------------------------------- reports */
+
+typedef enum kvq_format { KVQ_FMT_TABLE, KVQ_FMT_CSV, KVQ_FMT_JSONL } kvq_format;
+
+typedef struct kvq_report kvq_report;
+/* Rows go to `f`; the table format buffers rows to align columns. */
+kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_cols, int nextra);
+/* Emits the analysis of one dump, pooled per head, layer or model; extra:
+ * the extra cells of every row (may be NULL). */
+kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
+                               const kvq_spec *specs, kvq_per per, const char *const *extra);
+/* Writes the CSV header now (nothing for JSONL/table) / never: for files
+ * written in pieces (kvq-sweep appends one unit of rows per point). */
+kvq_status kvq_report_header(kvq_report *r);
+void kvq_report_omit_header(kvq_report *r);
+/* Rows with caller-named columns (kvq-eval), in the same three formats:
+ * the first `ntext` columns are text (left-aligned in a table), a number
+ * that is NaN is an empty cell (JSON null).  Finished by kvq_report_finish. */
+typedef struct kvq_cell {
+    const char *text; /* when !is_num */
+    double num;
+    int is_num;
+} kvq_cell;
+kvq_report *kvq_rows_new(FILE *f, kvq_format fmt, const char *const *cols, int ncols, int ntext);
+kvq_status kvq_rows_add(kvq_report *r, const kvq_cell *cells);
+kvq_status kvq_report_finish(kvq_report *r); /* flushes (table: prints) and frees */
+void kvq_report_discard(kvq_report *r);      /* frees without printing buffered rows */
+
+/* ------------------------------------------------------------- sweeps */
+
+/* A parameter grid of one quantizer (kvq-sweep).  grids: "key=v1,v2,...";
+ * fixed: "key=value[,key=value...]".  Usage errors: unknown quantizer or key,
+ * a key given twice, a value its key does not accept, a value repeated.
+ * Points: the cartesian product in the order the grid keys were given, the
+ * last key varying fastest (nested loops). */
+typedef struct kvq_grid kvq_grid;
+kvq_status kvq_grid_new(const char *quant, const char *const *grids, int ngrids,
+                        const char *const *fixed, int nfixed, kvq_grid **out, kvq_error *err);
+void kvq_grid_free(kvq_grid *g);
+size_t kvq_grid_size(const kvq_grid *g); /* points, invalid ones included */
+int kvq_grid_nkeys(const kvq_grid *g);
+const char *kvq_grid_key(const kvq_grid *g, int k);
+const char *kvq_grid_value(const kvq_grid *g, size_t point, int k); /* text as given */
+const kvq_quantizer *kvq_grid_quantizer(const kvq_grid *g);
+/* The spec of a point, "name:key=value,..." with the fixed and grid keys in
+ * the quantizer's parameter order; KVQ_ERR_USAGE (with the reason) when the
+ * point is invalid, e.g. KIVI's residual not a multiple of group. */
+kvq_status kvq_grid_spec(const kvq_grid *g, size_t point, kvq_spec *out, kvq_error *err);
+
+/* A kvq-sweep output read back (--resume, --merge): rows grouped into units,
+ * one per run of consecutive rows with the same `point`. */
+typedef struct kvq_sweep_unit {
+    long point;
+    char *spec;
+    size_t nrows;
+    size_t begin, end; /* byte range of its rows in the file */
+} kvq_sweep_unit;
+
+typedef struct kvq_sweep_file {
+    kvq_format fmt;    /* KVQ_FMT_CSV or KVQ_FMT_JSONL (first byte '{') */
+    char *columns;     /* CSV: the header line; JSONL: the keys of a row joined
+                          by ','; NULL if the file has no complete line */
+    size_t body;       /* offset of the first row */
+    kvq_sweep_unit *units;
+    size_t nunits;
+    size_t end;        /* end of the last complete line */
+    int partial;       /* bytes after `end` without a newline (an interrupted write) */
+    char *data;        /* the whole file */
+    size_t size;
+} kvq_sweep_file;
+
+/* KVQ_ERR_FORMAT naming the line for anything but kvq-sweep rows. */
+kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
+void kvq_sweep_file_free(kvq_sweep_file *f);
+
+/* kvq's CSV results read back (--resume, --merge): RFC 4180 as kvq writes
+ * it.  Records (the header first) of ncols fields each; a last record
+ * without its newline (an interrupted write) is left out and `torn` set;
+ * `complete` is the byte length of the complete records.  A record with
+ * another number of fields, a quote inside an unquoted field or text after
+ * a quoted one: KVQ_ERR_FORMAT naming the file and line. */
+typedef struct kvq_csv {
+    char **cell; /* [nrec][ncols] */
+    size_t *end; /* [nrec]: the byte after each record's newline */
+    size_t ncells, nrec, complete;
+    int ncols, torn;
+} kvq_csv;
+kvq_status kvq_csv_read(const char *path, kvq_csv *t, kvq_error *err);
+kvq_status kvq_csv_parse(const char *path, const char *data, size_t size, kvq_csv *t, kvq_error *err);
+void kvq_csv_free(kvq_csv *t);
+const char *kvq_csv_at(const kvq_csv *t, size_t rec, int col); /* NULL outside the table */
+int kvq_csv_column(const kvq_csv *t, const char *name);         /* its index in the header, or -1 */
+/* A whole finite decimal number: 0, else -1. */
+int kvq_csv_number(const char *s, double *v);
+
+/* ------------------------------------------------------ bit allocation */
+
+/* The exact optimum of the multiple-choice knapsack of kvq-alloc
+ * (docs/models.md#kvq-alloc): for L layers with G choices each, of cost
+ * cost[l][g] (predicted loss) and weight weight[l][g] (stored bits), the
+ * choice[l] minimising the summed cost with the summed weight (added in
+ * layer order) <= capacity; ties: the lower summed weight, then the
+ * lexicographically first choices (the lower index per layer, in layer
+ * order).  *min_weight (may be NULL): the lightest assignment's weight;
+ * KVQ_ERR_USAGE when that exceeds capacity. */
+kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weight, double capacity, int *choice,
+                           double *min_weight, kvq_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,171 @@
+/* kvq_model.h — part of libkvq's public API (kvq.h includes every part):
+ * models in the loop (docs/models.md): GGUF and llama2.c models, tokenizers, kvq-dump, kvq-eval. */
+#ifndef KVQ_API_MODEL_H
+#define KVQ_API_MODEL_H
+
+#include "kvq_analysis.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* -------------------------------------- models in the loop (docs/models.md) */
+
+typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2, KVQ_ARCH_QWEN3, KVQ_ARCH_GEMMA3, KVQ_ARCH_PHI3 } kvq_arch;
+/* The feed-forward's gate activation: silu (SwiGLU) or GELU, tanh form (GeGLU). */
+typedef enum kvq_ffn_act { KVQ_ACT_SILU = 0, KVQ_ACT_GELU_TANH } kvq_ffn_act;
+
+typedef struct kvq_model_info {
+    char path[1024];
+    char name[256];      /* general.name, or the llama2.c file's base name */
+    char format[32];     /* "GGUF v3", "llama2.c v0" */
+    char arch_name[64];  /* "llama", "qwen2", "qwen3", "gemma3", "phi3" */
+    kvq_arch arch;
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length;
+    float norm_eps;
+    double rope_theta;
+    kvq_rope_style rope_style; /* llama: interleaved (GGUF's permuted Q/K); qwen2: half */
+    int has_rope_freqs;  /* a rope_freqs tensor divides each pair's frequency */
+    double rope_scale;   /* linear RoPE scaling: angles × rope_scale (1: none; 0 read as 1) */
+    int tied_output;     /* the output matrix is the token embedding */
+    int has_qkv_bias;
+    int has_qk_norm;     /* qwen3, gemma3: RMSNorm of each head's q and k before RoPE */
+    int has_post_norms;  /* gemma3: RMSNorm of the attention and FFN outputs before the residual add */
+    kvq_ffn_act ffn_act;
+    float embed_scale;   /* the token embedding is multiplied by it (gemma3: sqrt(dim)); 0: 1 */
+    float attn_scale;    /* softmax(attn_scale · q·k); 0: 1/sqrt(head_dim) */
+    float logit_softcap; /* final logits c·tanh(z/c); 0: none */
+    int sliding_window;  /* W of the sliding-window layers (0: none): p attends to p−W < k <= p */
+    int n_swa_layers;    /* how many layers use it (kvq_model_layer_window says which) */
+    double rope_theta_swa; /* RoPE base of the sliding-window layers */
+    int has_tokenizer;   /* --text works */
+    char tokenizer[64];  /* tokenizer.ggml.model, or "llama2.c" */
+} kvq_model_info;
+
+typedef struct kvq_model kvq_model;
+
+/* Opens a GGUF v2/v3 file or a llama2.c v0 checkpoint (told by the magic;
+ * tokenizer_path: llama2.c's tokenizer.bin, NULL for none).  The file is
+ * mapped and checked; weights are dequantized later, a layer at a time. */
+kvq_status kvq_model_open(const char *path, const char *tokenizer_path, kvq_model **out, kvq_error *err);
+const kvq_model_info *kvq_model_get_info(const kvq_model *m);
+/* The sliding window of `layer` (0: the layer attends to every earlier position). */
+int kvq_model_layer_window(const kvq_model *m, int layer);
+void kvq_model_close(kvq_model *m);
+/* The model's SentencePiece tokenizer: BOS, then the text's tokens (*ids
+ * malloc'ed).  KVQ_ERR_UNSUPPORTED naming --tokens if the model has none. */
+kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t len, int **ids, size_t *n,
+                              kvq_error *err);
+/* The text file at `path`, tokenized as kvq_model_tokenize does, read and
+ * tokenized in segments so that with max_tokens > 0 only as much of the file
+ * is read as that many tokens need (cut after a newline followed by
+ * printable ASCII, where no token can span); a NUL byte is KVQ_ERR_FORMAT. */
+kvq_status kvq_model_tokenize_file(const kvq_model *m, const char *path, size_t max_tokens, int **ids, size_t *n,
+                                   kvq_error *err);
+/* Whitespace-separated token ids, each below vocab; `what` names the source. */
+kvq_status kvq_tokens_parse(const char *what, const char *text, size_t len, int vocab, int **ids,
+                            size_t *n, kvq_error *err);
+/* The same, read from a file in blocks: at most max_tokens ids (0: all)
+ * are read, so /dev/urandom or a huge file cost no more than they; a NUL
+ * byte (/dev/zero, a binary file) is KVQ_ERR_FORMAT at the first block. */
+kvq_status kvq_tokens_parse_file(const char *path, int vocab, size_t max_tokens, int **ids, size_t *n,
+                                 kvq_error *err);
+
+/* Writes kvq-dump/1 (atomically) of a forward pass over tokens[0..T): key,
+ * value, query (post-RoPE, not prescaled) and key_pre_rope of the selected
+ * layers (NULL: all; the dump's layers are renumbered 0..nlayers−1 and its
+ * `source_layers` attribute lists the model's), RoPE attributes (and tables
+ * when rope_freqs apply), `tokens` and `mean_nll`.  *mean_nll may be NULL. */
+kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *layers, int nlayers,
+                          const char *out_path, int nthreads, double *mean_nll, kvq_error *err);
+
+typedef enum kvq_policy { KVQ_POLICY_PREFILL = 0, KVQ_POLICY_DECODE } kvq_policy;
+
+/* One evaluated configuration: a quantizer (spec NULL: the exact cache,
+ * `-q none`) applied in every layer (layer −1) or one layer only. */
+typedef struct kvq_eval_item {
+    const kvq_spec *spec;
+    int layer;
+    kvq_policy policy;
+    /* results */
+    double k_bits, v_bits;   /* stored bits per element, pooled over the quantized layers */
+    double nll, kl, top1;    /* means over the scored positions (0..T−2, or each window's second half) */
+    int positions;           /* how many positions were scored */
+    double dnll_se;          /* standard error of dnll: sample std of the per-position differences / sqrt(positions) */
+} kvq_eval_item;
+
+/* What a corpus evaluation pools over its windows for one configuration
+ * (the exact model: nll and positions alone): sums over the scored
+ * positions, the stored bits and elements of the quantized layers' caches,
+ * and the Welford state (count, mean, squared deviations) of the
+ * per-position dnll.  A window's sums are added in window order
+ * (kvq_eval_sums_add, Chan's combination for the Welford state), so sums of
+ * windows evaluated apart (kvq-eval --shard) merged in window order give the
+ * numbers of one run bit for bit. */
+typedef struct kvq_eval_sums {
+    double nll, kl, top1, positions;
+    double k_bits, v_bits, elements;
+    double d_n, d_mean, d_m2;
+} kvq_eval_sums;
+void kvq_eval_sums_add(kvq_eval_sums *acc, const kvq_eval_sums *w);
+/* The item's results (nll, kl, top1 as means; bits per element; positions;
+ * dnll_se) from its pooled sums. */
+void kvq_eval_item_finish(kvq_eval_item *it, const kvq_eval_sums *s);
+
+typedef struct kvq_eval_opts {
+    int stride;        /* decode: the cache is re-quantized every `stride` positions (1: exact decode) */
+    uint64_t seed;
+    int nthreads;      /* <= 0: all cores */
+    kvq_calib *calib;  /* for specs that need one */
+    size_t max_bytes;  /* bound on the hidden states kept at once (0: 4 GiB) */
+    /* progress (may be NULL): called after each layer of each pass */
+    void (*progress)(void *ud, int pass, int npasses, int layer, int nlayers);
+    void *ud;
+    /* corpus evaluation (docs/models.md, llama.cpp perplexity's protocol): chunk > 0
+     * cuts the tokens into consecutive windows of `chunk` (the last partial
+     * one dropped; the first token of each replaced by BOS when the model's
+     * tokenizer adds one), evaluates each from an empty cache and scores
+     * positions t >= chunk/2; `chunks` > 0 keeps only the first ones.
+     * window_progress (may be NULL) is called after each window. */
+    int chunk, chunks;
+    void (*window_progress)(void *ud, int done, int total);
+    /* a share of a corpus run (kvq-eval --shard): only windows [window_begin,
+     * window_end) of the chunk's windows (both 0: all) */
+    int window_begin, window_end;
+    /* optional: after each window, its sums — the exact model's (ref) and
+     * each item's (items[nitems]) — before they are pooled; a failure stops
+     * the run with that status */
+    kvq_status (*window_done)(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *items,
+                              kvq_error *err);
+    void *window_ud; /* window_done's ud */
+    /* optional: the NLL of every scored position, [nitems + 1][positions]
+     * (row 0 the exact model, row 1 + i item i; windows one after another) */
+    double *position_nll;
+    /* optional: the exact model's logits at positions logit_pos[0..n_logit_pos)
+     * (each below T) into logits [n_logit_pos][vocab_size], for checks
+     * against another implementation */
+    const int *logit_pos;
+    int n_logit_pos;
+    float *logits;
+} kvq_eval_opts;
+
+/* What an evaluation's numbers depend on, as 64 bits (FNV-1a): the model
+ * file (its size, first and last MiB), the tokens, the policy and its
+ * stride, the chunking, the seed and the calibration file (size, first and
+ * last MiB; NULL: none).  Not the threads: results do not depend on them.
+ * kvq-alloc writes it beside every sensitivity row and refuses to resume or
+ * merge rows of another. */
+uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_policy policy,
+                              const kvq_eval_opts *o, const char *calib_path);
+
+/* Teacher-forced evaluation (docs/models.md): the exact model and every item's
+ * quantized cache run together in lockstep (an item whose cache is still
+ * exact computes nothing of its own); *nll_ref receives the exact model's mean NLL over the scored
+ * positions (pooled over the windows with o->chunk). */
+kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
+                          const kvq_eval_opts *o, double *nll_ref, kvq_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
