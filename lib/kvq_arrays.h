@@ -16,20 +16,31 @@ extern "C" {
  * malloc'ed: kvq_free releases them. */
 void kvq_free(void *p);
 
-/* The quantizer `spec` on one layer of the caller's arrays, exactly as
- * kvq-analyze runs it on a dump's layer `layer` with --seed `seed`: key,
- * value (and key_pre_rope, may be NULL) [H][T][D] float32, checked finite;
- * RoPE (for quantizers that re-apply it to pre-RoPE keys) from the tables
- * rope_cos/rope_sin [T][D/2] when given, else from rope_theta > 0, paired
- * by rope_style; calib (may be NULL) feeds the calibrated quantizers.
- * Writes K', V' [H][T][D] and, per head, the reconstruction sums, bits and
- * static bytes kvq-analyze pools into its rows (head_acc [H], attention
- * left empty): kvq_acc_merge + kvq_metrics_finalize give its columns. */
-kvq_status kvq_quantize_arrays(const char *spec, int layer, uint64_t seed, int nthreads, int H, int T, int D,
-                               const float *key, const float *value, const float *key_pre_rope,
-                               const double *rope_cos, const double *rope_sin, double rope_theta,
-                               kvq_rope_style rope_style, kvq_calib *calib, float *key_out, float *value_out,
-                               kvq_acc *head_acc, kvq_error *err);
+/* What kvq_quantize_arrays runs besides the arrays: the quantizer `spec`
+ * as kvq-analyze runs it on a dump's layer `layer` with --seed `seed`, on
+ * nthreads threads (0: as many as the work keeps busy); RoPE (for
+ * quantizers that re-apply it to pre-RoPE keys) from the tables rope_cos,
+ * rope_sin [T][D/2] when given, else from rope_theta > 0, paired by
+ * rope_style; calib (may be NULL) feeds the calibrated quantizers. */
+typedef struct kvq_arrays_opts {
+    const char *spec;
+    int layer;
+    uint64_t seed;
+    int nthreads;
+    const double *rope_cos, *rope_sin;
+    double rope_theta;
+    kvq_rope_style rope_style;
+    kvq_calib *calib;
+} kvq_arrays_opts;
+
+/* o's quantizer on one layer of the caller's arrays: key, value (and
+ * key_pre_rope, may be NULL) [H][T][D] float32, checked finite.  Writes
+ * K', V' [H][T][D] and, per head, the reconstruction sums, bits and static
+ * bytes kvq-analyze pools into its rows (head_acc [H], attention left
+ * empty): kvq_acc_merge + kvq_metrics_finalize give its columns. */
+kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, const float *key, const float *value,
+                               const float *key_pre_rope, float *key_out, float *value_out, kvq_acc *head_acc,
+                               kvq_error *err);
 
 /* The layout of the structs bindings mirror field for field (python/kvq's
  * ctypes classes), so that a binding can refuse a libkvq built from other
@@ -38,14 +49,27 @@ kvq_status kvq_quantize_arrays(const char *spec, int layer, uint64_t seed, int n
  * struct's size.  0 past the last (i counts from 0), else 1. */
 int kvq_abi_field(int i, const char **type, const char **field, size_t *offset, size_t *size);
 
+/* kvq-analyze's options for kvq_analyze_csv: `label` in the dump column
+ * (NULL: the path), the specs, --per, --layers/--heads (NULL: all),
+ * --queries (NULL: last:64), --calib, --seed, --threads (0: all cores). */
+typedef struct kvq_analyze_csv_opts {
+    const char *label;
+    const char *const *specs;
+    int nspecs;
+    kvq_per per;
+    const int *layers;
+    int nlayers;
+    const int *heads;
+    int nheads;
+    const char *queries;
+    kvq_calib *calib;
+    uint64_t seed;
+    int nthreads;
+} kvq_analyze_csv_opts;
+
 /* kvq-analyze on one dump with these options, its rows as CSV text (header
- * included) in *csv, byte for byte what `kvq-analyze --format csv` writes
- * with `label` in the dump column.  layers/heads NULL: all; queries NULL:
- * last:64; nthreads <= 0: all cores. */
-kvq_status kvq_analyze_csv(const char *path, const char *label, const char *const *specs, int nspecs,
-                           kvq_per per, const int *layers, int nlayers, const int *heads, int nheads,
-                           const char *queries, kvq_calib *calib, uint64_t seed, int nthreads, char **csv,
-                           kvq_error *err);
+ * included) in *csv, byte for byte what `kvq-analyze --format csv` writes. */
+kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err);
 
 #ifdef __cplusplus
 }

@@ -47,8 +47,8 @@ int main(int argc, char **argv)
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
             double t0 = now();
-            if (kvq_quantize_arrays(argv[s], 0, 0, nt, H, T, D, k, v, NULL, NULL, NULL, 0, KVQ_ROPE_UNSET, NULL, kq,
-                                    vq, acc, &err)) {
+            kvq_arrays_opts o = {.spec = argv[s], .nthreads = nt};
+            if (kvq_quantize_arrays(&o, H, T, D, k, v, NULL, kq, vq, acc, &err)) {
                 fprintf(stderr, "kvq-bench-arrays: %s: %s\n", argv[s], err.msg);
                 return 1;
             }

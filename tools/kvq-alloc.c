@@ -328,8 +328,9 @@ static int spec_bits(point *pt, const kvq_model_info *in, int T, kvq_calib *cal,
     if (!x || !k || !v || !acc) { cli_error(prog, "out of memory"); goto done; }
     for (size_t i = 0; i < n; i++) x[i] = (float)(sin(0.37 * (double)i) * (1.0 + (double)(i % 7)));
     kvq_error err = {0};
-    if (kvq_quantize_arrays(pt->spec.text, 0, seed, nthreads, H, T, D, x, x, x, NULL, NULL, in->rope_theta,
-                            in->rope_style, cal, k, v, acc, &err)) {
+    kvq_arrays_opts ao = {.spec = pt->spec.text, .seed = seed, .nthreads = nthreads, .rope_theta = in->rope_theta,
+                          .rope_style = in->rope_style, .calib = cal};
+    if (kvq_quantize_arrays(&ao, H, T, D, x, x, x, k, v, acc, &err)) {
         rc = cli_fail(prog, &err);
         goto done;
     }

@@ -47,6 +47,13 @@ static const struct abi_field {
     ABI(kvq_attn_mode, prescaled), ABI(kvq_attn_mode, scale), ABI(kvq_attn_mode, softcap),
     ABI(kvq_attn_mode, window),
     ABI(kvq_rope, T), ABI(kvq_rope, D), ABI(kvq_rope, style), ABI(kvq_rope, cos), ABI(kvq_rope, sin),
+    ABI(kvq_arrays_opts, spec), ABI(kvq_arrays_opts, layer), ABI(kvq_arrays_opts, seed),
+    ABI(kvq_arrays_opts, nthreads), ABI(kvq_arrays_opts, rope_cos), ABI(kvq_arrays_opts, rope_sin),
+    ABI(kvq_arrays_opts, rope_theta), ABI(kvq_arrays_opts, rope_style), ABI(kvq_arrays_opts, calib),
+    ABI(kvq_analyze_csv_opts, label), ABI(kvq_analyze_csv_opts, specs), ABI(kvq_analyze_csv_opts, nspecs),
+    ABI(kvq_analyze_csv_opts, per), ABI(kvq_analyze_csv_opts, layers), ABI(kvq_analyze_csv_opts, nlayers),
+    ABI(kvq_analyze_csv_opts, heads), ABI(kvq_analyze_csv_opts, nheads), ABI(kvq_analyze_csv_opts, queries),
+    ABI(kvq_analyze_csv_opts, calib), ABI(kvq_analyze_csv_opts, seed), ABI(kvq_analyze_csv_opts, nthreads),
 };
 #undef ABI
 
@@ -89,12 +96,18 @@ static kvq_status check_finite(const char *what, const float *x, int H, int T, i
                     i / per, i % per / D, i % D, (double)x[i]);
 }
 
-kvq_status kvq_quantize_arrays(const char *spec_text, int layer, uint64_t seed, int nthreads, int H, int T, int D,
-                               const float *key, const float *value, const float *key_pre_rope,
-                               const double *rope_cos, const double *rope_sin, double rope_theta,
-                               kvq_rope_style rope_style, kvq_calib *calib, float *key_out, float *value_out,
-                               kvq_acc *head_acc, kvq_error *err)
+kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, const float *key, const float *value,
+                               const float *key_pre_rope, float *key_out, float *value_out, kvq_acc *head_acc,
+                               kvq_error *err)
 {
+    if (!o) return kvq_fail(err, KVQ_ERR_USAGE, "the options are required");
+    const char *spec_text = o->spec;
+    int layer = o->layer, nthreads = o->nthreads;
+    uint64_t seed = o->seed;
+    const double *rope_cos = o->rope_cos, *rope_sin = o->rope_sin;
+    double rope_theta = o->rope_theta;
+    kvq_rope_style rope_style = o->rope_style;
+    kvq_calib *calib = o->calib;
     kvq_spec sp;
     size_t bytes;
     if (H <= 0 || T <= 0 || D <= 0)
@@ -158,12 +171,14 @@ kvq_status kvq_quantize_arrays(const char *spec_text, int layer, uint64_t seed, 
     return st;
 }
 
-kvq_status kvq_analyze_csv(const char *path, const char *label, const char *const *spec_texts, int nspecs,
-                           kvq_per per, const int *layers, int nlayers, const int *heads, int nheads,
-                           const char *queries, kvq_calib *calib, uint64_t seed, int nthreads, char **csv,
-                           kvq_error *err)
+kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *ao, char **csv, kvq_error *err)
 {
     *csv = NULL;
+    if (!ao) return kvq_fail(err, KVQ_ERR_USAGE, "the options are required");
+    const char *label = ao->label, *queries = ao->queries;
+    const char *const *spec_texts = ao->specs;
+    int nspecs = ao->nspecs, nthreads = ao->nthreads;
+    kvq_per per = ao->per;
     if (nspecs <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "no quantizer spec given");
     if (nthreads < 0 || nthreads > KVQ_MAX_THREADS)
         return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (all cores) or 1..%d", nthreads, KVQ_MAX_THREADS);
@@ -172,8 +187,9 @@ kvq_status kvq_analyze_csv(const char *path, const char *label, const char *cons
     kvq_spec *specs = kvq_alloc_array((size_t)nspecs, sizeof *specs);
     if (!specs) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     kvq_status st = KVQ_OK;
-    kvq_analysis_opts o = {.specs = specs, .nspecs = nspecs, .layers = layers, .nlayers = nlayers, .heads = heads,
-                           .nheads = nheads, .seed = seed, .nthreads = nthreads, .calib = calib};
+    kvq_analysis_opts o = {.specs = specs, .nspecs = nspecs, .layers = ao->layers, .nlayers = ao->nlayers,
+                           .heads = ao->heads, .nheads = ao->nheads, .seed = ao->seed, .nthreads = nthreads,
+                           .calib = ao->calib};
     for (int s = 0; s < nspecs && !st; s++) st = kvq_spec_parse(spec_texts[s], &specs[s], err);
     if (!st) st = kvq_query_sel_parse(queries ? queries : "last:64", &o.queries, err);
     kvq_dump *d = NULL;

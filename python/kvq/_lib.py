@@ -153,6 +153,23 @@ class Rope(ctypes.Structure):  # kvq_rope
 
 
 _P = ctypes.c_void_p
+
+
+class ArraysOpts(ctypes.Structure):  # kvq_arrays_opts
+    _c_name = "kvq_arrays_opts"
+    _fields_ = [("spec", c_char_p), ("layer", c_int), ("seed", ctypes.c_uint64), ("nthreads", c_int),
+                ("rope_cos", _PD), ("rope_sin", _PD), ("rope_theta", c_double), ("rope_style", c_int),
+                ("calib", _P)]
+
+
+class AnalyzeCsvOpts(ctypes.Structure):  # kvq_analyze_csv_opts
+    _c_name = "kvq_analyze_csv_opts"
+    _fields_ = [("label", c_char_p), ("specs", ctypes.POINTER(c_char_p)), ("nspecs", c_int), ("per", c_int),
+                ("layers", ctypes.POINTER(c_int)), ("nlayers", c_int), ("heads", ctypes.POINTER(c_int)),
+                ("nheads", c_int), ("queries", c_char_p), ("calib", _P), ("seed", ctypes.c_uint64),
+                ("nthreads", c_int)]
+
+
 _SIGNATURES = {
     # name: (restype, argtypes)
     "kvq_version": (c_char_p, []),
@@ -179,12 +196,9 @@ _SIGNATURES = {
     "kvq_metrics_finalize": (None, [ctypes.POINTER(Acc), ctypes.POINTER(Metrics)]),
     "kvq_calib_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_calib_close": (None, [_P]),
-    "kvq_quantize_arrays": (c_int, [c_char_p, c_int, ctypes.c_uint64, c_int, c_int, c_int, c_int, _PF, _PF, _PF,
-                                    _PD, _PD, c_double, c_int, _P, _PF, _PF, ctypes.POINTER(Acc),
-                                    ctypes.POINTER(_Err)]),
-    "kvq_analyze_csv": (c_int, [c_char_p, c_char_p, ctypes.POINTER(c_char_p), c_int, c_int,
-                                ctypes.POINTER(c_int), c_int, ctypes.POINTER(c_int), c_int, c_char_p, _P,
-                                ctypes.c_uint64, c_int, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
+    "kvq_quantize_arrays": (c_int, [ctypes.POINTER(ArraysOpts), c_int, c_int, c_int, _PF, _PF, _PF, _PF, _PF,
+                                    ctypes.POINTER(Acc), ctypes.POINTER(_Err)]),
+    "kvq_analyze_csv": (c_int, [c_char_p, ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
     "kvq_dump_model": (c_char_p, [_P]),
@@ -200,7 +214,8 @@ _SIGNATURES = {
 }
 
 _lib = None
-_MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope)
+_MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope, ArraysOpts,
+             AnalyzeCsvOpts)
 
 
 def abi_mismatches(handle, classes=_MIRRORED):

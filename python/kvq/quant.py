@@ -255,9 +255,11 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
         kq, vq = kq.reshape(H, T, D), vq.reshape(H, T, D)
     accs = (_lib.Acc * H)()
     L, err = _lib.lib(), _lib.new_error()
-    st = L.kvq_quantize_arrays(spec_b, layer, seed, threads, H, T, D, fptr(k), fptr(arrays["value"]),
-                               fptr(arrays.get("key_pre_rope")), dptr(cos), dptr(sin), theta, style,
-                               cal.handle if cal else None, fptr(kq), fptr(vq), accs, ctypes.byref(err))
+    opts = _lib.ArraysOpts(spec=spec_b, layer=layer, seed=seed, nthreads=threads, rope_cos=dptr(cos),
+                           rope_sin=dptr(sin), rope_theta=theta, rope_style=style,
+                           calib=cal.handle if cal else None)
+    st = L.kvq_quantize_arrays(ctypes.byref(opts), H, T, D, fptr(k), fptr(arrays["value"]),
+                               fptr(arrays.get("key_pre_rope")), fptr(kq), fptr(vq), accs, ctypes.byref(err))
     _lib.check(st, err)
     pooled = _lib.Acc()
     for h in range(H):  # in head order, as kvq-analyze pools a layer
@@ -335,9 +337,13 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
             name = label if label is not None else "layers"
         L, err, out = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
         arr = (ctypes.c_char_p * len(enc))(*enc)
-        st = L.kvq_analyze_csv(_text(path, "dump"), _text(name, "label"), arr, len(enc), _PER[per], lay, nlay, hd,
-                               nhd, _text(queries, "queries"), cal.handle if cal else None, seed, threads,
-                               ctypes.byref(out), ctypes.byref(err))
+        ip = ctypes.POINTER(ctypes.c_int)  # the arrays stay alive in arr, lay, hd for the call
+        opts = _lib.AnalyzeCsvOpts(label=_text(name, "label"), specs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)),
+                                   nspecs=len(enc), per=_PER[per], layers=ctypes.cast(lay, ip) if lay else None,
+                                   nlayers=nlay, heads=ctypes.cast(hd, ip) if hd else None, nheads=nhd,
+                                   queries=_text(queries, "queries"),
+                                   calib=cal.handle if cal else None, seed=seed, nthreads=threads)
+        st = L.kvq_analyze_csv(_text(path, "dump"), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
         _lib.check(st, err)
         try:
             text = ctypes.string_at(out).decode()
