@@ -21,10 +21,20 @@ typedef struct kvq_param {
     const char *choices; /* CHOICE: "head|layer" */
     const char *help;
     int quiet_default;   /* left out of kvq_spec_format_full at its default (an option, e.g. prerotate) */
+    /* Where the parsed value goes in the family's options struct, read with
+     * kvq_spec_opts (KVQ_OPT(type, field) sets both): an int for INT and
+     * CHOICE (the choice's index; KVQ_UNSET when a key without a default
+     * is not given), a double for REAL (NaN when unset).  typed = 0: in
+     * val[] only (e.g. the shared `prerotate` key). */
+    int typed;
+    size_t offset;
 } kvq_param;
 
+#define KVQ_OPT(type, field) .typed = 1, .offset = offsetof(type, field)
+#define KVQ_UNSET (-2147483647 - 1) /* INT_MIN: an int option with no value */
 #define KVQ_MAX_PARAMS 16
 #define KVQ_SPEC_MAX 1024 /* a mix(...) holds a spec per range */
+#define KVQ_OPTS_MAX 256  /* the largest options struct of a family */
 
 /* A parsed spec string `name:key=value,...`. */
 typedef struct kvq_spec {
@@ -32,7 +42,15 @@ typedef struct kvq_spec {
     double val[KVQ_MAX_PARAMS];         /* number, or index into `choices`; NaN if unset */
     unsigned char given[KVQ_MAX_PARAMS]; /* set explicitly in the string */
     char text[KVQ_SPEC_MAX];            /* the string as given */
+    union {
+        double align;
+        unsigned char bytes[KVQ_OPTS_MAX];
+    } opts; /* the family's options struct, filled by kvq_spec_parse */
 } kvq_spec;
+
+/* The family's options as its own struct (its parameter table's KVQ_OPT
+ * fields), parsed and checked once: `const my_opts *o = kvq_spec_opts(sp);`. */
+static inline const void *kvq_spec_opts(const kvq_spec *spec) { return spec->opts.bytes; }
 
 /* What a quantizer sees besides the layer. */
 typedef struct kvq_quant_ctx {

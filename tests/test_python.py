@@ -51,6 +51,21 @@ for q in reg:
         check(shown in block.split("\n\n")[0], f"{q['name']}: {shown} listed")
 check(next(q for q in reg if q["name"] == "cluster")["needs_calib"], "cluster needs calibration")
 
+# every key two families share has its one meaning in docs/quantizers.md#keys-across-families
+import collections  # noqa: E402
+import re  # noqa: E402
+owners = collections.defaultdict(set)
+for q in reg:  # gear-l is gear without outliers: one family
+    for prm in q["params"]:
+        owners[prm["key"]].add(q["name"].removesuffix("-l"))
+doc = open(os.path.join(src, "docs", "quantizers.md"), encoding="utf-8").read()
+table = doc.split("## Keys across families", 1)[1].split("\n## ", 1)[0]
+documented = set(re.findall(r"^\| ((?:`[\w-]+`(?:, )?)+) \|", table, flags=re.M))
+documented = {k for cell in documented for k in re.findall(r"`([\w-]+)`", cell)}
+shared_keys = {k for k, names in owners.items() if len(names) > 1}
+check(shared_keys <= documented,
+      f"keys shared by families but not in quantizers.md's table: {sorted(shared_keys - documented)}")
+
 # ------------------------------------------- kvq.quantize against kvq-analyze
 # every family's default spec and its registry row's example_spec; a spec
 # that cannot run on stories260K's head_dim 8 (a block that 8 does not hold)

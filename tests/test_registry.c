@@ -157,8 +157,46 @@ static int alternative_spec(const kvq_quantizer *q, kvq_spec *out)
     return 0;
 }
 
+/* The typed options (kvq_spec_opts) hold the parsed values: ints for INT
+ * and CHOICE (KVQ_UNSET where unset), doubles for REAL; no two fields of a
+ * family overlap. */
+static void check_typed_options(const kvq_spec *sp)
+{
+    const kvq_quantizer *q = sp->q;
+    int typed = 0;
+    for (int i = 0; i < q->nparams; i++) {
+        const kvq_param *p = &q->params[i];
+        if (!p->typed) continue;
+        typed++;
+        size_t size = p->type == KVQ_PARAM_REAL ? sizeof(double) : sizeof(int);
+        for (int k = 0; k < i; k++) {
+            const kvq_param *r = &q->params[k];
+            size_t rsize = r->type == KVQ_PARAM_REAL ? sizeof(double) : sizeof(int);
+            ck_assert_msg(!r->typed || p->offset + size <= r->offset || r->offset + rsize <= p->offset,
+                          "%s: options fields of %s and %s overlap", q->name, p->key, r->key);
+        }
+        const unsigned char *at = (const unsigned char *)kvq_spec_opts(sp) + p->offset;
+        if (p->type == KVQ_PARAM_REAL) {
+            double v;
+            memcpy(&v, at, sizeof v);
+            ck_assert_msg(isnan(sp->val[i]) ? isnan(v) : v == sp->val[i], "%s: %s: options field %g, value %g",
+                          sp->text, p->key, v, sp->val[i]);
+        } else {
+            int v;
+            memcpy(&v, at, sizeof v);
+            ck_assert_msg(isnan(sp->val[i]) ? v == KVQ_UNSET : v == (int)sp->val[i],
+                          "%s: %s: options field %d, value %g", sp->text, p->key, v, sp->val[i]);
+        }
+    }
+    /* every key of a family is a typed field, but the shared prerotate option */
+    int shared = kvq_spec_param_index(q, "prerotate") >= 0;
+    ck_assert_msg(typed == q->nparams - shared, "%s: %d of %d keys are typed options fields", q->name, typed,
+                  q->nparams);
+}
+
 static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope)
 {
+    check_typed_options(sp);
     if (getenv("KVQ_TEST_VERBOSE")) fprintf(stderr, "registry: %s\n", sp->text);
     size_t n = (size_t)H * T * D;
     float *k0 = malloc(n * sizeof(float));

@@ -4,29 +4,33 @@
 #include "../internal.h"
 #include "quant.h"
 
-enum { AM_BITS, AM_GROUP, AM_SCALE };
+typedef struct absmax_opts {
+    int bits, group, scale; /* scale: kvq_scale_prec */
+} absmax_opts;
 static const kvq_param absmax_params[] = {
-    [AM_BITS] =
-        {.key = "bits", .type = KVQ_PARAM_INT, .def = "8", .min = 2, .max = 16, .help = "bits per code (signed)"},
-    [AM_GROUP] = {.key = "group",
-                  .type = KVQ_PARAM_INT,
-                  .def = "0",
-                  .min = 0,
-                  .max = 1e9,
-                  .help = "channels per group (0 = whole head vector)"},
-    [AM_SCALE] = {.key = "scale",
-                  .type = KVQ_PARAM_CHOICE,
-                  .def = "fp16",
-                  .choices = "fp16|fp32",
-                  .help = "precision of scales"},
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = "8", .min = 2, .max = 16, .help = "bits per code (signed)",
+     KVQ_OPT(absmax_opts, bits)},
+    {.key = "group",
+     .type = KVQ_PARAM_INT,
+     .def = "0",
+     .min = 0,
+     .max = 1e9,
+     .help = "channels per group (0 = whole head vector)",
+     KVQ_OPT(absmax_opts, group)},
+    {.key = "scale",
+     .type = KVQ_PARAM_CHOICE,
+     .def = "fp16",
+     .choices = "fp16|fp32",
+     .help = "precision of scales",
+     KVQ_OPT(absmax_opts, scale)},
     KVQ_PARAM_PREROTATE,
 };
 
 static void absmax_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
     (void)D;
-    kvq_step st = {KVQ_STEP_ABSMAX, 0, T, (int)sp->val[AM_BITS], (int)sp->val[AM_GROUP],
-                   (kvq_scale_prec)sp->val[AM_SCALE]};
+    const absmax_opts *o = kvq_spec_opts(sp);
+    kvq_step st = {KVQ_STEP_ABSMAX, 0, T, o->bits, o->group, (kvq_scale_prec)o->scale};
     *p = (kvq_plan){.nsteps = {1, 1}, .step = {{st}, {st}}};
 }
 

@@ -13,20 +13,23 @@
 
 #include <string.h>
 
-enum { CL_CENTROIDS, CL_KBITS, CL_VBITS, CL_GROUP, CL_WINDOW, CL_ROTATE };
+typedef struct cluster_opts {
+    int centroids, kbits, vbits, group, window;
+    int rotate; /* kvq_rotate_kind, in the choices' order */
+} cluster_opts;
 static const kvq_param cluster_params[] = {
-    [CL_CENTROIDS] = {.key = "centroids", .type = KVQ_PARAM_INT, .def = "16", .min = 1, .max = 65536,
-                      .help = "k-means centres per layer, KV head and K/V"},
-    [CL_KBITS] = {.key = "kbits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = 16,
-                  .help = "key residual bits (U per channel)"},
-    [CL_VBITS] = {.key = "vbits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
-                  .help = "value residual bits (Lloyd-Max, sphere codebook)"},
-    [CL_GROUP] = {.key = "group", .type = KVQ_PARAM_INT, .def = "32", .min = 1, .max = 1e9,
-                  .help = "tokens per key residual group"},
-    [CL_WINDOW] = {.key = "window", .type = KVQ_PARAM_INT, .def = "32", .min = 0, .max = 1e9,
-                   .help = "last tokens kept exact"},
-    [CL_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "rotation of the value residuals"},
+    {.key = "centroids", .type = KVQ_PARAM_INT, .def = "16", .min = 1, .max = 65536,
+     .help = "k-means centres per layer, KV head and K/V", KVQ_OPT(cluster_opts, centroids)},
+    {.key = "kbits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = 16,
+     .help = "key residual bits (U per channel)", KVQ_OPT(cluster_opts, kbits)},
+    {.key = "vbits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+     .help = "value residual bits (Lloyd-Max, sphere codebook)", KVQ_OPT(cluster_opts, vbits)},
+    {.key = "group", .type = KVQ_PARAM_INT, .def = "32", .min = 1, .max = 1e9,
+     .help = "tokens per key residual group", KVQ_OPT(cluster_opts, group)},
+    {.key = "window", .type = KVQ_PARAM_INT, .def = "32", .min = 0, .max = 1e9,
+     .help = "last tokens kept exact", KVQ_OPT(cluster_opts, window)},
+    {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
+     .help = "rotation of the value residuals", KVQ_OPT(cluster_opts, rotate)},
 };
 
 typedef struct {
@@ -45,14 +48,16 @@ static void cluster_free(void *p)
 
 static int cluster_calib_key(const kvq_spec *sp, char *buf, size_t len)
 {
-    snprintf(buf, len, "centroids=%d", (int)sp->val[CL_CENTROIDS]);
+    const cluster_opts *o = kvq_spec_opts(sp);
+    snprintf(buf, len, "centroids=%d", o->centroids);
     return 1;
 }
 
 static kvq_status cluster_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *cal,
                                     void **state, kvq_error *err)
 {
-    int H = cal->H, T = cal->T, D = cal->D, C = (int)sp->val[CL_CENTROIDS];
+    const cluster_opts *o = kvq_spec_opts(sp);
+    int H = cal->H, T = cal->T, D = cal->D, C = o->centroids;
     cluster_state *s = calloc(1, sizeof *s);
     size_t per = (size_t)C * D;
     if (!s || !(s->kc = kvq_alloc_array((size_t)H, per * sizeof(float))) ||
@@ -100,7 +105,8 @@ static int index_bits(int C)
 static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, const cluster_state *s,
                                const kvq_layer *in, kvq_quant_out *out, int h, kvq_error *err)
 {
-    int T = in->T, D = in->D, C = s->C, window = (int)sp->val[CL_WINDOW];
+    const cluster_opts *o = kvq_spec_opts(sp);
+    int T = in->T, D = in->D, C = s->C, window = o->window;
     int Tq = T - window > 0 ? T - window : 0;
     const float *k = kvq_head_in(in, 0, h);
     float *y = kvq_head_out(out, in, 0, h);
@@ -133,7 +139,7 @@ static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         if (s->pre_rope) kvq_rope_rotate(ctx->rope, bt, t, 0); /* base = RoPE_t(c) */
         for (int c = 0; c < D; c++) r[(size_t)t * D + c] = k[(size_t)t * D + c] - bt[c];
     }
-    if ((st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, (int)sp->val[CL_KBITS], (int)sp->val[CL_GROUP],
+    if ((st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, o->kbits, o->group,
                                          KVQ_SCALE_FP16, &qbits, NULL)))
         goto out;
     for (size_t i = 0; i < (size_t)Tq * D; i++) y[i] = base[i] + rq[i]; /* k' = base + Q(r) */
@@ -147,7 +153,8 @@ out:
 static kvq_status cluster_values(const kvq_spec *sp, const kvq_quant_ctx *ctx, const cluster_state *s,
                                  const kvq_layer *in, kvq_quant_out *out, int h, kvq_error *err)
 {
-    int T = in->T, D = in->D, C = s->C, window = (int)sp->val[CL_WINDOW], vbits = (int)sp->val[CL_VBITS];
+    const cluster_opts *o = kvq_spec_opts(sp);
+    int T = in->T, D = in->D, C = s->C, window = o->window, vbits = o->vbits;
     int Tq = T - window > 0 ? T - window : 0;
     const float *v = kvq_head_in(in, 1, h);
     float *y = kvq_head_out(out, in, 1, h);
@@ -156,7 +163,7 @@ static kvq_status cluster_values(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
     kvq_rotation rot;
     kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, vbits, &cb, err);
     if (st) return st;
-    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[CL_ROTATE], D, ctx->seed, ctx->layer, h, 1, err)))
+    if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)o->rotate, D, ctx->seed, ctx->layer, h, 1, err)))
         return st;
     size_t n = (size_t)T * D;
     float *r = kvq_alloc_array(n, sizeof *r), *rq = kvq_alloc_array(n, sizeof *rq);

@@ -18,27 +18,29 @@
 #include <math.h>
 #include <string.h>
 
-enum { F4_FORMAT, F4_GLOBAL };
-enum { FMT_MXFP4, FMT_NVFP4 };
-enum { G_NONE, G_TENSOR, G_HEAD, G_TOKEN };
+/* The options, as the table below fills them (kvq_spec_opts). */
+enum { FMT_MXFP4, FMT_NVFP4 };             /* format's choices */
+enum { G_NONE, G_TENSOR, G_HEAD, G_TOKEN }; /* global's choices */
+typedef struct fp4_opts {
+    int format, global;
+} fp4_opts;
 
 static const kvq_param fp4_params[] = {
-    [F4_FORMAT] = {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "mxfp4", .choices = "mxfp4|nvfp4",
-                   .help = "mxfp4: 32-value blocks, E8M0 scales; nvfp4: 16-value blocks, E4M3 scales"},
-    [F4_GLOBAL] = {.key = "global", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|tensor|head|token",
-                   .help = "nvfp4's second-level float32 scale amax/(6*448) per layer tensor, KV head or token "
-                           "(none: 1, ggml's nvfp4)"},
+    {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "mxfp4", .choices = "mxfp4|nvfp4",
+     .help = "mxfp4: 32-value blocks, E8M0 scales; nvfp4: 16-value blocks, E4M3 scales", KVQ_OPT(fp4_opts, format)},
+    {.key = "global", .type = KVQ_PARAM_CHOICE, .def = "none", .choices = "none|tensor|head|token",
+     .help = "nvfp4's second-level float32 scale amax/(6*448) per layer tensor, KV head or token "
+             "(none: 1, ggml's nvfp4)",
+     KVQ_OPT(fp4_opts, global)},
     KVQ_PARAM_PREROTATE,
 };
 
-static int fp4_block(const kvq_spec *sp)
-{
-    return (int)sp->val[F4_FORMAT] == FMT_MXFP4 ? KVQ_MXFP4_BLOCK : KVQ_NVFP4_BLOCK;
-}
+static int fp4_block(const fp4_opts *o) { return o->format == FMT_MXFP4 ? KVQ_MXFP4_BLOCK : KVQ_NVFP4_BLOCK; }
 
 static kvq_status fp4_check(const kvq_spec *sp, kvq_error *err)
 {
-    if ((int)sp->val[F4_FORMAT] == FMT_MXFP4 && (int)sp->val[F4_GLOBAL] != G_NONE)
+    const fp4_opts *o = kvq_spec_opts(sp);
+    if (o->format == FMT_MXFP4 && o->global != G_NONE)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: global: a second-level scale is nvfp4's (mxfp4's E8M0 scales need "
                         "none); use format=nvfp4 or global=none", sp->text);
     return KVQ_OK;
@@ -46,7 +48,7 @@ static kvq_status fp4_check(const kvq_spec *sp, kvq_error *err)
 
 static kvq_status fp4_check_shape(const kvq_spec *sp, int D, kvq_error *err)
 {
-    int B = fp4_block(sp);
+    int B = fp4_block(kvq_spec_opts(sp));
     if (D % B)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: head_dim %d is not a multiple of the %d-value blocks (blocks never "
                         "span heads; llama.cpp refuses such a cache)", sp->text, D, B);
@@ -90,7 +92,8 @@ static void fp4_head(const float *x, float *y, int H, int T, int D, int format, 
 static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                kvq_quant_out *out, kvq_error *err)
 {
-    int H = in->H, T = in->T, D = in->D, format = (int)sp->val[F4_FORMAT], global = (int)sp->val[F4_GLOBAL];
+    const fp4_opts *o = kvq_spec_opts(sp);
+    int H = in->H, T = in->T, D = in->D, format = o->format, global = o->global;
     kvq_status st = fp4_check_shape(sp, D, err);
     if (st) return st;
     int nt = kvq_threads(ctx->nthreads);

@@ -9,14 +9,17 @@
 
 /* ----------------------------------------------------------- the quantizer */
 
-enum { F8_FORMAT, F8_SCALE };
-enum { SC_NONE, SC_TENSOR, SC_HEAD, SC_TOKEN, SC_CHANNEL };
+enum { SC_NONE, SC_TENSOR, SC_HEAD, SC_TOKEN, SC_CHANNEL }; /* scale's choices */
+typedef struct fp8_opts {
+    int format; /* kvq_fp8_format */
+    int scale;  /* SC_* */
+} fp8_opts;
 static const kvq_param fp8_params[] = {
-    [F8_FORMAT] = {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "e4m3", .choices = "e4m3|e5m2",
-                   .help = "OCP FP8 format: e4m3 (max 448) or e5m2 (max 57344)"},
-    [F8_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "tensor",
-                  .choices = "none|tensor|head|token|channel",
-                  .help = "float32 scale max|x|/fmax per layer tensor, KV head, token or channel (none: 1)"},
+    {.key = "format", .type = KVQ_PARAM_CHOICE, .def = "e4m3", .choices = "e4m3|e5m2",
+     .help = "OCP FP8 format: e4m3 (max 448) or e5m2 (max 57344)", KVQ_OPT(fp8_opts, format)},
+    {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "tensor", .choices = "none|tensor|head|token|channel",
+     .help = "float32 scale max|x|/fmax per layer tensor, KV head, token or channel (none: 1)",
+     KVQ_OPT(fp8_opts, scale)},
     KVQ_PARAM_PREROTATE,
 };
 
@@ -72,8 +75,9 @@ static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int sc
 static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                kvq_quant_out *out, kvq_error *err)
 {
-    int H = in->H, T = in->T, D = in->D, scale = (int)sp->val[F8_SCALE];
-    kvq_fp8_format fmt = (kvq_fp8_format)sp->val[F8_FORMAT];
+    const fp8_opts *o = kvq_spec_opts(sp);
+    int H = in->H, T = in->T, D = in->D, scale = o->scale;
+    kvq_fp8_format fmt = (kvq_fp8_format)o->format;
     int nt = kvq_threads(ctx->nthreads);
     float amax[2] = {0.0f, 0.0f}; /* scale=tensor: max|x| of K and of V over all heads */
     if (scale == SC_TENSOR && kvq_layer_absmax(in, nt, amax))
@@ -96,8 +100,9 @@ static kvq_status fp8_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
                                 kvq_quant_out *out, kvq_error *err)
 {
     (void)ctx, (void)err;
-    int H = in->H, T = in->T, D = in->D, scale = (int)sp->val[F8_SCALE];
-    kvq_fp8_format fmt = (kvq_fp8_format)sp->val[F8_FORMAT];
+    const fp8_opts *o = kvq_spec_opts(sp);
+    int H = in->H, T = in->T, D = in->D, scale = o->scale;
+    kvq_fp8_format fmt = (kvq_fp8_format)o->format;
     const float fmax = kvq_fp8_max(fmt);
     for (int tensor = 0; tensor < 2; tensor++) {
         const float *x = tensor ? in->value : in->key; /* [H][T][D] */

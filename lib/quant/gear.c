@@ -19,28 +19,33 @@
 #include <math.h>
 #include <string.h>
 
-enum { G_BITS, G_GROUP, G_BACKBONE, G_RANK, G_SPARSITY, G_LOWRANK, G_LOOP, G_SPAN };
-enum { BACKBONE_KIVI, BACKBONE_KCVT };
-enum { LOWRANK_POWER, LOWRANK_SVD };
+enum { BACKBONE_KIVI, BACKBONE_KCVT }; /* backbone's choices */
+enum { LOWRANK_POWER, LOWRANK_SVD };   /* lowrank's choices */
+typedef struct gear_opts {
+    int bits, group, backbone, rank;
+    double sparsity;
+    int lowrank, loop;
+    int span; /* 0 head, 1 layer */
+} gear_opts;
 
-#define GEAR_PARAMS(sparsity_default)                                                              \
-    {                                                                                              \
-        [G_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = 16,         \
-                    .help = "backbone bits per code"},                                             \
-        [G_GROUP] = {.key = "group", .type = KVQ_PARAM_INT, .def = "32", .min = 1, .max = 1e9,     \
-                     .help = "kivi backbone group: tokens for K, channels for V"},                 \
-        [G_BACKBONE] = {.key = "backbone", .type = KVQ_PARAM_CHOICE, .def = "kivi",                \
-                        .choices = "kivi|kcvt", .help = "quantizer under the corrections"},        \
-        [G_RANK] = {.key = "rank", .type = KVQ_PARAM_INT, .def = "4", .min = 0, .max = 1e6,        \
-                    .help = "rank of the low-rank part per head (0 = none)"},                      \
-        [G_SPARSITY] = {.key = "sparsity", .type = KVQ_PARAM_REAL, .def = sparsity_default,        \
-                        .min = 0, .max = 1, .help = "fraction of each row kept as exact outliers"}, \
-        [G_LOWRANK] = {.key = "lowrank", .type = KVQ_PARAM_CHOICE, .def = "power",                 \
-                       .choices = "power|svd", .help = "GEAR's power iteration or truncated SVD"}, \
-        [G_LOOP] = {.key = "loop", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = 1000,       \
-                    .help = "power-iteration passes"},                                             \
-        [G_SPAN] = {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer", \
-                    .help = "V rows and groups: one head, or all heads of the token"},             \
+#define GEAR_PARAMS(sparsity_default)                                                                              \
+    {                                                                                                              \
+        {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = 16, .help = "backbone bits per code",  \
+         KVQ_OPT(gear_opts, bits)},                                                                                \
+        {.key = "group", .type = KVQ_PARAM_INT, .def = "32", .min = 1, .max = 1e9,                                 \
+         .help = "kivi backbone group: tokens for K, channels for V", KVQ_OPT(gear_opts, group)},                  \
+        {.key = "backbone", .type = KVQ_PARAM_CHOICE, .def = "kivi", .choices = "kivi|kcvt",                       \
+         .help = "quantizer under the corrections", KVQ_OPT(gear_opts, backbone)},                                 \
+        {.key = "rank", .type = KVQ_PARAM_INT, .def = "4", .min = 0, .max = 1e6,                                   \
+         .help = "rank of the low-rank part per head (0 = none)", KVQ_OPT(gear_opts, rank)},                       \
+        {.key = "sparsity", .type = KVQ_PARAM_REAL, .def = sparsity_default, .min = 0, .max = 1,                   \
+         .help = "fraction of each row kept as exact outliers", KVQ_OPT(gear_opts, sparsity)},                     \
+        {.key = "lowrank", .type = KVQ_PARAM_CHOICE, .def = "power", .choices = "power|svd",                       \
+         .help = "GEAR's power iteration or truncated SVD", KVQ_OPT(gear_opts, lowrank)},                          \
+        {.key = "loop", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = 1000, .help = "power-iteration passes", \
+         KVQ_OPT(gear_opts, loop)},                                                                                \
+        {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer",                          \
+         .help = "V rows and groups: one head, or all heads of the token", KVQ_OPT(gear_opts, span)},              \
     }
 
 static const kvq_param gear_params[] = GEAR_PARAMS("0.02");
@@ -48,7 +53,8 @@ static const kvq_param gear_l_params[] = GEAR_PARAMS("0");
 
 static kvq_status gear_l_check(const kvq_spec *sp, kvq_error *err)
 {
-    if (sp->val[G_SPARSITY] != 0.0)
+    const gear_opts *o = kvq_spec_opts(sp);
+    if (o->sparsity != 0.0)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: sparsity: gear-l has no outliers (use gear)", sp->text);
     return KVQ_OK;
 }
@@ -201,6 +207,7 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
 
 typedef struct {
     const kvq_spec *sp;
+    const gear_opts *o; /* sp's options */
     const kvq_quant_ctx *ctx;
     int tensor, H, T, D;
     const float *x; /* [H][T][D] */
@@ -220,7 +227,7 @@ static int row_len(const gear_job *j, int layer_rows)
 {
     return layer_rows ? j->H * j->D : j->tensor == 1 ? j->D : j->T;
 }
-static int row_k(const gear_job *j, int n) { return (int)floor(j->sp->val[G_SPARSITY] * n / 2.0); }
+static int row_k(const gear_job *j, int n) { return (int)floor(j->o->sparsity * n / 2.0); }
 
 /* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer),
  * into j->w (already a copy of j->x) and the outlier lists: only the
@@ -274,8 +281,8 @@ static kvq_status mark_outliers(gear_job *j, int h)
 /* Step 2 for head h (span=head or K): backbone codes into y. */
 static kvq_status head_backbone(gear_job *j, int h)
 {
-    int T = j->T, D = j->D, bits = (int)j->sp->val[G_BITS], G = (int)j->sp->val[G_GROUP];
-    int kcvt = (int)j->sp->val[G_BACKBONE] == BACKBONE_KCVT;
+    int T = j->T, D = j->D, bits = j->o->bits, G = j->o->group;
+    int kcvt = j->o->backbone == BACKBONE_KCVT;
     size_t off = (size_t)h * T * D;
     if (j->tensor == 0)
         return kvq_quant_head_per_channel(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? T : G,
@@ -297,7 +304,7 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
         if (!isfinite(y[opos[i]])) return KVQ_ERR_NUMERIC;
     }
     j->bits[h] += (double)j->nout[h] * (16.0 + 32.0);
-    int r = (int)j->sp->val[G_RANK], m = T < D ? T : D;
+    int r = j->o->rank, m = T < D ? T : D;
     if (r > m) r = m;
     if (r <= 0) return KVQ_OK;
     float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
@@ -306,13 +313,13 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
         st = KVQ_ERR_NOMEM;
     } else {
         for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i]; /* E = X − (D̂ + S) */
-        if ((int)j->sp->val[G_LOWRANK] == LOWRANK_SVD) {
+        if (j->o->lowrank == LOWRANK_SVD) {
             st = kvq_lowrank_svd(E, T, D, r, L, err);
         } else {
             kvq_rng rng;
             kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
                          (uint64_t)(KVQ_STREAM_LOWRANK + j->tensor));
-            st = kvq_lowrank_power(E, T, D, r, (int)j->sp->val[G_LOOP], &rng, L, err);
+            st = kvq_lowrank_power(E, T, D, r, j->o->loop, &rng, L, err);
         }
         if (!st) {
             for (size_t i = 0; i < n; i++) y[i] += L[i]; /* X' = D̂ + S + L */
@@ -326,7 +333,7 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
 static kvq_status gear_tensor(gear_job *j, kvq_error *err)
 {
     int H = j->H, nt = kvq_threads(j->ctx->nthreads);
-    int layer_span = j->tensor == 1 && (int)j->sp->val[G_SPAN] == 1;
+    int layer_span = j->tensor == 1 && j->o->span == 1;
     kvq_status *sts = calloc((size_t)H, sizeof *sts);
     kvq_error *errs = calloc((size_t)H, sizeof *errs);
     if (!sts || !errs) {
@@ -335,11 +342,11 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
     }
     kvq_status st = KVQ_OK;
     if (layer_span) {
-        int kcvt = (int)j->sp->val[G_BACKBONE] == BACKBONE_KCVT;
+        int kcvt = j->o->backbone == BACKBONE_KCVT;
         st = mark_outliers(j, -1);
         if (!st)
-            st = kvq_quant_layer_per_token_span(j->w, j->y, H, j->T, j->D, 0, j->T, (int)j->sp->val[G_BITS],
-                                                kcvt ? H * j->D : (int)j->sp->val[G_GROUP], KVQ_SCALE_FP16, j->bits);
+            st = kvq_quant_layer_per_token_span(j->w, j->y, H, j->T, j->D, 0, j->T, j->o->bits,
+                                                kcvt ? H * j->D : j->o->group, KVQ_SCALE_FP16, j->bits);
     }
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int h = 0; h < H; h++) {
@@ -363,7 +370,7 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
  * per row, layer rows spread theirs over the heads, at most D per token and head. */
 static int outlier_room(const gear_job *j, size_t *cap)
 {
-    int layer_rows = j->tensor == 1 && (int)j->sp->val[G_SPAN] == 1;
+    int layer_rows = j->tensor == 1 && j->o->span == 1;
     int n = row_len(j, layer_rows);
     size_t per_row = 2 * (size_t)row_k(j, n);
     if (layer_rows && per_row > (size_t)j->D) per_row = (size_t)j->D;
@@ -377,7 +384,7 @@ static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const
     size_t n = (size_t)H * T * D, cap[2], room = 0;
     gear_job job[2];
     for (int tensor = 0; tensor < 2; tensor++) {
-        job[tensor] = (gear_job){.sp = sp, .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
+        job[tensor] = (gear_job){.sp = sp, .o = kvq_spec_opts(sp), .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
                                  .x = tensor ? in->value : in->key, .y = tensor ? out->value : out->key,
                                  .bits = tensor ? out->v_bits : out->k_bits};
         if (!outlier_room(&job[tensor], &cap[tensor]))

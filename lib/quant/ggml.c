@@ -12,23 +12,26 @@
 #include <math.h>
 #include <string.h>
 
-enum { GG_KTYPE, GG_VTYPE };
+typedef struct ggml_opts {
+    int type[2]; /* K's and V's: indices into GGML_CACHE_TYPES and cache_type */
+} ggml_opts;
 #define GGML_CACHE_TYPES "q8_0|q4_0|q4_1|q5_0|q5_1|iq4_nl|f16|bf16"
 static const int cache_type[] = {KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1, KVQ_GGML_Q5_0,
                                  KVQ_GGML_Q5_1, KVQ_GGML_IQ4_NL, KVQ_GGML_F16, KVQ_GGML_BF16};
 
 static const kvq_param ggml_params[] = {
-    [GG_KTYPE] = {.key = "ktype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
-                  .help = "llama.cpp cache type of K (-ctk)"},
-    [GG_VTYPE] = {.key = "vtype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
-                  .help = "llama.cpp cache type of V (-ctv)"},
+    {.key = "ktype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
+     .help = "llama.cpp cache type of K (-ctk)", KVQ_OPT(ggml_opts, type[0])},
+    {.key = "vtype", .type = KVQ_PARAM_CHOICE, .def = "q8_0", .choices = GGML_CACHE_TYPES,
+     .help = "llama.cpp cache type of V (-ctv)", KVQ_OPT(ggml_opts, type[1])},
     KVQ_PARAM_PREROTATE,
 };
 
 static kvq_status ggml_check_shape(const kvq_spec *sp, int D, kvq_error *err)
 {
+    const ggml_opts *o = kvq_spec_opts(sp);
     for (int tensor = 0; tensor < 2; tensor++) {
-        int type = cache_type[(int)sp->val[tensor ? GG_VTYPE : GG_KTYPE]], vals;
+        int type = cache_type[o->type[tensor]], vals;
         kvq_ggml_type_size(type, &vals, NULL);
         if (D % vals)
             return kvq_fail(err, KVQ_ERR_USAGE,
@@ -75,8 +78,9 @@ static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
                                 kvq_quant_out *out, kvq_error *err)
 {
     int H = in->H, T = in->T, D = in->D, nt = kvq_threads(ctx->nthreads);
+    const ggml_opts *o = kvq_spec_opts(sp);
     for (int tensor = 0; tensor < 2; tensor++) {
-        int type = cache_type[(int)sp->val[tensor ? GG_VTYPE : GG_KTYPE]], vals;
+        int type = cache_type[o->type[tensor]], vals;
         size_t bytes;
         kvq_ggml_type_size(type, &vals, &bytes); /* D % vals == 0: checked by check_shape */
         kvq_status st = ggml_tensor(tensor ? in->value : in->key, tensor ? out->value : out->key, H, T, D, type, nt);

@@ -7,24 +7,30 @@
 
 #include <math.h>
 
-/* Parameter rows shared by the families (designated initialisers). */
-#define P_BITS(d) {.key = "bits", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 16, .help = "bits per code"}
-#define P_GROUP(d, h) {.key = "group", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 1e9, .help = h}
-#define P_SCALE                                                                                                        \
+/* Parameter rows shared by the families (designated initialisers); the
+ * last argument places the value in the family's options struct. */
+#define P_BITS(d, ...) \
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 16, .help = "bits per code", __VA_ARGS__}
+#define P_GROUP(d, h, ...) {.key = "group", .type = KVQ_PARAM_INT, .def = d, .min = 1, .max = 1e9, .help = h, __VA_ARGS__}
+#define P_SCALE(...)                                                                                                   \
     {                                                                                                                  \
         .key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32",                               \
-        .help = "precision of scales and zeros"                                                                        \
+        .help = "precision of scales and zeros", __VA_ARGS__                                                           \
     }
-#define P_SPAN(h) {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer", .help = h}
+#define P_SPAN(h, ...) \
+    {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "head", .choices = "head|layer", .help = h, __VA_ARGS__}
+enum { SPAN_HEAD, SPAN_LAYER }; /* span's choices */
 
 /* ------------------------------------------------------------- per-token */
 
-enum { PT_BITS, PT_GROUP, PT_SPAN, PT_SCALE };
+typedef struct per_token_opts {
+    int bits, group, span, scale; /* span: SPAN_*; scale: kvq_scale_prec */
+} per_token_opts;
 static const kvq_param per_token_params[] = {
-    [PT_BITS] = P_BITS("2"),
-    [PT_GROUP] = P_GROUP("32", "channels per group (clamped to the axis)"),
-    [PT_SPAN] = P_SPAN("group within one head, or along all heads of the token"),
-    [PT_SCALE] = P_SCALE,
+    P_BITS("2", KVQ_OPT(per_token_opts, bits)),
+    P_GROUP("32", "channels per group (clamped to the axis)", KVQ_OPT(per_token_opts, group)),
+    P_SPAN("group within one head, or along all heads of the token", KVQ_OPT(per_token_opts, span)),
+    P_SCALE(KVQ_OPT(per_token_opts, scale)),
     KVQ_PARAM_PREROTATE,
 };
 
@@ -32,8 +38,9 @@ static const kvq_param per_token_params[] = {
 static void per_token_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
     (void)D;
-    kvq_step st = {(int)sp->val[PT_SPAN] == 1 ? KVQ_STEP_TOKEN_LAYER : KVQ_STEP_TOKEN, 0, T,
-                   (int)sp->val[PT_BITS], (int)sp->val[PT_GROUP], (kvq_scale_prec)sp->val[PT_SCALE]};
+    const per_token_opts *o = kvq_spec_opts(sp);
+    kvq_step st = {o->span == SPAN_LAYER ? KVQ_STEP_TOKEN_LAYER : KVQ_STEP_TOKEN, 0, T, o->bits, o->group,
+                   (kvq_scale_prec)o->scale};
     *p = (kvq_plan){.nsteps = {1, 1}, .step = {{st}, {st}}};
 }
 
@@ -52,19 +59,21 @@ const kvq_quantizer kvq_q_per_token = {
 
 /* ----------------------------------------------------------- per-channel */
 
-enum { PC_BITS, PC_GROUP, PC_SCALE };
+typedef struct per_channel_opts {
+    int bits, group, scale;
+} per_channel_opts;
 static const kvq_param per_channel_params[] = {
-    [PC_BITS] = P_BITS("2"),
-    [PC_GROUP] = P_GROUP("32", "tokens per group, aligned at t = 0"),
-    [PC_SCALE] = P_SCALE,
+    P_BITS("2", KVQ_OPT(per_channel_opts, bits)),
+    P_GROUP("32", "tokens per group, aligned at t = 0", KVQ_OPT(per_channel_opts, group)),
+    P_SCALE(KVQ_OPT(per_channel_opts, scale)),
     KVQ_PARAM_PREROTATE,
 };
 
 static void per_channel_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
     (void)D;
-    kvq_step st = {KVQ_STEP_CHANNEL, 0, T, (int)sp->val[PC_BITS], (int)sp->val[PC_GROUP],
-                   (kvq_scale_prec)sp->val[PC_SCALE]};
+    const per_channel_opts *o = kvq_spec_opts(sp);
+    kvq_step st = {KVQ_STEP_CHANNEL, 0, T, o->bits, o->group, (kvq_scale_prec)o->scale};
     *p = (kvq_plan){.nsteps = {1, 1}, .step = {{st}, {st}}};
 }
 
@@ -83,35 +92,40 @@ const kvq_quantizer kvq_q_per_channel = {
 
 /* ------------------------------------------------------------------ kivi */
 
-enum { KV_BITS, KV_GROUP, KV_RESIDUAL, KV_KBITS, KV_VBITS };
+typedef struct kivi_opts {
+    int bits, group, residual;
+    int kbits, vbits; /* KVQ_UNSET: bits */
+} kivi_opts;
 static const kvq_param kivi_params[] = {
-    [KV_BITS] = P_BITS("2"),
-    [KV_GROUP] = P_GROUP("32", "group size: tokens for K, channels for V"),
-    [KV_RESIDUAL] = {.key = "residual",
-                     .type = KVQ_PARAM_INT,
-                     .def = "128",
-                     .min = 0,
-                     .max = 1e9,
-                     .help = "full-precision window R (multiple of group; 0 = none)"},
-    [KV_KBITS] =
-        {.key = "kbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "key bits (default: bits)"},
-    [KV_VBITS] =
-        {.key = "vbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "value bits (default: bits)"},
+    P_BITS("2", KVQ_OPT(kivi_opts, bits)),
+    P_GROUP("32", "group size: tokens for K, channels for V", KVQ_OPT(kivi_opts, group)),
+    {.key = "residual",
+     .type = KVQ_PARAM_INT,
+     .def = "128",
+     .min = 0,
+     .max = 1e9,
+     .help = "full-precision window R (multiple of group; 0 = none)",
+     KVQ_OPT(kivi_opts, residual)},
+    {.key = "kbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "key bits (default: bits)",
+     KVQ_OPT(kivi_opts, kbits)},
+    {.key = "vbits", .type = KVQ_PARAM_INT, .def = NULL, .min = 1, .max = 16, .help = "value bits (default: bits)",
+     KVQ_OPT(kivi_opts, vbits)},
     KVQ_PARAM_PREROTATE,
 };
 
 static kvq_status kivi_check(const kvq_spec *sp, kvq_error *err)
 {
-    long R = (long)sp->val[KV_RESIDUAL], G = (long)sp->val[KV_GROUP];
-    if (R % G != 0)
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: residual=%ld must be a multiple of group=%ld", sp->text, R, G);
+    const kivi_opts *o = kvq_spec_opts(sp);
+    if (o->residual % o->group != 0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: residual=%d must be a multiple of group=%d", sp->text, o->residual,
+                        o->group);
     return KVQ_OK;
 }
 
-static int kivi_bits(const kvq_spec *sp, int tensor)
+static int kivi_bits(const kivi_opts *o, int tensor)
 {
-    int k = tensor ? KV_VBITS : KV_KBITS;
-    return (int)(isnan(sp->val[k]) ? sp->val[KV_BITS] : sp->val[k]);
+    int b = tensor ? o->vbits : o->kbits;
+    return b == KVQ_UNSET ? o->bits : b;
 }
 
 /* KIVI at the moment the cache holds T tokens: keys per-channel on the
@@ -120,13 +134,14 @@ static int kivi_bits(const kvq_spec *sp, int tensor)
 static void kivi_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
     (void)D;
-    int R = (int)sp->val[KV_RESIDUAL], G = (int)sp->val[KV_GROUP];
+    const kivi_opts *o = kvq_spec_opts(sp);
+    int R = o->residual, G = o->group;
     int tk = R > 0 ? T - T % R : T, tv = T - R > 0 ? T - R : 0;
     *p = (kvq_plan){
         .nsteps = {2, 2},
-        .step = {{{KVQ_STEP_CHANNEL, 0, tk, kivi_bits(sp, 0), G, KVQ_SCALE_FP16},
+        .step = {{{KVQ_STEP_CHANNEL, 0, tk, kivi_bits(o, 0), G, KVQ_SCALE_FP16},
                   {KVQ_STEP_EXACT, tk, T, 16, 1, KVQ_SCALE_FP16}},
-                 {{KVQ_STEP_TOKEN, 0, tv, kivi_bits(sp, 1), G, KVQ_SCALE_FP16},
+                 {{KVQ_STEP_TOKEN, 0, tv, kivi_bits(o, 1), G, KVQ_SCALE_FP16},
                   {KVQ_STEP_EXACT, tv, T, 16, 1, KVQ_SCALE_FP16}}},
     };
 }
@@ -147,10 +162,12 @@ const kvq_quantizer kvq_q_kivi = {
 
 /* ------------------------------------------------------------------ kcvt */
 
-enum { KC_BITS, KC_SPAN };
+typedef struct kcvt_opts {
+    int bits, span;
+} kcvt_opts;
 static const kvq_param kcvt_params[] = {
-    [KC_BITS] = P_BITS("4"),
-    [KC_SPAN] = P_SPAN("V groups: one head's D channels, or all H*D of the token"),
+    P_BITS("4", KVQ_OPT(kcvt_opts, bits)),
+    P_SPAN("V groups: one head's D channels, or all H*D of the token", KVQ_OPT(kcvt_opts, span)),
     KVQ_PARAM_PREROTATE,
 };
 
@@ -158,7 +175,8 @@ static const kvq_param kcvt_params[] = {
  * (G = D), or per token across all heads with span=layer (G = H·D, clamped). */
 static void kcvt_plan(const kvq_spec *sp, int T, int D, kvq_plan *p)
 {
-    int bits = (int)sp->val[KC_BITS], layer = (int)sp->val[KC_SPAN] == 1;
+    const kcvt_opts *o = kvq_spec_opts(sp);
+    int bits = o->bits, layer = o->span == SPAN_LAYER;
     *p = (kvq_plan){
         .nsteps = {1, 1},
         .step = {{{KVQ_STEP_CHANNEL, 0, T, bits, T > 0 ? T : 1, KVQ_SCALE_FP16}},

@@ -18,19 +18,23 @@
 #include <math.h>
 #include <string.h>
 
-enum { KQ_BITS, KQ_OUTLIERS, KQ_SINK, KQ_CODEBOOK, KQ_PREROPE };
-enum { CB_NUQ, CB_UNIFORM };
+enum { CB_NUQ, CB_UNIFORM }; /* codebook's choices */
+typedef struct kvquant_opts {
+    int bits;
+    double outliers;
+    int sink, codebook, prerope;
+} kvquant_opts;
 static const kvq_param kvquant_params[] = {
-    [KQ_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
-                 .help = "bits per code (2^bits levels)"},
-    [KQ_OUTLIERS] = {.key = "outliers", .type = KVQ_PARAM_REAL, .def = "0.01", .min = 0, .max = 1,
-                     .help = "fraction of each row kept exact (both tails)"},
-    [KQ_SINK] = {.key = "sink", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1e9,
-                 .help = "first tokens kept exact (attention sinks)"},
-    [KQ_CODEBOOK] = {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "nuq", .choices = "nuq|uniform",
-                     .help = "levels: k-means fitted on --calib (nuq) or uniform on [-1, 1]"},
-    [KQ_PREROPE] = {.key = "prerope", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1,
-                    .help = "quantize keys before RoPE (needs key_pre_rope and the dump's RoPE)"},
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+     .help = "bits per code (2^bits levels)", KVQ_OPT(kvquant_opts, bits)},
+    {.key = "outliers", .type = KVQ_PARAM_REAL, .def = "0.01", .min = 0, .max = 1,
+     .help = "fraction of each row kept exact (both tails)", KVQ_OPT(kvquant_opts, outliers)},
+    {.key = "sink", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1e9,
+     .help = "first tokens kept exact (attention sinks)", KVQ_OPT(kvquant_opts, sink)},
+    {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "nuq", .choices = "nuq|uniform",
+     .help = "levels: k-means fitted on --calib (nuq) or uniform on [-1, 1]", KVQ_OPT(kvquant_opts, codebook)},
+    {.key = "prerope", .type = KVQ_PARAM_INT, .def = "1", .min = 0, .max = 1,
+     .help = "quantize keys before RoPE (needs key_pre_rope and the dump's RoPE)", KVQ_OPT(kvquant_opts, prerope)},
 };
 
 typedef struct kq_cfg {
@@ -40,7 +44,8 @@ typedef struct kq_cfg {
 
 static kq_cfg cfg_of(const kvq_spec *sp, int T)
 {
-    kq_cfg c = {(int)sp->val[KQ_BITS], (int)sp->val[KQ_SINK], (int)sp->val[KQ_PREROPE], sp->val[KQ_OUTLIERS]};
+    const kvquant_opts *o = kvq_spec_opts(sp);
+    kq_cfg c = {o->bits, o->sink, o->prerope, o->outliers};
     if (c.sink > T) c.sink = T;
     return c;
 }
@@ -149,7 +154,9 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
                         "rope_style and rope_theta (or /rope_cos, /rope_sin) in the dump (or use prerope=0)");
     kvq_codebook uni;
     const kvq_codebook *cb = &uni;
-    if ((int)sp->val[KQ_CODEBOOK] == CB_UNIFORM) uniform_codebook(c.bits, &uni);
+    const kvquant_opts *o = kvq_spec_opts(sp);
+    int codebook = o->codebook;
+    if (codebook == CB_UNIFORM) uniform_codebook(c.bits, &uni);
     else cb = (const kvq_codebook *)ctx->calib + tensor; /* nuq: [K, V] of this layer */
     const float *x = tensor ? kvq_head_in(in, 1, h) : key_source(&c, in, h);
     float *y = kvq_head_out(out, in, tensor, h);
@@ -164,7 +171,7 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     double bits = 16.0 * c.sink * D;
     if (rows > 0 && n > 0) bits += (double)rows * (32.0 + 48.0 * 2 * k + (double)c.bits * (n - 2 * k));
     *kvq_head_bits(out, tensor, h) = bits;
-    if (tensor == 1 && (int)sp->val[KQ_CODEBOOK] == CB_NUQ) /* the layer's two codebooks, shared by the heads */
+    if (tensor == 1 && codebook == CB_NUQ) /* the layer's two codebooks, shared by the heads */
         out->static_bytes[h] = 2.0 * 4.0 * cb->n / in->H;
     return KVQ_OK;
 }
@@ -173,9 +180,9 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
 
 static int kvquant_calib_key(const kvq_spec *sp, char *buf, size_t len)
 {
-    if ((int)sp->val[KQ_CODEBOOK] != CB_NUQ) return 0;
-    snprintf(buf, len, "bits=%d,outliers=%.17g,sink=%d,prerope=%d", (int)sp->val[KQ_BITS], sp->val[KQ_OUTLIERS],
-             (int)sp->val[KQ_SINK], (int)sp->val[KQ_PREROPE]);
+    const kvquant_opts *o = kvq_spec_opts(sp);
+    if (o->codebook != CB_NUQ) return 0;
+    snprintf(buf, len, "bits=%d,outliers=%.17g,sink=%d,prerope=%d", o->bits, o->outliers, o->sink, o->prerope);
     return 1;
 }
 

@@ -11,14 +11,18 @@
 #include <math.h>
 #include <string.h>
 
-enum { LM_BITS, LM_ROTATE, LM_CODEBOOK };
+typedef struct lloydmax_opts {
+    int bits;
+    int rotate;   /* kvq_rotate_kind, in the choices' order */
+    int codebook; /* kvq_codebook_kind, in the choices' order */
+} lloydmax_opts;
 static const kvq_param lloydmax_params[] = {
-    [LM_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
-                 .help = "bits per coordinate"},
-    [LM_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "seeded rotation before coding"},
-    [LM_CODEBOOK] = {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "sphere", .choices = "sphere|gauss|data",
-                     .help = "levels for a unit-sphere coordinate, N(0,1/D), or fitted on --calib"},
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = "2", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+     .help = "bits per coordinate", KVQ_OPT(lloydmax_opts, bits)},
+    {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
+     .help = "seeded rotation before coding", KVQ_OPT(lloydmax_opts, rotate)},
+    {.key = "codebook", .type = KVQ_PARAM_CHOICE, .def = "sphere", .choices = "sphere|gauss|data",
+     .help = "levels for a unit-sphere coordinate, N(0,1/D), or fitted on --calib", KVQ_OPT(lloydmax_opts, codebook)},
 };
 
 /* The stored norm of one vector: fp16(‖x‖), sum of squares in double. */
@@ -116,7 +120,8 @@ static void scale_codebook(const kvq_codebook *src, int D, kvq_codebook *dst)
 static kvq_status pick_codebook(const kvq_spec *sp, const kvq_quant_ctx *ctx, int D, int h, int tensor,
                                 kvq_codebook *scaled, const kvq_codebook **cb, kvq_error *err)
 {
-    int bits = (int)sp->val[LM_BITS], kind = (int)sp->val[LM_CODEBOOK];
+    const lloydmax_opts *o = kvq_spec_opts(sp);
+    int bits = o->bits, kind = o->codebook;
     if (kind == KVQ_CB_DATA) {
         *cb = (const kvq_codebook *)ctx->calib + 2 * h + tensor;
         return KVQ_OK;
@@ -146,14 +151,15 @@ kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_
 static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
-    int T = in->T, D = in->D, bits = (int)sp->val[LM_BITS];
+    const lloydmax_opts *o = kvq_spec_opts(sp);
+    int T = in->T, D = in->D, bits = o->bits;
     kvq_codebook scaled;
     const kvq_codebook *cb;
     double rot_bytes;
     kvq_status st = pick_codebook(sp, ctx, D, h, tensor, &scaled, &cb, err);
     if (!st)
         st = kvq_lloydmax_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), T, D,
-                               (kvq_rotate_kind)sp->val[LM_ROTATE], cb, ctx, h, tensor, &rot_bytes, err);
+                               (kvq_rotate_kind)o->rotate, cb, ctx, h, tensor, &rot_bytes, err);
     if (st) return st;
     *kvq_head_bits(out, tensor, h) = (double)T * ((double)bits * D + 16.0);
     if (tensor == 1) /* K's and V's rotation and codebook (same sizes), by one task */
@@ -165,8 +171,9 @@ static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
 
 static int lloydmax_calib_key(const kvq_spec *sp, char *buf, size_t len)
 {
-    if ((int)sp->val[LM_CODEBOOK] != KVQ_CB_DATA) return 0;
-    snprintf(buf, len, "bits=%d,rotate=%d", (int)sp->val[LM_BITS], (int)sp->val[LM_ROTATE]);
+    const lloydmax_opts *o = kvq_spec_opts(sp);
+    if (o->codebook != KVQ_CB_DATA) return 0;
+    snprintf(buf, len, "bits=%d,rotate=%d", o->bits, o->rotate);
     return 1;
 }
 
@@ -175,6 +182,7 @@ static int lloydmax_calib_key(const kvq_spec *sp, char *buf, size_t len)
 static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *cal,
                                      void **state, kvq_error *err)
 {
+    const lloydmax_opts *o = kvq_spec_opts(sp);
     int H = cal->H, T = cal->T, D = cal->D;
     kvq_codebook *cbs = kvq_alloc_array((size_t)H * 2, sizeof *cbs);
     float *u = kvq_alloc_array((size_t)T * D, sizeof *u);
@@ -183,7 +191,7 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
         int h = task / 2, tensor = task % 2;
         const float *x = kvq_head_in(cal, tensor, h);
         kvq_rotation rot;
-        if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)sp->val[LM_ROTATE], D, ctx->seed, ctx->layer, h, tensor,
+        if ((st = kvq_rotation_init(&rot, (kvq_rotate_kind)o->rotate, D, ctx->seed, ctx->layer, h, tensor,
                                     err)))
             break;
         st = kvq_rotation_apply(&rot, x, u, (size_t)T, 0, err);
@@ -197,7 +205,7 @@ static kvq_status lloydmax_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ct
         if (!st && m == 0)
             st = kvq_fail(err, KVQ_ERR_FORMAT, "%s head %d: every calibration token is zero", tensor ? "value" : "key",
                           h);
-        if (!st) st = kvq_codebook_fit_data(u, m, (int)sp->val[LM_BITS], &cbs[task], err);
+        if (!st) st = kvq_codebook_fit_data(u, m, o->bits, &cbs[task], err);
     }
     free(u);
     if (st) {

@@ -262,6 +262,29 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec)
 
 /* ---------------------------------------------------------------- specs */
 
+/* The values as the family's options struct (kvq_param.offset): ints for
+ * INT and CHOICE, doubles for REAL; KVQ_ERR_INTERNAL for a table whose
+ * field lies outside KVQ_OPTS_MAX (the registry test parses every family). */
+static kvq_status fill_opts(kvq_spec *sp, kvq_error *err)
+{
+    for (int i = 0; i < sp->q->nparams; i++) {
+        const kvq_param *p = &sp->q->params[i];
+        if (!p->typed) continue;
+        size_t size = p->type == KVQ_PARAM_REAL ? sizeof(double) : sizeof(int);
+        if (p->offset > KVQ_OPTS_MAX - size)
+            return kvq_fail(err, KVQ_ERR_INTERNAL, "%s: key %s: options field at byte %zu, beyond %d", sp->q->name,
+                            p->key, p->offset, KVQ_OPTS_MAX);
+        if (p->type == KVQ_PARAM_REAL) {
+            double v = sp->val[i];
+            memcpy(sp->opts.bytes + p->offset, &v, sizeof v);
+        } else {
+            int v = isnan(sp->val[i]) ? KVQ_UNSET : (int)sp->val[i];
+            memcpy(sp->opts.bytes + p->offset, &v, sizeof v);
+        }
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
 {
     memset(out, 0, sizeof *out);
@@ -315,6 +338,8 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
         kvq_status st = kvq_param_value_parse(text, &q->params[i], q->params[i].def, &out->val[i], err);
         if (st) return st; /* a bad default is a bug in the table; the test suite parses them all */
     }
+    kvq_status st = fill_opts(out, err);
+    if (st) return st;
     return q->check ? q->check(out, err) : KVQ_OK;
 }
 

@@ -22,20 +22,24 @@
 #include <math.h>
 #include <stdlib.h>
 
-enum { TD_BITS, TD_GROUPS, TD_ALPHA, TD_CHUNK, TD_SPAN, TD_SCALE };
+typedef struct tender_opts {
+    int bits, groups, alpha, chunk;
+    int span;  /* 0 layer, 1 head */
+    int scale; /* kvq_scale_prec */
+} tender_opts;
 static const kvq_param tender_params[] = {
-    [TD_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "4", .min = 2, .max = 16,
-                 .help = "bits per code (signed, Qm = 2^(bits-1) - 1)"},
-    [TD_GROUPS] = {.key = "groups", .type = KVQ_PARAM_INT, .def = "8", .min = 1, .max = 64,
-                   .help = "channel groups; scales differ by powers of alpha"},
-    [TD_ALPHA] = {.key = "alpha", .type = KVQ_PARAM_INT, .def = "2", .min = 2, .max = 256,
-                  .help = "ratio of neighbouring groups' scales (2: a one-bit shift)"},
-    [TD_CHUNK] = {.key = "chunk", .type = KVQ_PARAM_INT, .def = "256", .min = 0, .max = 1e9,
-                  .help = "tokens per chunk with their own biases and groups (0 = all)"},
-    [TD_SPAN] = {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "layer", .choices = "layer|head",
-                 .help = "channels of the whole layer (head-major) or of one head"},
-    [TD_SCALE] = {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32",
-                  .help = "precision of biases and TMax"},
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = "4", .min = 2, .max = 16,
+     .help = "bits per code (signed, Qm = 2^(bits-1) - 1)", KVQ_OPT(tender_opts, bits)},
+    {.key = "groups", .type = KVQ_PARAM_INT, .def = "8", .min = 1, .max = 64,
+     .help = "channel groups; scales differ by powers of alpha", KVQ_OPT(tender_opts, groups)},
+    {.key = "alpha", .type = KVQ_PARAM_INT, .def = "2", .min = 2, .max = 256,
+     .help = "ratio of neighbouring groups' scales (2: a one-bit shift)", KVQ_OPT(tender_opts, alpha)},
+    {.key = "chunk", .type = KVQ_PARAM_INT, .def = "256", .min = 0, .max = 1e9,
+     .help = "tokens per chunk with their own biases and groups (0 = all)", KVQ_OPT(tender_opts, chunk)},
+    {.key = "span", .type = KVQ_PARAM_CHOICE, .def = "layer", .choices = "layer|head",
+     .help = "channels of the whole layer (head-major) or of one head", KVQ_OPT(tender_opts, span)},
+    {.key = "scale", .type = KVQ_PARAM_CHOICE, .def = "fp16", .choices = "fp16|fp32",
+     .help = "precision of biases and TMax", KVQ_OPT(tender_opts, scale)},
 };
 
 typedef struct tender_cfg {
@@ -45,9 +49,9 @@ typedef struct tender_cfg {
 
 static tender_cfg cfg_of(const kvq_spec *sp, int T)
 {
-    tender_cfg c = {.Qm = (1 << ((int)sp->val[TD_BITS] - 1)) - 1, .G = (int)sp->val[TD_GROUPS],
-                    .alpha = (int)sp->val[TD_ALPHA], .chunk = (int)sp->val[TD_CHUNK],
-                    .span_head = (int)sp->val[TD_SPAN] == 1, .prec = (kvq_scale_prec)sp->val[TD_SCALE]};
+    const tender_opts *o = kvq_spec_opts(sp);
+    tender_cfg c = {.Qm = (1 << (o->bits - 1)) - 1, .G = o->groups, .alpha = o->alpha, .chunk = o->chunk,
+                    .span_head = o->span == 1, .prec = (kvq_scale_prec)o->scale};
     if (c.chunk == 0 || c.chunk > T) c.chunk = T;
     c.nchunks = T > 0 ? (T + c.chunk - 1) / c.chunk : 0;
     return c;
@@ -62,7 +66,8 @@ static double tender_bits(const kvq_spec *sp, const tender_cfg *c, int H, int T,
     while ((1 << gbits) < c->G) gbits++;
     double sb = kvq_scale_bits(c->prec);
     double per_chunk = (double)D * (sb + gbits) + (c->span_head ? sb : sb / H);
-    return sp->val[TD_BITS] * (double)T * D + c->nchunks * per_chunk;
+    const tender_opts *o = kvq_spec_opts(sp);
+    return (double)o->bits * T * D + c->nchunks * per_chunk;
 }
 
 /* Channel statistics of a block x [rows][D]: bias and CMax per channel;

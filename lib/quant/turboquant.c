@@ -14,22 +14,27 @@
 #include <cblas.h>
 #include <math.h>
 
-enum { TQ_BITS, TQ_VARIANT, TQ_ROTATE };
-enum { TQ_MSE, TQ_PROD };
+enum { TQ_MSE, TQ_PROD }; /* variant's choices */
+typedef struct turboquant_opts {
+    int bits, variant;
+    int rotate; /* kvq_rotate_kind, in the choices' order */
+} turboquant_opts;
 static const kvq_param turboquant_params[] = {
-    [TQ_BITS] = {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
-                 .help = "bits per coordinate (prod: b-1 for Lloyd-Max + 1 for the QJL signs)"},
-    [TQ_VARIANT] = {.key = "variant", .type = KVQ_PARAM_CHOICE, .def = "prod", .choices = "mse|prod",
-                    .help = "mse: Lloyd-Max only (= lloydmax); prod: + 1-bit QJL residual, unbiased scores"},
-    [TQ_ROTATE] = {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
-                   .help = "seeded rotation before Lloyd-Max"},
+    {.key = "bits", .type = KVQ_PARAM_INT, .def = "3", .min = 1, .max = KVQ_CODEBOOK_MAX_BITS,
+     .help = "bits per coordinate (prod: b-1 for Lloyd-Max + 1 for the QJL signs)", KVQ_OPT(turboquant_opts, bits)},
+    {.key = "variant", .type = KVQ_PARAM_CHOICE, .def = "prod", .choices = "mse|prod",
+     .help = "mse: Lloyd-Max only (= lloydmax); prod: + 1-bit QJL residual, unbiased scores",
+     KVQ_OPT(turboquant_opts, variant)},
+    {.key = "rotate", .type = KVQ_PARAM_CHOICE, .def = "qr", .choices = "none|qr|hadamard",
+     .help = "seeded rotation before Lloyd-Max", KVQ_OPT(turboquant_opts, rotate)},
 };
 
 static kvq_status turboquant_check(const kvq_spec *sp, kvq_error *err)
 {
-    if ((int)sp->val[TQ_VARIANT] == TQ_PROD && sp->val[TQ_BITS] < 2)
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: bits=%g: variant=prod needs bits >= 2 (b-1 for Lloyd-Max, 1 for QJL)",
-                        sp->text, sp->val[TQ_BITS]);
+    const turboquant_opts *o = kvq_spec_opts(sp);
+    if (o->variant == TQ_PROD && o->bits < 2)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: bits=%d: variant=prod needs bits >= 2 (b-1 for Lloyd-Max, 1 for QJL)",
+                        sp->text, o->bits);
     return KVQ_OK;
 }
 
@@ -58,7 +63,8 @@ static void qjl_rows(float *r, float *z, float *scale, const float *S, int T, in
 static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                   kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
-    int T = in->T, D = in->D, b = (int)sp->val[TQ_BITS], prod = (int)sp->val[TQ_VARIANT] == TQ_PROD;
+    const turboquant_opts *o = kvq_spec_opts(sp);
+    int T = in->T, D = in->D, b = o->bits, prod = o->variant == TQ_PROD;
     int stage_bits = prod ? b - 1 : b;
     const kvq_codebook *cb;
     double rot_bytes;
@@ -67,7 +73,7 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     /* stage 1: Lloyd–Max, x̂₁ into y */
     kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
     if (!st)
-        st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)sp->val[TQ_ROTATE], cb, ctx, h, tensor, &rot_bytes, err);
+        st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)o->rotate, cb, ctx, h, tensor, &rot_bytes, err);
     if (st) return st;
     if (prod) { /* stage 2: QJL on r = x − x̂₁, added to y */
         size_t n = (size_t)T * D;

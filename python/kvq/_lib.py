@@ -114,13 +114,14 @@ class Metrics(ctypes.Structure):  # kvq_metrics
 class Param(ctypes.Structure):  # kvq_param
     _c_name = "kvq_param"
     _fields_ = [("key", c_char_p), ("type", c_int), ("default", c_char_p), ("min", c_double), ("max", c_double),
-                ("choices", c_char_p), ("help", c_char_p), ("quiet_default", c_int)]
+                ("choices", c_char_p), ("help", c_char_p), ("quiet_default", c_int), ("typed", c_int),
+                ("offset", ctypes.c_size_t)]
 
 
-class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 1024)
+class Spec(ctypes.Structure):  # kvq_spec (KVQ_MAX_PARAMS 16, KVQ_SPEC_MAX 1024, KVQ_OPTS_MAX 256)
     _c_name = "kvq_spec"
     _fields_ = [("q", ctypes.c_void_p), ("val", c_double * 16), ("given", ctypes.c_ubyte * 16),
-                ("text", ctypes.c_char * 1024)]
+                ("text", ctypes.c_char * 1024), ("opts", c_double * 32)]
 
 
 class DumpInfo(ctypes.Structure):  # kvq_dump_info
