@@ -486,3 +486,19 @@ void cli_version(const char *prog)
     const char *cpu = kvq_blas_core_for_cpu();
     printf("BLAS: %s; core %s, %s%s%s\n", bi.blas, bi.blas_core, why, cpu ? "; this CPU runs " : "", cpu ? cpu : "");
 }
+
+int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)(int, char **, cli_meta *))
+{
+    cli_blas_setup(argv);
+    cli_check_stdout_at_exit(prog);
+    if (flags & CLI_MAIN_TUNE_MALLOC) cli_tune_malloc();
+    if (flags & CLI_MAIN_TEMP_HOOKS) kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister);
+    cli_meta *m = cli_meta_begin(prog, argc, argv);
+    if (!m) {
+        cli_error(prog, "out of memory");
+        return CLI_RUNTIME;
+    }
+    int rc = run(argc, argv, m);
+    cli_meta_free(m);
+    return rc;
+}

@@ -245,9 +245,14 @@ enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
 #define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
 void cli_meta_free(cli_meta *m);
-/* A tool's main with one return path per error: run(argc, argv, record)
- * between cli_meta_begin and cli_meta_free. */
-int cli_meta_main(const char *prog, int argc, char **argv, int (*run)(int, char **, cli_meta *));
+/* Every tool's main, the one start and end they share: the BLAS kernels
+ * (cli_blas_setup, which may restart the tool), the check of stdout at exit,
+ * with CLI_MAIN_TUNE_MALLOC the heap kept warm (cli_tune_malloc), with
+ * CLI_MAIN_TEMP_HOOKS a dump writer's temporary removed by a signal; then
+ * run(argc, argv, record) between cli_meta_begin and cli_meta_free.
+ * Returns run's exit code (CLI_RUNTIME if the record cannot be begun). */
+enum { CLI_MAIN_TUNE_MALLOC = 1, CLI_MAIN_TEMP_HOOKS = 2 };
+int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)(int, char **, cli_meta *));
 /* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, -1 if not ours. */
 int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);
 /* --meta inline needs JSON lines: CLI_OK or CLI_USAGE after printing. */

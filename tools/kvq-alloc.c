@@ -587,11 +587,8 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    cli_tune_malloc();
     static const struct option longopts[] = {
         {"family", required_argument, 0, OPT_FAMILY}, {"grid", required_argument, 0, 'g'},
         {"fixed", required_argument, 0, 'f'}, {"budget", required_argument, 0, 'b'},
@@ -617,8 +614,6 @@ int main(int argc, char **argv)
     char *sens_path = NULL, *uni_path = NULL, **shard_data = NULL;
     int nshards = 0;
     kvq_error err = {0};
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
-    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":g:f:b:o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
@@ -918,6 +913,7 @@ done:
     kvq_grid_free(grid);
     kvq_model_close(m);
     kvq_calib_close(cal);
-    cli_meta_free(meta);
     return rc;
 }
+
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TUNE_MALLOC, run); }

@@ -45,11 +45,8 @@ static void usage(FILE *f)
 
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         CLI_ANALYSIS_LONGOPTS,
@@ -72,10 +69,8 @@ int main(int argc, char **argv)
     cli_out out = {0};
     cli_progress progress = {0};
     int c, progress_mode = -1;
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
 
     cli_analysis_init(&an);
-    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
         int arc = cli_analysis_option(prog, c, optarg, &an);
@@ -204,6 +199,7 @@ done:
     kvq_calib_close(calib_dump);
     free(specs);
     cli_analysis_free(&an);
-    cli_meta_free(meta);
     return rc;
 }
+
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TUNE_MALLOC, run); }

@@ -33,12 +33,8 @@ static void usage(FILE *f)
 
 enum { OPT_LAYERS = 256 };
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    cli_tune_malloc();
-    kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
     static const struct option longopts[] = {
         CLI_MODEL_LONGOPTS, {"layers", required_argument, 0, OPT_LAYERS},
         {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
@@ -48,8 +44,6 @@ int main(int argc, char **argv)
     int *layers = NULL, nlayers = 0, *ids = NULL, T = 0, rc = CLI_OK, c;
     kvq_model *m = NULL;
     kvq_error err = {0};
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
-    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
@@ -103,8 +97,9 @@ int main(int argc, char **argv)
     cli_meta_double(meta, "result", "mean_nll", nll);
     rc = cli_meta_write_hashed(meta, prog, output);
 done:
-    cli_meta_free(meta);
     kvq_model_close(m);
     free(layers), free(ids);
     return rc;
 }
+
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TUNE_MALLOC | CLI_MAIN_TEMP_HOOKS, run); }

@@ -107,11 +107,8 @@ static int add_spec(kvq_spec **specs, int *n, const char *text)
     return cli_push_spec(prog, specs, n, &none);
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
@@ -138,8 +135,6 @@ int main(int argc, char **argv)
     kvq_report *rep = NULL;
     cli_out out = {0};
     kvq_error err = {0};
-    cli_meta *meta = cli_meta_begin(prog, argc, argv);
-    if (!meta) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
@@ -415,6 +410,7 @@ done:
     kvq_calib_close(cal);
     cli_eval_shard_close(shard);
     free(specs), free(owns), free(rows), free(items), free(ids);
-    cli_meta_free(meta);
     return rc;
 }
+
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TUNE_MALLOC, run); }

@@ -191,10 +191,4 @@ static int run(int argc, char **argv, cli_meta *meta)
     return st ? cli_fail(prog, &err) : cli_meta_write_hashed(meta, prog, output);
 }
 
-int main(int argc, char **argv)
-{
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    kvq_set_temp_hooks(cli_temp_register, cli_temp_unregister); /* a signal removes a half-written dump */
-    return cli_meta_main(prog, argc, argv, run);
-}
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TEMP_HOOKS, run); }

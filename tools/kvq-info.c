@@ -270,9 +270,4 @@ static int run(int argc, char **argv, cli_meta *meta)
     return rc;
 }
 
-int main(int argc, char **argv)
-{
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    return cli_meta_main(prog, argc, argv, run);
-}
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, 0, run); }

@@ -640,11 +640,8 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv)
+static int run(int argc, char **argv, cli_meta *meta)
 {
-    cli_blas_setup(argv);
-    cli_check_stdout_at_exit(prog);
-    cli_tune_malloc();
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
         {"fixed", required_argument, 0, 'f'}, {"output", required_argument, 0, 'o'},
@@ -659,7 +656,7 @@ int main(int argc, char **argv)
     opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1};
     int rc = CLI_OK, c;
     cli_analysis_init(&o.an);
-    if (!(o.meta = cli_meta_begin(prog, argc, argv))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    o.meta = meta;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:g:f:o:hV", longopts, NULL)) != -1) {
         int arc = cli_analysis_option(prog, c, optarg, &o.an);
@@ -769,6 +766,7 @@ int main(int argc, char **argv)
 done:
     free(o.grids), free(o.fixed);
     cli_analysis_free(&o.an);
-    cli_meta_free(o.meta);
     return rc;
 }
+
+int main(int argc, char **argv) { return cli_main(prog, argc, argv, CLI_MAIN_TUNE_MALLOC, run); }

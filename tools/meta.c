@@ -214,18 +214,6 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n)
     m->nomem |= !(m->operands = json_strings(v, n));
 }
 
-int cli_meta_main(const char *prog, int argc, char **argv, int (*run)(int, char **, cli_meta *))
-{
-    cli_meta *m = cli_meta_begin(prog, argc, argv);
-    if (!m) {
-        cli_error(prog, "out of memory");
-        return CLI_RUNTIME;
-    }
-    int rc = run(argc, argv, m);
-    cli_meta_free(m);
-    return rc;
-}
-
 static void add_input(cli_meta *m, const char *role, const char *path, int extended)
 {
     if (!path) return;
