@@ -53,9 +53,9 @@ def point_label(spec):
 # %%
 def main(argv=None):
     a = parse_args(argv)
-    rows, _ = kvqplot.read_rows(a.input, COLS, "kvq-alloc output")
+    rows, _, src = kvqplot.read_rows(a.input, COLS, "kvq-alloc output")
     upath = a.uniform or re.sub(r"$", ".uniform.csv", a.input)
-    uni, _ = kvqplot.read_rows(upath, UCOLS, "kvq-alloc's OUT.uniform.csv")
+    uni, _, usrc = kvqplot.read_rows(upath, UCOLS, "kvq-alloc's OUT.uniform.csv")
     alloc = sorted(((kvqplot.num(r, "mean_bits", a.input), kvqplot.num(r, "dnll", a.input),
                      kvqplot.num(r, "dnll_se", a.input), kvqplot.num(r, "budget", a.input))
                     for r in rows if str(r["spec"]).startswith("mix(")))
@@ -86,7 +86,7 @@ def main(argv=None):
     ax.legend(loc="best")  # inside, where it covers the fewest points
     if any(not math.isfinite(v) for v in ux + uy):
         raise kvqplot.InputError(f"{upath}: non-finite values")
-    return kvqplot.save(fig, a.out, a.name)
+    return kvqplot.save(fig, a.out, a.name, [src, usrc])
 
 
 # %%

@@ -42,7 +42,7 @@ def parse_args(argv=None):
 
 # %%
 def load(args):
-    rows, cols = kvqplot.read_rows(args.values, ["dump", "layer", "head", "tensor", "token", "c0"],
+    rows, cols, vsrc = kvqplot.read_rows(args.values, ["dump", "layer", "head", "tensor", "token", "c0"],
                                    "kvq-info --values L:H output")
     chans = [c for c in cols if c.startswith("c") and c[1:].isdigit()]
     tensors = {}
@@ -52,7 +52,7 @@ def load(args):
         if t not in tensors:
             raise kvqplot.InputError(f"{args.values}: no '{t}' rows (has: {', '.join(tensors)})")
     dump, layer, head = rows[0]["dump"], str(rows[0]["layer"]), str(rows[0]["head"])
-    crow, _ = kvqplot.read_rows(args.channels, ["dump", "layer", "head", "tensor", "channel", "abs_max"],
+    crow, _, csrc = kvqplot.read_rows(args.channels, ["dump", "layer", "head", "tensor", "channel", "abs_max"],
                                 "kvq-info --channels output")
     prof = {}  # (tensor, head) -> [abs_max per channel]
     for r in crow:
@@ -64,7 +64,7 @@ def load(args):
         raise kvqplot.InputError(f"{args.channels}: no rows for {dump} layer {layer}")
     prof = {k: [v[c] for c in sorted(v)] for k, v in prof.items()}
     return (dump, kvqplot.integer(rows[0], "layer", args.values), kvqplot.integer(rows[0], "head", args.values),
-            {t: np.array(v) for t, v in tensors.items()}, prof)
+            {t: np.array(v) for t, v in tensors.items()}, prof, [vsrc, csrc])
 
 
 # %% [markdown]
@@ -117,8 +117,8 @@ def plot(dump, layer, head, tensors, prof, args):
 # %%
 def main(argv=None):
     args = parse_args(argv)
-    dump, layer, head, tensors, prof = load(args)
-    return kvqplot.save(plot(dump, layer, head, tensors, prof, args), args.out, args.name)
+    dump, layer, head, tensors, prof, sources = load(args)
+    return kvqplot.save(plot(dump, layer, head, tensors, prof, args), args.out, args.name, sources)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def parse_args(argv=None):
 
 # %%
 def load(args):
-    rows, _ = kvqplot.read_rows(args.input, REQUIRED, "kvq-analyze --per model output")
+    rows, _, src = kvqplot.read_rows(args.input, REQUIRED, "kvq-analyze --per model output")
     rows = [r for r in rows if str(r["layer"]) == "all" and str(r["head"]) == "all"]
     if not rows:
         raise kvqplot.InputError(f"{args.input}: no per-model rows (layer and head 'all'): "
@@ -55,7 +55,7 @@ def load(args):
         bits = (kvqplot.num(r, "k_bits", args.input) + kvqplot.num(r, "v_bits", args.input)) / 2
         pts.append({"family": r["quantizer"], "spec": r["spec"], "bits": bits,
                     **{m: kvqplot.num(r, m, args.input) for m in PANELS}})
-    return rows[0]["dump"], pts
+    return rows[0]["dump"], pts, [src]
 
 
 # %% [markdown]
@@ -123,8 +123,8 @@ def plot(dump, pts, args):
 # %%
 def main(argv=None):
     args = parse_args(argv)
-    dump, pts = load(args)
-    return kvqplot.save(plot(dump, pts, args), args.out, args.name)
+    dump, pts, sources = load(args)
+    return kvqplot.save(plot(dump, pts, args), args.out, args.name, sources)
 
 
 if __name__ == "__main__":

@@ -160,9 +160,10 @@ def in_notebook():
 
 
 def read_rows(path, required, what="kvq output"):
-    """Rows (dicts of strings or JSON values) and the column names of a kvq
-    CSV or JSON-lines file; InputError if it is missing, unreadable, empty or
-    lacks any of the `required` columns."""
+    """Rows (dicts of strings or JSON values), the column names and the
+    source (path, provenance record or None: what save() names in the
+    caption) of a kvq CSV or JSON-lines file; InputError if it is missing,
+    unreadable, empty or lacks any of the `required` columns."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file (expected {what}; "
                          "notebooks-export/make_figures.sh writes every input)")
@@ -202,17 +203,7 @@ def read_rows(path, required, what="kvq output"):
                          f"{', ...' if len(cols) > 12 else ''})")
     if not rows:
         raise InputError(f"{path}: no rows (expected {what})")
-    _INPUTS.append((path, meta or read_meta(path)))
-    return rows, cols
-
-
-_INPUTS = []  # (path, provenance record, or a note string, or None) of every input, for the caption
-
-
-def note_input(path, how):
-    """An input that is not a kvq tool's output (a dump read in Python): the
-    caption names it and `how` it was read."""
-    _INPUTS.append((path, how))
+    return rows, cols, (path, meta or read_meta(path))
 
 
 def read_meta(path):
@@ -225,12 +216,14 @@ def read_meta(path):
         return None
 
 
-def caption():
-    """One line naming what the figure was made from: per input, the command
-    that wrote it, the kvq commit and the date (from its provenance record),
-    or the file alone when it has none."""
+def caption(sources):
+    """One line naming what the figure was made from: per source (path,
+    record) — read_rows' third value, or (path, "how it was read") for an
+    input that no kvq tool wrote — the command that wrote it, the kvq commit
+    and the date (from its provenance record), or the file alone when it
+    has none."""
     parts = []
-    for path, meta in dict(_INPUTS).items():
+    for path, meta in dict(sources).items():
         if isinstance(meta, str):
             parts.append(f"{os.path.basename(path)} {meta}")
             continue
@@ -497,14 +490,14 @@ def pareto_front(points):
     return front
 
 
-def save(fig, outdir, name):
+def save(fig, outdir, name, sources):
     """Writes OUTDIR/NAME.png and NAME.pdf (temporary name, then rename),
-    after finish(); both carry the provenance caption in their metadata (the
-    PDF's Subject, the PNG's Description)."""
+    after finish(); both carry the provenance caption of `sources` (see
+    caption) in their metadata (the PDF's Subject, the PNG's Description)."""
     finish(fig)
     os.makedirs(outdir, exist_ok=True)
     written = []
-    cap = caption()
+    cap = caption(sources)
     fig._kvq_caption = cap
     meta = {"png": {"Title": name, "Description": cap, "Software": "kvq notebooks-export"},
             "pdf": {"Title": name, "Subject": cap, "Creator": f"kvq notebooks-export/{name}"}}

@@ -46,7 +46,7 @@ def load(args):
     metrics = [m for m in args.metrics.split(",") if m]
     if not 1 <= len(metrics) <= 4:
         raise kvqplot.InputError(f"--metrics {args.metrics}: expected one to four metric columns")
-    rows, _ = kvqplot.read_rows(args.input, ["dump", "layer", "head", "quantizer", "spec"] + metrics,
+    rows, _, src = kvqplot.read_rows(args.input, ["dump", "layer", "head", "quantizer", "spec"] + metrics,
                                 "kvq-analyze --per layer output")
     rows = [r for r in rows if str(r["layer"]) != "all" and str(r["head"]) == "all"]
     if not rows:
@@ -57,7 +57,7 @@ def load(args):
     for r in rows:
         fam, by_layer = series.setdefault(r["spec"], (r["quantizer"], {}))
         by_layer[kvqplot.integer(r, "layer", args.input)] = {m: kvqplot.num(r, m, args.input) for m in metrics}
-    return rows[0]["dump"], metrics, series
+    return rows[0]["dump"], metrics, series, [src]
 
 
 # %% [markdown]
@@ -104,8 +104,8 @@ def plot(dump, metrics, series, args):
 # %%
 def main(argv=None):
     args = parse_args(argv)
-    dump, metrics, series = load(args)
-    return kvqplot.save(plot(dump, metrics, series, args), args.out, args.name)
+    dump, metrics, series, sources = load(args)
+    return kvqplot.save(plot(dump, metrics, series, args), args.out, args.name, sources)
 
 
 if __name__ == "__main__":

@@ -52,11 +52,11 @@ def load(args):
     proxies = [c for c in args.proxies.split(",") if c]
     if len(proxies) != 2:
         raise kvqplot.InputError(f"--proxies {args.proxies}: expected two kvq-analyze columns")
-    arows, _ = kvqplot.read_rows(args.analyze, ["layer", "head", "quantizer", "spec"] + proxies,
+    arows, _, asrc = kvqplot.read_rows(args.analyze, ["layer", "head", "quantizer", "spec"] + proxies,
                                  "kvq-analyze --per layer output")
-    lrows, _ = kvqplot.read_rows(args.eval_layer, ["quantizer", "spec", "policy", "layer", "dnll"],
+    lrows, _, lsrc = kvqplot.read_rows(args.eval_layer, ["quantizer", "spec", "policy", "layer", "dnll"],
                                  "kvq-eval --per-layer output")
-    prows, _ = kvqplot.read_rows(args.eval_policy, ["quantizer", "spec", "policy", "layer", "dnll"],
+    prows, _, psrc = kvqplot.read_rows(args.eval_policy, ["quantizer", "spec", "policy", "layer", "dnll"],
                                  "kvq-eval --policy prefill,decode output")
     proxy = {(r["spec"], str(r["layer"])): r for r in arows if str(r["layer"]) != "all" and str(r["head"]) == "all"}
     cells = []  # (family, spec, layer, {proxy: value}, dnll)
@@ -78,7 +78,7 @@ def load(args):
             policy[r["spec"]][1 if r["policy"] == "prefill" else 2] = kvqplot.num(r, "dnll", args.eval_policy)
     if not policy:
         raise kvqplot.InputError(f"{args.eval_policy}: no rows for all layers (run kvq-eval without --per-layer)")
-    return proxies, cells, policy
+    return proxies, cells, policy, [asrc, lsrc, psrc]
 
 
 def spearman(x, y):
@@ -144,8 +144,8 @@ def plot(proxies, cells, policy, args):
 # %%
 def main(argv=None):
     args = parse_args(argv)
-    proxies, cells, policy = load(args)
-    return kvqplot.save(plot(proxies, cells, policy, args), args.out, args.name)
+    proxies, cells, policy, sources = load(args)
+    return kvqplot.save(plot(proxies, cells, policy, args), args.out, args.name, sources)
 
 
 if __name__ == "__main__":

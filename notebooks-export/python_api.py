@@ -55,7 +55,6 @@ def main(argv=None):
     if not 0 <= a.layer < dump["num_layers"]:
         raise kvqplot.InputError(f"{a.dump}: --layer {a.layer}: expected 0..{dump['num_layers'] - 1}")
     L = dump["layers"][a.layer]
-    kvqplot.note_input(a.dump, f"read by kvq's Python API {kvq.version()}")
     single = a.width == "single"
     fig, axes, lax = kvqplot.figure(a.width, 1.8 if single else 2.4, 3 if single else 1, 1 if single else 3,
                                     legend="bottom", nlegend=5, longest=11)
@@ -97,7 +96,7 @@ def main(argv=None):
     ax[2].set(xlabel="token", ylabel="key error of the token", title="kvq.DecodeCache: kivi 2b")
     ax[2].set_ylim(0, max(max(pre), max(dec)) * 1.8)
     ax[2].legend(loc="upper left")
-    return kvqplot.save(fig, a.out, a.name)
+    return kvqplot.save(fig, a.out, a.name, [(a.dump, f"read by kvq's Python API {kvq.version()}")])
 
 
 # %%

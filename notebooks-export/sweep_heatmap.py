@@ -53,7 +53,7 @@ def load(args):
     need = ["dump", "layer", "head", "quantizer", "k_bits", "v_bits", "static_bytes", "point"]
     if args.metric != "bits":
         need.append(args.metric)
-    rows, cols = kvqplot.read_rows(args.input, need, "kvq-sweep output")
+    rows, cols, src = kvqplot.read_rows(args.input, need, "kvq-sweep output")
     keys = cols[cols.index("static_bytes") + 1:cols.index("point")]
     if len(keys) < 2:
         raise kvqplot.InputError(f"{args.input}: {len(keys)} grid key(s) ({', '.join(keys) or 'none'}): "
@@ -83,7 +83,7 @@ def load(args):
     if len(rest) > 1:
         raise kvqplot.InputError(f"grid keys {', '.join(rest)} vary too: fix all but one with --where KEY=VALUE")
     facet = rest[0] if rest else None
-    return rows, x, y, facet
+    return rows, x, y, facet, [src]
 
 
 def value(r, args):
@@ -158,8 +158,8 @@ def plot(rows, x, y, facet, args):
 # %%
 def main(argv=None):
     args = parse_args(argv)
-    rows, x, y, facet = load(args)
-    return kvqplot.save(plot(rows, x, y, facet, args), args.out, args.name)
+    rows, x, y, facet, sources = load(args)
+    return kvqplot.save(plot(rows, x, y, facet, args), args.out, args.name, sources)
 
 
 if __name__ == "__main__":

@@ -138,14 +138,13 @@ for script, args in SCRIPTS:
     for width in ("single", "double"):
         name = (args[args.index("--name") + 1] if "--name" in args else script) + "-" + width
         label = f"{script} {width}"
-        kvqplot._INPUTS.clear()
 
-        def hooked(fig, outdir, _name, _label=label, _width=width):
-            written = orig_save(fig, outdir, _name)  # finish() then save: the figure as printed
+        def hooked(fig, outdir, _name, sources, _label=label, _width=width):
+            written = orig_save(fig, outdir, _name, sources)  # finish() then save: the figure as printed
             check_figure(fig, _label, _width)
             pdf = [w for w in written if w.endswith(".pdf")][0]
             subject = pdf_subject(pdf)
-            metas = [m for _, m in kvqplot._INPUTS if isinstance(m, dict)]
+            metas = [m for _, m in sources if isinstance(m, dict)]
             if not subject:
                 problems.append(f"{_label}: {pdf}: no provenance caption (PDF Subject)")
             for m in metas:
