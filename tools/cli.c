@@ -157,7 +157,7 @@ int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *
         cli_error(prog, "--device %s: expected cpu or cuda", arg);
         return CLI_USAGE;
     default:
-        return -1;
+        return CLI_NOT_MINE;
     }
 }
 
@@ -332,7 +332,7 @@ int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo)
         }
         return CLI_OK;
     default:
-        return -1;
+        return CLI_NOT_MINE;
     }
 }
 

@@ -13,7 +13,14 @@
 #include <stdint.h>
 #include <stdio.h>
 
-enum { CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
+/* Return conventions, two and only two:
+ *  - a function that prints its error returns an exit code: CLI_OK, or
+ *    CLI_USAGE / CLI_RUNTIME after one line on stderr; an option parser
+ *    returns CLI_NOT_MINE for an option that is not its own;
+ *  - a helper that prints nothing (number parsing, writing a buffer,
+ *    flushing, hashing) returns 0, or -1 (with errno where it says so),
+ *    and its caller says what failed. */
+enum { CLI_NOT_MINE = -1, CLI_OK = 0, CLI_RUNTIME = 1, CLI_USAGE = 2 };
 
 /* Prints "PROG: error: ..." (one line) on stderr. */
 void cli_error(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -51,7 +58,7 @@ typedef struct cli_analysis {
 } cli_analysis;
 void cli_analysis_init(cli_analysis *a);
 /* Parses option `c` if it is one of CLI_OPT_*: returns CLI_OK or the exit
- * code after printing the error; -1 if `c` is not an analysis option. */
+ * code after printing the error; CLI_NOT_MINE if `c` is not an analysis option. */
 int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a);
 /* Opens the GPU if --device cuda asked for one (after parsing, before any
  * work): CLI_OK, or CLI_RUNTIME after printing why there is none. */
@@ -88,20 +95,21 @@ typedef struct cli_out {
     char *buf;
     size_t buflen;
 } cli_out;
-int cli_out_open(cli_out *o, const char *path, const char *prog);
+int cli_out_open(cli_out *o, const char *path, const char *prog); /* CLI_OK, or CLI_RUNTIME after printing */
 /* The run's provenance goes with OUT (call before writing anything): at
  * commit, OUT.meta.json beside a regular-file OUT (the old one removed
  * before OUT is renamed, the new one renamed after it, so a meta file never
  * describes another OUT) and, with --meta inline, the record as OUT's first
- * line.  0, or -1 after printing. */
+ * line.  CLI_OK, or CLI_RUNTIME after printing. */
 int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog);
-/* flush, fsync, rename; with a record attached, OUT.meta.json around it (meta.c) */
+/* flush, fsync, rename; with a record attached, OUT.meta.json around it
+ * (meta.c).  CLI_OK, or CLI_RUNTIME after printing. */
 int cli_out_commit(cli_out *o, const char *prog);
 void cli_out_abort(cli_out *o); /* close and remove the temporary */
 /* cli_out_commit's two halves (out.c), for the commit that adds a record
  * between them: close flushes, fsyncs and closes (stdout: flushes and is
  * done); place renames the temporary into place where ok, else removes it,
- * and frees.  0, or -1 after printing. */
+ * and frees.  CLI_OK, or CLI_RUNTIME after printing. */
 int cli_out_close(cli_out *o, const char *prog);
 int cli_out_place(cli_out *o, const char *prog, int ok);
 /* fflush and a stream error check (and fsync where sync): 0, or -1 with errno. */
@@ -189,7 +197,7 @@ typedef struct cli_model {
                                  no more is read */
 } cli_model;
 /* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
- * after printing the error; -1 if `c` is not a model option. */
+ * after printing the error; CLI_NOT_MINE if `c` is not a model option. */
 int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo);
 /* After getopt: exactly one MODEL operand and one of --text/--tokens; CLI_OK
  * or CLI_USAGE after printing (the message names `synopsis`). */
@@ -253,7 +261,7 @@ void cli_meta_free(cli_meta *m);
  * Returns run's exit code (CLI_RUNTIME if the record cannot be begun). */
 enum { CLI_MAIN_TUNE_MALLOC = 1, CLI_MAIN_TEMP_HOOKS = 2 };
 int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)(int, char **, cli_meta *));
-/* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, -1 if not ours. */
+/* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, CLI_NOT_MINE if not ours. */
 int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);
 /* --meta inline needs JSON lines: CLI_OK or CLI_USAGE after printing. */
 int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt);

@@ -617,8 +617,8 @@ static int run(int argc, char **argv, cli_meta *meta)
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":g:f:b:o:hV", longopts, NULL)) != -1) {
         int mrc = cli_model_option(prog, c, optarg, &mo);
-        if (mrc < 0) mrc = cli_meta_option(prog, c, optarg, meta);
-        if (mrc >= 0) {
+        if (mrc == CLI_NOT_MINE) mrc = cli_meta_option(prog, c, optarg, meta);
+        if (mrc != CLI_NOT_MINE) {
             if (mrc) { rc = mrc; goto done; }
             continue;
         }

@@ -74,8 +74,8 @@ static int run(int argc, char **argv, cli_meta *meta)
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
         int arc = cli_analysis_option(prog, c, optarg, &an);
-        if (arc < 0) arc = cli_meta_option(prog, c, optarg, meta);
-        if (arc >= 0) {
+        if (arc == CLI_NOT_MINE) arc = cli_meta_option(prog, c, optarg, meta);
+        if (arc != CLI_NOT_MINE) {
             if (arc) { rc = arc; goto done; }
             continue;
         }

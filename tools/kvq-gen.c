@@ -92,7 +92,7 @@ static int run(int argc, char **argv, cli_meta *meta)
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
         int mrc = cli_meta_option(prog, c, optarg, meta);
-        if (mrc >= 0) {
+        if (mrc != CLI_NOT_MINE) {
             if (mrc) return mrc;
             continue;
         }

@@ -189,7 +189,7 @@ int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m)
         m->no_hash = 1;
         return CLI_OK;
     }
-    if (c != CLI_OPT_META) return -1;
+    if (c != CLI_OPT_META) return CLI_NOT_MINE;
     if (!strcmp(arg, "file")) m->inline_line = 0;
     else if (!strcmp(arg, "inline")) m->inline_line = 1;
     else {
@@ -646,14 +646,14 @@ int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output)
 int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog)
 {
     o->meta = m;
-    if (!m || !cli_meta_inline(m)) return 0;
+    if (!m || !cli_meta_inline(m)) return CLI_OK;
     o->real = o->f; /* the rows wait in memory for the record that precedes them */
     if (!(o->f = open_memstream(&o->buf, &o->buflen))) {
         o->f = o->real, o->real = NULL;
         cli_error(prog, "out of memory");
-        return -1;
+        return CLI_RUNTIME;
     }
-    return 0;
+    return CLI_OK;
 }
 
 /* The provenance of a finished OUT: with --meta inline the record line and
@@ -665,7 +665,7 @@ static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapa
     char hex[65];
     const char *sha = NULL;
     char *line = NULL, *doc = NULL;
-    int rc = -1;
+    int rc = CLI_RUNTIME;
     if (o->real) { /* inline: hash the rows, then write the record and the rows */
         int bad = fclose(o->f);
         o->f = o->real, o->real = NULL;
@@ -691,7 +691,7 @@ static int meta_prepare(cli_out *o, const char *prog, cli_out *mo, char **metapa
         if (cli_out_open(mo, *metapath, prog)) goto done;
         fputs(doc, mo->f); /* a failed write shows at its commit */
     }
-    rc = 0;
+    rc = CLI_OK;
 done:
     free(line), free(doc), free(o->buf);
     o->buf = NULL;
@@ -705,15 +705,15 @@ int cli_out_commit(cli_out *o, const char *prog)
     if (o->meta && meta_prepare(o, prog, &mo, &metapath)) {
         cli_out_abort(o);
         free(metapath);
-        return -1;
+        return CLI_RUNTIME;
     }
     if (o->f == stdout) return cli_out_close(o, prog);
     int rc = cli_out_close(o, prog);
     /* an old OUT.meta.json goes before the new OUT takes its place */
-    if (rc == 0 && metapath && cli_meta_drop(prog, o->path)) rc = -1;
-    if (cli_out_place(o, prog, rc == 0)) rc = -1;
+    if (rc == CLI_OK && metapath && cli_meta_drop(prog, o->path)) rc = CLI_RUNTIME;
+    if (cli_out_place(o, prog, rc == CLI_OK)) rc = CLI_RUNTIME;
     if (mo.f) {
-        if (rc == 0 && cli_out_commit(&mo, prog)) rc = -1;
+        if (rc == CLI_OK && cli_out_commit(&mo, prog)) rc = CLI_RUNTIME;
         if (mo.f) cli_out_abort(&mo);
     }
     free(metapath);

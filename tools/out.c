@@ -156,40 +156,40 @@ int cli_out_open(cli_out *o, const char *path, const char *prog)
     memset(o, 0, sizeof *o);
     if (!path || !strcmp(path, "-")) {
         o->f = stdout;
-        return 0;
+        return CLI_OK;
     }
     kvq_error err = {0};
     int special = 0, fd = -1;
     if (!(o->path = strdup(path))) {
         cli_error(prog, "%s: out of memory", path);
-        return -1;
+        return CLI_RUNTIME;
     }
     if (kvq_output_target(path, &o->target, &special, &err)) {
         cli_error(prog, "%s", err.msg);
         cli_out_abort(o);
-        return -1;
+        return CLI_RUNTIME;
     }
     if (special) { /* a FIFO or a device: write it in place, never replace it */
         if (!(o->f = fopen(o->target, "w"))) {
             cli_error(prog, "%s: cannot open output: %s", path, strerror(errno));
             cli_out_abort(o);
-            return -1;
+            return CLI_RUNTIME;
         }
-        return 0;
+        return CLI_OK;
     }
     if (kvq_output_temp(path, o->target, &o->tmp, &fd, &err)) {
         cli_error(prog, "%s", err.msg);
         cli_out_abort(o);
-        return -1;
+        return CLI_RUNTIME;
     }
     if (!(o->f = fdopen(fd, "w"))) {
         cli_error(prog, "%s: cannot create output: %s", path, strerror(errno));
         close(fd);
         cli_out_abort(o);
-        return -1;
+        return CLI_RUNTIME;
     }
     cli_temp_register(o->tmp);
-    return 0;
+    return CLI_OK;
 }
 
 int cli_flush(FILE *f, int sync)
@@ -252,22 +252,22 @@ int cli_read_file(const char *prog, const char *path, char **buf, size_t *len)
 
 int cli_out_close(cli_out *o, const char *prog)
 {
-    int rc = 0;
+    int rc = CLI_OK;
     if (o->f == stdout) {
         if (cli_flush(stdout, 0)) {
             cli_error(prog, "<stdout>: write failed: %s", strerror(errno));
-            rc = -1;
+            rc = CLI_RUNTIME;
         }
         memset(o, 0, sizeof *o);
         return rc;
     }
     if (cli_flush(o->f, o->tmp != NULL)) { /* ENOSPC says "No space left on device" */
         cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
-        rc = -1;
+        rc = CLI_RUNTIME;
     }
     if (fclose(o->f) != 0 && rc == 0) {
         cli_error(prog, "%s: write failed: %s", o->path, strerror(errno));
-        rc = -1;
+        rc = CLI_RUNTIME;
     }
     o->f = NULL;
     return rc;
@@ -275,10 +275,10 @@ int cli_out_close(cli_out *o, const char *prog)
 
 int cli_out_place(cli_out *o, const char *prog, int ok)
 {
-    int rc = ok ? 0 : -1;
-    if (rc == 0 && o->tmp && rename(o->tmp, o->target) != 0) {
+    int rc = ok ? CLI_OK : CLI_RUNTIME;
+    if (rc == CLI_OK && o->tmp && rename(o->tmp, o->target) != 0) {
         cli_error(prog, "%s: cannot rename into place: %s", o->path, strerror(errno));
-        rc = -1;
+        rc = CLI_RUNTIME;
     }
     if (rc && o->tmp) unlink(o->tmp);
     if (o->tmp) cli_temp_unregister(o->tmp);
