@@ -301,6 +301,19 @@ try:
 except kvq.Error as e:
     check("was closed" in str(e), f"a closed Calibration refused: {e}")
 
+# ------------------------- without h5py: everything but writing dumps works
+code = ("import sys; sys.modules['h5py'] = None\n"
+        "import numpy as np, kvq\n"
+        "k = np.ones((2, 8, 8), np.float32)\n"
+        f"r = kvq.quantize('kivi:bits=2,group=8,residual=0', k, k); d = kvq.read_dump({DUMP!r})\n"
+        f"rows = kvq.analyze({DUMP!r}, ['kivi'], per='model')\n"
+        "print('works', r.k_bits, len(d['layers']), len(rows))\n"
+        "try:\n    kvq.analyze([{'key': k, 'value': k}], ['kivi'])\n"
+        "except ImportError as e:\n    print('refused:', e)\n")
+r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+check(r.returncode == 0 and "works 6.0 5 1" in r.stdout and "refused: kvq.write_dump" in r.stdout and
+      "needs h5py" in r.stdout, f"kvq without h5py: {r.stdout} {r.stderr[-500:]}")
+
 # ------------------------------- bad input: kvq.Error, never a crash
 BAD = {
     "rank": ("kvq.quantize('kivi', np.zeros((4, 8)), np.zeros((4, 8)))", "expected [H,T,D]"),

@@ -104,7 +104,11 @@ def _layout_hint(i, a):
 def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=None,
                query_prescaled=False, layout="BHTD"):
     """Write `layers` to `path` as kvq-dump/1; raises DumpError on bad input."""
-    import h5py  # imported here so the module loads (and says what is missing) without it
+    try:  # imported here: everything but writing dumps works without h5py
+        import h5py
+    except ImportError as e:
+        raise ImportError(f"kvq.write_dump (and kvq.analyze on arrays, which writes one) needs h5py: "
+                          f"apt install python3-h5py or pip install h5py ({e})") from None
 
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise DumpError("path: expected a file name")
