@@ -5,6 +5,10 @@
 
 #include "kvq_base.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Result files (every writer of kvq): *target (malloc'ed) is path with its
  * symlinks followed, so that a temporary + rename replaces the link's target;
  * *special = 1 when the target exists and is a FIFO or a device (written in
@@ -15,4 +19,7 @@ kvq_status kvq_output_target(const char *path, char **target, int *special, kvq_
  * Messages name path, the name the user gave. */
 kvq_status kvq_output_temp(const char *path, const char *target, char **tmp, int *fd, kvq_error *err);
 
+#ifdef __cplusplus
+}
+#endif
 #endif
