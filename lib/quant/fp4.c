@@ -112,6 +112,55 @@ static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     return KVQ_OK;
 }
 
+/* The reference (.reference): every block through ggml's encoder and
+ * decoder (kvq_mxfp4_block_ref / kvq_nvfp4_block_ref and their
+ * _dequantize: the codes and scales a cache would hold), the second-level
+ * scale of the block's tensor, head or token found by a plain scan. */
+static kvq_status fp4_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, kvq_error *err)
+{
+    (void)ctx;
+    const fp4_opts *o = kvq_spec_opts(sp);
+    int H = in->H, T = in->T, D = in->D;
+    kvq_status st = fp4_check_shape(sp, D, err);
+    if (st) return st;
+    for (int tensor = 0; tensor < 2; tensor++) {
+        const float *x = tensor ? in->value : in->key; /* [H][T][D] */
+        float *y = tensor ? out->value : out->key;
+        float tensor_amax = kvq_absmax(x, (size_t)H * T * D);
+        for (int h = 0; h < H; h++) {
+            const float *xh = x + (size_t)h * T * D;
+            float *yh = y + (size_t)h * T * D;
+            float head_amax = kvq_absmax(xh, (size_t)T * D);
+            for (int t = 0; t < T; t++) {
+                const float *xt = xh + (size_t)t * D;
+                float *yt = yh + (size_t)t * D;
+                float g = o->global == G_TENSOR ? global_scale(tensor_amax)
+                          : o->global == G_HEAD ? global_scale(head_amax)
+                          : o->global == G_TOKEN ? global_scale(kvq_absmax(xt, (size_t)D))
+                                                 : 1.0f;
+                for (int b = 0; b < D; b += fp4_block(o)) {
+                    if (o->format == FMT_MXFP4) {
+                        uint8_t blk[17];
+                        kvq_mxfp4_block_ref(xt + b, blk);
+                        kvq_mxfp4_block_dequantize(blk, yt + b);
+                    } else {
+                        uint8_t scale, qs[KVQ_NVFP4_BLOCK / 2];
+                        kvq_nvfp4_block_ref(xt + b, g, o->global != G_NONE, &scale, qs);
+                        kvq_nvfp4_block_dequantize(scale, qs, g, yt + b);
+                    }
+                }
+            }
+            /* 4 bits a value and an 8-bit scale a block, plus the float32 second-level scales */
+            double per_elem = 4.0 + 8.0 / fp4_block(o);
+            double g_bits = o->global == G_TENSOR ? 32.0 / H : o->global == G_HEAD ? 32.0
+                            : o->global == G_TOKEN ? 32.0 * T : 0.0;
+            *kvq_head_bits(out, tensor, h) = per_elem * ((double)T * D) + g_bits;
+        }
+    }
+    return KVQ_OK;
+}
+
 const kvq_quantizer kvq_q_fp4 = {
     .name = "fp4",
     .description = "FP4 micro-scaled formats MXFP4 / NVFP4 (E2M1 + block scales), bit-exact ggml",
@@ -123,4 +172,5 @@ const kvq_quantizer kvq_q_fp4 = {
     .check = fp4_check,
     .check_shape = fp4_check_shape,
     .quantize = fp4_quantize,
+    .reference = fp4_reference,
 };
