@@ -502,3 +502,35 @@ int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)
     cli_meta_free(m);
     return rc;
 }
+
+int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,
+               int *rc)
+{
+    opterr = 0; /* the messages are ours */
+    for (;;) {
+        int c = getopt_long(argc, argv, shortopts, longopts, NULL);
+        if (c == -1) return -1;
+        int r = CLI_NOT_MINE;
+        if (g->analysis) r = cli_analysis_option(g->prog, c, optarg, g->analysis);
+        if (r == CLI_NOT_MINE && g->model) r = cli_model_option(g->prog, c, optarg, g->model);
+        if (r == CLI_NOT_MINE && g->meta) r = cli_meta_option(g->prog, c, optarg, g->meta);
+        if (r == CLI_OK) continue;
+        if (r != CLI_NOT_MINE) {
+            *rc = r;
+            return CLI_GETOPT_STOP;
+        }
+        switch (c) {
+        case 'h': g->usage(stdout); *rc = CLI_OK; return CLI_GETOPT_STOP;
+        case 'V': cli_version(g->prog); *rc = CLI_OK; return CLI_GETOPT_STOP;
+        case ':':
+            cli_error(g->prog, "option %s needs a value (see --help)", argv[optind - 1]);
+            *rc = CLI_USAGE;
+            return CLI_GETOPT_STOP;
+        case '?':
+            cli_error(g->prog, "unknown option %s (see --help)", argv[optind - 1]);
+            *rc = CLI_USAGE;
+            return CLI_GETOPT_STOP;
+        default: return c;
+        }
+    }
+}

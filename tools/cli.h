@@ -10,6 +10,7 @@
 #include "kvq.h"
 #include "kvq_output.h" /* atomic result files: the tools' own plumbing */
 
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -253,6 +254,24 @@ enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
 #define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
 void cli_meta_free(cli_meta *m);
+/* The option loop every tool shares: getopt_long over shortopts (starting
+ * with ':') and longopts, with the option groups the tool has (analysis,
+ * model: NULL if it has none; the provenance record's --meta/--no-hash),
+ * -h (usage on stdout), -V, a missing value and an unknown option handled
+ * here.  Returns the next option that is the tool's own, -1 after the last,
+ * or CLI_GETOPT_STOP with *rc the exit code: CLI_OK after --help or
+ * --version, else CLI_USAGE / CLI_RUNTIME after printing. */
+enum { CLI_GETOPT_STOP = -2 };
+typedef struct cli_getopt_ctx {
+    const char *prog;
+    void (*usage)(FILE *);
+    cli_analysis *analysis;
+    cli_model *model;
+    struct cli_meta *meta;
+} cli_getopt_ctx;
+int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,
+               int *rc);
+
 /* Every tool's main, the one start and end they share: the BLAS kernels
  * (cli_blas_setup, which may restart the tool), the check of stdout at exit,
  * with CLI_MAIN_TUNE_MALLOC the heap kept warm (cli_tune_malloc), with

@@ -614,14 +614,9 @@ static int run(int argc, char **argv, cli_meta *meta)
     char *sens_path = NULL, *uni_path = NULL, **shard_data = NULL;
     int nshards = 0;
     kvq_error err = {0};
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":g:f:b:o:hV", longopts, NULL)) != -1) {
-        int mrc = cli_model_option(prog, c, optarg, &mo);
-        if (mrc == CLI_NOT_MINE) mrc = cli_meta_option(prog, c, optarg, meta);
-        if (mrc != CLI_NOT_MINE) {
-            if (mrc) { rc = mrc; goto done; }
-            continue;
-        }
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &mo, .meta = meta};
+    while ((c = cli_getopt(&go, argc, argv, ":g:f:b:o:hV", longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) goto done;
         switch (c) {
         case OPT_FAMILY: family = optarg; break;
         case 'g':
@@ -674,10 +669,6 @@ static int run(int argc, char **argv, cli_meta *meta)
                 rc = CLI_USAGE; goto done;
             }
             break;
-        case 'h': usage(stdout); goto done;
-        case 'V': cli_version(prog); goto done;
-        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
-        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
     /* --merge: MODEL SHARD...; else MODEL alone */

@@ -71,14 +71,9 @@ static int run(int argc, char **argv, cli_meta *meta)
     int c, progress_mode = -1;
 
     cli_analysis_init(&an);
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
-        int arc = cli_analysis_option(prog, c, optarg, &an);
-        if (arc == CLI_NOT_MINE) arc = cli_meta_option(prog, c, optarg, meta);
-        if (arc != CLI_NOT_MINE) {
-            if (arc) { rc = arc; goto done; }
-            continue;
-        }
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &an, .model = NULL, .meta = meta};
+    while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) goto done;
         switch (c) {
         case 'q':
             if ((rc = cli_add_spec(prog, &specs, &nspecs, optarg))) goto done;
@@ -92,10 +87,6 @@ static int run(int argc, char **argv, cli_meta *meta)
             if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
             break;
         case OPT_LIST: kvq_registry_describe(stdout); goto done;
-        case 'h': usage(stdout); goto done;
-        case 'V': cli_version(prog); goto done;
-        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
-        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
     if (optind >= argc) {

@@ -135,14 +135,9 @@ static int run(int argc, char **argv, cli_meta *meta)
     kvq_report *rep = NULL;
     cli_out out = {0};
     kvq_error err = {0};
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":q:o:hV", longopts, NULL)) != -1) {
-        int mrc = cli_model_option(prog, c, optarg, &mo);
-        if (mrc == CLI_NOT_MINE) mrc = cli_meta_option(prog, c, optarg, meta);
-        if (mrc != CLI_NOT_MINE) {
-            if (mrc) { rc = mrc; goto done; }
-            continue;
-        }
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &mo, .meta = meta};
+    while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) goto done;
         switch (c) {
         case 'q':
             if ((rc = add_spec(&specs, &nspecs, optarg))) goto done;
@@ -194,10 +189,6 @@ static int run(int argc, char **argv, cli_meta *meta)
             }
             break;
         case 'o': output = optarg; break;
-        case 'h': usage(stdout); goto done;
-        case 'V': cli_version(prog); goto done;
-        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
-        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
     if (merge) { /* the shards' rows pooled: no model to run */

@@ -89,13 +89,10 @@ static int run(int argc, char **argv, cli_meta *meta)
         return CLI_USAGE;                                                                        \
     }                                                                                            \
     field = (int)v;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":o:hV", longopts, NULL)) != -1) {
-        int mrc = cli_meta_option(prog, c, optarg, meta);
-        if (mrc != CLI_NOT_MINE) {
-            if (mrc) return mrc;
-            continue;
-        }
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = NULL, .meta = meta};
+    int rc = CLI_OK;
+    while ((c = cli_getopt(&go, argc, argv, ":o:hV", longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) return rc;
         switch (c) {
         case OPT_PRESET: break;
         case OPT_LAYERS: INTOPT(o.num_layers, 1, 1000, "layers") break;
@@ -145,10 +142,6 @@ static int run(int argc, char **argv, cli_meta *meta)
             if ((c = cli_progress_option(prog, optarg, &progress_mode))) return c;
             break;
         case 'o': output = optarg; break;
-        case 'h': usage(stdout); return CLI_OK;
-        case 'V': cli_version(prog); return CLI_OK;
-        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); return CLI_USAGE;
-        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); return CLI_USAGE;
         }
     }
     if (optind < argc) {

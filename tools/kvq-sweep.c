@@ -657,14 +657,9 @@ static int run(int argc, char **argv, cli_meta *meta)
     int rc = CLI_OK, c;
     cli_analysis_init(&o.an);
     o.meta = meta;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, ":q:g:f:o:hV", longopts, NULL)) != -1) {
-        int arc = cli_analysis_option(prog, c, optarg, &o.an);
-        if (arc == CLI_NOT_MINE) arc = cli_meta_option(prog, c, optarg, o.meta);
-        if (arc != CLI_NOT_MINE) {
-            if (arc) { rc = arc; goto done; }
-            continue;
-        }
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &o.an, .model = NULL, .meta = o.meta};
+    while ((c = cli_getopt(&go, argc, argv, ":q:g:f:o:hV", longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) goto done;
         switch (c) {
         case 'q': o.quant = optarg; break;
         case 'g':
@@ -708,10 +703,6 @@ static int run(int argc, char **argv, cli_meta *meta)
                 goto done;
             }
             break;
-        case 'h': usage(stdout); goto done;
-        case 'V': cli_version(prog); goto done;
-        case ':': cli_error(prog, "option %s needs a value (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
-        default: cli_error(prog, "unknown option %s (see --help)", argv[optind - 1]); rc = CLI_USAGE; goto done;
         }
     }
     if (o.progress < 0) o.progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
