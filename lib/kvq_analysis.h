@@ -150,6 +150,23 @@ typedef struct kvq_sweep_file {
 kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
 void kvq_sweep_file_free(kvq_sweep_file *f);
 
+/* The points of a sweep (or shard) and what its OUT already holds (docs/tools.md#sweeps):
+ * state[p] for each of the grid's points, 0 another shard's, 1 to run,
+ * 2 invalid (no spec), 3 complete. */
+enum { KVQ_POINT_OTHER = 0, KVQ_POINT_RUN, KVQ_POINT_INVALID, KVQ_POINT_DONE };
+/* This shard's points (p mod shard_n == shard_i): valid ones to run,
+ * invalid ones marked; *nrun, *ninvalid count them. */
+void kvq_sweep_select(const kvq_grid *g, long shard_i, long shard_n, unsigned char *state, size_t *nrun,
+                      size_t *ninvalid);
+/* --resume: the points `old` (read from `path`) already holds.  Each unit
+ * must be a point to run whose spec is the grid's, with rows_per_point rows
+ * (the last may be short: an interrupted point, run again); those become
+ * KVQ_POINT_DONE (*ncomplete of them) and *keep is the bytes of the file to
+ * keep (its complete points).  KVQ_ERR_FORMAT naming the file and the point
+ * for anything else (another grid, shard, dumps or --per). */
+kvq_status kvq_sweep_reconcile(const char *path, const kvq_sweep_file *old, const kvq_grid *g, unsigned char *state,
+                               size_t rows_per_point, size_t *keep, size_t *ncomplete, kvq_error *err);
+
 /* kvq's CSV results read back (--resume, --merge): RFC 4180 as kvq writes
  * it.  Records (the header first) of ncols fields each; a last record
  * without its newline (an interrupted write) is left out and `torn` set;

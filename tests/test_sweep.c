@@ -135,6 +135,68 @@ START_TEST(read_csv_and_jsonl)
 }
 END_TEST
 
+/* A shard's points (kvq_sweep_select) and what --resume keeps of its OUT
+ * (kvq_sweep_reconcile): complete points, a torn last point run again,
+ * another shard's or a short point in the middle refused naming it. */
+static char *sweep_csv(const kvq_grid *g, const size_t *points, const int *rows, int n)
+{
+    static char buf[4096];
+    size_t o = (size_t)snprintf(buf, sizeof buf, "dump,spec,point\n");
+    for (int i = 0; i < n; i++) {
+        kvq_spec sp;
+        kvq_error err = {0};
+        ck_assert_int_eq(kvq_grid_spec(g, points[i], &sp, &err), KVQ_OK);
+        for (int r = 0; r < rows[i]; r++)
+            o += (size_t)snprintf(buf + o, sizeof buf - o, "d%d.h5,\"%s\",%zu\n", r, sp.text, points[i]);
+    }
+    return write_tmp(buf, o);
+}
+
+START_TEST(select_and_reconcile)
+{
+    const char *grids[] = {"group=32,64", "residual=32,64,96", "bits=2,4"};
+    const char *fixed[] = {"vbits=3"};
+    kvq_grid *g;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_grid_new("kivi", grids, 3, fixed, 1, &g, &err), KVQ_OK);
+    unsigned char state[12];
+    size_t nrun, ninvalid, keep, done;
+    kvq_sweep_select(g, 0, 2, state, &nrun, &ninvalid); /* points 0, 2, ..., 10; 6 and 10 are invalid */
+    ck_assert_uint_eq(nrun, 4);
+    ck_assert_uint_eq(ninvalid, 2);
+    ck_assert_int_eq(state[1], KVQ_POINT_OTHER);
+    ck_assert_int_eq(state[6], KVQ_POINT_INVALID);
+    ck_assert_int_eq(state[8], KVQ_POINT_RUN);
+
+    /* points 0 and 2 complete, 4 torn (one of two rows): 0 and 2 kept */
+    size_t pts[] = {0, 2, 4};
+    int rows[] = {2, 2, 1};
+    char *path = sweep_csv(g, pts, rows, 3);
+    kvq_sweep_file f;
+    ck_assert_msg(kvq_sweep_file_read(path, &f, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_msg(kvq_sweep_reconcile(path, &f, g, state, 2, &keep, &done, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_uint_eq(done, 2);
+    ck_assert_uint_eq(keep, f.units[1].end);
+    ck_assert(state[0] == KVQ_POINT_DONE && state[2] == KVQ_POINT_DONE && state[4] == KVQ_POINT_RUN);
+    kvq_sweep_file_free(&f);
+    unlink(path), free(path);
+
+    /* another shard's point, and a short point that is not the last */
+    size_t other[] = {1}, mid[] = {4, 8};
+    int one[] = {2}, short_mid[] = {1, 2};
+    for (int c = 0; c < 2; c++) {
+        kvq_sweep_select(g, 0, 2, state, &nrun, &ninvalid);
+        path = c ? sweep_csv(g, mid, short_mid, 2) : sweep_csv(g, other, one, 1);
+        ck_assert_int_eq(kvq_sweep_file_read(path, &f, &err), KVQ_OK);
+        ck_assert_int_eq(kvq_sweep_reconcile(path, &f, g, state, 2, &keep, &done, &err), KVQ_ERR_FORMAT);
+        ck_assert_msg(strstr(err.msg, path) && strstr(err.msg, c ? "point 4 has 1 rows" : "point 1 ("), "%s", err.msg);
+        kvq_sweep_file_free(&f);
+        unlink(path), free(path);
+    }
+    kvq_grid_free(g);
+}
+END_TEST
+
 /* Every prefix and 2000 single-byte corruptions of both files: a clean
  * status each time (the sanitizer build checks the memory side). */
 START_TEST(read_any_input)
@@ -180,6 +242,7 @@ int main(void)
     tcase_add_test(tc, grid_order_and_specs);
     tcase_add_test(tc, read_csv_and_jsonl);
     tcase_add_test(tc, read_any_input);
+    tcase_add_test(tc, select_and_reconcile);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -340,7 +340,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     kvq_prepared **prep = calloc((size_t)ndumps, sizeof *prep);
     char **base = calloc((size_t)ndumps, sizeof *base);
     size_t *shared_bytes = calloc((size_t)ndumps, sizeof *shared_bytes); /* what prepare would keep */
-    unsigned char *state = NULL; /* per point: 0 not ours, 1 to run, 2 invalid, 3 complete */
+    unsigned char *state = NULL; /* per point: KVQ_POINT_* */
     const char **extra_cols = NULL, **extra = NULL;
     char *header = NULL, *unit = NULL;
     size_t header_len = 0, unit_len = 0;
@@ -362,17 +362,16 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     for (int k = 0; k < nk; k++) extra_cols[k] = kvq_grid_key(grid, k);
     extra_cols[nk] = "point";
 
-    /* this shard's points: valid ones to run, invalid ones said and skipped */
+    /* this shard's points: valid ones to run, invalid ones said (once the sweep is sure to start) and skipped */
+    kvq_sweep_select(grid, o->shard_i, o->shard_n, state, &nrun, &ninvalid);
     kvq_spec needs_calib = {0}; /* the first point that needs a calibration dump */
     for (size_t p = 0; p < npoints; p++) {
-        if ((long)(p % (size_t)o->shard_n) != o->shard_i) continue;
         kvq_spec sp;
+        if (state[p] == KVQ_POINT_OTHER) continue;
         if (kvq_grid_spec(grid, p, &sp, &err)) {
-            state[p] = 2, ninvalid++; /* said once the sweep is sure to start */
             if (o->list_points) printf("%zu\t-\tinvalid: %s\n", p, err.msg);
             continue;
         }
-        state[p] = 1, nrun++;
         if (!needs_calib.q && kvq_spec_needs_calib(&sp)) needs_calib = sp;
         if (o->list_points) printf("%zu\t%s\tvalid\n", p, sp.text);
     }
@@ -449,28 +448,11 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
             rc = CLI_RUNTIME;
             goto done;
         }
-        keep = old.columns ? old.body : 0;
-        for (size_t k = 0; k < old.nunits; k++) {
-            const kvq_sweep_unit *u = &old.units[k];
-            kvq_spec sp;
-            int ours = u->point >= 0 && (size_t)u->point < npoints && state[u->point] == 1 &&
-                       kvq_grid_spec(grid, (size_t)u->point, &sp, &err) == KVQ_OK && !strcmp(sp.text, u->spec);
-            if (!ours) {
-                cli_error(prog, "%s: point %ld (%s) is not a pending point of this sweep and shard (another grid, "
-                          "shard or a duplicate?)", o->output, u->point, u->spec);
-                rc = CLI_RUNTIME;
-                goto done;
-            }
-            if (u->nrows != expect_rows) {
-                if (k + 1 == old.nunits && u->nrows < expect_rows) break; /* interrupted: run it again */
-                cli_error(prog, "%s: point %ld has %zu rows, this sweep writes %zu per point (other dumps, --layers, "
-                          "--heads or --per?)", o->output, u->point, u->nrows, expect_rows);
-                rc = CLI_RUNTIME;
-                goto done;
-            }
-            state[u->point] = 3, ncomplete++, nrun--;
-            keep = u->end;
+        if (kvq_sweep_reconcile(o->output, &old, grid, state, expect_rows, &keep, &ncomplete, &err)) {
+            rc = cli_fail(prog, &err);
+            goto done;
         }
+        nrun -= ncomplete;
         if (ftruncate(fd, (off_t)keep) != 0 || lseek(fd, 0, SEEK_END) < 0) {
             cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
             rc = CLI_RUNTIME;
@@ -532,7 +514,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     }
     for (size_t p = 0; p < npoints; p++) {
         kvq_spec sp;
-        if (state[p] == 2 && kvq_grid_spec(grid, p, &sp, &err))
+        if (state[p] == KVQ_POINT_INVALID && kvq_grid_spec(grid, p, &sp, &err))
             fprintf(stderr, "%s: skipping invalid point %zu: %s\n", prog, p, err.msg);
     }
 
@@ -557,7 +539,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     size_t written = 0;
     double prep_s = pr.t0 - t0;
     for (size_t p = 0; p < npoints; p++) {
-        if (state[p] != 1) continue;
+        if (state[p] != KVQ_POINT_RUN) continue;
         double tp = now();
         kvq_spec sp;
         char pt[32];

@@ -489,3 +489,49 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
     if (st) kvq_sweep_file_free(f);
     return st;
 }
+
+/* ------------------------------------------- a sweep's points and its OUT */
+
+void kvq_sweep_select(const kvq_grid *g, long shard_i, long shard_n, unsigned char *state, size_t *nrun,
+                      size_t *ninvalid)
+{
+    size_t npoints = kvq_grid_size(g);
+    *nrun = *ninvalid = 0;
+    for (size_t p = 0; p < npoints; p++) {
+        state[p] = KVQ_POINT_OTHER;
+        if ((long)(p % (size_t)shard_n) != shard_i) continue;
+        kvq_spec sp;
+        kvq_error e = {0};
+        if (kvq_grid_spec(g, p, &sp, &e)) state[p] = KVQ_POINT_INVALID, (*ninvalid)++;
+        else state[p] = KVQ_POINT_RUN, (*nrun)++;
+    }
+}
+
+kvq_status kvq_sweep_reconcile(const char *path, const kvq_sweep_file *old, const kvq_grid *g, unsigned char *state,
+                               size_t rows_per_point, size_t *keep, size_t *ncomplete, kvq_error *err)
+{
+    size_t npoints = kvq_grid_size(g);
+    *keep = old->columns ? old->body : 0, *ncomplete = 0;
+    for (size_t k = 0; k < old->nunits; k++) {
+        const kvq_sweep_unit *u = &old->units[k];
+        kvq_spec sp;
+        kvq_error e = {0};
+        int ours = u->point >= 0 && (size_t)u->point < npoints && state[u->point] == KVQ_POINT_RUN &&
+                   kvq_grid_spec(g, (size_t)u->point, &sp, &e) == KVQ_OK && !strcmp(sp.text, u->spec);
+        if (!ours)
+            return kvq_fail(err, KVQ_ERR_FORMAT,
+                            "%s: point %ld (%s) is not a pending point of this sweep and shard (another grid, "
+                            "shard or a duplicate?)",
+                            path, u->point, u->spec);
+        if (u->nrows != rows_per_point) {
+            if (k + 1 == old->nunits && u->nrows < rows_per_point) break; /* interrupted: run it again */
+            return kvq_fail(err, KVQ_ERR_FORMAT,
+                            "%s: point %ld has %zu rows, this sweep writes %zu per point (other dumps, --layers, "
+                            "--heads or --per?)",
+                            path, u->point, u->nrows, rows_per_point);
+        }
+        state[u->point] = KVQ_POINT_DONE, (*ncomplete)++;
+        *keep = u->end;
+    }
+    return KVQ_OK;
+}
