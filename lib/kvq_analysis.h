@@ -199,6 +199,13 @@ int kvq_csv_number(const char *s, double *v);
  * KVQ_ERR_USAGE when that exceeds capacity. */
 kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weight, double capacity, int *choice,
                            double *min_weight, kvq_error *err);
+/* The mix(...) spec of an allocation: layer l gets specs[choice[l]]
+ * (0 <= l < L), each chosen spec once in the order of its first layer,
+ * its layers as ranges ("mix(0-1,3=A;2,4-=B)", the last range open when
+ * it reaches layer L-1).  KVQ_OK, or KVQ_ERR_USAGE when the text needs
+ * more than len - 1 characters (buf then holds a cut prefix). */
+kvq_status kvq_alloc_mix_text(const char *const *specs, const int *choice, int L, char *buf, size_t len,
+                              kvq_error *err);
 
 #ifdef __cplusplus
 }

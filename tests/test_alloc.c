@@ -109,6 +109,39 @@ START_TEST(by_hand)
 }
 END_TEST
 
+/* The mix(...) spec of an allocation, by hand; it parses and gives each
+ * layer its choice; a buffer too small is a clean error. */
+START_TEST(mix_text)
+{
+    const char *abc[] = {"A", "B", "C"};
+    const struct { int L, choice[6]; const char *want; } cases[] = {
+        {6, {0, 0, 1, 0, 1, 1}, "mix(0-1,3=A;2,4-=B)"},
+        {3, {1, 1, 1}, "mix(0-=B)"},
+        {3, {0, 1, 0}, "mix(0,2=A;1=B)"},
+        {1, {2}, "mix(0=C)"},
+        {4, {2, 0, 0, 2}, "mix(0,3=C;1-2=A)"},
+    };
+    char buf[128];
+    kvq_error err = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_int_eq(kvq_alloc_mix_text(abc, cases[i].choice, cases[i].L, buf, sizeof buf, &err), KVQ_OK);
+        ck_assert_str_eq(buf, cases[i].want);
+    }
+    ck_assert_int_eq(kvq_alloc_mix_text(abc, cases[0].choice, 6, buf, 12, &err), KVQ_ERR_USAGE);
+    ck_assert(strlen(buf) == 11 && strstr(err.msg, "19 characters"));
+
+    const char *real[] = {"kivi:bits=2,group=8,residual=0", "per-token:bits=4"};
+    int choice[] = {0, 1, 1, 0};
+    ck_assert_int_eq(kvq_alloc_mix_text(real, choice, 4, buf, sizeof buf, &err), KVQ_OK);
+    kvq_spec mix, sub;
+    ck_assert_msg(kvq_spec_parse(buf, &mix, &err) == KVQ_OK, "%s: %s", buf, err.msg);
+    for (int l = 0; l < 4; l++) {
+        ck_assert_int_eq(kvq_spec_for_layer(&mix, l, &sub, &err), KVQ_OK);
+        ck_assert_str_eq(sub.text, real[choice[l]]);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("alloc");
@@ -116,6 +149,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, against_brute_force);
     tcase_add_test(tc, by_hand);
+    tcase_add_test(tc, mix_text);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

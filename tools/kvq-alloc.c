@@ -346,33 +346,6 @@ done:
 /* --- the allocation as a mix -------------------------------------------- */
 
 /* "mix(0-1,4=SPEC;2-3=SPEC)" of choice[L] (point indices), points in order of first use. */
-static int mix_text(const point *pts, const int *choice, int L, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "mix(");
-    int first_item = 1;
-    for (int l = 0; l < L; l++) {
-        int c = choice[l], used = 0;
-        for (int k = 0; k < l; k++) used |= choice[k] == c;
-        if (used) continue;
-        o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s", first_item ? "" : ";");
-        first_item = 0;
-        int first_range = 1;
-        for (int a = l; a < L; a++) {
-            if (choice[a] != c) continue;
-            int b = a;
-            while (b + 1 < L && choice[b + 1] == c) b++;
-            if (b == L - 1 && b > a) o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%d-", first_range ? "" : ",", a);
-            else if (b == a) o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%d", first_range ? "" : ",", a);
-            else o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "%s%d-%d", first_range ? "" : ",", a, b);
-            first_range = 0;
-            a = b;
-        }
-        o += (size_t)snprintf(buf + o, o < len ? len - o : 0, "=%s", pts[c].spec.text);
-    }
-    o += (size_t)snprintf(buf + o, o < len ? len - o : 0, ")");
-    return o < len ? 0 : -1;
-}
-
 /* --- progress ------------------------------------------------------------ */
 
 typedef struct progress_state {
@@ -441,18 +414,20 @@ static int allocate(const alloc_run *a)
     double *ubits = calloc((size_t)np, sizeof *ubits), *upred = calloc((size_t)np, sizeof *upred);
     int *choice = calloc((size_t)L * nb, sizeof *choice), *uni = calloc((size_t)np, sizeof *uni);
     kvq_spec *vspecs = calloc((size_t)nb, sizeof *vspecs);
+    const char **texts = calloc((size_t)np, sizeof *texts); /* the grid points' specs, for the mix(...) texts */
     kvq_eval_item *items = calloc((size_t)(np + nb) + 1, sizeof *items);
     kvq_report *rep = NULL, *urep = NULL;
     cli_out out = {0}, uout = {0};
     kvq_error err = {0};
     kvq_policy pol = a->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL;
-    if (!cost || !weight || !ubits || !upred || !choice || !uni || !vspecs || !items) {
+    if (!cost || !weight || !ubits || !upred || !choice || !uni || !vspecs || !items || !texts) {
         cli_error(prog, "out of memory");
         goto done;
     }
     /* the knapsack per budget: weights are each layer's stored bits per token
      * (K and V of its KV heads); every layer of these models has the same
      * size, so the budget's capacity is B times their sum */
+    for (int i = 0; i < np; i++) texts[i] = pts[i].spec.text;
     for (int l = 0; l < L; l++)
         for (int i = 0; i < np; i++) {
             cost[(size_t)l * np + i] = pts[i].dnll[l];
@@ -471,7 +446,8 @@ static int allocate(const alloc_run *a)
         }
         if (st) { rc = cli_fail(prog, &aerr); goto done; }
         char text[KVQ_SPEC_MAX + 8];
-        if (mix_text(pts, choice + (size_t)b * L, L, text, sizeof text) || kvq_spec_parse(text, &vspecs[b], &err)) {
+        if (kvq_alloc_mix_text(texts, choice + (size_t)b * L, L, text, sizeof text, &err) ||
+            kvq_spec_parse(text, &vspecs[b], &err)) {
             cli_error(prog, "--budget %g: the allocation does not fit a spec of %d characters", a->budgets[b],
                       KVQ_SPEC_MAX - 1);
             goto done;
@@ -584,6 +560,7 @@ done:
     if (out.f) cli_out_abort(&out);
     if (uout.f) cli_out_abort(&uout);
     free(cost), free(weight), free(ubits), free(upred), free(choice), free(uni), free(vspecs), free(items);
+    free(texts);
     return rc;
 }
 

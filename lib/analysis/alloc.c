@@ -125,3 +125,35 @@ kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weigh
     free(front), free(nfront), free(cand), free(va), free(vb);
     return st;
 }
+
+kvq_status kvq_alloc_mix_text(const char *const *specs, const int *choice, int L, char *buf, size_t len,
+                              kvq_error *err)
+{
+    size_t o = (size_t)snprintf(buf, len, "mix(");
+#define PUT(...) (o += (size_t)snprintf(buf + (o < len ? o : len), o < len ? len - o : 0, __VA_ARGS__))
+    int first_item = 1;
+    for (int l = 0; l < L; l++) {
+        int c = choice[l], used = 0;
+        for (int k = 0; k < l; k++) used |= choice[k] == c;
+        if (used) continue; /* this spec's ranges were written at its first layer */
+        PUT("%s", first_item ? "" : ";");
+        first_item = 0;
+        int first_range = 1;
+        for (int a = l; a < L; a++) {
+            if (choice[a] != c) continue;
+            int b = a;
+            while (b + 1 < L && choice[b + 1] == c) b++;
+            if (b == L - 1 && b > a) PUT("%s%d-", first_range ? "" : ",", a);
+            else if (b == a) PUT("%s%d", first_range ? "" : ",", a);
+            else PUT("%s%d-%d", first_range ? "" : ",", a, b);
+            first_range = 0;
+            a = b;
+        }
+        PUT("=%s", specs[c]);
+    }
+    PUT(")");
+#undef PUT
+    if (o < len) return KVQ_OK;
+    return kvq_fail(err, KVQ_ERR_USAGE, "an allocation's mix(...) spec needs %zu characters, more than %zu", o,
+                    len ? len - 1 : 0);
+}
