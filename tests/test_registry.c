@@ -36,9 +36,12 @@ static void fill_layer(kvq_layer *L, uint64_t seed, const kvq_rope *rope)
     fill_normal(L->query, (size_t)HQ * T * D, seed + 2, 1.0);
 }
 
-/* One spec on L at `threads` threads and SIMD cap `simd` (-1: the environment's). */
-static void run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope,
-                int threads, int simd, run_result *r)
+/* One spec on L at `threads` threads and SIMD cap `simd` (-1: the
+ * environment's), through the registered path or, with reference, the
+ * family's plain reference (kvq_quantize_layer_reference).  1, or 0 for a
+ * reference the family does not have (nothing allocated then). */
+static int run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope,
+               int threads, int simd, int reference, run_result *r)
 {
     kvq_error err = {0};
     size_t n = (size_t)H * T * D;
@@ -55,10 +58,17 @@ static void run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, 
         ctx.calib = state;
     }
     kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
-    ck_assert_msg(kvq_quantize_layer(sp, &ctx, L, &out, &err) == KVQ_OK, "%s (%d threads, simd %d): %s", sp->text,
-                  threads, simd, err.msg);
+    kvq_status st = reference ? kvq_quantize_layer_reference(sp, &ctx, L, &out, &err)
+                              : kvq_quantize_layer(sp, &ctx, L, &out, &err);
     if (state) sp->q->calib_free(state);
     kvq_simd_cap(-1);
+    if (reference && st == KVQ_ERR_UNSUPPORTED && !err.msg[0]) {
+        free(r->k), free(r->v);
+        return 0;
+    }
+    ck_assert_msg(st == KVQ_OK, "%s (%s, %d threads, simd %d): %s", sp->text, reference ? "reference" : "registered",
+                  threads, simd, err.msg);
+    return 1;
 }
 
 static void same(const kvq_spec *sp, const run_result *a, const run_result *b, const char *what)
@@ -72,26 +82,6 @@ static void same(const kvq_spec *sp, const run_result *a, const run_result *b, c
 }
 
 static int references; /* specs compared with their family's reference */
-
-/* spec through its family's plain reference (kvq_quantize_layer_reference);
- * 0 if the family has none. */
-static int run_reference(const kvq_spec *sp, const kvq_layer *L, const kvq_rope *rope, run_result *r)
-{
-    kvq_error err = {0};
-    size_t n = (size_t)H * T * D;
-    r->k = malloc(n * sizeof(float)), r->v = malloc(n * sizeof(float));
-    ck_assert(r->k && r->v);
-    memset(r->sb, 0, sizeof r->sb);
-    kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = 1, .rope = rope};
-    kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
-    kvq_status st = kvq_quantize_layer_reference(sp, &ctx, L, &out, &err);
-    if (st == KVQ_ERR_UNSUPPORTED && !err.msg[0]) {
-        free(r->k), free(r->v);
-        return 0;
-    }
-    ck_assert_msg(st == KVQ_OK, "%s: reference: %s", sp->text, err.msg);
-    return 1;
-}
 
 /* The largest relative Frobenius error a spec may have at b code bits on
  * fill_layer's tensors (Gaussian; K with an outlier channel 8x the
@@ -202,7 +192,7 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
     float *k0 = malloc(n * sizeof(float));
     memcpy(k0, L->key, n * sizeof(float));
     run_result base, other;
-    run(sp, L, calib, rope, 1, -1, &base);
+    run(sp, L, calib, rope, 1, -1, 0, &base);
     ck_assert_msg(!memcmp(k0, L->key, n * sizeof(float)), "%s wrote to its input", sp->text);
     for (size_t i = 0; i < n; i++)
         if (!isfinite(base.k[i]) || !isfinite(base.v[i])) ck_abort_msg("%s: non-finite output at %zu", sp->text, i);
@@ -224,7 +214,7 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
                   vb, error_ceiling(kb), error_ceiling(vb));
     /* the family's plain reference (its row's .reference), where it has one: the same numbers */
     run_result ref;
-    if (run_reference(sp, L, rope, &ref)) {
+    if (run(sp, L, calib, rope, 1, -1, 1, &ref)) {
         same(sp, &base, &ref, "from the family's reference");
         free(ref.k), free(ref.v);
         references++;
@@ -235,7 +225,7 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
                     {3, -1, "at 3 threads"},       {1, KVQ_SIMD_NONE, "with the portable paths"},
                     {2, KVQ_SIMD_AVX2, "at AVX2"}, {3, KVQ_SIMD_AVX512, "at AVX-512"}};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
-        run(sp, L, calib, rope, variants[i].threads, variants[i].simd, &other);
+        run(sp, L, calib, rope, variants[i].threads, variants[i].simd, 0, &other);
         same(sp, &base, &other, variants[i].what);
         free(other.k), free(other.v);
     }

@@ -237,6 +237,10 @@ const char *cli_format_name(kvq_format fmt); /* "table", "csv", "jsonl" */
  * (a FIFO, /dev/urandom or a 40 MB line cost what the tokens need).  CLI_OK
  * or the exit code after printing the error. */
 int cli_model_tokens(const char *prog, const kvq_model *m, const cli_model *mo, int **ids, int *T);
+/* The CSV header line of kvq_rows_new(cols, ncols, ntext) written to fd
+ * (a table created or emptied, which rows are then appended to): CLI_OK, or
+ * CLI_RUNTIME after "PATH: write failed". */
+int cli_write_csv_header(const char *prog, const char *path, int fd, const char *const *cols, int ncols, int ntext);
 /* The whole file (NUL-terminated, *len without it); CLI_OK or CLI_RUNTIME after printing. */
 int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
 

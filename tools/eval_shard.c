@@ -152,18 +152,11 @@ int cli_eval_shard_open(const char *prog, const char *path, int resume, const cl
         goto fail;
     }
     if (!keep) { /* a new shard: its header */
-        char *h = NULL;
-        size_t hl = 0;
-        FILE *ms = open_memstream(&h, &hl);
-        kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, EVAL_COLS, NSHARD, 6) : NULL;
-        int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
-        if (ms && fclose(ms)) bad = 1;
-        if (bad || cli_write_all(s->fd, h, hl) || fsync(s->fd)) {
-            free(h);
+        if (cli_write_csv_header(prog, path, s->fd, EVAL_COLS, NSHARD, 6)) goto fail;
+        if (fsync(s->fd)) {
             cli_error(prog, "%s: write failed: %s", path, strerror(errno));
             goto fail;
         }
-        free(h);
     }
     kvq_csv_free(&t);
     *out = s;

@@ -265,20 +265,8 @@ static int sens_open(const sens_ctx *c, const char *path, int resume, int *fd, i
         cli_error(prog, "%s: cannot drop the unfinished pass: %s", path, strerror(errno));
         return CLI_RUNTIME;
     }
-    if (!keep) { /* new or empty: the header */
-        char *h = NULL;
-        size_t hl = 0;
-        FILE *ms = open_memstream(&h, &hl);
-        kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, SENS_COLS, NSENS, 2) : NULL;
-        int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
-        if (ms && fclose(ms)) bad = 1;
-        if (bad || cli_write_all(*fd, h, hl)) {
-            free(h);
-            cli_error(prog, "%s: write failed: %s", path, strerror(errno));
-            return CLI_RUNTIME;
-        }
-        free(h);
-    }
+    if (!keep && cli_write_csv_header(prog, path, *fd, SENS_COLS, NSENS, 2)) /* new or empty: the header */
+        return CLI_RUNTIME;
     return CLI_OK;
 }
 

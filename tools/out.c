@@ -286,3 +286,20 @@ int cli_out_place(cli_out *o, const char *prog, int ok)
     memset(o, 0, sizeof *o);
     return rc;
 }
+
+int cli_write_csv_header(const char *prog, const char *path, int fd, const char *const *cols, int ncols, int ntext)
+{
+    char *h = NULL;
+    size_t hl = 0;
+    FILE *ms = open_memstream(&h, &hl);
+    kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, cols, ncols, ntext) : NULL;
+    int bad = !r || kvq_report_header(r) || kvq_report_finish(r);
+    if (ms && fclose(ms)) bad = 1;
+    if (bad || cli_write_all(fd, h, hl)) {
+        free(h);
+        cli_error(prog, "%s: write failed: %s", path, strerror(errno));
+        return CLI_RUNTIME;
+    }
+    free(h);
+    return CLI_OK;
+}
