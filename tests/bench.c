@@ -1,7 +1,8 @@
 /* bench.c — kvq-bench: throughput of kvq-analyze's parts on a dump shaped
  * like Llama-3-8B (32 query heads, 8 KV heads, head_dim 128, 4096 tokens,
  * 4 layers; written once by kvq-gen's library call, float16).
- *   kvq-bench [BUILD_DIR]    (run by `meson test --benchmark`)
+ *   kvq-bench [BUILD_DIR]    (run by `meson test --benchmark`;
+ *   KVQ_BENCH_ONLY=vq runs the vq section alone)
  * Reports: read throughput; quantize + reconstruction-error elements/s on
  * one core per quantizer; attention-metric GFLOP/s against plain
  * cblas_sgemm on the same shapes; the whole default analysis wall time. */
@@ -107,6 +108,42 @@ static void bench_error_reduction(const char *dir, kvq_dump *d, const kvq_layer 
     kvq_calib_close(c);
 }
 
+/* vq (docs/quantizers.md#vq): training the codebooks of one Llama-3-8B-shaped
+ * layer of calibration data (8 KV heads x 4096 tokens, K and V) on all cores,
+ * then applying them, elements/s on one core beside per-token. */
+static void bench_vq(const char *dir, const kvq_layer *L, float *kq, float *vq)
+{
+    char path[1024];
+    kvq_error err = {0};
+    snprintf(path, sizeof path, "%s/bench-llama3-8b-calib.h5", dir);
+    if (access(path, R_OK) != 0) {
+        kvq_gen_opts o;
+        kvq_gen_defaults(&o);
+        o.num_layers = 1, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
+        o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16, o.seed = 1;
+        if (kvq_gen_write(path, &o, &err)) die(&err);
+    }
+    kvq_calib *c;
+    if (kvq_calib_open(path, &c, &err)) die(&err);
+    int nt = omp_get_num_procs();
+    double pt = bench_quant("per-token:bits=2,group=32", L, kq, vq);
+    printf("\nvq: codebooks trained on one calibration layer (8 KV heads x 4096 tokens, K and V, %d cores), then "
+           "applied on one core (per-token:bits=2,group=32: %.0f M elements/s):\n", nt, pt / 1e6);
+    const char *specs[] = {"vq:dims=8,bits=8", "vq:dims=4,bits=8", "vq:dims=4,bits=4,stages=2"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvq_spec sp;
+        const void *state;
+        if (kvq_spec_parse(specs[i], &sp, &err)) die(&err);
+        double t0 = now();
+        if (kvq_calib_state(c, &sp, 0, 0, nt, &state, &err)) die(&err);
+        double tc = now() - t0;
+        double r = bench_quant_with(specs[i], L, kq, vq, 1, 2, state, NULL);
+        printf("  %-28s training %6.2f s   application %7.1f M elements/s  (%.1fx the time of per-token)\n", specs[i],
+               tc, r / 1e6, pt / r);
+    }
+    kvq_calib_close(c);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
@@ -140,6 +177,11 @@ int main(int argc, char **argv)
     size_t n = (size_t)L.H * L.T * L.D;
     /* outputs on cache lines, as the driver allocates them (kvq_alloc_lines) */
     float *kq = aligned_alloc(64, n * sizeof *kq), *vq = aligned_alloc(64, n * sizeof *vq);
+    if (getenv("KVQ_BENCH_ONLY") && !strcmp(getenv("KVQ_BENCH_ONLY"), "vq")) { /* that section alone */
+        bench_vq(dir, &L, kq, vq);
+        kvq_layer_free(&L), free(kq), free(vq), kvq_dump_close(d);
+        return 0;
+    }
     const char *specs[] = {"per-token:bits=2,group=32", "per-channel:bits=2,group=32",
                            "kivi:bits=2,group=32,residual=128", "kcvt:bits=4", "absmax:bits=8",
                            "per-token:bits=2,group=32,span=layer"};
@@ -192,6 +234,7 @@ int main(int argc, char **argv)
     }
     int G = L.Hq / L.H, T = L.T, D = L.D;
     bench_error_reduction(dir, d, &L, kq, vq);
+    bench_vq(dir, &L, kq, vq);
     const int rows_list[] = {64, 512};
     printf("\nattention metrics, one core, %d quantizers (target >= 60%% of sgemm on the same shapes):\n", nq);
     for (int ri = 0; ri < 2; ri++) {

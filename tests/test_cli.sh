@@ -189,6 +189,17 @@ expect 2 "gear:lowrank=qr: lowrank=qr: expected one of power|svd" -- "$analyze" 
 expect 0 -- "$gen" --layers 1 --tokens 40 --head-dim 12 -o "$tmp/d12.h5"
 expect 2 "d12.h5" "rotate=hadamard: head_dim 12 is not a power of two" -- "$analyze" -q lloydmax:rotate=hadamard "$tmp/d12.h5"
 expect 1 "d12.h5: /num_layers: expected 5 as in" -- "$analyze" -q cluster --calib "$tmp/d12.h5" "$real"
+# --- vq (docs/quantizers.md#vq): each refusal one line naming the key; 2 usage, 1 the data's
+expect 0 "vq " "dims=4" "codebook=calib" "[needs --calib]" -- "$analyze" --list-quantizers
+expect 2 "stories260K.h5: vq:dims=3: dims=3 does not divide head_dim 8" -- "$analyze" -q vq:dims=3 "$real"
+expect 2 "vq: needs a calibration dump of the same model" "give it with --calib FILE" -- "$analyze" -q vq "$real"
+expect 2 "vq:bits=13: bits=13: out of range 1..12" -- "$analyze" -q vq:bits=13 "$real"
+expect 1 "stories260K-calib.h5: /layer_000: vq: calibration: layer 0, value head 0, group 0 (channels 0-3), stage 1: 150 distinct training sub-vectors, fewer than the 2^bits = 256 centres" \
+    -- "$analyze" -q vq --calib "$calib" "$real"
+expect 1 "stories260K.h5: vq:codebook=data: layer 0, value head 0, group 0 (channels 0-3), stage 1: 144 distinct" -- "$analyze" -q vq:codebook=data "$real"
+expect 1 "ok-fixed.h5: vq:bits=4,codebook=data,space=pre: space=pre codes the keys before RoPE: expected key_pre_rope in the dump" \
+    -- "$analyze" -q vq:bits=4,codebook=data,space=pre "$tmp/ok-fixed.h5"
+expect 0 "vq:share=layer" -- "$analyze" -q vq:share=layer --calib "$calib" "$real"
 # --- fp8 and tender (docs/quantizers.md): listed, in the default set, usage errors name the key
 expect 0 "fp8 " "format=e4m3" "none|tensor|head|token|channel" "tender " "alpha=2" "chunk=256" "span=layer" -- "$analyze" --list-quantizers
 expect 2 "fp8:format=e4m4: format=e4m4: expected one of e4m3|e5m2" -- "$analyze" -q fp8:format=e4m4 "$real"

@@ -147,46 +147,51 @@ static void vq_assign_ref(const float *x, size_t n, const vq_centres *C, int *a,
 }
 
 /* Fast assignment: e_j = ‖cf_j‖² − 2·x·cf_j for a block of points through
- * one cblas_sgemm (‖x‖² is the same for every j).  Each e_j differs from
- * the exact ‖c_j‖² − 2·x·c_j (c_j in double) by less than
- * slack = (4c + 16)·2⁻²⁴·(‖x‖² + max‖c‖²) — the float copy of c (3u), ‖cf‖²
- * (c·u), the dot product in any order and with FMA (2·c·u), the
- * subtraction (2u), each bounded by u·(‖x‖² + ‖c‖²) times the factor named,
- * then doubled — so the nearest centre is among the j with
+ * one cblas_sgemm (alpha −2 onto rows of ‖cf‖²; ‖x‖² is the same for
+ * every j).  Each e_j differs from the exact ‖c_j‖² − 2·x·c_j (c_j in
+ * double) by less than slack = (4c + 16)·2⁻²⁴·(‖x‖² + max‖c‖²) — the float
+ * copy of c (3u), ‖cf‖² (c·u), the c + 1 terms summed in any order and
+ * with FMA (2·(c + 1)·u), each bounded by u·(‖x‖² + ‖c‖²) times the factor
+ * named, then doubled — so the nearest centre is among the j with
  * e_j ≤ min e + 2·slack.  One such j is the answer; where there are more,
  * dist2 in double decides among them as the reference does. */
 static void vq_assign_fast(const float *x, size_t n, const vq_centres *C, int *a, vq_work *w)
 {
     const int K = C->K, c = C->c;
+    const float *cn = C->cn; /* in locals: the stores to row must not reload them */
+    const double *cd = C->cd, cnmax = C->cnmax;
     const double kappa = (4.0 * c + 16.0) * 0x1p-24;
     for (size_t i0 = 0; i0 < n; i0 += (size_t)w->block) {
         int m = (int)(n - i0 < (size_t)w->block ? n - i0 : (size_t)w->block);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, K, c, 1.0f, x + i0 * c, c, C->cf, c, 0.0f, w->dot,
-                    K); /* dot [m][K] = X_block · Cfᵀ */
+        for (int i = 0; i < m; i++) memcpy(w->dot + (size_t)i * K, cn, (size_t)K * sizeof *cn);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, K, c, -2.0f, x + i0 * c, c, C->cf, c, 1.0f, w->dot,
+                    K); /* e [m][K] = ‖cf‖² − 2·X_block · Cfᵀ */
         for (int i = 0; i < m; i++) {
-            const float *row = w->dot + (size_t)i * K, *xi = x + (i0 + i) * c;
-            float e1 = INFINITY, e2 = INFINITY; /* the smallest two e_j */
-            int best = 0;
-            for (int j = 0; j < K; j++) {
-                float e = C->cn[j] - 2.0f * row[j];
-                if (e < e1) e2 = e1, e1 = e, best = j;
-                else if (e < e2) e2 = e;
-            }
+            const float *row = w->dot + (size_t)i * K;
+            const float *xi = x + (i0 + i) * c;
+            float e1 = INFINITY;
+#pragma omp simd reduction(min : e1)
+            for (int j = 0; j < K; j++) e1 = row[j] < e1 ? row[j] : e1;
             double xn = 0.0;
             for (int k = 0; k < c; k++) xn += (double)xi[k] * xi[k];
-            double reach = 2.0 * kappa * (xn + C->cnmax);
-            if ((double)e2 - (double)e1 > reach) {
-                a[i0 + i] = best;
-                continue;
-            }
-            /* near a tie: the candidates in double, lowest index first */
-            double bd = INFINITY;
+            /* the candidates e_j <= e1 + 2·slack, through the smallest float at or above it */
+            double lim = (double)e1 + 2.0 * kappa * (xn + cnmax);
+            float thr = (float)lim;
+            if ((double)thr < lim) thr = nextafterf(thr, INFINITY);
+            int count = 0, at = 0;
             for (int j = 0; j < K; j++) {
-                if ((double)(C->cn[j] - 2.0f * row[j]) - (double)e1 > reach) continue;
-                double d = dist2(xi, C->cd + (size_t)j * c, c);
-                if (d < bd) bd = d, best = j;
+                count += row[j] <= thr;
+                at = row[j] <= thr ? j : at;
             }
-            a[i0 + i] = best;
+            if (count > 1) { /* near a tie: the candidates in double, lowest index first */
+                double bd = INFINITY;
+                for (int j = 0; j < K; j++) {
+                    if (row[j] > thr) continue;
+                    double d = dist2(xi, cd + (size_t)j * c, c);
+                    if (d < bd) bd = d, at = j;
+                }
+            }
+            a[i0 + i] = at;
         }
     }
 }
@@ -220,6 +225,30 @@ static long distinct_points(const float *x, size_t n, int c, size_t enough)
     return (long)d;
 }
 
+/* d2[i] ← min(d2[i], dist2(x_i, cj)) over n points (init: d2[i] ← dist2):
+ * four points at a time, each sum in channel order as dist2 takes it, so
+ * the four chains overlap where one would wait on its own additions. */
+static void d2_update(const float *x, size_t n, int c, const double *cj, double *d2, int init)
+{
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *x0 = x + i * c, *x1 = x0 + c, *x2 = x1 + c, *x3 = x2 + c;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        for (int k = 0; k < c; k++) {
+            double a = (double)x0[k] - cj[k], b = (double)x1[k] - cj[k];
+            double e = (double)x2[k] - cj[k], f = (double)x3[k] - cj[k];
+            s0 += a * a, s1 += b * b, s2 += e * e, s3 += f * f;
+        }
+        double s[4] = {s0, s1, s2, s3};
+        for (int j = 0; j < 4; j++)
+            if (init || s[j] < d2[i + j]) d2[i + j] = s[j];
+    }
+    for (; i < n; i++) {
+        double d = dist2(x + i * c, cj, c);
+        if (init || d < d2[i]) d2[i] = d;
+    }
+}
+
 /* k-means++ (docs/quantizers.md#vq): the first centre a uniform draw, each next one
  * a point drawn with probability proportional to its squared distance
  * (dist2) to the nearest centre so far.  The caller has checked that there
@@ -229,7 +258,7 @@ static void seed_plus_plus(const float *x, size_t n, vq_centres *C, kvq_rng *rng
     const int c = C->c;
     size_t first = (size_t)kvq_rng_below(rng, n);
     for (int i = 0; i < c; i++) C->cd[i] = x[first * c + i];
-    for (size_t i = 0; i < n; i++) d2[i] = dist2(x + i * c, C->cd, c);
+    d2_update(x, n, c, C->cd, d2, 1);
     for (int j = 1; j < C->K; j++) {
         double total = 0.0;
         for (size_t i = 0; i < n; i++) total += d2[i];
@@ -245,10 +274,7 @@ static void seed_plus_plus(const float *x, size_t n, vq_centres *C, kvq_rng *rng
         while (d2[pick] == 0.0 && pick > 0) pick--; /* rounding at the very end of the sum */
         double *cj = C->cd + (size_t)j * c;
         for (int i = 0; i < c; i++) cj[i] = x[pick * c + i];
-        for (size_t i = 0; i < n; i++) {
-            double d = dist2(x + i * c, cj, c);
-            if (d < d2[i]) d2[i] = d;
-        }
+        d2_update(x, n, c, cj, d2, 0);
     }
 }
 
@@ -339,7 +365,7 @@ static void task_mem_free(vq_task_mem *m)
 static int task_mem_alloc(vq_task_mem *m, size_t n, int c, int K)
 {
     memset(m, 0, sizeof *m);
-    m->w.block = K >= 4096 ? 16 : 65536 / K; /* the block's dot products fit in 256 KB */
+    m->w.block = 16384 / K; /* the block's e values in 64 KB (K <= 4096: at least 4 points) */
     m->res = kvq_alloc_array(n, (size_t)c * sizeof(float)), m->y = kvq_alloc_array(n, (size_t)c * sizeof(float));
     m->a = kvq_alloc_array(n, sizeof(int)), m->prev = kvq_alloc_array(n, sizeof(int));
     m->d2 = kvq_alloc_array(n, sizeof(double)), m->sum = kvq_alloc_array((size_t)K * c, sizeof(double));
