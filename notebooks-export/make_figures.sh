@@ -80,6 +80,20 @@ for b in 2 4; do fspecs+=(-q "kivi:bits=$b" -q "turboquant:bits=$((b + 1))"); do
 for b in 4 8; do fspecs+=(-q "per-token:bits=$b"); done
 "$bin/kvq-analyze" "${fspecs[@]}" --per model -o "$data/analyze-formats.csv" "$data/llama3-8b-shape.h5"
 
+# vq: 1, 2, 4 and 8 coupled channels at 1, 2 and 4 bits per channel (codes of at most 8
+# bits, more as residual stages; share=layer: layer 0's values repeat with the token, too
+# few distinct per head for 256 centres), beside scalar codes at 1, 2 and 4 bits
+vspecs=()
+for c in 1 2 4 8; do
+    for bc in 1 2 4; do
+        t=$((c * bc))
+        if [ $t -le 8 ]; then vspecs+=(-q "vq:dims=$c,bits=$t,share=layer"); else vspecs+=(-q "vq:dims=$c,bits=8,stages=$((t / 8)),share=layer"); fi
+    done
+done
+for b in 1 2 4; do vspecs+=(-q "per-channel:bits=$b" -q "kivi:bits=$b,group=32,residual=32" -q "lloydmax:bits=$b"); done
+say "kvq-analyze: vq's coupled channels against scalar codes"
+"$bin/kvq-analyze" "${vspecs[@]}" --calib "$calib" --per model -o "$data/analyze-vq.csv" "$dump"
+
 say "kvq-sweep: KIVI group x residual x bits"
 rm -f "$data/sweep-kivi.csv"
 "$bin/kvq-sweep" "$dump" --quant kivi --grid bits=2,4 --grid group=16,32,64,128 --grid residual=0,32,64,128 \
@@ -98,6 +112,8 @@ if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
         -o "$data/eval-layer.csv"
     "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${mspecs[@]}" --policy prefill,decode \
         -o "$data/eval-policy.csv"
+    say "kvq-eval: vq's coupled channels against scalar codes in the model"
+    "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${vspecs[@]}" --calib "$calib" -o "$data/eval-vq.csv"
     if [ -x "$bin/kvq-alloc" ]; then
         say "kvq-alloc: kivi kbits x vbits per layer against uniform, budgets 5-10 bits"
         rm -f "$data/alloc.csv" "$data/alloc.csv.sensitivity.csv" "$data/alloc.csv.uniform.csv"
@@ -118,6 +134,9 @@ say "figures (python: $python)"
 "$python" "$here/sweep_heatmap.py" --width "$width" --input "$data/sweep-kivi.csv" --x group --y residual --metric bits \
     --name sweep_heatmap_bits --out "$out"
 "$python" "$here/layer_profile.py" --width "$width" --input "$data/analyze-layer.csv" --out "$out"
+vq_eval=()
+[ $with_model = 1 ] && vq_eval=(--eval "$data/eval-vq.csv")
+"$python" "$here/vq_coupling.py" --width "$width" --analyze "$data/analyze-vq.csv" "${vq_eval[@]}" --out "$out"
 if [ $with_model = 1 ]; then
     "$python" "$here/proxy_vs_loss.py" --width "$width" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
         --eval-policy "$data/eval-policy.csv" --out "$out"
@@ -132,7 +151,7 @@ else
 fi
 if [ $readme = 1 ]; then
     mkdir -p "$here/img"
-    cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$here/img/"
+    cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$out/vq_coupling.png" "$here/img/"
     [ -r "$out/alloc_vs_bits.png" ] && cp "$out/alloc_vs_bits.png" "$here/img/"
     say "refreshed notebooks-export/img/"
 fi

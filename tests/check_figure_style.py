@@ -37,6 +37,8 @@ SCRIPTS = [
     ("sweep_heatmap", ["--input", d("sweep-kivi.csv"), "--x", "group", "--y", "residual", "--metric", "bits",
                        "--name", "sweep_heatmap_bits"]),
     ("layer_profile", ["--input", d("analyze-layer.csv")]),
+    ("vq_coupling", ["--analyze", d("analyze-vq.csv")] + (["--eval", d("eval-vq.csv")] if os.path.exists(d("eval-vq.csv"))
+                                                          else [])),
 ]
 if os.path.exists(d("eval-layer.csv")):
     SCRIPTS.append(("proxy_vs_loss", ["--analyze", d("proxy-layer.csv"), "--eval-layer", d("eval-layer.csv"),

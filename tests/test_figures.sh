@@ -68,6 +68,13 @@ expect 1 "no-values.csv: missing column c0 (expected kvq-info --values L:H outpu
     run channel_magnitudes.py --values "$tmp/no-values.csv" --channels "$d/channels.csv"
 expect 1 "analyze-model.csv: missing columns budget, mean_bits, dnll, dnll_se (expected kvq-alloc output" -- \
     run alloc_vs_bits.py --input "$d/analyze-model.csv"
+expect 1 "analyze-model.csv: no per-model vq rows" -- run vq_coupling.py --analyze "$d/analyze-model.csv"
+expect 1 "no-attn.csv: missing column attn_rel (expected kvq-analyze --per model output" -- \
+    run vq_coupling.py --analyze "$tmp/no-attn.csv"
+expect 1 "analyze-vq.csv: missing columns policy, dnll, dnll_se (expected kvq-eval output" -- \
+    run vq_coupling.py --analyze "$d/analyze-vq.csv" --eval "$d/analyze-vq.csv"
+# vq's table: every dims at every bits per channel, beside the scalar codes
+[ "$(grep -c ',vq,' "$d/analyze-vq.csv")" = 12 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: 12 vq rows"; }
 if [ -r "$d/alloc.csv" ]; then  # made with the bundled model: every budget's allocation and its uniform point
     [ -s "$out/alloc_vs_bits.png" ] && [ "$(grep -c '^[0-9.]*,"\{0,1\}mix(' "$d/alloc.csv")" = 5 ] \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: alloc_vs_bits or its 5 allocations missing"; }
