@@ -177,6 +177,16 @@ if [ -r "$shared/model/stories260K.gguf" ]; then
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-eval output differs between --threads 1, 2, 3"; cat "$tmp/t"?.csv; }
     awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {exit !(d["prefill"] != "" && d["prefill"] == d["decode"])}' "$tmp/t1.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill != decode"; cat "$tmp/t1.csv"; }
+    # vq calibrated (docs/quantizers.md#vq): a token's code depends on that token alone, so prefill ==
+    # decode; space=pre codes the model's own pre-RoPE keys; codebook=data cannot train on a 1-token cache
+    "$eval" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 128 \
+        -q vq:dims=4,bits=6,share=layer -q vq:dims=2,bits=4,space=pre --calib "$src/data/stories260K-calib.h5" \
+        --policy prefill,decode --format csv >"$tmp/vq.csv" 2>/dev/null
+    [ "$(tail -n +2 "$tmp/vq.csv" | wc -l)" = 4 ] && [ "$(tail -n +2 "$tmp/vq.csv" | sed 's/,prefill,/,P,/; s/,decode,/,P,/' | sort | uniq -d | wc -l)" = 2 ] \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: vq prefill != decode"; cat "$tmp/vq.csv"; }
+    expect 1 "vq:codebook=data,bits=4: layer 0, key head 0, group 0 (channels 0-3), stage 1: 1 distinct" -- \
+        "$eval" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 32 \
+        -q vq:codebook=data,bits=4 --policy decode
     # mix (docs/quantizers.md#mix): one range is its spec (every column but quantizer and spec, both
     # policies); --per-layer rows name the layer's own spec; a layer in no range is exit 2
     m=$shared/model/stories260K.gguf
