@@ -66,20 +66,27 @@ static double bench_quant(const char *text, const kvq_layer *L, float *kq, float
     return bench_quant_with(text, L, kq, vq, 1, 3, NULL, NULL);
 }
 
+/* The calibration dump of the benchmarks that calibrate: one Llama-3-8B-shaped
+ * layer (another seed), written into dir once; its path in path. */
+static void calib_dump(const char *dir, char *path, size_t len)
+{
+    kvq_error err = {0};
+    snprintf(path, len, "%s/bench-llama3-8b-calib.h5", dir);
+    if (access(path, R_OK) == 0) return;
+    kvq_gen_opts o;
+    kvq_gen_defaults(&o);
+    o.num_layers = 1, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
+    o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16, o.seed = 1;
+    if (kvq_gen_write(path, &o, &err)) die(&err);
+}
+
 /* The error-reduction quantizers: elements/s on all cores, and cluster's
  * calibration on a second Llama-shaped dump (one layer). */
 static void bench_error_reduction(const char *dir, kvq_dump *d, const kvq_layer *L, float *kq, float *vq)
 {
     char path[1024];
     kvq_error err = {0};
-    snprintf(path, sizeof path, "%s/bench-llama3-8b-calib.h5", dir);
-    if (access(path, R_OK) != 0) {
-        kvq_gen_opts o;
-        kvq_gen_defaults(&o);
-        o.num_layers = 1, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
-        o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16, o.seed = 1;
-        if (kvq_gen_write(path, &o, &err)) die(&err);
-    }
+    calib_dump(dir, path, sizeof path);
     int nt = omp_get_num_procs();
     const char *specs[] = {"gear:bits=2,lowrank=power", "gear:bits=2,lowrank=svd", "gear-l:bits=2",
                            "gear:bits=4,backbone=kcvt", "lloydmax:bits=2,rotate=qr", "lloydmax:bits=2,rotate=hadamard",
@@ -115,14 +122,7 @@ static void bench_vq(const char *dir, const kvq_layer *L, float *kq, float *vq)
 {
     char path[1024];
     kvq_error err = {0};
-    snprintf(path, sizeof path, "%s/bench-llama3-8b-calib.h5", dir);
-    if (access(path, R_OK) != 0) {
-        kvq_gen_opts o;
-        kvq_gen_defaults(&o);
-        o.num_layers = 1, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = 4096;
-        o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16, o.seed = 1;
-        if (kvq_gen_write(path, &o, &err)) die(&err);
-    }
+    calib_dump(dir, path, sizeof path);
     kvq_calib *c;
     if (kvq_calib_open(path, &c, &err)) die(&err);
     int nt = omp_get_num_procs();
