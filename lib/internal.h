@@ -185,6 +185,11 @@ static inline int kvq_codebook_index(const kvq_codebook *cb, float v)
 kvq_status kvq_kmeans(const float *x, size_t n, int D, int k, int max_iter, kvq_rng *rng,
                       float *centres, int *assign, double *objective, int *iters,
                       kvq_error *err);
+/* k-means++ seeding alone (cluster's and vq's): centres [k][D] are points of
+ * x, the first a uniform draw, each next one drawn with probability
+ * proportional to its squared distance (double, channel order) to the
+ * nearest centre so far (uniform again if that total is 0).  d2 [n]: scratch. */
+void kvq_kmeans_seed(const float *x, size_t n, int D, int k, kvq_rng *rng, float *centres, double *d2);
 /* Nearest centre of each point (ties: lower index). */
 kvq_status kvq_kmeans_assign(const float *x, size_t n, int D, const float *centres, int k,
                              int *assign, kvq_error *err);

@@ -65,15 +65,38 @@ static double objective_of(const float *x, size_t n, int D, const float *centres
     return s;
 }
 
+/* d2[i] ← min(d2[i], dist2(x_i, c)) over n points (init: d2[i] ← dist2):
+ * four points at a time, each sum in channel order as dist2 takes it, so
+ * the four chains overlap where one would wait on its own additions. */
+static void d2_update(const float *x, size_t n, int D, const float *c, double *d2, int init)
+{
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float *x0 = x + i * D, *x1 = x0 + D, *x2 = x1 + D, *x3 = x2 + D;
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        for (int k = 0; k < D; k++) {
+            double a = (double)x0[k] - (double)c[k], b = (double)x1[k] - (double)c[k];
+            double e = (double)x2[k] - (double)c[k], f = (double)x3[k] - (double)c[k];
+            s0 += a * a, s1 += b * b, s2 += e * e, s3 += f * f;
+        }
+        double s[4] = {s0, s1, s2, s3};
+        for (int j = 0; j < 4; j++)
+            if (init || s[j] < d2[i + j]) d2[i + j] = s[j];
+    }
+    for (; i < n; i++) {
+        double d = dist2(x + i * D, c, D);
+        if (init || d < d2[i]) d2[i] = d;
+    }
+}
+
 /* k-means++: the first centre uniform, each next one drawn with probability
  * proportional to the squared distance to the nearest centre so far (uniform
  * again if every point already sits on a centre). */
-static void seed_plus_plus(const float *x, size_t n, int D, int k, kvq_rng *rng, float *centres,
-                           double *d2)
+void kvq_kmeans_seed(const float *x, size_t n, int D, int k, kvq_rng *rng, float *centres, double *d2)
 {
     size_t first = (size_t)kvq_rng_below(rng, n);
     memcpy(centres, x + first * D, (size_t)D * sizeof *centres);
-    for (size_t i = 0; i < n; i++) d2[i] = dist2(x + i * D, centres, D);
+    d2_update(x, n, D, centres, d2, 1);
     for (int j = 1; j < k; j++) {
         double total = 0.0;
         for (size_t i = 0; i < n; i++) total += d2[i];
@@ -93,10 +116,7 @@ static void seed_plus_plus(const float *x, size_t n, int D, int k, kvq_rng *rng,
         }
         float *cj = centres + (size_t)j * D;
         memcpy(cj, x + pick * D, (size_t)D * sizeof *cj);
-        for (size_t i = 0; i < n; i++) {
-            double d = dist2(x + i * D, cj, D);
-            if (d < d2[i]) d2[i] = d;
-        }
+        d2_update(x, n, D, cj, d2, 0);
     }
 }
 
@@ -115,7 +135,7 @@ kvq_status kvq_kmeans(const float *x, size_t n, int D, int k, int max_iter, kvq_
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for k-means of %zu points", n);
         goto out;
     }
-    seed_plus_plus(x, n, D, k, rng, centres, d2);
+    kvq_kmeans_seed(x, n, D, k, rng, centres, d2);
     if ((st = kvq_kmeans_assign(x, n, D, centres, k, as, err))) goto out;
     if (objective) objective[0] = objective_of(x, n, D, centres, as);
     for (it = 0; it < max_iter;) {

@@ -225,59 +225,6 @@ static long distinct_points(const float *x, size_t n, int c, size_t enough)
     return (long)d;
 }
 
-/* d2[i] ← min(d2[i], dist2(x_i, cj)) over n points (init: d2[i] ← dist2):
- * four points at a time, each sum in channel order as dist2 takes it, so
- * the four chains overlap where one would wait on its own additions. */
-static void d2_update(const float *x, size_t n, int c, const double *cj, double *d2, int init)
-{
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float *x0 = x + i * c, *x1 = x0 + c, *x2 = x1 + c, *x3 = x2 + c;
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-        for (int k = 0; k < c; k++) {
-            double a = (double)x0[k] - cj[k], b = (double)x1[k] - cj[k];
-            double e = (double)x2[k] - cj[k], f = (double)x3[k] - cj[k];
-            s0 += a * a, s1 += b * b, s2 += e * e, s3 += f * f;
-        }
-        double s[4] = {s0, s1, s2, s3};
-        for (int j = 0; j < 4; j++)
-            if (init || s[j] < d2[i + j]) d2[i + j] = s[j];
-    }
-    for (; i < n; i++) {
-        double d = dist2(x + i * c, cj, c);
-        if (init || d < d2[i]) d2[i] = d;
-    }
-}
-
-/* k-means++ (docs/quantizers.md#vq): the first centre a uniform draw, each next one
- * a point drawn with probability proportional to its squared distance
- * (dist2) to the nearest centre so far.  The caller has checked that there
- * are at least K distinct points, so the total is never 0. */
-static void seed_plus_plus(const float *x, size_t n, vq_centres *C, kvq_rng *rng, double *d2)
-{
-    const int c = C->c;
-    size_t first = (size_t)kvq_rng_below(rng, n);
-    for (int i = 0; i < c; i++) C->cd[i] = x[first * c + i];
-    d2_update(x, n, c, C->cd, d2, 1);
-    for (int j = 1; j < C->K; j++) {
-        double total = 0.0;
-        for (size_t i = 0; i < n; i++) total += d2[i];
-        double u = kvq_rng_uniform(rng) * total, acc = 0.0;
-        size_t pick = n - 1;
-        for (size_t i = 0; i < n; i++) {
-            acc += d2[i];
-            if (u < acc && d2[i] > 0.0) {
-                pick = i;
-                break;
-            }
-        }
-        while (d2[pick] == 0.0 && pick > 0) pick--; /* rounding at the very end of the sum */
-        double *cj = C->cd + (size_t)j * c;
-        for (int i = 0; i < c; i++) cj[i] = x[pick * c + i];
-        d2_update(x, n, c, cj, d2, 0);
-    }
-}
-
 /* Lloyd iterations from the seeded centres: update (each centre the mean
  * of its points, summed in point order in double; an empty cluster, in
  * index order, takes the point farthest by dist2 from its own updated
@@ -406,7 +353,10 @@ static kvq_status run_stages(vq_task_mem *m, size_t n, const vq_shape *s, float 
                                 at->layer, at->tensor ? "value" : "key", head, at->g, at->g * at->c,
                                 at->g * at->c + at->c - 1, st + 1, d, K);
             }
-            seed_plus_plus(m->res, n, C, rng, m->d2);
+            /* k-means++ (lib/math/kmeans.c; its points are floats, so exact in double);
+             * at least K distinct points, so its total is never 0 */
+            kvq_kmeans_seed(m->res, n, c, K, rng, C->cf, m->d2);
+            for (size_t i = 0; i < (size_t)K * c; i++) C->cd[i] = C->cf[i];
             lloyd(m->res, n, C, s->iters, assign, &m->w, m->a, m->prev, m->sum, m->cnt, m->d2);
             for (size_t i = 0; i < (size_t)K * c; i++) {
                 bs[i] = round_f16_of(C->cd[i]);
