@@ -28,6 +28,7 @@ typedef struct kvq_attn_acc {
     double kl_sum;
     double top1_same;
     double o_ref2, o_diff2, o_joint_diff2;
+    double mass_sum; /* Σ over rows of the kept keys' share of A (1 a row when nothing is dropped) */
 } kvq_attn_acc;
 
 typedef struct kvq_acc {
@@ -44,6 +45,7 @@ typedef struct kvq_metrics {
     int has_attn; /* the attention columns below are meaningful */
     double score_rel, attn_rel, attn_kl, attn_top1, out_rel, out_rel_joint;
     double static_bytes;
+    double attn_mass; /* mean over rows of Σ_{u kept} A[t][u] (SPEC §3.11); with the attention columns */
 } kvq_metrics;
 
 /* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
@@ -94,6 +96,14 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
                               kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err);
+/* The same where quantizer i's cache dropped tokens: Mq[i] [T] (1 kept, 0
+ * dropped) or NULL (Mq NULL: none dropped).  A dropped key is absent from
+ * A' (softmax over the rest); attn_kl compares A restricted to the kept
+ * keys and renormalised with A'; mass_sum adds the kept share of A. */
+kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                     kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                     const float *const *Kq, const float *const *Vq,
+                                     const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err);
 /* The exact side of one KV head's attention (query rows, S, A, O in the
  * chunks kvq_attention_head uses), computed once and kept, so that any number
  * of later quantizers are compared against it with bit-identical sums. */
@@ -108,6 +118,9 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
 /* Same sums as kvq_attention_head with the K, V, Q the reference was built from. */
 kvq_status kvq_attn_ref_compare(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
                                 const float *const *Vq, kvq_attn_acc *acc, kvq_error *err);
+kvq_status kvq_attn_ref_compare_masked(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
+                                       const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
+                                       kvq_error *err);
 /* Memory kvq_attn_ref_new will hold for these shapes, in bytes. */
 size_t kvq_attn_ref_bytes(int G, int T, int D, const int *pos, size_t npos);
 void kvq_attn_ref_free(kvq_attn_ref *ref);
@@ -116,6 +129,10 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                                   int D, kvq_attn_mode mode, const int *pos, size_t npos,
                                   int nquant, const float *const *Kq, const float *const *Vq,
                                   kvq_attn_acc *acc, kvq_error *err);
+kvq_status kvq_attention_head_ref_masked(const float *Q, int G, const float *K, const float *V, int T, int D,
+                                         kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                         const float *const *Kq, const float *const *Vq,
+                                         const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err);
 
 #ifdef __cplusplus
 }

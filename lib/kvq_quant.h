@@ -60,6 +60,12 @@ typedef struct kvq_quant_ctx {
     int nthreads;
     const void *calib;    /* the spec's calibration state for this layer (or NULL) */
     const kvq_rope *rope; /* the dump's RoPE when the quantizer asked for it (or NULL) */
+    /* How the layer's attention is computed (scale, soft-cap, window), for
+     * tokens(...)'s selectors; NULL: plain softmax(q·k/sqrt(D)). */
+    const struct kvq_attn_mode *attn;
+    /* [H][T]: the position of token t of head h when tokens(...) runs a spec
+     * on its kept tokens only (kvq_token_pos); NULL: token t is at t. */
+    const int *pos;
 } kvq_quant_ctx;
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
@@ -74,6 +80,12 @@ typedef struct kvq_quant_out {
      * and set recon_done[tensor * H + h]; the driver computes the rest. */
     struct kvq_recon_acc *recon;
     unsigned char *recon_done;
+    /* [H][T] (or NULL): 1 for a token kept in the cache, 0 for one a
+     * tokens(...; drop) spec evicted (its K', V' rows are 0 and attention
+     * must leave it out); *dropped is set to 1 when any is.  A spec that
+     * drops tokens fails when the caller gives no keep buffer. */
+    unsigned char *keep;
+    int dropped;
 } kvq_quant_out;
 
 /* A quantizer of the registry (its definition, for the authors of a family,

@@ -46,7 +46,7 @@ def parse_args(argv=None):
 
 
 # %% [markdown]
-# ## Read the sweep and find its grid keys (the columns between `static_bytes` and `point`)
+# ## Read the sweep and find its grid keys (the columns between the last metric and `point`)
 
 # %%
 def load(args):
@@ -54,7 +54,8 @@ def load(args):
     if args.metric != "bits":
         need.append(args.metric)
     rows, cols, src = kvqplot.read_rows(args.input, need, "kvq-sweep output")
-    keys = cols[cols.index("static_bytes") + 1:cols.index("point")]
+    last = "attn_mass" if "attn_mass" in cols else "static_bytes"
+    keys = cols[cols.index(last) + 1:cols.index("point")]
     if len(keys) < 2:
         raise kvqplot.InputError(f"{args.input}: {len(keys)} grid key(s) ({', '.join(keys) or 'none'}): "
                                  "a heat map needs two")

@@ -159,7 +159,7 @@ expect 0 "usage: kvq-gen" -- "$gen" --help
 
 # --- output files: atomic, nothing half-written
 expect 0 -- "$analyze" -q kivi -o "$tmp/out.csv" "$real"
-head -1 "$tmp/out.csv" | grep -q '^dump,layer,head,quantizer,spec,k_bits,v_bits,k_rel_fro,k_rmse,k_mae,k_max_abs,k_sqnr_db,v_rel_fro,v_rmse,v_mae,v_max_abs,v_sqnr_db,score_rel,attn_rel,attn_kl,attn_top1,out_rel,out_rel_joint,static_bytes$' \
+head -1 "$tmp/out.csv" | grep -q '^dump,layer,head,quantizer,spec,k_bits,v_bits,k_rel_fro,k_rmse,k_mae,k_max_abs,k_sqnr_db,v_rel_fro,v_rmse,v_mae,v_max_abs,v_sqnr_db,score_rel,attn_rel,attn_kl,attn_top1,out_rel,out_rel_joint,static_bytes,attn_mass$' \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: CSV header"; }
 [ "$(wc -l <"$tmp/out.csv")" = 6 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: expected 5 layer rows"; }
 expect 0 -- "$analyze" -q kivi --per model -o "$tmp/out.jsonl" "$real"
@@ -173,7 +173,7 @@ expect 1 "cannot create output" -- "$analyze" -q kivi -o "$tmp/no/such/dir/out.c
 
 # --- a dump without queries: attention columns are empty, not zero
 expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h5"
-"$analyze" -q per-token --format csv "$tmp/noq.h5" | tail -1 | grep -q ',,,,,,,0$' \
+"$analyze" -q per-token --format csv "$tmp/noq.h5" | tail -1 | grep -q ',,,,,,,0,$' \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: empty attention cells"; }
 # values beyond the fp16 range: a clear error for fp16 scales, fine with fp32
 expect 0 -- "$gen" --outlier-scale 100000 --layers 1 --tokens 40 --head-dim 8 -o "$tmp/huge.h5"
@@ -246,7 +246,7 @@ grep -q 'note: default set without fp4, ggml: head_dim 8 is not a multiple of th
     && ! grep -q ',ggml,' "$tmp/def.csv" && ! grep -q ',fp4,' "$tmp/def.csv" && [ "$(wc -l <"$tmp/def.err")" = 1 ] \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: default set on head_dim 8 without ggml and fp4"; cat "$tmp/def.err"; }
 # cluster rows carry static bytes, uniform quantizers none
-awk -F, '$4 == "cluster" && $NF > 0 {c++} $4 == "kivi" && $NF == 0 {k++} END {exit !(c == 1 && k == 1)}' "$tmp/def.csv" \
+awk -F, '$4 == "cluster" && $(NF-1) > 0 {c++} $4 == "kivi" && $(NF-1) == 0 {k++} END {exit !(c == 1 && k == 1)}' "$tmp/def.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: static_bytes column"; }
 
 # float16 generation and the kvq-info channel CSV
@@ -391,6 +391,29 @@ expect 2 "layer 4 is in no range (every layer needs one)" -- "$analyze" -q 'mix(
 expect 2 "mix(0-=cluster): needs a calibration dump" -- "$analyze" -q 'mix(0-=cluster)' "$real"
 expect 2 "range 1-: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'mix(0=fp8;1-=kivi:bitz=2)' "$real"
 expect 2 "mix(0-4,=kivi): range '0-4,': expected layers as a, a-b, a- or a,b" -- "$analyze" -q 'mix(0-4,=kivi)' "$real"
+
+# --- tokens(SELECT; HI; LO) (docs/quantizers.md#tokens)
+# keep=1 is the spec itself: every column but quantizer and spec
+"$analyze" -q kivi:bits=2 -q 'tokens(h2o:keep=1; kivi:bits=2; drop)' --per layer --format csv "$real" >"$tmp/tok1.csv"
+awk -F, 'NR > 1 {key = $1 FS $2 FS $3; $4 = $5 = ""; row[key] = row[key] "|" $0; n[key]++}
+    END {for (k in n) {split(row[k], r, "|"); if (n[k] != 2 || r[2] != r[3]) exit 1} exit !length(n)}' "$tmp/tok1.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens(h2o:keep=1; SPEC; drop) differs from SPEC"; }
+# dropping keeps a share of the attention, keeping all of it the whole; threads change nothing
+tk='tokens(snapkv:keep=0.25,obs=16; kivi:bits=4; drop)'
+"$analyze" -q kivi:bits=4 -q "$tk" --per model --format csv --threads 1 "$real" >"$tmp/tok2.csv"
+"$analyze" -q kivi:bits=4 -q "$tk" --per model --format csv --threads 2 "$real" >"$tmp/tok3.csv"
+cmp -s "$tmp/tok2.csv" "$tmp/tok3.csv" && awk -F, 'NR == 2 && $NF == 1 {a++} NR == 3 && $NF > 0.5 && $NF < 1 {b++} END {exit !(a && b)}' \
+    "$tmp/tok2.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens attn_mass or threads"; cat "$tmp/tok2.csv"; }
+expect 1 "tokens(h2o:keep=0.5; none; drop): h2o:keep=0.5: the h2o selector scores tokens by attention: expected the queries" -- \
+    "$analyze" -q 'tokens(h2o:keep=0.5; none; drop)' "$tmp/noq.h5"
+expect 0 -- "$analyze" -q 'tokens(knorm:keep=0.5; none; drop)' -q 'tokens(window:sinks=2,recent=8; none; drop)' "$tmp/noq.h5"
+expect 2 "tokens(h2o; none; drop): h2o: h2o needs keep=SHARE" -- "$analyze" -q 'tokens(h2o; none; drop)' "$real"
+expect 2 "HI is drop" -- "$analyze" -q 'tokens(h2o:keep=0.5; drop; none)' "$real"
+expect 2 "unknown selector 'nope'" -- "$analyze" -q 'tokens(nope:keep=0.5; none; drop)' "$real"
+expect 2 "LO: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'tokens(h2o:keep=0.5; none; kivi:bitz=2)' "$real"
+expect 2 "needs a calibration dump" -- "$analyze" -q 'tokens(h2o:keep=0.5; cluster; drop)' "$real"
+expect 0 ',0,all,mix,"tokens(window:sinks=2,recent=8; none; drop)",' -- \
+    "$analyze" -q 'mix(0=tokens(window:sinks=2,recent=8; none; drop);1-=kivi)' --per layer --format csv "$real"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

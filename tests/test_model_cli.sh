@@ -368,5 +368,20 @@ else
     echo "test_model_cli: tiny real-architecture checks skipped: $shared/models-tiny absent"
 fi
 
+# --- tokens(...) in the model (docs/quantizers.md#tokens): keep=1 is the spec
+# under both policies; dropping moves the output (kl > 0); no result depends on --threads
+for pol in prefill decode; do
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy $pol -q per-token:bits=2 \
+        -q 'tokens(h2o:keep=1; per-token:bits=2; drop)' --format csv 2>/dev/null | cut -d, -f5- | tail -2 | uniq | wc -l |
+        grep -qx 1 && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens(h2o:keep=1; SPEC; drop) $pol differs from SPEC"; }
+done
+tq='tokens(snapkv:keep=0.5,obs=4; none; drop)'
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode -q "$tq" -q 'tokens(window:sinks=2,recent=8; none; drop)' \
+    --format csv --threads 1 >"$tmp/tok1.csv" 2>/dev/null
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode -q "$tq" -q 'tokens(window:sinks=2,recent=8; none; drop)' \
+    --format csv --threads 2 >"$tmp/tok2.csv" 2>/dev/null
+cmp -s "$tmp/tok1.csv" "$tmp/tok2.csv" && awk -F, 'NR > 1 && $(NF-3) > 0 {n++} END {exit n != 2}' "$tmp/tok1.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens in kvq-eval (threads, kl > 0)"; cat "$tmp/tok1.csv"; }
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -99,7 +99,7 @@ head -c 30 "$tmp/all.csv" >"$tmp/torn.csv" # killed while writing the header
 "$sweep" "$real" "${kivi[@]}" --resume --progress never -o "$tmp/torn.csv" 2>/dev/null
 check "torn header: resumed equals uninterrupted" cmp -s "$tmp/torn.csv" "$tmp/all.csv"
 { cat "$tmp/all.csv"; echo "x,y"; } >"$tmp/bad.csv"
-expect 1 "bad.csv: line 42: expected 28 fields like the header, got 2" -- "$sweep" "$real" "${kivi[@]}" --resume -o "$tmp/bad.csv"
+expect 1 "bad.csv: line 42: expected 29 fields like the header, got 2" -- "$sweep" "$real" "${kivi[@]}" --resume -o "$tmp/bad.csv"
 
 # --- SIGKILL part-way, then --resume: same bytes as an uninterrupted run
 "$gen" --layers 2 --heads 8 --kv-heads 4 --head-dim 64 --tokens 2048 -o "$tmp/k.h5" 2>/dev/null

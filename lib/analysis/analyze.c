@@ -210,6 +210,12 @@ void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_a
     acc->static_bytes += q->static_bytes[h];
 }
 
+/* The masks of head h of the specs that dropped tokens (NULL for the others). */
+static void head_masks(const kvq_quant_out *slot, int nspecs, int h, int T, const unsigned char **Mh)
+{
+    for (int s = 0; s < nspecs; s++) Mh[s] = slot[s].dropped ? slot[s].keep + (size_t)h * T : NULL;
+}
+
 static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
                                const kvq_attn_ref *ref, const float *qrows, int nspecs, const kvq_quant_out *slot,
                                const int *pos, size_t npos, kvq_acc *acc, kvq_error *err)
@@ -221,21 +227,23 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);
     const float **Vh = kvq_alloc_array((size_t)nspecs, sizeof *Vh);
+    const unsigned char **Mh = kvq_alloc_array((size_t)nspecs, sizeof *Mh);
     kvq_attn_acc *aa = calloc((size_t)nspecs, sizeof *aa);
     kvq_status st = KVQ_OK;
-    if (!Kh || !Vh || !aa) {
+    if (!Kh || !Vh || !Mh || !aa) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     } else {
         for (int s = 0; s < nspecs; s++) Kh[s] = slot[s].key + off, Vh[s] = slot[s].value + off;
+        head_masks(slot, nspecs, h, L->T, Mh);
         /* query heads h*G .. h*G+G-1 read KV head h */
         if (ref)
-            st = kvq_attn_ref_compare(ref, nspecs, Kh, Vh, aa, err);
+            st = kvq_attn_ref_compare_masked(ref, nspecs, Kh, Vh, Mh, aa, err);
         else
-            st = kvq_attention_rows(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos, nspecs,
-                                    Kh, Vh, aa, err);
+            st = kvq_attention_rows_masked(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos,
+                                           nspecs, Kh, Vh, Mh, aa, err);
         if (!st) merge_attn(acc, aa, nspecs);
     }
-    free(Kh), free(Vh), free(aa);
+    free(Kh), free(Vh), free(Mh), free(aa);
     return st;
 }
 
@@ -279,7 +287,9 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
                        : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     for (int hi = 0; hi < p->nh && !st; hi++) {
         memset(aa, 0, ((size_t)ns + 1) * sizeof *aa);
-        if (!(st = kvq_device_attention(dev, p->heads[hi], ns, aa, err))) merge_attn(acc + (size_t)hi * ns, aa, ns);
+        if ((st = kvq_device_attention(dev, p->heads[hi], ns, aa, err))) break;
+        for (int s = 0; s < ns; s++) aa[s].mass_sum = aa[s].rows; /* nothing dropped on the device */
+        merge_attn(acc + (size_t)hi * ns, aa, ns);
     }
     free(aa);
     return st;
@@ -295,7 +305,10 @@ static int slot_alloc(kvq_quant_out *q, int H, size_t bytes)
     q->static_bytes = calloc((size_t)H, sizeof(double));
     q->recon = calloc(2 * (size_t)H, sizeof *q->recon);
     q->recon_done = calloc(2 * (size_t)H, 1);
-    return q->key && q->value && q->k_bits && q->v_bits && q->static_bytes && q->recon && q->recon_done ? 0 : -1;
+    q->keep = kvq_alloc_array(bytes / sizeof(float) + 1, 1); /* [H][T] needs no more than the floats */
+    return q->key && q->value && q->k_bits && q->v_bits && q->static_bytes && q->recon && q->recon_done && q->keep
+               ? 0
+               : -1;
 }
 
 /* Zeroes what a quantizer adds to (bits, static bytes, fused sums). */
@@ -306,12 +319,13 @@ static void slot_reset(kvq_quant_out *q, int H)
     memset(q->static_bytes, 0, (size_t)H * sizeof(double));
     memset(q->recon, 0, 2 * (size_t)H * sizeof *q->recon);
     memset(q->recon_done, 0, 2 * (size_t)H);
+    q->dropped = 0;
 }
 
 static void slot_free(kvq_quant_out *q)
 {
     free(q->key), free(q->value), free(q->k_bits), free(q->v_bits), free(q->static_bytes), free(q->recon);
-    free(q->recon_done);
+    free(q->recon_done), free(q->keep);
 }
 
 /* The analysis proper, over a prepared dump (cached or streamed). */
@@ -343,8 +357,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
     float *qrows = NULL; /* streamed: the layer's query rows */
+    float *qall = NULL;  /* every query row [Hq][T][D], for selectors */
+    int *allpos = kvq_alloc_array((size_t)info->seq_len + 1, sizeof *allpos);
     size_t bytes;
-    if (!out->acc || !out->layers || !out->heads || !slot || !hst || !herr) {
+    for (int t = 0; allpos && t < info->seq_len; t++) allpos[t] = t;
+    if (!out->acc || !out->layers || !out->heads || !slot || !hst || !herr || !allpos) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -373,7 +390,12 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         }
         unsigned missing = kvq_spec_read_flags(&o->specs[s]) & ~p->flags;
         if (missing) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads pre-RoPE keys, but the dump was prepared without them",
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads %s, but the dump was prepared without them", path,
+                          o->specs[s].text, missing & KVQ_READ_KEY_PRE_ROPE ? "pre-RoPE keys" : "every query row");
+            goto done;
+        }
+        if (o->device && o->specs[s].q->is_tokens) {
+            st = kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s: tokens(...) runs on the CPU only (use --device cpu)",
                           path, o->specs[s].text);
             goto done;
         }
@@ -397,6 +419,13 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                       (info->has_query && (st = kvq_dump_read_query_rows(p->d, layer, p->pos, p->npos, &qrows, err)))))
             goto done;
         const float *qr = p->qsel ? p->qsel[li] : qrows; /* [Hq][npos][D] when the dump has queries */
+        kvq_attn_mode mode = kvq_dump_attn_mode(p->d, layer);
+        kvq_layer Lq = *L; /* with every query row, for the specs whose selectors score with them */
+        Lq.query = NULL;
+        if ((p->flags & KVQ_READ_QUERY) && info->has_query &&
+            (st = kvq_dump_read_query_rows(p->d, layer, allpos, (size_t)info->seq_len, &qall, err)))
+            goto done;
+        Lq.query = qall;
         if (o->device && (st = kvq_device_set_layer(o->device, L, ns, err))) {
             st = layer_error(err, st, path, layer);
             goto done;
@@ -404,14 +433,15 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         for (int s = 0; s < ns; s++) {
             if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
-                                 .rope = p->rope.cos ? &p->rope : NULL};
+                                 .rope = p->rope.cos ? &p->rope : NULL, .attn = &mode};
+            const kvq_layer *Ls = kvq_spec_read_flags(&o->specs[s]) & KVQ_READ_QUERY ? &Lq : L;
             kvq_quant_out *qo = &slot[s];
             slot_reset(qo, H);
             if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
             if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
                 st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
-            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, L, qo, err)) && o->device)
+            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, Ls, qo, err)) && o->device)
                 st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
             if (st) { /* the quantizer's message names the layer */
                 st = layer_error(err, st, path, -1);
@@ -436,11 +466,12 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             goto done;
         }
         free(qrows); /* `read` keeps its buffers for the next layer */
-        qrows = NULL;
+        free(qall);
+        qrows = qall = NULL;
     }
 done:
     kvq_layer_free(&read);
-    free(qrows);
+    free(qrows), free(qall), free(allpos);
     for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
     free(slot), free(hst), free(herr);
     if (st) kvq_analysis_free(out);

@@ -24,14 +24,14 @@ static const struct abi_field {
     ABI(kvq_recon_acc, max_abs), ABI(kvq_recon_acc, bits),
     ABI(kvq_attn_acc, rows), ABI(kvq_attn_acc, s_ref2), ABI(kvq_attn_acc, s_diff2), ABI(kvq_attn_acc, a_ref2),
     ABI(kvq_attn_acc, a_diff2), ABI(kvq_attn_acc, kl_sum), ABI(kvq_attn_acc, top1_same), ABI(kvq_attn_acc, o_ref2),
-    ABI(kvq_attn_acc, o_diff2), ABI(kvq_attn_acc, o_joint_diff2),
+    ABI(kvq_attn_acc, o_diff2), ABI(kvq_attn_acc, o_joint_diff2), ABI(kvq_attn_acc, mass_sum),
     ABI(kvq_acc, k), ABI(kvq_acc, v), ABI(kvq_acc, static_bytes), ABI(kvq_acc, has_attn), ABI(kvq_acc, attn),
     ABI(kvq_metrics, k_bits), ABI(kvq_metrics, v_bits), ABI(kvq_metrics, k_rel_fro), ABI(kvq_metrics, k_rmse),
     ABI(kvq_metrics, k_mae), ABI(kvq_metrics, k_max_abs), ABI(kvq_metrics, k_sqnr_db), ABI(kvq_metrics, v_rel_fro),
     ABI(kvq_metrics, v_rmse), ABI(kvq_metrics, v_mae), ABI(kvq_metrics, v_max_abs), ABI(kvq_metrics, v_sqnr_db),
     ABI(kvq_metrics, has_attn), ABI(kvq_metrics, score_rel), ABI(kvq_metrics, attn_rel), ABI(kvq_metrics, attn_kl),
     ABI(kvq_metrics, attn_top1), ABI(kvq_metrics, out_rel), ABI(kvq_metrics, out_rel_joint),
-    ABI(kvq_metrics, static_bytes),
+    ABI(kvq_metrics, static_bytes), ABI(kvq_metrics, attn_mass),
     ABI(kvq_param, key), ABI(kvq_param, type), ABI(kvq_param, def), ABI(kvq_param, min), ABI(kvq_param, max),
     ABI(kvq_param, choices), ABI(kvq_param, help), ABI(kvq_param, quiet_default), ABI(kvq_param, typed),
     ABI(kvq_param, offset),
@@ -159,7 +159,8 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
     q.static_bytes = calloc((size_t)H, sizeof(double));
     q.recon = calloc(2 * (size_t)H, sizeof *q.recon);
     q.recon_done = calloc(2 * (size_t)H, 1);
-    if (!q.k_bits || !q.v_bits || !q.static_bytes || !q.recon || !q.recon_done)
+    q.keep = malloc((size_t)H * T); /* tokens(...; drop): dropped rows come back as zeros */
+    if (!q.k_bits || !q.v_bits || !q.static_bytes || !q.recon || !q.recon_done || !q.keep)
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!st && calib) st = kvq_calib_state(calib, &sp, layer, seed, nt, &ctx.calib, err);
     if (!st) st = kvq_quantize_layer(&sp, &ctx, &L, &q, err);
@@ -167,7 +168,7 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
         memset(&head_acc[h], 0, sizeof head_acc[h]);
         kvq_quant_head_acc(&L, &q, h, &head_acc[h]);
     }
-    free(q.k_bits), free(q.v_bits), free(q.static_bytes), free(q.recon), free(q.recon_done);
+    free(q.k_bits), free(q.v_bits), free(q.static_bytes), free(q.recon), free(q.recon_done), free(q.keep);
     if (have_rope == 2) kvq_rope_free(&rope);
     return st;
 }

@@ -8,6 +8,7 @@
 #include "../internal.h"
 #include "../quant/quant.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct calib_entry {
@@ -74,6 +75,38 @@ kvq_status kvq_calib_check_layer(const kvq_calib *c, int layer, int H, int D, kv
     return KVQ_OK;
 }
 
+/* A tokens(...)'s state: its HI's and LO's states (each kept as a plain
+ * spec's, shared with it), paired once per (layer, seed, spec). */
+static kvq_status tokens_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed, int nthreads,
+                               const void **state, kvq_error *err)
+{
+    for (calib_entry *e = c->entries; e; e = e->next)
+        if (e->layer == layer && e->seed == seed && e->q == spec->q && !strcmp(e->key, spec->text)) {
+            *state = e->state;
+            return KVQ_OK;
+        }
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    kvq_tokens_calib *tc = calloc(1, sizeof *tc);
+    calib_entry *e = calloc(1, sizeof *e);
+    kvq_status st = tp && tc && e ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int lo = 0; lo < 2 && !st; lo++) {
+        const kvq_spec *p = lo ? &tp->lo : &tp->hi;
+        if ((lo ? tp->lo_kind : tp->hi_kind) == KVQ_PART_SPEC)
+            st = kvq_calib_state(c, p, layer, seed, nthreads, &tc->state[lo], err);
+    }
+    free(tp);
+    if (st) {
+        free(tc), free(e);
+        return st;
+    }
+    e->layer = layer, e->seed = seed, e->q = spec->q, e->state = tc;
+    snprintf(e->key, sizeof e->key, "%s", spec->text);
+    e->next = c->entries;
+    c->entries = e;
+    *state = tc;
+    return KVQ_OK;
+}
+
 kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64_t seed,
                            int nthreads, const void **state, kvq_error *err)
 {
@@ -84,6 +117,7 @@ kvq_status kvq_calib_state(kvq_calib *c, const kvq_spec *spec, int layer, uint64
         if (st) return st;
         spec = &sub;
     }
+    if (kvq_spec_is_tokens(spec)) return tokens_state(c, spec, layer, seed, nthreads, state, err);
     const kvq_quantizer *q = spec->q;
     char key[KVQ_SPEC_MAX];
     if (!q->calib_key || !q->calib_key(spec, key, sizeof key)) return KVQ_OK;

@@ -26,6 +26,7 @@ static const metric_col metric_cols[] = {
     COL(v_max_abs, 0), COL(v_sqnr_db, COL_TABLE), COL(score_rel, COL_ATTN | COL_TABLE),
     COL(attn_rel, COL_ATTN | COL_TABLE), COL(attn_kl, COL_ATTN | COL_TABLE), COL(attn_top1, COL_ATTN | COL_TABLE),
     COL(out_rel, COL_ATTN | COL_TABLE), COL(out_rel_joint, COL_ATTN | COL_TABLE), COL(static_bytes, COL_TABLE),
+    COL(attn_mass, COL_ATTN | COL_TABLE),
 };
 #undef COL
 enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0] };

@@ -149,6 +149,59 @@ static double kl_row(const float *a, const float *s, row_stats rs, const float *
     return kl;
 }
 
+/* One row of a quantizer whose cache dropped tokens (keep[u] = 0: the key is
+ * absent, SPEC §3.11): sq[0..p] its raw scores (q·k', 0 where dropped),
+ * turned in place into the row's scaled scores; aq[0..ncol) its softmax
+ * over the kept keys alone (0 elsewhere; all 0 when the row keeps none).
+ * Adds the score and attention differences over the attended keys, KL(Â‖A')
+ * with Â the exact A restricted to the kept keys and renormalised, and the
+ * kept share Σ_kept A to ac; returns A''s row stats (argmax −1: none kept).
+ * s, a, rs: the exact row as mode_row left it.  Plain C, the reference and
+ * the fast path alike. */
+static row_stats masked_row(const float *s, const float *a, row_stats rs, float *sq, float *aq, int p, int ncol,
+                            const att_mode *m, const unsigned char *keep, kvq_attn_acc *ac)
+{
+    int lo = m->plain ? 0 : row_lo(m, p);
+    if (m->plain) {
+        if (!m->prescaled)
+            for (int u = 0; u <= p; u++) sq[u] = sq[u] / m->div;
+    } else {
+        transform_row(sq, lo, p, m);
+    }
+    row_stats rq = {.m = 0.0f, .lse = 0.0, .argmax = -1};
+    for (int u = lo; u <= p; u++)
+        if (keep[u] && (rq.argmax < 0 || sq[u] > rq.m)) rq.m = sq[u], rq.argmax = u;
+    double sum = 0.0;
+    for (int u = 0; u < ncol; u++) aq[u] = 0.0f;
+    if (rq.argmax >= 0) {
+        for (int u = lo; u <= p; u++)
+            if (keep[u]) sum += aq[u] = expf(sq[u] - rq.m);
+        float fsum = (float)sum;
+        for (int u = lo; u <= p; u++) aq[u] = aq[u] / fsum;
+        rq.lse = log(sum);
+    }
+    double mass = 0.0, hat = 0.0;
+    float mk = 0.0f; /* the largest exact score among the kept keys: Â's offset, as A''s */
+    for (int u = lo, first = 1; u <= p; u++)
+        if (keep[u] && (first || s[u] > mk)) mk = s[u], first = 0;
+    for (int u = lo; u <= p; u++) {
+        ac->s_diff2 += ((double)s[u] - sq[u]) * ((double)s[u] - sq[u]);
+        ac->a_diff2 += ((double)a[u] - aq[u]) * ((double)a[u] - aq[u]);
+        if (keep[u]) mass += a[u], hat += expf(s[u] - mk);
+    }
+    if (rq.argmax >= 0) { /* KL(Â‖A') over the kept keys, from the log-softmax of both */
+        double lse_hat = log(hat), kl = 0.0;
+        for (int u = lo; u <= p; u++) {
+            if (!keep[u]) continue;
+            double la = ((double)s[u] - mk) - lse_hat, lq = ((double)sq[u] - rq.m) - rq.lse;
+            kl += exp(la) * (la - lq);
+        }
+        ac->kl_sum += kl;
+    }
+    ac->mass_sum += mass;
+    return rq;
+}
+
 /* Rows per chunk: keep each score matrix near 1 M floats.  The cached and
  * the streamed paths use the same chunks, so their sums are identical. */
 static size_t chunk_rows(int T, size_t npos)
@@ -217,8 +270,8 @@ static void quant_ws_free(quant_ws *w)
 
 /* Compares one exact chunk with each quantizer's K'/V' [T][D]. */
 static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int nquant,
-                              const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
-                              quant_ws *w)
+                              const float *const *Kq, const float *const *Vq, const unsigned char *const *Mq,
+                              kvq_attn_acc *acc, quant_ws *w)
 {
     int nc = c->nc, ncol = c->ncol;
     kvq_softmax_compare_fn *fused = kvq_simd_active()        ? kvq_softmax_compare_avx512
@@ -231,7 +284,9 @@ static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int 
             const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
             float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
             int p = c->p[i], lo = m->plain ? 0 : row_lo(m, p);
-            if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
+            if (Mq && Mq[q]) { /* dropped keys: plain C */
+                w->rq[i] = masked_row(srow, arow, c->rs[i], sqrow, aqrow, p, ncol, m, Mq[q], ac);
+            } else if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
                 double sum;
                 if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
                 fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
@@ -247,6 +302,7 @@ static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int 
             }
             ac->top1_same += c->rs[i].argmax == w->rq[i].argmax;
         }
+        if (!(Mq && Mq[q])) ac->mass_sum += nc; /* every key kept: the whole attention */
         /* A·V' (exact attention, quantized values) and A'·V' (both) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov, D);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f, w->Oj,
@@ -288,6 +344,14 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
                               const float *const *Kq, const float *const *Vq, kvq_attn_acc *acc,
                               kvq_error *err)
 {
+    return kvq_attention_rows_masked(Qrows, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, NULL, acc, err);
+}
+
+kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                     kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                     const float *const *Kq, const float *const *Vq,
+                                     const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err)
+{
     if (npos == 0) return KVQ_OK;
     const att_mode m = make_mode(mode, D);
     size_t chunk = chunk_rows(T, npos);
@@ -308,7 +372,7 @@ kvq_status kvq_attention_rows(const float *Qrows, int G, const float *K, const f
             c.p = pos + r0;
             c.ncol = c.p[c.nc - 1] + 1; /* positions ascend: the last row sees the most keys */
             ref_chunk_compute(&c, Qj + r0 * D, K, V, D, &m);
-            ref_chunk_compare(&c, D, &m, nquant, Kq, Vq, acc, &w);
+            ref_chunk_compare(&c, D, &m, nquant, Kq, Vq, Mq, acc, &w);
         }
     }
     free(c.Qc), free(c.S), free(c.A), free(c.O), free(c.rs);
@@ -415,11 +479,18 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
 kvq_status kvq_attn_ref_compare(const kvq_attn_ref *r, int nquant, const float *const *Kq,
                                 const float *const *Vq, kvq_attn_acc *acc, kvq_error *err)
 {
+    return kvq_attn_ref_compare_masked(r, nquant, Kq, Vq, NULL, acc, err);
+}
+
+kvq_status kvq_attn_ref_compare_masked(const kvq_attn_ref *r, int nquant, const float *const *Kq,
+                                       const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
+                                       kvq_error *err)
+{
     if (r->npos == 0) return KVQ_OK;
     quant_ws w = {0};
     kvq_status st = quant_ws_alloc(&w, r->chunk, r->T, r->D, err);
     for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i++)
-        ref_chunk_compare(&r->c[i], r->D, &r->mode, nquant, Kq, Vq, acc, &w);
+        ref_chunk_compare(&r->c[i], r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
     quant_ws_free(&w);
     return st;
 }
@@ -441,6 +512,14 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                                   int nquant, const float *const *Kq, const float *const *Vq,
                                   kvq_attn_acc *acc, kvq_error *err)
 {
+    return kvq_attention_head_ref_masked(Q, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, NULL, acc, err);
+}
+
+kvq_status kvq_attention_head_ref_masked(const float *Q, int G, const float *K, const float *V, int T, int D,
+                                         kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                         const float *const *Kq, const float *const *Vq,
+                                         const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err)
+{
     float *s = kvq_alloc_array((size_t)T * 4, sizeof(float));
     float *o = kvq_alloc_array((size_t)D * 3, sizeof(float));
     if (!s || !o) {
@@ -460,15 +539,22 @@ kvq_status kvq_attention_head_ref(const float *Q, int G, const float *K, const f
                 scores_ref(qv, K, D, p, s);
                 scores_ref(qv, Kq[q], D, p, sq);
                 int lo;
-                row_stats rs = mode_row(s, a, p, p + 1, &m, 1, &lo);
-                row_stats rq = mode_row(sq, aq, p, p + 1, &m, 1, &lo);
-                for (int u = lo; u <= p; u++) { /* the keys the row attends to */
-                    ac->s_ref2 += (double)s[u] * s[u];
-                    ac->s_diff2 += ((double)s[u] - sq[u]) * ((double)s[u] - sq[u]);
-                    ac->a_ref2 += (double)a[u] * a[u];
-                    ac->a_diff2 += ((double)a[u] - aq[u]) * ((double)a[u] - aq[u]);
+                row_stats rs = mode_row(s, a, p, p + 1, &m, 1, &lo), rq;
+                if (Mq && Mq[q]) {
+                    rq = masked_row(s, a, rs, sq, aq, p, p + 1, &m, Mq[q], ac);
+                } else {
+                    rq = mode_row(sq, aq, p, p + 1, &m, 1, &lo);
+                    for (int u = lo; u <= p; u++) { /* the keys the row attends to */
+                        ac->s_diff2 += ((double)s[u] - sq[u]) * ((double)s[u] - sq[u]);
+                        ac->a_diff2 += ((double)a[u] - aq[u]) * ((double)a[u] - aq[u]);
+                    }
+                    ac->kl_sum += kl_row(a, s, rs, sq, rq, p);
+                    ac->mass_sum += 1.0;
                 }
-                ac->kl_sum += kl_row(a, s, rs, sq, rq, p);
+                for (int u = lo; u <= p; u++) {
+                    ac->s_ref2 += (double)s[u] * s[u];
+                    ac->a_ref2 += (double)a[u] * a[u];
+                }
                 ac->top1_same += rs.argmax == rq.argmax;
                 /* O = A·V, A·V', A'·V' */
                 for (int c = 0; c < D; c++) {

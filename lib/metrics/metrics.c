@@ -99,6 +99,7 @@ void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src)
         d->kl_sum += s->kl_sum;
         d->top1_same += s->top1_same;
         d->o_ref2 += s->o_ref2, d->o_diff2 += s->o_diff2, d->o_joint_diff2 += s->o_joint_diff2;
+        d->mass_sum += s->mass_sum;
     }
 }
 
@@ -128,6 +129,7 @@ void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m)
         m->attn_top1 = a->top1_same / a->rows;
         m->out_rel = sqrt(a->o_diff2 / a->o_ref2);
         m->out_rel_joint = sqrt(a->o_joint_diff2 / a->o_ref2);
+        m->attn_mass = a->mass_sum / a->rows;
     }
 }
 

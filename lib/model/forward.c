@@ -278,8 +278,27 @@ typedef struct att_buf {
  * bit for a quantizer whose reconstruction of a token depends on that token
  * alone, and no result depends on the thread count.  Softmax per row in
  * float with a double sum. */
-static void attend(const float *Q, const float *K, const float *V, int c, int T, int Hq, int H, int D, int W,
-                   float scale, int r0, int r1, float *att, const att_buf *buf, int nt)
+/* A score row's softmax over the kept keys of [u0, u1] (kp[u] = 1), 0 at
+ * every other of the n columns; all 0 when none is kept. */
+static void masked_softmax(float *s, const unsigned char *kp, int u0, int u1, int n)
+{
+    int any = 0;
+    float mx = 0.0f;
+    for (int u = u0; u <= u1; u++)
+        if (kp[u] && (!any || s[u] > mx)) mx = s[u], any = 1;
+    double sum = 0;
+    for (int u = u0; u <= u1; u++) {
+        s[u] = kp[u] ? expf(s[u] - mx) : 0.0f;
+        sum += s[u];
+    }
+    float inv = any ? (float)(1.0 / sum) : 0.0f;
+    for (int u = 0; u < u0; u++) s[u] = 0.0f;
+    for (int u = u0; u <= u1; u++) s[u] *= inv;
+    for (int u = u1 + 1; u < n; u++) s[u] = 0.0f;
+}
+
+static void attend(const float *Q, const float *K, const float *V, const unsigned char *keep, int c, int T, int Hq,
+                   int H, int D, int W, float scale, int r0, int r1, float *att, const att_buf *buf, int nt)
 {
     int G = Hq / H, t0 = r0 / ATT_ROWS, t1 = (r1 + ATT_ROWS - 1) / ATT_ROWS, ntile = t1 - t0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -305,6 +324,11 @@ static void attend(const float *Q, const float *K, const float *V, int c, int T,
                 continue;
             }
             int u0 = W > 0 && t - W + 1 > k0 ? t - W + 1 - k0 : 0, u1 = t - k0; /* keys k0 + [u0, u1] */
+            if (keep) { /* tokens(...; drop): the evicted keys are absent */
+                const unsigned char *kp = keep + (size_t)(j / G) * c + k0;
+                masked_softmax(s, kp, u0, u1, n);
+                continue;
+            }
             float mx = s[u0];
             for (int u = u0 + 1; u <= u1; u++) mx = s[u] > mx ? s[u] : mx;
             double sum = 0;
@@ -330,6 +354,8 @@ typedef struct fw_scratch {
     float *Qh, *Kh, *Vh, *Kpre;               /* [.][T][D] */
     float *pk, *pv, *ppre;                    /* decode: the first c tokens, [H][c][D] */
     float *kq, *vq;                           /* quantizer outputs [H][T][D] */
+    float *pq;                                /* decode with a selector: the first c queries, [Hq][c][D] */
+    unsigned char *keep;                      /* [H][T]: the tokens a quantizer kept (tokens(...; drop)) */
     double *kb, *vb, *sb;                     /* [H] */
     att_buf *ab;                              /* [nt] */
     int nab;
@@ -338,9 +364,9 @@ typedef struct fw_scratch {
 static void scratch_free(fw_scratch *s)
 {
     float *f[] = {s->xn, s->xo, s->q,    s->k,  s->v,  s->att,  s->g,  s->u, s->Qh,
-                  s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq};
+                  s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq, s->pq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
-    free(s->kb), free(s->vb), free(s->sb);
+    free(s->kb), free(s->vb), free(s->sb), free(s->keep);
     for (int i = 0; s->ab && i < s->nab; i++) free(s->ab[i].S), free(s->ab[i].O), free(s->ab[i].Kp), free(s->ab[i].Vp);
     free(s->ab);
     memset(s, 0, sizeof *s);
@@ -365,7 +391,9 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
         s->ppre = kvq_alloc_array(t, kd * sizeof(float));
         s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
-        ok = s->pk && s->pv && s->ppre && s->kq && s->vq;
+        s->pq = kvq_alloc_array(t, qd * sizeof(float));
+        s->keep = kvq_alloc_array(t, (size_t)in->n_kv_heads);
+        ok = s->pk && s->pv && s->ppre && s->kq && s->vq && s->pq && s->keep;
     }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
@@ -426,32 +454,40 @@ static const kvq_rope *layer_rope(const fw_ctx *c, int l)
 }
 
 /* The quantizer of stream st on the first c tokens of the layer (pk/pv
- * hold them when c < T, else Kh/Vh); K', V' into kq/vq [H][c][D]. */
-static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int ntok, kvq_error *err)
+ * hold them when c < T, else Kh/Vh); K', V' into kq/vq [H][c][D], the kept
+ * tokens into keep [H][c] (*dropped: some were evicted). */
+static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int ntok, int *dropped, kvq_error *err)
 {
     fw_scratch *s = &c->s;
     const kvq_model_info *in = &c->m->info;
     int H = in->n_kv_heads, D = in->head_dim, T = c->o->T;
     kvq_layer L = {.H = H, .Hq = in->n_heads, .T = ntok, .D = D};
+    int queries = (kvq_spec_read_flags(spec) & KVQ_READ_QUERY) != 0; /* a selector scores with them */
     if (ntok == T) {
-        L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre;
+        L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre, L.query = queries ? s->Qh : NULL;
     } else {
         prefix(s->Kh, s->pk, H, T, D, ntok);
         prefix(s->Vh, s->pv, H, T, D, ntok);
         prefix(s->Kpre, s->ppre, H, T, D, ntok);
-        L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre;
+        if (queries) prefix(s->Qh, s->pq, in->n_heads, T, D, ntok);
+        L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre, L.query = queries ? s->pq : NULL;
     }
     kvq_dump_info info = c->qinfo;
     info.seq_len = ntok;
-    kvq_quant_ctx ctx = {
-        .info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt, .rope = layer_rope(c, layer)};
+    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, layer)};
+    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt,
+                         .rope = layer_rope(c, layer), .attn = &mode};
     memset(s->kb, 0, (size_t)H * sizeof(double));
     memset(s->vb, 0, (size_t)H * sizeof(double));
     memset(s->sb, 0, (size_t)H * sizeof(double));
-    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb};
+    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb,
+                        .keep = s->keep};
     kvq_status st;
     if (c->o->calib && (st = kvq_calib_state(c->o->calib, spec, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
-    return kvq_quantize_layer(spec, &ctx, &L, &qo, err); /* BLAS runs one thread; the quantizers thread over heads */
+    /* BLAS runs one thread; the quantizers thread over heads */
+    if ((st = kvq_quantize_layer(spec, &ctx, &L, &qo, err))) return st;
+    *dropped = qo.dropped;
+    return KVQ_OK;
 }
 
 /* Whether the quantized cache of the first ntok tokens (kq, vq [H][ntok][D])
@@ -543,14 +579,15 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     if (!applies || !it->spec) {
         if (applies) /* -q none: the exact cache, 16 bits */
             st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd;
-        if (!*same) attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
+        if (!*same) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
         return KVQ_OK;
     }
     int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
     for (int p0 = 0; p0 < T; p0 += stride) {
         int p1 = p0 + stride < T ? p0 + stride : T;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
-        kvq_status rc = quantize_cache(c, it->spec, l, p1, err);
+        int dropped = 0;
+        kvq_status rc = quantize_cache(c, it->spec, l, p1, &dropped, err);
         if (rc) { /* the quantizer's message, with the model it ran in */
             char msg[sizeof err->msg];
             snprintf(msg, sizeof msg, "%s", err->msg);
@@ -559,11 +596,13 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
         if (p1 == T) /* the cache after the last token */
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
         if (*same) {
-            if (cache_is_exact(c, p1)) continue;
+            if (!dropped && cache_is_exact(c, p1)) continue;
             *same = 0;
-            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
         }
-        if (p1 > r0) attend(s->Qh, s->kq, s->vq, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1, s->att, s->ab, nt);
+        if (p1 > r0)
+            attend(s->Qh, s->kq, s->vq, dropped ? s->keep : NULL, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
+                   s->att, s->ab, nt);
     }
     return KVQ_OK;
 }
@@ -833,7 +872,10 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
      * them when a dump wants every layer's queries */
     int first = o->score_from > 0 ? o->score_from : 0;
     for (int i = 0; i < o->n_logit_pos; i++) first = o->logit_pos[i] < first ? o->logit_pos[i] : first;
-    c.h0 = o->on_layer ? 0 : first / TILE_ROWS * TILE_ROWS;
+    int all_queries = 0; /* a selector scores with every query of every layer */
+    for (int i = 0; i < o->ns; i++)
+        all_queries |= o->s[i].item && o->s[i].item->spec && (kvq_spec_read_flags(o->s[i].item->spec) & KVQ_READ_QUERY);
+    c.h0 = o->on_layer || all_queries ? 0 : first / TILE_ROWS * TILE_ROWS;
     int kmax = in->dim > in->ffn_dim ? in->dim : in->ffn_dim;
     if (in->n_heads * in->head_dim > kmax) kmax = in->n_heads * in->head_dim;
     if (!(c.was_following = calloc((size_t)o->ns, 1)) || !(c.tile = calloc((size_t)c.nt, sizeof *c.tile))) {

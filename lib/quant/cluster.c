@@ -130,13 +130,13 @@ static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         memcpy(pre, in->key_pre_rope + (size_t)h * n, n * sizeof *pre);
     } else {
         memcpy(pre, k, n * sizeof *pre);
-        for (int t = 0; t < T; t++) kvq_rope_rotate(ctx->rope, pre + (size_t)t * D, t, 1);
+        for (int t = 0; t < T; t++) kvq_rope_rotate(ctx->rope, pre + (size_t)t * D, kvq_token_pos(ctx, in, h, t), 1);
     }
     if (Tq > 0 && (st = kvq_kmeans_assign(pre, (size_t)Tq, D, s->kc + (size_t)h * C * D, C, as, err))) goto out;
     for (int t = 0; t < Tq; t++) {
         float *bt = base + (size_t)t * D;
         memcpy(bt, s->kc + ((size_t)h * C + as[t]) * D, (size_t)D * sizeof *bt);
-        if (s->pre_rope) kvq_rope_rotate(ctx->rope, bt, t, 0); /* base = RoPE_t(c) */
+        if (s->pre_rope) kvq_rope_rotate(ctx->rope, bt, kvq_token_pos(ctx, in, h, t), 0); /* base = RoPE_t(c) */
         for (int c = 0; c < D; c++) r[(size_t)t * D + c] = k[(size_t)t * D + c] - bt[c];
     }
     if ((st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, o->kbits, o->group,

@@ -164,7 +164,7 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     kvq_status st = head_rows(x, y, T, D, tensor, &c, cb, NULL, NULL, &k);
     if (st) return st;
     if (pre) /* K' = RoPE_t(Q(K_pre)) */
-        for (int t = c.sink; t < T; t++) kvq_rope_rotate(ctx->rope, y + (size_t)t * D, t, 0);
+        for (int t = c.sink; t < T; t++) kvq_rope_rotate(ctx->rope, y + (size_t)t * D, kvq_token_pos(ctx, in, h, t), 0);
     /* sink tokens: the dump's (post-RoPE) values */
     memcpy(y, kvq_head_in(in, tensor, h), (size_t)c.sink * D * sizeof *y);
     int rows = tensor ? T - c.sink : D, n = tensor ? D : T - c.sink;

@@ -97,7 +97,7 @@ kvq_status kvq_param_parse(const kvq_quantizer *q, const char *key, const char *
 void kvq_spec_format_full(const kvq_spec *spec, char *buf, size_t len)
 {
     const kvq_quantizer *q = spec->q;
-    if (q->is_mix) { /* each range's spec as given */
+    if (q->is_mix || q->is_tokens) { /* a mix, a tokens(...): as given */
         snprintf(buf, len, "%s", spec->text);
         return;
     }

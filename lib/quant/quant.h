@@ -58,6 +58,8 @@ typedef struct kvq_quantizer {
     void (*calib_free)(void *state);
     /* The one `mix(...)` pseudo-family (quant/spec.c): its text is the spec. */
     int is_mix;
+    /* `tokens(SELECT; HI; LO)` (parsed in spec.c, run by tokens.c): its text is the spec too. */
+    int is_tokens;
 } kvq_quantizer;
 
 /* Round half to even for |v| < 2^22 (callers clamp v to their code range
@@ -213,6 +215,66 @@ kvq_status kvq_prerotate_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
                                   kvq_quant_out *out, kvq_error *err,
                                   kvq_status (*run)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *,
                                                     kvq_quant_out *, kvq_error *));
+
+/* The keys of text = "NAME[:key=value,...]" parsed against q's table (the
+ * caller has matched NAME to q): kvq_spec_parse's work after the lookup, for
+ * tables outside the registry too (tokens(...)'s selectors). */
+kvq_status kvq_spec_parse_as(const kvq_quantizer *q, const char *text, kvq_spec *out, kvq_error *err);
+
+/* --- tokens(SELECT; HI; LO) (tokens.c, docs/quantizers.md#tokens) */
+/* The selectors, in the order SPEC §3.11 lists them. */
+typedef enum kvq_selector {
+    KVQ_SEL_WINDOW, KVQ_SEL_H2O, KVQ_SEL_ZIPCACHE, KVQ_SEL_SNAPKV, KVQ_SEL_TOVA, KVQ_SEL_KNORM, KVQ_SEL_RANDOM
+} kvq_selector;
+typedef struct kvq_token_sel_opts {
+    double keep; /* NaN: not given (window) */
+    int sinks, recent, obs, pool;
+} kvq_token_sel_opts;
+typedef enum kvq_token_part { KVQ_PART_SPEC, KVQ_PART_NONE, KVQ_PART_DROP } kvq_token_part;
+/* A tokens(...) spec taken apart: the selector (sel.q is its table,
+ * kvq_spec_opts(&sel) a kvq_token_sel_opts) and HI, LO. */
+typedef struct kvq_tokens_parts {
+    kvq_selector selector;
+    kvq_spec sel;
+    kvq_token_part hi_kind, lo_kind;
+    kvq_spec hi, lo; /* when the kind is KVQ_PART_SPEC */
+} kvq_tokens_parts;
+/* (spec.c, beside mix: specs inside a spec) */
+kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err);
+/* The selector's table by name (window, h2o, ...), or NULL (tokens.c). */
+const kvq_quantizer *kvq_token_selector_find(const char *name);
+kvq_selector kvq_token_selector_kind(const kvq_quantizer *selector);
+int kvq_token_selector_needs_queries(kvq_selector s);
+/* The calibration state of a tokens(...) spec: HI's and LO's (NULL where
+ * they have none), made and kept by the calibration (analysis/calib.c). */
+typedef struct kvq_tokens_calib {
+    const void *state[2];
+} kvq_tokens_calib;
+/* A spec run on a layer (kvq_quantize_layer or its reference), handed to
+ * the composite runners so that they need not call back into run.c. */
+typedef kvq_status (*kvq_layer_runner)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *, kvq_quant_out *,
+                                       kvq_error *);
+/* tokens(...) on a layer (tokens.c): selection, HI and LO each through run
+ * on its compacted tokens, the mask into out->keep (run.c calls it). */
+kvq_status kvq_tokens_quantize(const kvq_spec *spec, const kvq_tokens_parts *tp, const kvq_quant_ctx *ctx,
+                               const kvq_layer *in, kvq_quant_out *out, kvq_error *err, kvq_layer_runner run);
+int kvq_spec_is_tokens(const kvq_spec *spec);
+/* Which tokens of each KV head tp keeps (SPEC §3.11): keep [H][T] = 1 or 0;
+ * score [H][T] (or NULL) receives each head's scores (NaN where the
+ * selector scores nothing: window, the forced tokens).  mode: how the
+ * layer's attention is computed (NULL: plain).  KVQ_ERR_FORMAT naming the
+ * selector when it needs queries and in->query is NULL. */
+kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, const struct kvq_attn_mode *mode,
+                             uint64_t seed, int layer, int nthreads, unsigned char *keep, double *score,
+                             kvq_error *err);
+
+/* The position of token t of head h in the layer a quantizer sees: t,
+ * unless tokens(...) compacted it (ctx->pos) — for RoPE re-applied to a
+ * reconstruction. */
+static inline int kvq_token_pos(const kvq_quant_ctx *ctx, const kvq_layer *in, int h, int t)
+{
+    return ctx->pos ? ctx->pos[(size_t)h * in->T + t] : t;
+}
 
 /* params.c: text of a parameter value checked against its type and range
  * (spec: the spec text messages name); the quantizer's keys, comma-separated. */

@@ -6,6 +6,7 @@
 #include "quant.h"
 
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Per-head quantizers: tensor 0 (K) and 1 (V) of every head spread over
@@ -13,6 +14,17 @@
  * scheduling) becomes the error. */
 static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                         kvq_quant_out *out, kvq_error *err);
+
+/* tokens(...): its parts, then kvq_tokens_quantize running each through `run`. */
+static kvq_status run_tokens(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                             kvq_error *err, kvq_layer_runner run)
+{
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    kvq_status st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st) st = kvq_tokens_quantize(spec, tp, ctx, in, out, err, run);
+    free(tp);
+    return st;
+}
 
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                               kvq_quant_out *out, kvq_error *err)
@@ -24,6 +36,7 @@ kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
     }
     kvq_status st = kvq_spec_check_shape(spec, in->D, err);
     if (st) return st;
+    if (kvq_spec_is_tokens(spec)) return run_tokens(spec, ctx, in, out, err, kvq_quantize_layer);
     if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, quantize_layer_direct);
     return quantize_layer_direct(spec, ctx, in, out, err);
 }
@@ -36,9 +49,10 @@ kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ct
         kvq_status st = kvq_spec_for_layer(spec, ctx->layer, &sub, err);
         return st ? st : kvq_quantize_layer_reference(&sub, ctx, in, out, err);
     }
-    if (!spec->q->reference) return KVQ_ERR_UNSUPPORTED;
     kvq_status st = kvq_spec_check_shape(spec, in->D, err);
     if (st) return st;
+    if (kvq_spec_is_tokens(spec)) return run_tokens(spec, ctx, in, out, err, kvq_quantize_layer_reference);
+    if (!spec->q->reference) return KVQ_ERR_UNSUPPORTED;
     if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, spec->q->reference);
     return spec->q->reference(spec, ctx, in, out, err);
 }

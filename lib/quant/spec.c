@@ -67,8 +67,8 @@ static kvq_status mix_split(const char *text, mix *m, kvq_error *err)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected mix(RANGE=SPEC;RANGE=SPEC;...)", text);
     int pos = 4, end = (int)len - 1;
     while (pos <= end) {
-        int stop = pos;
-        while (stop < end && text[stop] != ';') stop++;
+        int stop = pos, depth = 0; /* a tokens(...) item holds ';' of its own */
+        for (; stop < end && (depth || text[stop] != ';'); stop++) depth += (text[stop] == '(') - (text[stop] == ')');
         const char *eq = memchr(text + pos, '=', (size_t)(stop - pos));
         if (stop == pos || !eq || eq == text + pos || eq + 1 == text + stop)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: '%.*s': expected RANGE=SPEC (e.g. 0-3=kivi:bits=2)", text,
@@ -152,6 +152,103 @@ static kvq_status mix_parse(const char *text, kvq_spec *out, kvq_error *err)
 
 int kvq_spec_is_mix(const kvq_spec *spec) { return spec->q && spec->q->is_mix; }
 
+/* The pseudo-family of tokens(SELECT; HI; LO): kvq_quantize_layer runs it
+ * through kvq_tokens_quantize; the checks below descend into HI and LO. */
+static const kvq_quantizer kvq_q_tokens = {
+    .name = "tokens",
+    .description = "tokens(SELECT; HI; LO): each head's important tokens at HI, the others at LO or dropped",
+    .calib_free = free, /* a kvq_tokens_calib; its parts' states are the calibration's own */
+    .is_tokens = 1,
+};
+
+int kvq_spec_is_tokens(const kvq_spec *spec) { return spec->q && spec->q->is_tokens; }
+/* ------------------------------------------------------------- tokens */
+
+/* [*b, *e) without surrounding blanks. */
+static void trim(const char *text, int *b, int *e)
+{
+    while (*b < *e && (text[*b] == ' ' || text[*b] == '\t')) (*b)++;
+    while (*e > *b && (text[*e - 1] == ' ' || text[*e - 1] == '\t')) (*e)--;
+}
+
+/* HI or LO: none, drop (LO only) or a plain spec. */
+static kvq_status part_parse(const char *text, const char *what, const char *part, int allow_drop,
+                             kvq_token_part *kind, kvq_spec *sp, kvq_error *err)
+{
+    if (!strcmp(part, "none")) return *kind = KVQ_PART_NONE, KVQ_OK;
+    if (!strcmp(part, "drop")) {
+        if (!allow_drop)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: HI is drop: the kept tokens must be kept (none or a spec)", text);
+        return *kind = KVQ_PART_DROP, KVQ_OK;
+    }
+    *kind = KVQ_PART_SPEC;
+    if (!strncmp(part, "mix(", 4) || !strncmp(part, "tokens(", 7))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s '%s': expected none%s or a plain spec (tokens(...) may sit in a "
+                        "mix(...), not the other way round)", text, what, part, allow_drop ? ", drop" : "");
+    kvq_error e = {0};
+    kvq_status st = kvq_spec_parse(part, sp, &e);
+    if (st) return kvq_fail(err, st, "%s: %s: %s", text, what, e.msg);
+    return KVQ_OK;
+}
+
+kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err)
+{
+    const char *text = spec->text;
+    memset(out, 0, sizeof *out);
+    int len = (int)strlen(text);
+    if (len < 9 || strncmp(text, "tokens(", 7) || text[len - 1] != ')')
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected tokens(SELECT; HI; LO)", text);
+    int cut[4] = {6}, n = 1, depth = 0;
+    for (int i = 7; i < len - 1; i++) {
+        depth += (text[i] == '(') - (text[i] == ')');
+        if (depth == 0 && text[i] == ';') {
+            if (n == 3) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected three parts, tokens(SELECT; HI; LO)", text);
+            cut[n++] = i;
+        }
+    }
+    if (n != 3) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected three parts, tokens(SELECT; HI; LO)", text);
+    cut[3] = len - 1;
+    char part[3][KVQ_SPEC_MAX];
+    for (int k = 0; k < 3; k++) {
+        int b = cut[k] + 1, e = cut[k + 1];
+        trim(text, &b, &e);
+        if (b == e) return kvq_fail(err, KVQ_ERR_USAGE, "%s: an empty part: expected tokens(SELECT; HI; LO)", text);
+        snprintf(part[k], sizeof part[k], "%.*s", e - b, text + b);
+    }
+    /* SELECT: a selector's name and keys */
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(part[0], ":"), part[0]);
+    const kvq_quantizer *sq = kvq_token_selector_find(name);
+    if (!sq)
+        return kvq_fail(err, KVQ_ERR_USAGE,
+                        "%s: unknown selector '%s' (known: window, h2o, zipcache, snapkv, tova, knorm, random)", text,
+                        name);
+    out->selector = kvq_token_selector_kind(sq);
+    kvq_error e = {0};
+    kvq_status st = kvq_spec_parse_as(sq, part[0], &out->sel, &e);
+    if (st) return kvq_fail(err, st, "%s: %s", text, e.msg);
+    if ((st = part_parse(text, "HI", part[1], 0, &out->hi_kind, &out->hi, err)) ||
+        (st = part_parse(text, "LO", part[2], 1, &out->lo_kind, &out->lo, err)))
+        return st;
+    return KVQ_OK;
+}
+
+static kvq_status tokens_parse(const char *text, kvq_spec *out, kvq_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (strlen(text) >= KVQ_SPEC_MAX)
+        return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
+    snprintf(out->text, sizeof out->text, "%s", text);
+    out->q = &kvq_q_tokens;
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    if (!tp) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = kvq_tokens_split(out, tp, err);
+    free(tp);
+    return st;
+}
+
+
+
 kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err)
 {
     if (!kvq_spec_is_mix(spec)) {
@@ -200,17 +297,35 @@ kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *e
 
 /* Calls fn on every spec of a mix (or on the plain spec): for checks that
  * hold for each (shape, calibration, tensors read). */
+static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
+                            kvq_error *err);
+
+/* Calls fn on every spec of a mix (or on the plain spec), and of a
+ * tokens(...) on its HI and LO specs: for checks that hold for each
+ * (shape, calibration, tensors read). */
 static kvq_status each_spec(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
                             kvq_error *err)
 {
-    if (!kvq_spec_is_mix(spec)) return fn(spec, ud, err);
+    if (!kvq_spec_is_mix(spec)) return each_leaf(spec, fn, ud, err);
     mix *m;
     kvq_status st = mix_of(spec, &m, err);
     for (int i = 0; !st && i < m->nitems; i++) {
         kvq_spec sub;
-        if (!(st = mix_item_spec(spec->text, &m->item[i], &sub, err))) st = fn(&sub, ud, err);
+        if (!(st = mix_item_spec(spec->text, &m->item[i], &sub, err))) st = each_leaf(&sub, fn, ud, err);
     }
     free(m);
+    return st;
+}
+
+static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
+                            kvq_error *err)
+{
+    if (!kvq_spec_is_tokens(spec)) return fn(spec, ud, err);
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    kvq_status st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && tp->hi_kind == KVQ_PART_SPEC) st = fn(&tp->hi, ud, err);
+    if (!st && tp->lo_kind == KVQ_PART_SPEC) st = fn(&tp->lo, ud, err);
+    free(tp);
     return st;
 }
 
@@ -253,10 +368,32 @@ static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
     return KVQ_OK;
 }
 
+/* The queries a tokens(...)'s selector scores with. */
+static kvq_status query_flag_of(const kvq_spec *spec, void *ud, kvq_error *err)
+{
+    (void)err;
+    kvq_tokens_parts *tp = kvq_spec_is_tokens(spec) ? malloc(sizeof *tp) : NULL;
+    if (tp && !kvq_tokens_split(spec, tp, NULL) && kvq_token_selector_needs_queries(tp->selector))
+        *(unsigned *)ud |= KVQ_READ_QUERY;
+    free(tp);
+    return KVQ_OK;
+}
+
 unsigned kvq_spec_read_flags(const kvq_spec *spec)
 {
     unsigned f = 0;
     each_spec(spec, flags_of, &f, NULL);
+    if (kvq_spec_is_mix(spec)) { /* its tokens(...) items */
+        mix *m;
+        if (mix_of(spec, &m, NULL)) return f;
+        for (int i = 0; i < m->nitems; i++) {
+            kvq_spec sub;
+            if (!mix_item_spec(spec->text, &m->item[i], &sub, NULL)) query_flag_of(&sub, &f, NULL);
+        }
+        free(m);
+    } else {
+        query_flag_of(spec, &f, NULL);
+    }
     return f;
 }
 
@@ -285,28 +422,19 @@ static kvq_status fill_opts(kvq_spec *sp, kvq_error *err)
     return KVQ_OK;
 }
 
-kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
+/* The keys of text = "NAME[:key=value,...]" against q's table (NAME is q's,
+ * checked by the caller): values checked, defaults filled in, the options
+ * struct filled and q's cross-key check run.  out->text is text. */
+kvq_status kvq_spec_parse_as(const kvq_quantizer *q, const char *text, kvq_spec *out, kvq_error *err)
 {
     memset(out, 0, sizeof *out);
     size_t len = strlen(text);
-    if (len == 0) return kvq_fail(err, KVQ_ERR_USAGE, "empty quantizer spec (expected NAME[:key=value,...])");
     if (len >= KVQ_SPEC_MAX)
         return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
     memcpy(out->text, text, len + 1);
-    if (!strncmp(text, "mix(", 4)) return mix_parse(text, out, err);
-
     char buf[KVQ_SPEC_MAX];
     memcpy(buf, text, len + 1);
     char *colon = strchr(buf, ':');
-    if (colon) *colon = '\0';
-    const kvq_quantizer *q = kvq_quantizer_find(buf);
-    if (!q) {
-        char names[512];
-        size_t o = 0;
-        for (size_t i = 0; i < kvq_quantizer_count() && o < sizeof names; i++)
-            o += snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", kvq_quantizer_at(i)->name);
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown quantizer '%s' (known: %s)", text, buf, names);
-    }
     out->q = q;
     for (int i = 0; i < q->nparams; i++) out->val[i] = NAN;
 
@@ -341,6 +469,33 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
     kvq_status st = fill_opts(out, err);
     if (st) return st;
     return q->check ? q->check(out, err) : KVQ_OK;
+}
+
+kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
+{
+    memset(out, 0, sizeof *out);
+    size_t len = strlen(text);
+    if (len == 0) return kvq_fail(err, KVQ_ERR_USAGE, "empty quantizer spec (expected NAME[:key=value,...])");
+    if (len >= KVQ_SPEC_MAX)
+        return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
+    memcpy(out->text, text, len + 1);
+    if (!strncmp(text, "mix(", 4)) return mix_parse(text, out, err);
+    if (!strncmp(text, "tokens(", 7)) return tokens_parse(text, out, err);
+
+    char buf[KVQ_SPEC_MAX];
+    memcpy(buf, text, len + 1);
+    char *colon = strchr(buf, ':');
+    if (colon) *colon = '\0';
+    const kvq_quantizer *q = kvq_quantizer_find(buf);
+    if (!q) {
+        char names[512];
+        size_t o = 0;
+        for (size_t i = 0; i < kvq_quantizer_count() && o < sizeof names; i++)
+            o += snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", kvq_quantizer_at(i)->name);
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown quantizer '%s' (known: %s; and mix(...), tokens(...))", text,
+                        buf, names);
+    }
+    return kvq_spec_parse_as(q, text, out, err);
 }
 
 kvq_status kvq_spec_default(const kvq_quantizer *q, kvq_spec *out, kvq_error *err)

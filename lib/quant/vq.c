@@ -536,7 +536,8 @@ static kvq_status vq_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq
     }
     if (o->space == SPACE_PRE) /* K' = RoPE_t(Q(K_pre)) */
         for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) kvq_rope_rotate(ctx->rope, out->key + ((size_t)h * T + t) * D, t, 0);
+            for (int t = 0; t < T; t++)
+                kvq_rope_rotate(ctx->rope, out->key + ((size_t)h * T + t) * D, kvq_token_pos(ctx, in, h, t), 0);
     double bits = (double)T * s.G * s.S * o->bits; /* s·b/c per element */
     double bytes = 2.0 * s.G * (double)book_floats(&s) * 2.0 * s.NH / H; /* K and V books, float16 */
     for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = bits, out->static_bytes[h] += bytes;

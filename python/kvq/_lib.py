@@ -91,7 +91,7 @@ class ReconAcc(ctypes.Structure):  # kvq_recon_acc
 class AttnAcc(ctypes.Structure):  # kvq_attn_acc
     _c_name = "kvq_attn_acc"
     _fields_ = [(n, c_double) for n in ("rows", "s_ref2", "s_diff2", "a_ref2", "a_diff2", "kl_sum", "top1_same",
-                                        "o_ref2", "o_diff2", "o_joint_diff2")]
+                                        "o_ref2", "o_diff2", "o_joint_diff2", "mass_sum")]
 
 
 class Acc(ctypes.Structure):  # kvq_acc
@@ -108,7 +108,7 @@ class Metrics(ctypes.Structure):  # kvq_metrics
     _fields_ = ([("k_bits", c_double), ("v_bits", c_double)] + [("k_" + n, c_double) for n in _RECON] +
                 [("v_" + n, c_double) for n in _RECON] + [("has_attn", c_int)] +
                 [(n, c_double) for n in ("score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel",
-                                         "out_rel_joint", "static_bytes")])
+                                         "out_rel_joint", "static_bytes", "attn_mass")])
 
 
 class Param(ctypes.Structure):  # kvq_param

@@ -1,0 +1,478 @@
+/* tokens.c — token precision (docs/quantizers.md#tokens): `tokens(SELECT; HI; LO)`
+ * keeps each KV head's most important tokens at HI and the others at LO,
+ * exact (`none`) or not at all (`drop`).  Eviction (StreamingLLM, H2O,
+ * SnapKV, TOVA, key-norm), importance-based mixed precision (MiKV,
+ * ZipCache) and "more tokens, lower precision" are all this one form.
+ *
+ * SELECT scores every token of a KV head (its query heads pooled by their
+ * mean), in double from the float values, with the layer's own attention
+ * (scale, soft-cap, window), and keeps K = max(1, round(keep·T)) tokens,
+ * the forced ones (sinks, recent, snapkv's window, tova's last token)
+ * first, then the highest scores, ties to the later token.  Every head
+ * keeps the same number of tokens, so HI runs once on the H heads' kept
+ * tokens as a layer of K tokens (each head's own, in position order) and
+ * LO on the others: per-head seeds and layer-wide groups keep their
+ * meaning, and a spec re-applying RoPE finds each token's position in
+ * ctx->pos.  Dropped tokens come back as zero rows and a 0 in out->keep. */
+#include "../internal.h"
+#include "quant.h"
+
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ selectors */
+
+#define SEL_KEEP                                                                                            \
+    {.key = "keep", .type = KVQ_PARAM_REAL, .min = 0, .max = 1,                                           \
+     .help = "share of each KV head's tokens kept: K = max(1, round(keep*T))", KVQ_OPT(kvq_token_sel_opts, keep)}
+#define SEL_SINKS                                                                                           \
+    {.key = "sinks", .type = KVQ_PARAM_INT, .def = "0", .min = 0, .max = 1e9,                             \
+     .help = "the first tokens, always kept", KVQ_OPT(kvq_token_sel_opts, sinks)}
+#define SEL_RECENT                                                                                          \
+    {.key = "recent", .type = KVQ_PARAM_INT, .def = "0", .min = 0, .max = 1e9,                            \
+     .help = "the last tokens, always kept", KVQ_OPT(kvq_token_sel_opts, recent)}
+
+static const kvq_param sel_params[] = {SEL_KEEP, SEL_SINKS, SEL_RECENT};
+static const kvq_param snapkv_params[] = {
+    SEL_KEEP, SEL_SINKS, SEL_RECENT,
+    {.key = "obs", .type = KVQ_PARAM_INT, .def = "64", .min = 1, .max = 1e9,
+     .help = "observation window: the last queries, whose tokens are always kept", KVQ_OPT(kvq_token_sel_opts, obs)},
+    {.key = "pool", .type = KVQ_PARAM_INT, .def = "5", .min = 1, .max = 1001,
+     .help = "width of the average pool along the tokens (odd)", KVQ_OPT(kvq_token_sel_opts, pool)},
+};
+
+static kvq_status sel_check(const kvq_spec *sp, kvq_error *err)
+{
+    const kvq_token_sel_opts *o = kvq_spec_opts(sp);
+    if (isnan(o->keep))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s needs keep=SHARE (of each head's tokens, 0..1)", sp->text,
+                        sp->q->name);
+    return KVQ_OK;
+}
+
+static kvq_status snapkv_check(const kvq_spec *sp, kvq_error *err)
+{
+    const kvq_token_sel_opts *o = kvq_spec_opts(sp);
+    if (o->pool % 2 == 0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: pool=%d: expected an odd width (the pool is centred)", sp->text,
+                        o->pool);
+    return sel_check(sp, err);
+}
+
+static kvq_status window_check(const kvq_spec *sp, kvq_error *err)
+{
+    const kvq_token_sel_opts *o = kvq_spec_opts(sp);
+    if (o->sinks == 0 && o->recent == 0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: window keeps the sinks and the recent tokens: give sinks=N or recent=N",
+                        sp->text);
+    return KVQ_OK;
+}
+
+#define SELECTOR(ident, nm, desc, tab, chk)                                                               \
+    static const kvq_quantizer ident = {.name = nm, .description = desc, .params = tab,                   \
+                                        .nparams = sizeof tab / sizeof tab[0], .check = chk}
+SELECTOR(sel_window, "window", "the first `sinks` and last `recent` tokens (StreamingLLM); keep is ignored",
+         sel_params, window_check);
+SELECTOR(sel_h2o, "h2o", "accumulated attention: the sum of A[t][u] over every query t >= u (H2O)", sel_params,
+         sel_check);
+SELECTOR(sel_zipcache, "zipcache", "the h2o sum over the T - u queries that see u (ZipCache, ObservedAttention)",
+         sel_params, sel_check);
+SELECTOR(sel_snapkv, "snapkv", "mean attention of the last `obs` queries, average-pooled (SnapKV)", snapkv_params,
+         snapkv_check);
+SELECTOR(sel_tova, "tova", "attention of the last query, averaged over all query heads (TOVA)", sel_params,
+         sel_check);
+SELECTOR(sel_knorm, "knorm", "lowest key norm first (KnormPress)", sel_params, sel_check);
+SELECTOR(sel_random, "random", "the seeded generator", sel_params, sel_check);
+
+/* In kvq_selector's order. */
+static const kvq_quantizer *const selectors[] = {&sel_window, &sel_h2o,   &sel_zipcache, &sel_snapkv,
+                                                 &sel_tova,   &sel_knorm, &sel_random};
+enum { NSEL = sizeof selectors / sizeof selectors[0] };
+
+const kvq_quantizer *kvq_token_selector_find(const char *name)
+{
+    for (int i = 0; i < NSEL; i++)
+        if (!strcmp(selectors[i]->name, name)) return selectors[i];
+    return NULL;
+}
+
+kvq_selector kvq_token_selector_kind(const kvq_quantizer *q)
+{
+    for (int i = 0; i < NSEL; i++)
+        if (selectors[i] == q) return (kvq_selector)i;
+    return KVQ_SEL_WINDOW;
+}
+
+int kvq_token_selector_needs_queries(kvq_selector s)
+{
+    return s == KVQ_SEL_H2O || s == KVQ_SEL_ZIPCACHE || s == KVQ_SEL_SNAPKV || s == KVQ_SEL_TOVA;
+}
+
+/* ------------------------------------------------------------- scoring */
+
+/* The softmax of one query row in double, as the layer computes attention
+ * (docs/metrics.md: divided by sqrt(D) unless prescaled; or scale, soft-cap
+ * and window): a[lo..t] from the dot products s[0..t]; returns lo. */
+static int softmax_row_double(double *s, int t, int D, const kvq_attn_mode *m)
+{
+    int lo = 0;
+    int plain = kvq_attn_mode_plain(m, D);
+    if (plain) {
+        double div = sqrt((double)D);
+        if (!m->prescaled)
+            for (int u = 0; u <= t; u++) s[u] /= div;
+    } else {
+        if (m->window > 0 && t - m->window + 1 > 0) lo = t - m->window + 1;
+        double scale = m->scale > 0 ? m->scale : 1.0 / sqrt((double)D);
+        for (int u = lo; u <= t; u++) {
+            double x = m->prescaled ? s[u] : scale * s[u];
+            s[u] = m->softcap > 0 ? m->softcap * tanh(x / m->softcap) : x;
+        }
+    }
+    double mx = s[lo], sum = 0;
+    for (int u = lo + 1; u <= t; u++) mx = s[u] > mx ? s[u] : mx;
+    for (int u = lo; u <= t; u++) sum += (s[u] = exp(s[u] - mx));
+    for (int u = lo; u <= t; u++) s[u] /= sum;
+    return lo;
+}
+
+enum { SCORE_ROWS = 64 };
+
+/* col[u] += Σ_t A[t][u] over query rows t in [r0, T) and keys u < ncol of
+ * one query head Q [T][D] against Kd [T][D] (double).  S by dgemm in
+ * blocks of SCORE_ROWS rows (shapes fixed by T alone: the same sums for
+ * any thread count).  work: SCORE_ROWS × (D + T) doubles. */
+static void attention_columns(const float *Q, const double *Kd, int T, int D, int r0, int ncol,
+                              const kvq_attn_mode *m, double *col, double *work)
+{
+    double *Qd = work, *S = work + (size_t)SCORE_ROWS * D;
+    for (int a = r0; a < T; a += SCORE_ROWS) {
+        int b = a + SCORE_ROWS < T ? a + SCORE_ROWS : T, nr = b - a;
+        for (size_t i = 0; i < (size_t)nr * D; i++) Qd[i] = Q[(size_t)a * D + i];
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, b, D, 1.0, Qd, D, Kd, D, 0.0, S, b);
+        for (int t = a; t < b; t++) {
+            double *s = S + (size_t)(t - a) * b;
+            int lo = softmax_row_double(s, t, D, m);
+            int hi = t < ncol - 1 ? t : ncol - 1;
+            for (int u = lo; u <= hi; u++) col[u] += s[u];
+        }
+    }
+}
+
+/* Σ over u of pool-wide windows centred on u, zero-padded, divided by pool
+ * (torch's avg_pool1d with padding pool/2, count_include_pad). */
+static void avg_pool(const double *x, double *y, int n, int pool)
+{
+    int r = pool / 2;
+    for (int u = 0; u < n; u++) {
+        double s = 0;
+        for (int v = u - r; v <= u + r; v++)
+            if (v >= 0 && v < n) s += x[v];
+        y[u] = s / pool;
+    }
+}
+
+/* Ranking order: higher score first, ties to the later token. */
+typedef struct {
+    double s;
+    int u;
+} ranked;
+static int rank_cmp(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    return x->u > y->u ? -1 : x->u < y->u;
+}
+
+/* The tokens every head keeps whatever the scores: forced[u] = 1. */
+static int forced_tokens(const kvq_tokens_parts *tp, int T, unsigned char *forced)
+{
+    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    memset(forced, 0, (size_t)T);
+    for (int u = 0; u < T && u < o->sinks; u++) forced[u] = 1;
+    int last = o->recent;
+    if (tp->selector == KVQ_SEL_SNAPKV && o->obs > last) last = o->obs;
+    if (tp->selector == KVQ_SEL_TOVA && last < 1) last = 1;
+    for (int u = T - last > 0 ? T - last : 0; u < T; u++) forced[u] = 1;
+    int n = 0;
+    for (int u = 0; u < T; u++) n += forced[u];
+    return n;
+}
+
+/* K of SPEC §3.11: the number of tokens every head keeps. */
+static int kept_count(const kvq_tokens_parts *tp, int T, int nforced)
+{
+    if (tp->selector == KVQ_SEL_WINDOW) return nforced;
+    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    double k = floor(o->keep * T + 0.5); /* round half away from zero */
+    int K = k < 1 ? 1 : (int)k;
+    return K > nforced ? K : nforced;
+}
+
+kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, const kvq_attn_mode *mode,
+                             uint64_t seed, int layer, int nthreads, unsigned char *keep, double *score,
+                             kvq_error *err)
+{
+    int H = in->H, Hq = in->Hq, T = in->T, D = in->D, G = H > 0 ? Hq / H : 1;
+    kvq_selector sel = tp->selector;
+    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    kvq_attn_mode plain = {0};
+    if (!mode) mode = &plain;
+    if (kvq_token_selector_needs_queries(sel) && !in->query)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: the %s selector scores tokens by attention: expected the queries "
+                        "(query datasets in the dump)", tp->sel.text, tp->sel.q->name);
+    unsigned char *forced = malloc((size_t)T + 1);
+    double *sc = kvq_alloc_array((size_t)H * T + 1, sizeof *sc);
+    double *col = NULL, *Kd = NULL;
+    ranked *rk = kvq_alloc_array((size_t)T + 1, sizeof *rk);
+    kvq_status st = KVQ_OK;
+    if (!forced || !sc || !rk) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int nforced = forced_tokens(tp, T, forced), K = kept_count(tp, T, nforced);
+    for (size_t i = 0; i < (size_t)H * T; i++) sc[i] = NAN;
+    if (kvq_token_selector_needs_queries(sel) && K < T) {
+        /* the attention columns of every query head: col [Hq][T] */
+        int r0 = sel == KVQ_SEL_SNAPKV ? (T - o->obs > 0 ? T - o->obs : 0) : sel == KVQ_SEL_TOVA ? T - 1 : 0;
+        int ncol = sel == KVQ_SEL_SNAPKV ? T - o->obs : sel == KVQ_SEL_TOVA ? T - 1 : T;
+        col = kvq_alloc_array((size_t)Hq * T + 1, sizeof *col);
+        Kd = kvq_alloc_array((size_t)H * T * D + 1, sizeof *Kd);
+        int nt = kvq_threads(nthreads), fail = 0;
+        if (!col || !Kd) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the attention of %d query heads", Hq);
+            goto done;
+        }
+        for (size_t i = 0; i < (size_t)H * T * D; i++) Kd[i] = in->key[i];
+        memset(col, 0, (size_t)Hq * T * sizeof *col);
+        if (ncol > 0) {
+#pragma omp parallel num_threads(nt)
+            {
+                double *work = kvq_alloc_array((size_t)SCORE_ROWS * (D + T), sizeof *work);
+                if (!work) {
+#pragma omp atomic write
+                    fail = 1;
+                }
+#pragma omp for schedule(dynamic, 1)
+                for (int j = 0; j < Hq; j++)
+                    if (work)
+                        attention_columns(in->query + (size_t)j * T * D, Kd + (size_t)(j / G) * T * D, T, D, r0,
+                                          ncol, mode, col + (size_t)j * T, work);
+                free(work);
+            }
+        }
+        if (fail) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the attention of %d query heads", Hq);
+            goto done;
+        }
+        double *pooled = Kd; /* reused: [T] per head */
+        for (int h = 0; h < H; h++) {
+            double *s = sc + (size_t)h * T;
+            if (sel == KVQ_SEL_TOVA) { /* every query head of the layer, one ranking */
+                for (int u = 0; u < ncol; u++) {
+                    double a = 0;
+                    for (int j = 0; j < Hq; j++) a += col[(size_t)j * T + u];
+                    s[u] = a / Hq;
+                }
+                continue;
+            }
+            for (int u = 0; u < ncol; u++) { /* the group's mean */
+                double a = 0;
+                for (int j = h * G; j < (h + 1) * G; j++) a += col[(size_t)j * T + u];
+                s[u] = a / G;
+            }
+            if (sel == KVQ_SEL_ZIPCACHE)
+                for (int u = 0; u < T; u++) s[u] /= (double)(T - u);
+            if (sel == KVQ_SEL_SNAPKV && ncol > 0) {
+                int nobs = T - r0;
+                for (int u = 0; u < ncol; u++) s[u] /= nobs;
+                avg_pool(s, pooled, ncol, o->pool);
+                memcpy(s, pooled, (size_t)ncol * sizeof *s);
+            }
+        }
+    } else if (sel == KVQ_SEL_KNORM) {
+        for (int h = 0; h < H; h++)
+            for (int u = 0; u < T; u++) {
+                const float *k = in->key + ((size_t)h * T + u) * D;
+                double n2 = 0;
+                for (int c = 0; c < D; c++) n2 += (double)k[c] * k[c];
+                sc[(size_t)h * T + u] = -sqrt(n2);
+            }
+    } else if (sel == KVQ_SEL_RANDOM) {
+        for (int h = 0; h < H; h++) {
+            kvq_rng r;
+            kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
+            for (int u = 0; u < T; u++) sc[(size_t)h * T + u] = kvq_rng_uniform(&r);
+        }
+    }
+    /* per head: the forced tokens, then the best of the rest */
+    for (int h = 0; h < H; h++) {
+        unsigned char *k = keep + (size_t)h * T;
+        const double *s = sc + (size_t)h * T;
+        memcpy(k, forced, (size_t)T);
+        int n = 0;
+        for (int u = 0; u < T; u++)
+            if (!forced[u]) rk[n++] = (ranked){isnan(s[u]) ? -INFINITY : s[u], u};
+        qsort(rk, (size_t)n, sizeof *rk, rank_cmp);
+        for (int i = 0; i < K - nforced && i < n; i++) k[rk[i].u] = 1;
+        if (score)
+            for (int u = 0; u < T; u++) score[(size_t)h * T + u] = forced[u] ? NAN : s[u];
+    }
+done:
+    free(forced), free(sc), free(col), free(Kd), free(rk);
+    return st;
+}
+
+/* ------------------------------------------------------- HI and LO */
+
+
+static const kvq_spec *part_spec(const kvq_tokens_parts *tp, int lo)
+{
+    return (lo ? tp->lo_kind : tp->hi_kind) == KVQ_PART_SPEC ? (lo ? &tp->lo : &tp->hi) : NULL;
+}
+
+/* Runs part `lo` (0: HI, 1: LO) on the tokens of every head where
+ * keep[h][u] == !lo, as a layer of n tokens each; writes them back into
+ * out at their positions and adds the part's bits and static bytes. */
+static kvq_status run_part(const kvq_spec *spec, const kvq_tokens_parts *tp, int lo, const kvq_quant_ctx *ctx,
+                           const kvq_layer *in, const unsigned char *keep, int n, kvq_quant_out *out,
+                           kvq_error *err, kvq_layer_runner run)
+{
+    int H = in->H, T = in->T, D = in->D;
+    kvq_token_part kind = lo ? tp->lo_kind : tp->hi_kind;
+    if (n == 0) return KVQ_OK;
+    if (kind == KVQ_PART_DROP) { /* zero rows, no bits */
+        for (int h = 0; h < H; h++)
+            for (int u = 0; u < T; u++)
+                if (keep[(size_t)h * T + u] == !lo) {
+                    memset(out->key + ((size_t)h * T + u) * D, 0, (size_t)D * sizeof(float));
+                    memset(out->value + ((size_t)h * T + u) * D, 0, (size_t)D * sizeof(float));
+                }
+        return KVQ_OK;
+    }
+    if (kind == KVQ_PART_NONE) { /* exact: 16 bits */
+        for (int h = 0; h < H; h++) {
+            for (int u = 0; u < T; u++)
+                if (keep[(size_t)h * T + u] == !lo) {
+                    size_t off = ((size_t)h * T + u) * D;
+                    memcpy(out->key + off, in->key + off, (size_t)D * sizeof(float));
+                    memcpy(out->value + off, in->value + off, (size_t)D * sizeof(float));
+                }
+            out->k_bits[h] += 16.0 * n * D, out->v_bits[h] += 16.0 * n * D;
+        }
+        return KVQ_OK;
+    }
+    size_t per = (size_t)H * n * D;
+    int pre = in->key_pre_rope != NULL;
+    float *buf = kvq_alloc_array(per * (pre ? 5 : 4), sizeof *buf);
+    int *pos = kvq_alloc_array((size_t)H * n, sizeof *pos);
+    double *bits = calloc(3 * (size_t)H, sizeof *bits);
+    if (!buf || !pos || !bits) {
+        free(buf), free(pos), free(bits);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    float *kc = buf, *vc = buf + per, *ko = buf + 2 * per, *vo = buf + 3 * per, *pc = pre ? buf + 4 * per : NULL;
+    for (int h = 0; h < H; h++) {
+        int i = 0;
+        for (int u = 0; u < T; u++) {
+            if (keep[(size_t)h * T + u] != !lo) continue;
+            size_t from = ((size_t)h * T + u) * D, to = ((size_t)h * n + i) * D;
+            memcpy(kc + to, in->key + from, (size_t)D * sizeof(float));
+            memcpy(vc + to, in->value + from, (size_t)D * sizeof(float));
+            if (pc) memcpy(pc + to, in->key_pre_rope + from, (size_t)D * sizeof(float));
+            pos[(size_t)h * n + i++] = u;
+        }
+    }
+    kvq_layer L = {.H = H, .Hq = in->Hq, .T = n, .D = D, .key = kc, .value = vc, .key_pre_rope = pc};
+    kvq_dump_info info = *ctx->info;
+    info.seq_len = n;
+    const kvq_tokens_calib *tc = ctx->calib;
+    kvq_quant_ctx c = *ctx;
+    c.info = &info, c.pos = pos, c.calib = tc ? tc->state[lo] : NULL;
+    kvq_quant_out po = {.key = ko, .value = vo, .k_bits = bits, .v_bits = bits + H, .static_bytes = bits + 2 * H};
+    kvq_error e = {0};
+    kvq_status st = run(part_spec(tp, lo), &c, &L, &po, &e);
+    if (st) {
+        st = kvq_fail(err, st, "%s: %s", spec->text, e.msg);
+    } else {
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < n; i++) {
+                size_t from = ((size_t)h * n + i) * D, to = ((size_t)h * T + pos[(size_t)h * n + i]) * D;
+                memcpy(out->key + to, ko + from, (size_t)D * sizeof(float));
+                memcpy(out->value + to, vo + from, (size_t)D * sizeof(float));
+            }
+            out->k_bits[h] += bits[h], out->v_bits[h] += bits[H + h], out->static_bytes[h] += bits[2 * H + h];
+        }
+    }
+    free(buf), free(pos), free(bits);
+    return st;
+}
+
+/* HI on the whole layer, as HI itself runs (its fused error sums too). */
+static kvq_status whole_layer(const kvq_spec *spec, const kvq_tokens_parts *tp, const kvq_quant_ctx *ctx,
+                              const kvq_layer *in, kvq_quant_out *out, kvq_error *err, kvq_layer_runner run)
+{
+    int H = in->H;
+    size_t per = (size_t)in->T * in->D;
+    if (tp->hi_kind == KVQ_PART_NONE) {
+        memcpy(out->key, in->key, (size_t)H * per * sizeof(float));
+        memcpy(out->value, in->value, (size_t)H * per * sizeof(float));
+        for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = 16.0 * per;
+        return KVQ_OK;
+    }
+    const kvq_tokens_calib *tc = ctx->calib;
+    kvq_quant_ctx c = *ctx;
+    c.calib = tc ? tc->state[0] : NULL;
+    kvq_error e = {0};
+    kvq_status st = run(&tp->hi, &c, in, out, &e);
+    return st ? kvq_fail(err, st, "%s: %s", spec->text, e.msg) : KVQ_OK;
+}
+
+kvq_status kvq_tokens_quantize(const kvq_spec *spec, const kvq_tokens_parts *tp, const kvq_quant_ctx *ctx,
+                               const kvq_layer *in, kvq_quant_out *out, kvq_error *err, kvq_layer_runner run)
+{
+    int H = in->H, T = in->T;
+    unsigned char *keep = kvq_alloc_array((size_t)H * T + 1, 1);
+    kvq_status st = KVQ_OK;
+    if (!keep) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((st = kvq_tokens_select(tp, in, ctx->attn, ctx->seed, ctx->layer, ctx->nthreads, keep, NULL, err))) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        st = kvq_fail(err, st, "%s: %s", spec->text, msg);
+        goto done;
+    }
+    int n = 0; /* kept per head: the same in every head */
+    for (int u = 0; u < T; u++) n += keep[u];
+    int drops = tp->lo_kind == KVQ_PART_DROP && n < T;
+    if (drops && !out->keep) {
+        st = kvq_fail(err, KVQ_ERR_USAGE, "%s: drops tokens, which this caller cannot represent (no keep mask)",
+                      spec->text);
+        goto done;
+    }
+    for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = 0;
+    if (n == T) { /* everything kept: HI is the spec of the whole layer, no mask */
+        if ((st = whole_layer(spec, tp, ctx, in, out, err, run))) goto done;
+        if (out->keep) memset(out->keep, 1, (size_t)H * T);
+        out->dropped = 0;
+        goto done;
+    }
+    if ((st = run_part(spec, tp, 0, ctx, in, keep, n, out, err, run)) ||
+        (st = run_part(spec, tp, 1, ctx, in, keep, T - n, out, err, run)))
+        goto done;
+    /* where the tokens are: a mask bit per token when both parts are stored,
+     * a 32-bit position per kept token when LO is dropped; shared by K and V */
+    double where = n == T ? 0.0 : drops ? 32.0 * n : (double)T;
+    for (int h = 0; h < H; h++) out->k_bits[h] += where / 2, out->v_bits[h] += where / 2;
+    if (out->keep) memcpy(out->keep, keep, (size_t)H * T);
+    out->dropped = drops;
+done:
+    free(keep);
+    return st;
+}
