@@ -297,15 +297,15 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
 
 /* One quantizer's outputs for a layer (a slot per spec): K', V' [H][T][D]
  * of `bytes` each, bits and static bytes [H], the fused error sums and
- * their flags [2][H].  0, or -1 out of memory (slot_free cleans up). */
-static int slot_alloc(kvq_quant_out *q, int H, size_t bytes)
+ * their flags [2][H], the kept tokens [H][T].  0, or -1 out of memory (slot_free cleans up). */
+static int slot_alloc(kvq_quant_out *q, int H, int T, size_t bytes)
 {
     q->key = kvq_alloc_lines(bytes), q->value = kvq_alloc_lines(bytes);
     q->k_bits = calloc((size_t)H, sizeof(double)), q->v_bits = calloc((size_t)H, sizeof(double));
     q->static_bytes = calloc((size_t)H, sizeof(double));
     q->recon = calloc(2 * (size_t)H, sizeof *q->recon);
     q->recon_done = calloc(2 * (size_t)H, 1);
-    q->keep = kvq_alloc_array(bytes / sizeof(float) + 1, 1); /* [H][T] needs no more than the floats */
+    q->keep = kvq_alloc_array((size_t)H * T, 1);
     return q->key && q->value && q->k_bits && q->v_bits && q->static_bytes && q->recon && q->recon_done && q->keep
                ? 0
                : -1;
@@ -372,7 +372,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         goto done;
     }
     for (int s = 0; s < ns; s++) {
-        if (slot_alloc(&slot[s], H, bytes)) {
+        if (slot_alloc(&slot[s], H, info->seq_len, bytes)) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
                           2 * bytes);
             goto done;
@@ -421,7 +421,6 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         const float *qr = p->qsel ? p->qsel[li] : qrows; /* [Hq][npos][D] when the dump has queries */
         kvq_attn_mode mode = kvq_dump_attn_mode(p->d, layer);
         kvq_layer Lq = *L; /* with every query row, for the specs whose selectors score with them */
-        Lq.query = NULL;
         if ((p->flags & KVQ_READ_QUERY) && info->has_query &&
             (st = kvq_dump_read_query_rows(p->d, layer, allpos, (size_t)info->seq_len, &qall, err)))
             goto done;

@@ -354,7 +354,7 @@ typedef struct fw_scratch {
     float *Qh, *Kh, *Vh, *Kpre;               /* [.][T][D] */
     float *pk, *pv, *ppre;                    /* decode: the first c tokens, [H][c][D] */
     float *kq, *vq;                           /* quantizer outputs [H][T][D] */
-    float *pq;                                /* decode with a selector: the first c queries, [Hq][c][D] */
+    float *pq;                                /* decode with a selector: the first c queries, [Hq][c][D] (on first use) */
     unsigned char *keep;                      /* [H][T]: the tokens a quantizer kept (tokens(...; drop)) */
     double *kb, *vb, *sb;                     /* [H] */
     att_buf *ab;                              /* [nt] */
@@ -391,9 +391,8 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->pk = kvq_alloc_array(t, kd * sizeof(float)), s->pv = kvq_alloc_array(t, kd * sizeof(float));
         s->ppre = kvq_alloc_array(t, kd * sizeof(float));
         s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
-        s->pq = kvq_alloc_array(t, qd * sizeof(float));
         s->keep = kvq_alloc_array(t, (size_t)in->n_kv_heads);
-        ok = s->pk && s->pv && s->ppre && s->kq && s->vq && s->pq && s->keep;
+        ok = s->pk && s->pv && s->ppre && s->kq && s->vq && s->keep;
     }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
@@ -469,6 +468,8 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
         prefix(s->Kh, s->pk, H, T, D, ntok);
         prefix(s->Vh, s->pv, H, T, D, ntok);
         prefix(s->Kpre, s->ppre, H, T, D, ntok);
+        if (queries && !s->pq && !(s->pq = kvq_alloc_array((size_t)T, (size_t)in->n_heads * D * sizeof(float))))
+            return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the queries of %d tokens", T);
         if (queries) prefix(s->Qh, s->pq, in->n_heads, T, D, ntok);
         L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre, L.query = queries ? s->pq : NULL;
     }

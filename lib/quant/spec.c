@@ -233,12 +233,9 @@ kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_err
     return KVQ_OK;
 }
 
-static kvq_status tokens_parse(const char *text, kvq_spec *out, kvq_error *err)
+/* out->text holds text (kvq_spec_parse checked its length). */
+static kvq_status tokens_parse(kvq_spec *out, kvq_error *err)
 {
-    memset(out, 0, sizeof *out);
-    if (strlen(text) >= KVQ_SPEC_MAX)
-        return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
-    snprintf(out->text, sizeof out->text, "%s", text);
     out->q = &kvq_q_tokens;
     kvq_tokens_parts *tp = malloc(sizeof *tp);
     if (!tp) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
@@ -301,7 +298,7 @@ static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spe
                             kvq_error *err);
 
 /* Calls fn on every spec of a mix (or on the plain spec), and of a
- * tokens(...) on its HI and LO specs: for checks that hold for each
+ * tokens(...) on it and its HI and LO specs: for checks that hold for each
  * (shape, calibration, tensors read). */
 static kvq_status each_spec(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
                             kvq_error *err)
@@ -320,9 +317,10 @@ static kvq_status each_spec(const kvq_spec *spec, kvq_status (*fn)(const kvq_spe
 static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
                             kvq_error *err)
 {
-    if (!kvq_spec_is_tokens(spec)) return fn(spec, ud, err);
+    kvq_status st = fn(spec, ud, err); /* a tokens(...) itself too: its selector's queries */
+    if (st || !kvq_spec_is_tokens(spec)) return st;
     kvq_tokens_parts *tp = malloc(sizeof *tp);
-    kvq_status st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!st && tp->hi_kind == KVQ_PART_SPEC) st = fn(&tp->hi, ud, err);
     if (!st && tp->lo_kind == KVQ_PART_SPEC) st = fn(&tp->lo, ud, err);
     free(tp);
@@ -365,14 +363,7 @@ static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
 {
     (void)err;
     *(unsigned *)ud |= spec->q->read_flags;
-    return KVQ_OK;
-}
-
-/* The queries a tokens(...)'s selector scores with. */
-static kvq_status query_flag_of(const kvq_spec *spec, void *ud, kvq_error *err)
-{
-    (void)err;
-    kvq_tokens_parts *tp = kvq_spec_is_tokens(spec) ? malloc(sizeof *tp) : NULL;
+    kvq_tokens_parts *tp = kvq_spec_is_tokens(spec) ? malloc(sizeof *tp) : NULL; /* the selector's queries */
     if (tp && !kvq_tokens_split(spec, tp, NULL) && kvq_token_selector_needs_queries(tp->selector))
         *(unsigned *)ud |= KVQ_READ_QUERY;
     free(tp);
@@ -383,17 +374,6 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec)
 {
     unsigned f = 0;
     each_spec(spec, flags_of, &f, NULL);
-    if (kvq_spec_is_mix(spec)) { /* its tokens(...) items */
-        mix *m;
-        if (mix_of(spec, &m, NULL)) return f;
-        for (int i = 0; i < m->nitems; i++) {
-            kvq_spec sub;
-            if (!mix_item_spec(spec->text, &m->item[i], &sub, NULL)) query_flag_of(&sub, &f, NULL);
-        }
-        free(m);
-    } else {
-        query_flag_of(spec, &f, NULL);
-    }
     return f;
 }
 
@@ -480,7 +460,7 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
         return kvq_fail(err, KVQ_ERR_USAGE, "quantizer spec longer than %d characters", KVQ_SPEC_MAX - 1);
     memcpy(out->text, text, len + 1);
     if (!strncmp(text, "mix(", 4)) return mix_parse(text, out, err);
-    if (!strncmp(text, "tokens(", 7)) return tokens_parse(text, out, err);
+    if (!strncmp(text, "tokens(", 7)) return tokens_parse(out, err);
 
     char buf[KVQ_SPEC_MAX];
     memcpy(buf, text, len + 1);
