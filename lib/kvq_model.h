@@ -147,11 +147,19 @@ typedef struct kvq_eval_opts {
     const int *logit_pos;
     int n_logit_pos;
     float *logits;
+    /* the context protocol (kvq-eval --context, SPEC §3.11), 0: none: in
+     * each window the first `context` tokens are prefilled exactly and each
+     * item's cache of them compressed once (scores from their own queries);
+     * the rest are teacher-forced on top (their own entries exact under
+     * KVQ_POLICY_PREFILL, stored by the spec — a tokens(...)'s HI — under
+     * KVQ_POLICY_DECODE) and only positions t >= context are scored (with
+     * chunk too, in place of the second half) */
+    int context;
 } kvq_eval_opts;
 
 /* What an evaluation's numbers depend on, as 64 bits (FNV-1a): the model
  * file (its size, first and last MiB), the tokens, the policy and its
- * stride, the chunking, the seed and the calibration file (size, first and
+ * stride, the chunking, the context, the seed and the calibration file (size, first and
  * last MiB; NULL: none).  Not the threads: results do not depend on them.
  * kvq-alloc writes it beside every sensitivity row and refuses to resume or
  * merge rows of another. */

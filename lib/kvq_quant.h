@@ -141,6 +141,10 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec);
 int kvq_spec_is_mix(const kvq_spec *spec);
 /* The spec that quantizes `layer` (KVQ_ERR_USAGE if no range holds it). */
 kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err);
+/* The spec by which generation stores the tokens that follow a context
+ * compressed once (kvq-eval --context with --policy decode): the layer's
+ * spec, or a tokens(...)'s HI; *exact = 1 when HI is none (stored exactly). */
+kvq_status kvq_spec_continuation(const kvq_spec *spec, int layer, kvq_spec *out, int *exact, kvq_error *err);
 /* Every layer 0..nlayers-1 in exactly one range and no range past the last
  * (else KVQ_ERR_USAGE naming the layer or the range); KVQ_OK for a plain spec. */
 kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *err);

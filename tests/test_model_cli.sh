@@ -383,5 +383,48 @@ tq='tokens(snapkv:keep=0.5,obs=4; none; drop)'
 cmp -s "$tmp/tok1.csv" "$tmp/tok2.csv" && awk -F, 'NR > 1 && $(NF-3) > 0 {n++} END {exit n != 2}' "$tmp/tok1.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens in kvq-eval (threads, kl > 0)"; cat "$tmp/tok1.csv"; }
 
+# --- --context N (SPEC §3.11): a spec that keeps the context exact is the
+# exact model on positions >= N; a per-token quantizer with --context and
+# decode is plain decode where the context's keys are the same (only the last
+# layer quantized: the context is prefilled exactly, so earlier layers differ
+# by design); with --chunk each window's context is its own first N tokens;
+# bits count the compressed context and the continuation; threads change nothing
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" --context 12 --policy prefill,decode -q none \
+    -q 'tokens(window:sinks=2,recent=10; none; drop)' -q 'tokens(window:sinks=2,recent=4; none; drop)' \
+    -q per-token:bits=4 --format csv >"$tmp/ctx.csv" 2>/dev/null
+awk '{q = $0; gsub(/"[^"]*"/, "", q); split(q, f, ","); sp = $0; sub(/^[^,]*,[^,]*,[^,]*,/, "", sp)} # f: the cells, the quoted spec emptied
+     NR > 1 && sp ~ /recent=10/ {n++; ok += f[11] == 0 && f[13] == 0 && f[15] == 24 && f[5] ~ /context=12$/}
+     NR > 1 && sp ~ /recent=4/ {n++; ok += f[13] > 0}
+     NR > 1 && sp ~ /^per-token/ && f[5] ~ /^prefill/ {n++; ok += f[7] == (12 * 8 + 25 * 16) / 37}
+     NR > 1 && sp ~ /^per-token/ && f[5] ~ /^decode/ {n++; ok += f[7] == 8}
+     END {exit !(n == 6 && ok == 6)}' "$tmp/ctx.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --context: exact context, eviction, bits"; cat "$tmp/ctx.csv"; }
+for c in "" "--context 8"; do
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" --chunk 16 $c --policy decode --per-layer -q per-token:bits=3 \
+        --format csv 2>/dev/null | awk -F, 'NR > 1 {l = $6} END {print $10, $15}'
+done | uniq | wc -l | grep -qx 1 && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --context + decode != decode (per-token, last layer)"; }
+printf '%s ' 1 $(seq 5 19) >"$tmp/w0.txt"
+printf '%s ' 1 $(seq 21 35) >"$tmp/w1.txt"
+q='tokens(snapkv:keep=0.5,obs=3; none; per-token:bits=2)'
+{
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" --chunk 16 --context 6 -q "$q" --format csv 2>/dev/null | tail -1
+    for w in 0 1; do "$eval" "$tiny" --tokens "$tmp/w$w.txt" --context 6 -q "$q" --format csv 2>/dev/null | tail -1; done
+} | awk '{q = $0; gsub(/"[^"]*"/, "", q); split(q, f, ","); nll[NR] = f[10]; pos[NR] = f[15]; ref[NR] = f[9]}
+    function near(a, b) {return (a - b) ^ 2 < 1e-24 * (1 + b * b)}
+    END {exit !(NR == 3 && pos[1] == pos[2] + pos[3] && pos[2] == 9 &&
+                near(nll[1] * pos[1], nll[2] * pos[2] + nll[3] * pos[3]) && near(ref[1] * pos[1], ref[2] * pos[2] + ref[3] * pos[3]))}' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --chunk --context: each window's own context"; }
+for n in 1 2; do
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" --context 10 --policy decode --stride 3 -q "$q" -q kivi:bits=2,group=4,residual=4 \
+        --threads $n --format csv >"$tmp/ctx$n.csv" 2>/dev/null
+done
+cmp -s "$tmp/ctx1.csv" "$tmp/ctx2.csv" && [ "$(wc -l <"$tmp/ctx1.csv")" = 3 ] \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --context differs between --threads 1 and 2"; cat "$tmp/ctx"?.csv; }
+expect 2 "--context 0: expected a positive integer" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --context 0
+expect 2 "--context 36: expected at most 35" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --context 36
+expect 2 "--context 15: expected at most 14 (a context and at least one scored position in each window of 16" -- \
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 16 --context 15
+expect 2 "--merge pools finished shards" -- "$eval" --merge --context 4 "$tmp/sh0.csv"
+
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]

@@ -32,6 +32,11 @@ static void usage(FILE *f)
         "                        of N tokens, each from an empty cache with BOS first when\n"
         "                        the model adds one, scoring each window's second half\n"
         "      --chunks K        evaluate only the first K windows\n"
+        "      --context N       the context protocol: the first N tokens (of each window)\n"
+        "                        prefilled exactly and their cache compressed once, the\n"
+        "                        rest teacher-forced on top (their own entries exact with\n"
+        "                        prefill, stored by the spec or a tokens(...)'s HI with\n"
+        "                        decode); only positions >= N are scored\n"
         "      --shard I/N       with --chunk: only the I-th of N contiguous shares of the\n"
         "                        windows, each window's rows appended to -o OUT as it ends\n"
         "                        (with the sums --merge pools)\n"
@@ -67,6 +72,7 @@ enum {
     OPT_SEED,
     OPT_CHUNK,
     OPT_CHUNKS,
+    OPT_CONTEXT,
     OPT_SHARD,
     OPT_RESUME,
     OPT_MERGE
@@ -113,7 +119,8 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
         {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
         {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"chunk", required_argument, 0, OPT_CHUNK},
-        {"chunks", required_argument, 0, OPT_CHUNKS}, {"shard", required_argument, 0, OPT_SHARD},
+        {"chunks", required_argument, 0, OPT_CHUNKS}, {"context", required_argument, 0, OPT_CONTEXT},
+        {"shard", required_argument, 0, OPT_SHARD},
         {"resume", no_argument, 0, OPT_RESUME}, {"merge", no_argument, 0, OPT_MERGE}, CLI_MODEL_LONGOPTS,
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
@@ -121,7 +128,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const char *output = NULL, *format = NULL, *calib = NULL;
     int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
-    long stride = 1, chunk = 0, chunks = 0, shard_i = 0, shard_n = 0;
+    long stride = 1, chunk = 0, chunks = 0, context = 0, shard_i = 0, shard_n = 0;
     int resume = 0, merge = 0;
     cli_eval_shard *shard = NULL;
     cli_eval_row *rows = NULL;
@@ -168,6 +175,12 @@ static int run(int argc, char **argv, cli_meta *meta)
                 rc = CLI_USAGE; goto done;
             }
             break;
+        case OPT_CONTEXT:
+            if (cli_parse_long(optarg, 1, 1L << 30, &context)) {
+                cli_error(prog, "--context %s: expected a positive integer (tokens)", optarg);
+                rc = CLI_USAGE; goto done;
+            }
+            break;
         case OPT_SHARD:
             if (cli_parse_shard(optarg, &shard_i, &shard_n)) {
                 cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
@@ -192,7 +205,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         }
     }
     if (merge) { /* the shards' rows pooled: no model to run */
-        if (shard_n || resume || nspecs || chunk || chunks || calib || per_layer || mo.text || mo.tokens) {
+        if (shard_n || resume || nspecs || chunk || chunks || context || calib || per_layer || mo.text || mo.tokens) {
             cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format and "
                       "--meta apply)");
             rc = CLI_USAGE; goto done;
@@ -253,6 +266,11 @@ static int run(int argc, char **argv, cli_meta *meta)
         cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", mo.text ? mo.text : mo.tokens, T, chunk);
         rc = CLI_RUNTIME; goto done;
     }
+    if (context && context > (chunk ? chunk : T) - 2) {
+        cli_error(prog, "--context %ld: expected at most %ld (a context and at least one scored position in %s of %ld "
+                  "tokens)", context, (chunk ? chunk : T) - 2L, chunk ? "each window" : "the text", chunk ? chunk : (long)T);
+        rc = CLI_USAGE; goto done;
+    }
     int nwin = chunk ? (int)(T / chunk) : 1;
     if (chunks && nwin > chunks) nwin = (int)chunks;
 
@@ -274,6 +292,10 @@ static int run(int argc, char **argv, cli_meta *meta)
         rc = CLI_RUNTIME;
         goto done;
     }
+    /* the policy cell: with --context, the protocol too (prefill/context=N) */
+    char policy_name[2][40] = {"prefill", "decode"};
+    for (int p = 0; context && p < 2; p++)
+        snprintf(policy_name[p], sizeof policy_name[p], "%s/context=%ld", p ? "decode" : "prefill", context);
     for (int i = 0; i < nitems; i++) {
         const kvq_eval_item *it = &items[i];
         const kvq_spec *sp = it->spec, *text = sp;
@@ -281,7 +303,7 @@ static int run(int argc, char **argv, cli_meta *meta)
             text = &owns[i];
         rows[i] = (cli_eval_row){.model = in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
                                  .spec = sp ? text->text : "none",
-                                 .policy = it->policy == KVQ_POLICY_DECODE ? "decode" : "prefill"};
+                                 .policy = policy_name[it->policy == KVQ_POLICY_DECODE]};
         if (it->layer < 0) snprintf(rows[i].layer, sizeof rows[i].layer, "all");
         else snprintf(rows[i].layer, sizeof rows[i].layer, "%d", it->layer);
     }
@@ -299,6 +321,7 @@ static int run(int argc, char **argv, cli_meta *meta)
     cli_meta_bool(meta, "options", "per-layer", per_layer);
     cli_meta_int_set(meta, "options", "chunk", chunk);
     cli_meta_int_set(meta, "options", "chunks", chunks);
+    cli_meta_int_set(meta, "options", "context", context);
     cli_meta_u64(meta, "options", "seed", seed);
     cli_meta_str(meta, "options", "format", cli_format_name(fmt));
     int ncol;
@@ -348,7 +371,7 @@ static int run(int argc, char **argv, cli_meta *meta)
     progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
     kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
                         .progress = chunk ? NULL : progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks,
-                        .window_progress = window_progress};
+                        .window_progress = window_progress, .context = (int)context};
     if (shard_n) {
         if (w0 + wdone == w1) { /* every window of the shard is in OUT */
             fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, output, shard_i, shard_n,

@@ -265,8 +265,9 @@ typedef struct att_buf {
 
 /* Causal attention, with a sliding window W > 0 (p − W < k <= p), of the
  * query rows [r0, r1) of every head over a cache of the first c keys
- * (c >= r1) of K, V [H][c][D] (head h at h·c·D); Q [Hq][T][D]; the rows
- * go to att [T][Hq·D].
+ * (c >= r1) of K, V [H][lk][D] (head h at h·lk·D; lk >= c); keep [H][lk]
+ * (NULL: every key) masks evicted keys; Q [Hq][T][D]; the rows go to att
+ * [T][Hq·D].
  *
  * Rows are done in tiles of ATT_ROWS positions aligned to multiples of
  * ATT_ROWS; the tile [a, b) reads keys [k0, b) (k0 = max(0, a − W + 1) with
@@ -297,8 +298,8 @@ static void masked_softmax(float *s, const unsigned char *kp, int u0, int u1, in
     for (int u = u1 + 1; u < n; u++) s[u] = 0.0f;
 }
 
-static void attend(const float *Q, const float *K, const float *V, const unsigned char *keep, int c, int T, int Hq,
-                   int H, int D, int W, float scale, int r0, int r1, float *att, const att_buf *buf, int nt)
+static void attend(const float *Q, const float *K, const float *V, const unsigned char *keep, int c, int lk, int T,
+                   int Hq, int H, int D, int W, float scale, int r0, int r1, float *att, const att_buf *buf, int nt)
 {
     int G = Hq / H, t0 = r0 / ATT_ROWS, t1 = (r1 + ATT_ROWS - 1) / ATT_ROWS, ntile = t1 - t0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -307,8 +308,8 @@ static void attend(const float *Q, const float *K, const float *V, const unsigne
         int j = i / ntile, a = (t0 + i % ntile) * ATT_ROWS, b = imin(a + ATT_ROWS, T);
         int k0 = W > 0 && a - W + 1 > 0 ? a - W + 1 : 0, n = b - k0, m = b - a;
         int ra = a > r0 ? a : r0, rb = b < r1 ? b : r1; /* the rows wanted */
-        const float *Kh = K + (size_t)(j / G) * c * D + (size_t)k0 * D,
-                    *Vh = V + (size_t)(j / G) * c * D + (size_t)k0 * D;
+        const float *Kh = K + (size_t)(j / G) * lk * D + (size_t)k0 * D,
+                    *Vh = V + (size_t)(j / G) * lk * D + (size_t)k0 * D;
         if (c < b) { /* decode: keys [k0, c) and zero rows up to b */
             size_t have = (size_t)(c - k0) * D, pad = (size_t)(b - c) * D;
             memcpy(B->Kp, Kh, have * sizeof(float)), memset(B->Kp + have, 0, pad * sizeof(float));
@@ -325,7 +326,7 @@ static void attend(const float *Q, const float *K, const float *V, const unsigne
             }
             int u0 = W > 0 && t - W + 1 > k0 ? t - W + 1 - k0 : 0, u1 = t - k0; /* keys k0 + [u0, u1] */
             if (keep) { /* tokens(...; drop): the evicted keys are absent */
-                const unsigned char *kp = keep + (size_t)(j / G) * c + k0;
+                const unsigned char *kp = keep + (size_t)(j / G) * lk + k0;
                 masked_softmax(s, kp, u0, u1, n);
                 continue;
             }
@@ -356,6 +357,9 @@ typedef struct fw_scratch {
     float *kq, *vq;                           /* quantizer outputs [H][T][D] */
     float *pq;                                /* decode with a selector: the first c queries, [Hq][c][D] (on first use) */
     unsigned char *keep;                      /* [H][T]: the tokens a quantizer kept (tokens(...; drop)) */
+    int *pos;                                 /* [H][T]: the positions of a segment's tokens (--context) */
+    float *ck, *cv;                           /* --context: the cache [H][T][D], the context compressed once */
+    unsigned char *ckeep;                     /* [H][T]: its kept tokens */
     double *kb, *vb, *sb;                     /* [H] */
     att_buf *ab;                              /* [nt] */
     int nab;
@@ -366,15 +370,17 @@ static void scratch_free(fw_scratch *s)
     float *f[] = {s->xn, s->xo, s->q,    s->k,  s->v,  s->att,  s->g,  s->u, s->Qh,
                   s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq, s->pq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
-    free(s->kb), free(s->vb), free(s->sb), free(s->keep);
+    free(s->kb), free(s->vb), free(s->sb), free(s->keep), free(s->pos), free(s->ck), free(s->cv), free(s->ckeep);
     for (int i = 0; s->ab && i < s->nab; i++) free(s->ab[i].S), free(s->ab[i].O), free(s->ab[i].Kp), free(s->ab[i].Vp);
     free(s->ab);
     memset(s, 0, sizeof *s);
 }
 
 /* quantized: some stream quantizes its cache (the prefix and output buffers
- * are needed); the exact model alone does without them. */
-static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, int nt, kvq_error *err)
+ * are needed); the exact model alone does without them.  context: the
+ * buffers of --context's cache too. */
+static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, int context, int nt,
+                                kvq_error *err)
 {
     size_t t = (size_t)T, qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
     size_t D = (size_t)in->head_dim;
@@ -392,7 +398,13 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->ppre = kvq_alloc_array(t, kd * sizeof(float));
         s->kq = kvq_alloc_lines(t * kd * sizeof(float)), s->vq = kvq_alloc_lines(t * kd * sizeof(float));
         s->keep = kvq_alloc_array(t, (size_t)in->n_kv_heads);
-        ok = s->pk && s->pv && s->ppre && s->kq && s->vq && s->keep;
+        s->pos = kvq_alloc_array(t, (size_t)in->n_kv_heads * sizeof(int));
+        ok = s->pk && s->pv && s->ppre && s->kq && s->vq && s->keep && s->pos;
+    }
+    if (quantized && context) {
+        s->ck = kvq_alloc_array(t, kd * sizeof(float)), s->cv = kvq_alloc_array(t, kd * sizeof(float));
+        s->ckeep = kvq_alloc_array(t, (size_t)in->n_kv_heads);
+        ok = ok && s->ck && s->cv && s->ckeep;
     }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
@@ -415,10 +427,11 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
     return KVQ_OK;
 }
 
-/* Copies tokens [0, c) of x [H][T][D] into y [H][c][D]. */
-static void prefix(const float *x, float *y, int H, int T, int D, int c)
+/* Copies tokens [t0, t1) of x [H][T][D] into y [H][t1−t0][D]. */
+static void segment(const float *x, float *y, int H, int T, int D, int t0, int t1)
 {
-    for (int h = 0; h < H; h++) memcpy(y + (size_t)h * c * D, x + (size_t)h * T * D, (size_t)c * D * sizeof(float));
+    size_t n = (size_t)(t1 - t0) * D;
+    for (int h = 0; h < H; h++) memcpy(y + (size_t)h * n, x + ((size_t)h * T + t0) * D, n * sizeof(float));
 }
 
 typedef struct fw_ctx {
@@ -452,25 +465,28 @@ static const kvq_rope *layer_rope(const fw_ctx *c, int l)
     return c->rope_swa.T && kvq_model_layer_window(c->m, l) ? &c->rope_swa : &c->rope;
 }
 
-/* The quantizer of stream st on the first c tokens of the layer (pk/pv
- * hold them when c < T, else Kh/Vh); K', V' into kq/vq [H][c][D], the kept
- * tokens into keep [H][c] (*dropped: some were evicted). */
-static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int ntok, int *dropped, kvq_error *err)
+/* The spec on tokens [t0, t1) of the layer (pk/pv hold them unless they
+ * are all T, then Kh/Vh), as a layer of their own at their own positions:
+ * K', V' into kq/vq [H][t1−t0][D], the kept tokens into keep [H][t1−t0]
+ * (*dropped: some were evicted).  t0 > 0: the tokens after a context
+ * (--context), so a spec that re-applies RoPE rotates token i at t0 + i. */
+static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int t0, int t1, int *dropped,
+                                 kvq_error *err)
 {
     fw_scratch *s = &c->s;
     const kvq_model_info *in = &c->m->info;
-    int H = in->n_kv_heads, D = in->head_dim, T = c->o->T;
+    int H = in->n_kv_heads, D = in->head_dim, T = c->o->T, ntok = t1 - t0;
     kvq_layer L = {.H = H, .Hq = in->n_heads, .T = ntok, .D = D};
     int queries = (kvq_spec_read_flags(spec) & KVQ_READ_QUERY) != 0; /* a selector scores with them */
     if (ntok == T) {
         L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre, L.query = queries ? s->Qh : NULL;
     } else {
-        prefix(s->Kh, s->pk, H, T, D, ntok);
-        prefix(s->Vh, s->pv, H, T, D, ntok);
-        prefix(s->Kpre, s->ppre, H, T, D, ntok);
+        segment(s->Kh, s->pk, H, T, D, t0, t1);
+        segment(s->Vh, s->pv, H, T, D, t0, t1);
+        segment(s->Kpre, s->ppre, H, T, D, t0, t1);
         if (queries && !s->pq && !(s->pq = kvq_alloc_array((size_t)T, (size_t)in->n_heads * D * sizeof(float))))
             return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the queries of %d tokens", T);
-        if (queries) prefix(s->Qh, s->pq, in->n_heads, T, D, ntok);
+        if (queries) segment(s->Qh, s->pq, in->n_heads, T, D, t0, t1);
         L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre, L.query = queries ? s->pq : NULL;
     }
     kvq_dump_info info = c->qinfo;
@@ -478,6 +494,11 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, layer)};
     kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt,
                          .rope = layer_rope(c, layer), .attn = &mode};
+    if (t0 > 0) { /* [H][ntok]: token i of every head is at t0 + i */
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < ntok; i++) s->pos[(size_t)h * ntok + i] = t0 + i;
+        ctx.pos = s->pos;
+    }
     memset(s->kb, 0, (size_t)H * sizeof(double));
     memset(s->vb, 0, (size_t)H * sizeof(double));
     memset(s->sb, 0, (size_t)H * sizeof(double));
@@ -486,21 +507,25 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     kvq_status st;
     if (c->o->calib && (st = kvq_calib_state(c->o->calib, spec, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
     /* BLAS runs one thread; the quantizers thread over heads */
-    if ((st = kvq_quantize_layer(spec, &ctx, &L, &qo, err))) return st;
+    if ((st = kvq_quantize_layer(spec, &ctx, &L, &qo, err))) { /* the quantizer's message, with the model it ran in */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return kvq_fail(err, st, "%s: %s", c->m->path, msg);
+    }
     *dropped = qo.dropped;
     return KVQ_OK;
 }
 
-/* Whether the quantized cache of the first ntok tokens (kq, vq [H][ntok][D])
- * is bit for bit the exact one (Kh, Vh [H][T][D]). */
-static int cache_is_exact(const fw_ctx *c, int ntok)
+/* Whether the quantized cache of tokens [t0, t1) (kq, vq [H][t1−t0][D])
+ * is bit for bit the exact one (rows [t0, t1) of Kh, Vh [H][T][D]). */
+static int cache_is_exact(const fw_ctx *c, int t0, int t1)
 {
     const fw_scratch *s = &c->s;
     int H = c->m->info.n_kv_heads, D = c->m->info.head_dim, T = c->o->T;
-    size_t n = (size_t)ntok * D * sizeof(float);
+    size_t n = (size_t)(t1 - t0) * D;
     for (int h = 0; h < H; h++)
-        if (memcmp(s->kq + (size_t)h * ntok * D, s->Kh + (size_t)h * T * D, n) ||
-            memcmp(s->vq + (size_t)h * ntok * D, s->Vh + (size_t)h * T * D, n))
+        if (memcmp(s->kq + (size_t)h * n, s->Kh + ((size_t)h * T + t0) * D, n * sizeof(float)) ||
+            memcmp(s->vq + (size_t)h * n, s->Vh + ((size_t)h * T + t0) * D, n * sizeof(float)))
             return 0;
     return 1;
 }
@@ -558,11 +583,89 @@ static kvq_status layer_qkv(fw_ctx *c, const float *x, int l, int r0, kvq_error 
     return KVQ_OK;
 }
 
+/* Rows [t0, t1) of the quantizer's output (kq, vq [H][t1−t0][D], keep
+ * [H][t1−t0] or every token when none was dropped) into the --context cache
+ * ck, cv [H][T][D], ckeep [H][T]. */
+static void context_put(fw_scratch *s, int H, int T, int D, int t0, int t1, int dropped)
+{
+    size_t n = (size_t)(t1 - t0);
+    for (int h = 0; h < H; h++) {
+        size_t at = (size_t)h * T + t0;
+        memcpy(s->ck + at * D, s->kq + (size_t)h * n * D, n * D * sizeof(float));
+        memcpy(s->cv + at * D, s->vq + (size_t)h * n * D, n * D * sizeof(float));
+        if (dropped) memcpy(s->ckeep + at, s->keep + (size_t)h * n, n);
+        else memset(s->ckeep + at, 1, n);
+    }
+}
+
+/* --context N (SPEC §3.11), rows [r0, T) of stream st at layer l: the
+ * context [0, N) is prefilled exactly (its rows attend to the exact keys
+ * and values) and compressed once by the item's spec on its N tokens (a
+ * selector scoring with their own queries); rows [N, T) attend to that
+ * cache with the continuation's own entries on top — exact (prefill
+ * policy, or HI none), or stored by the continuation spec (the layer's
+ * spec, a tokens(...)'s HI) as generation would: as it holds tokens
+ * [N, p1) for the rows before p1, p1 growing by the stride.  Bits: the
+ * cache after the last token.  *same as layer_attention's. */
+static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, int *same, kvq_error *err)
+{
+    const kvq_model_info *in = &c->m->info;
+    fw_scratch *s = &c->s;
+    const kvq_eval_item *it = st->item;
+    int T = c->o->T, N = c->o->context, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim, nt = c->nt;
+    int W = kvq_model_layer_window(c->m, l);
+    float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
+    int dropped = 0, hi_exact = 0;
+    kvq_spec hi;
+    kvq_status rc;
+    if ((rc = quantize_cache(c, it->spec, l, 0, N, &dropped, err))) return rc;
+    for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
+    int exact = !dropped && cache_is_exact(c, 0, N); /* the compressed context is the exact one */
+    context_put(s, H, T, D, 0, N, dropped);
+    if ((rc = kvq_spec_continuation(it->spec, l, &hi, &hi_exact, err))) return rc;
+    if (it->policy == KVQ_POLICY_PREFILL || hi_exact) { /* the continuation's own entries exact, 16 bits */
+        size_t n = (size_t)(T - N);
+        st->k_bits += 16.0 * n * H * D, st->v_bits += 16.0 * n * H * D;
+        if (*same && exact) return KVQ_OK;
+        for (int h = 0; h < H; h++) {
+            size_t at = (size_t)h * T + N;
+            memcpy(s->ck + at * D, s->Kh + at * D, n * D * sizeof(float));
+            memcpy(s->cv + at * D, s->Vh + at * D, n * D * sizeof(float));
+            memset(s->ckeep + at, 1, n);
+        }
+        *same = 0;
+        if (r0 < N) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, N, s->att, s->ab, nt);
+        attend(s->Qh, s->ck, s->cv, dropped ? s->ckeep : NULL, T, T, T, Hq, H, D, W, scale, r0 > N ? r0 : N, T,
+               s->att, s->ab, nt);
+        return KVQ_OK;
+    }
+    int stride = c->o->stride > 0 ? c->o->stride : 1;
+    if (!*same && r0 < N) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, N, s->att, s->ab, nt);
+    for (int p0 = N; p0 < T; p0 += stride) {
+        int p1 = p0 + stride < T ? p0 + stride : T, d = 0;
+        if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
+        if ((rc = quantize_cache(c, &hi, l, N, p1, &d, err))) return rc;
+        if (p1 == T)
+            for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
+        if (*same) {
+            if (exact && cache_is_exact(c, N, p1)) continue;
+            *same = 0;
+            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+        }
+        context_put(s, H, T, D, N, p1, 0);
+        if (p1 > r0)
+            attend(s->Qh, s->ck, s->cv, dropped ? s->ckeep : NULL, p1, T, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
+                   s->att, s->ab, nt);
+    }
+    return KVQ_OK;
+}
+
 /* The attention rows [r0, T) of stream st at layer l into the scratch's
  * att, from the scratch's Q, K, V: over the exact cache, or over its item's
  * quantized cache where the item applies (prefill: quantized once over the
  * T tokens; decode: as it holds the first p1 tokens for the rows before p1,
- * p1 growing by the stride), the stored bits counted.
+ * p1 growing by the stride; --context: context_attention), the stored bits
+ * counted.
  * *same (in): st still follows the exact stream — then nothing is attended
  * while each cache is bit-identical to the exact keys and values, and at
  * the first that is not, the rows before it are attended exactly; *same
@@ -580,29 +683,26 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     if (!applies || !it->spec) {
         if (applies) /* -q none: the exact cache, 16 bits */
             st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd;
-        if (!*same) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
+        if (!*same) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
         return KVQ_OK;
     }
+    if (c->o->context > 0) return context_attention(c, st, l, r0, same, err);
     int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
     for (int p0 = 0; p0 < T; p0 += stride) {
         int p1 = p0 + stride < T ? p0 + stride : T;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
         int dropped = 0;
-        kvq_status rc = quantize_cache(c, it->spec, l, p1, &dropped, err);
-        if (rc) { /* the quantizer's message, with the model it ran in */
-            char msg[sizeof err->msg];
-            snprintf(msg, sizeof msg, "%s", err->msg);
-            return kvq_fail(err, rc, "%s: %s", c->m->path, msg);
-        }
+        kvq_status rc = quantize_cache(c, it->spec, l, 0, p1, &dropped, err);
+        if (rc) return rc;
         if (p1 == T) /* the cache after the last token */
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
         if (*same) {
-            if (!dropped && cache_is_exact(c, p1)) continue;
+            if (!dropped && cache_is_exact(c, 0, p1)) continue;
             *same = 0;
-            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
         }
         if (p1 > r0)
-            attend(s->Qh, s->kq, s->vq, dropped ? s->keep : NULL, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
+            attend(s->Qh, s->kq, s->vq, dropped ? s->keep : NULL, p1, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
                    s->att, s->ab, nt);
     }
     return KVQ_OK;
@@ -889,7 +989,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
                           kmax);
             goto done;
         }
-    if ((rc = scratch_alloc(&c.s, in, T, quantized, c.nt, err))) goto done;
+    if ((rc = scratch_alloc(&c.s, in, T, quantized, o->context > 0, c.nt, err))) goto done;
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
     if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&

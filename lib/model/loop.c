@@ -194,7 +194,7 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
             s[i].pos_nll =
                 i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)wi * per_win;
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
-                          .score_from = score_from, .seed = o->seed, .calib = o->calib,
+                          .score_from = score_from, .context = o->context, .seed = o->seed, .calib = o->calib,
                           .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
                           .n_logit_pos = pass || wi ? 0 : o->n_logit_pos, .logits = o->logits};
         if (!st && !(st = kvq_forward(m, &fo, err))) {
@@ -240,6 +240,9 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         if ((st = kvq_spec_check_calib(sp, o->calib != NULL, err))) return st;
         if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
     }
+    if (o->context && (o->context < 1 || o->context > N - 2))
+        return kvq_fail(err, KVQ_ERR_USAGE, "a context of %d tokens: expected 1..%d (a context and at least one "
+                        "scored position in %s of %d tokens)", o->context, N - 2, o->chunk > 0 ? "each window" : "the text", N);
     for (int i = 0; i < o->n_logit_pos; i++)
         if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= N)
             return kvq_fail(err, KVQ_ERR_USAGE,
@@ -252,7 +255,8 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
     /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
-    int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos, from = o->chunk > 0 ? N / 2 : 0;
+    int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos;
+    int from = o->context > 0 ? o->context : o->chunk > 0 ? N / 2 : 0; /* the first scored position */
     kvq_eval_sums ref = {0}, wref = {0};
     for (int w = w0; w < w1 && !st; w++) {
         memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);
@@ -306,6 +310,7 @@ uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_
     h = kvq_fnv1a(h, (const char *)tokens, (size_t)T * sizeof *tokens);
     int v[4] = {(int)policy, policy == KVQ_POLICY_DECODE && o->stride > 1 ? o->stride : 1, o->chunk, o->chunk ? o->chunks : 0};
     h = kvq_fnv1a(h, (const char *)v, sizeof v);
+    if (o->context) h = kvq_fnv1a(h, (const char *)&o->context, sizeof o->context); /* runs without it keep their hash */
     h = kvq_fnv1a(h, (const char *)&o->seed, sizeof o->seed);
     return file_ends(h, calib_path);
 }

@@ -224,6 +224,7 @@ struct kvq_fw_opts {
     int ns;
     int nthreads, stride;
     int score_from; /* positions t < score_from are not scored (corpus windows score their second half) */
+    int context;    /* > 0: --context's protocol (SPEC §3.11): the first `context` tokens compressed once */
     uint64_t seed;
     kvq_calib *calib;
     /* the exact stream's tensors of each layer: key, value, query [.][T][D]

@@ -264,6 +264,19 @@ kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kv
     return st;
 }
 
+kvq_status kvq_spec_continuation(const kvq_spec *spec, int layer, kvq_spec *out, int *exact, kvq_error *err)
+{
+    *exact = 0;
+    kvq_status st = kvq_spec_for_layer(spec, layer, out, err);
+    if (st || !kvq_spec_is_tokens(out)) return st;
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    st = tp ? kvq_tokens_split(out, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && tp->hi_kind == KVQ_PART_SPEC) *out = tp->hi;
+    else if (!st) *exact = 1; /* HI none (HI is never drop) */
+    free(tp);
+    return st;
+}
+
 kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *err)
 {
     if (!kvq_spec_is_mix(spec)) return KVQ_OK;
