@@ -105,8 +105,10 @@ void kvq_report_discard(kvq_report *r);      /* frees without printing buffered 
 
 /* ------------------------------------------------------------- sweeps */
 
-/* A parameter grid of one quantizer (kvq-sweep).  grids: "key=v1,v2,...";
- * fixed: "key=value[,key=value...]".  Usage errors: unknown quantizer or key,
+/* A parameter grid of one quantizer (kvq-sweep), or of the selector of a
+ * tokens(SELECT; HI; LO) template (quant "tokens(snapkv; none; drop)":
+ * points tokens(snapkv:keep=...; none; drop); keys written in SELECT are
+ * fixed).  grids: "key=v1,v2,..."; fixed: "key=value[,key=value...]".  Usage errors: unknown quantizer or key,
  * a key given twice, a value its key does not accept, a value repeated.
  * Points: the cartesian product in the order the grid keys were given, the
  * last key varying fastest (nested loops). */
@@ -118,7 +120,8 @@ size_t kvq_grid_size(const kvq_grid *g); /* points, invalid ones included */
 int kvq_grid_nkeys(const kvq_grid *g);
 const char *kvq_grid_key(const kvq_grid *g, int k);
 const char *kvq_grid_value(const kvq_grid *g, size_t point, int k); /* text as given */
-const kvq_quantizer *kvq_grid_quantizer(const kvq_grid *g);
+const kvq_quantizer *kvq_grid_quantizer(const kvq_grid *g); /* the family, or the template's selector */
+unsigned kvq_grid_read_flags(const kvq_grid *g); /* KVQ_READ_* tensors its points read */
 /* The spec of a point, "name:key=value,..." with the fixed and grid keys in
  * the quantizer's parameter order; KVQ_ERR_USAGE (with the reason) when the
  * point is invalid, e.g. KIVI's residual not a multiple of group. */

@@ -31,6 +31,15 @@ typedef struct kvq_arrays_opts {
     double rope_theta;
     kvq_rope_style rope_style;
     kvq_calib *calib;
+    /* tokens(...)'s selectors that score by attention read query
+     * [num_heads][T][D] (post-RoPE; num_heads a multiple of H, NULL: none);
+     * keep (may be NULL) receives the [H][T] selection: 1 for a token the
+     * selector kept (stored by HI), 0 for the others (stored by LO, or
+     * evicted when LO is drop: their K', V' rows are 0); all 1 for a spec
+     * that selects nothing */
+    const float *query;
+    int num_heads;
+    unsigned char *keep;
 } kvq_arrays_opts;
 
 /* o's quantizer on one layer of the caller's arrays: key, value (and

@@ -246,6 +246,19 @@ for b in bad:
     print("FAIL: kvq-alloc:", b)
 sys.exit(1 if bad else 0)
 PY
+    # a tokens(...) template as the family: its selector's keys per layer, the sensitivities kvq-eval's rows
+    tf='tokens(snapkv:obs=8; none; per-token:bits=2)'
+    expect 0 "budget 11" -- "$alloc" "$m" --text "$t" --max-tokens 96 --family "$tf" --grid keep=0.25,0.5 --budget 11 \
+        --progress never -o "$tmp/alt.csv"
+    "$eval" "$m" --text "$t" --max-tokens 96 --per-layer --format csv -q 'tokens(snapkv:keep=0.25,obs=8; none; per-token:bits=2)' \
+        -q 'tokens(snapkv:keep=0.5,obs=8; none; per-token:bits=2)' >"$tmp/alt-eval.csv" 2>/dev/null
+    /usr/bin/python3 - "$tmp/alt.csv.sensitivity.csv" "$tmp/alt-eval.csv" <<'PY' && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-alloc --family tokens(...)"; }
+import csv, sys
+sens = {(r["spec"], int(r["layer"])): r for r in csv.DictReader(open(sys.argv[1]))}
+ev = list(csv.DictReader(open(sys.argv[2])))
+sys.exit(not (len(sens) == len(ev) == 10 and all(
+    float(sens[(r["spec"], int(r["layer"]))][c]) == float(r[c]) for r in ev for c in ("k_bits", "v_bits", "dnll"))))
+PY
     cp "$tmp/al.csv" "$tmp/al-full.csv"
     cp "$tmp/al.csv.sensitivity.csv" "$tmp/al-sens-full.csv"
     head -c "$(( $(head -n 11 "$tmp/al-sens-full.csv" | wc -c) + 20 ))" "$tmp/al-sens-full.csv" >"$tmp/al.csv.sensitivity.csv"

@@ -163,6 +163,33 @@ r16 = kvq.quantize("kivi:bits=2", a["key"].astype(np.float16), a["value"], layer
 check(np.array_equal(r16.key, kvq.quantize("kivi:bits=2", a["key"].astype(np.float16).astype(np.float32),
                                            a["value"], layer=1).key), "float16 widened")
 
+# tokens(...): the selector's queries in, its selection out (.keep), the --per layer row of kvq-analyze
+spec = "tokens(snapkv:keep=0.25,obs=16; none; kivi:bits=2)"
+row = kvq.parse_rows(tool("kvq-analyze", "--per", "layer", "--format", "csv", "-q", spec, DUMP))[2]
+a = dumps[DUMP]["layers"][2]
+H, T = a["key"].shape[:2]
+rt = kvq.quantize(spec, a["key"], a["value"], layer=2, query=a["query"])
+check(rt.keep.shape == (H, T) and rt.keep.dtype == bool and (rt.keep.sum(axis=1) == round(0.25 * T)).all() and
+      rt.keep[:, -16:].all(), "snapkv's selection: keep·T tokens a head, the observation window among them")
+check((rt.k_bits, rt.v_bits) == (row["k_bits"], row["v_bits"]) and all(rt.metrics[c] == row[c] for c in COLS),
+      "tokens(snapkv...) with the dump's queries: kvq-analyze's --per layer row")
+rw = kvq.quantize("tokens(window:sinks=2,recent=3; none; drop)", a["key"], a["value"], layer=2)
+want = np.zeros((H, T), bool)
+want[:, :2] = want[:, -3:] = True
+check(np.array_equal(rw.keep, want) and not rw.key[:, 2:-3].any() and np.array_equal(rw.key[:, :2], a["key"][:, :2]),
+      "window: sinks and recent kept, the rest zero rows")
+check(kvq.quantize("kivi:bits=2", a["key"], a["value"], layer=2).keep.all(), "a plain spec keeps every token")
+try:
+    kvq.quantize("tokens(h2o:keep=0.5; none; drop)", a["key"], a["value"], layer=2)
+    check(False, "h2o without queries refused")
+except kvq.Error as e:
+    check("expected the queries" in str(e), f"h2o without queries: {e}")
+try:
+    kvq.quantize(spec, a["key"], a["value"], layer=2, query=a["query"][:3])
+    check(False, "3 query heads on 4 key heads refused")
+except kvq.Error as e:
+    check("query: expected [Hq," in str(e), f"query heads: {e}")
+
 # ---------------------------------------------- kvq.analyze against the CSV
 for per, extra in (("head", ["--queries", "all", "--layers", "1-2"]), ("layer", []), ("model", ["--seed", "5"])):
     specs = ["kivi:bits=2", "cluster", "turboquant"]

@@ -182,6 +182,28 @@ expect 2 "stories260K.h5: ggml:ktype=q4_0,vtype=q4_1: ktype=q4_0: head_dim 8 is 
     -o "$tmp/rot.csv" 2>/dev/null
 check "prerotate grid: 3 rows, the spec names the rotation" grep -q ',"per-token:bits=3,prerotate=qr",' "$tmp/rot.csv"
 
+# --- tokens(SELECT; HI; LO) templates: the selector's keys as grid keys (keys written in SELECT fixed)
+tq=(--quant 'tokens(snapkv:obs=16; none; kivi:bits=2)' --grid keep=0.25,0.5 --grid pool=3,5)
+"$sweep" --list-points "${tq[@]}" >"$tmp/tpoints"
+check "tokens template: 4 points, SELECT's keys in each spec" \
+    grep -qx $'1\ttokens(snapkv:keep=0.25,obs=16,pool=5; none; kivi:bits=2)\tvalid' "$tmp/tpoints"
+"$sweep" "$real" "${tq[@]}" --progress never -o "$tmp/tok.csv" 2>/dev/null
+ok=$([ "$(tail -n +2 "$tmp/tok.csv" | wc -l)" = 20 ] && echo 1 || echo 0)
+while IFS=$'\t' read -r p spec status; do
+    "$analyze" -q "$spec" --format csv "$real" | tail -n +2 >"$tmp/an.csv"
+    awk -F, -v p="$p" '$NF == p' "$tmp/tok.csv" | strip_cols /dev/stdin 3 | cmp -s - "$tmp/an.csv" ||
+        { ok=0; echo "  point $p ($spec) differs from kvq-analyze"; }
+done <"$tmp/tpoints"
+check "every tokens point's rows equal kvq-analyze -q SPEC" [ $ok = 1 ]
+"$sweep" --list-points --quant 'tokens(window; none; drop)' --grid recent=0,8 --fixed sinks=0 >"$tmp/wpoints"
+check "window template: a point that keeps nothing is invalid" \
+    grep -q $'^0\t-\tinvalid: tokens(window:sinks=0,recent=0; none; drop): ' "$tmp/wpoints"
+expect 2 "--quant tokens(foo; none; drop): unknown selector 'foo'" -- "$sweep" "$real" --quant 'tokens(foo; none; drop)' --grid keep=0.1 -o "$tmp/x.csv"
+expect 2 "--quant tokens(snapkv; none; kivi:bits=99): LO: kivi:bits=99: bits=99: out of range" -- \
+    "$sweep" "$real" --quant 'tokens(snapkv; none; kivi:bits=99)' --grid keep=0.1 -o "$tmp/x.csv"
+expect 2 "--grid keep=0.1: key 'keep' is already fixed" -- "$sweep" "$real" --quant 'tokens(h2o:keep=0.2; none; drop)' --grid keep=0.1 -o "$tmp/x.csv"
+expect 2 "expected tokens(SELECT; HI; LO)" -- "$sweep" "$real" --quant 'tokens(h2o' --grid keep=0.1 -o "$tmp/x.csv"
+
 # --- the Slurm example: a 3-task array then the merge, run here without Slurm
 export DUMPS=$real OUTDIR=$tmp/slurm KVQ_SWEEP=$sweep SWEEP_ARGS="${kivi[*]}"
 for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-sweep.slurm" 2>/dev/null; done

@@ -32,7 +32,8 @@ static void usage(FILE *f)
         "within each budget of mean stored bits per element (K and V together), from each\n"
         "layer's sensitivity (dnll with only that layer quantized), then evaluated in full\n"
         "beside the uniform points within the budget.\n\n"
-        "      --family NAME     the quantizer family (see kvq-analyze --list-quantizers)\n"
+        "      --family NAME     the quantizer family (see kvq-analyze --list-quantizers),\n"
+        "                        or a template tokens(SELECT; HI; LO) (its selector's keys)\n"
         "  -g, --grid K=V1,V2    values of key K; repeatable (points: their product)\n"
         "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
         "  -b, --budget B[,B..]  mean stored bits per element over K and V (repeatable)\n"
@@ -305,19 +306,20 @@ static int sens_append(int fd, const char *path, const point *pt, const char *ru
 }
 
 /* The bits a spec stores on one of this model's layers of T tokens: the
- * quantizer on a synthetic layer (the bits depend on the shapes alone). */
+ * quantizer on a synthetic layer (the bits depend on the shapes alone; a
+ * tokens(...) selector keeps as many tokens whichever it picks). */
 static int spec_bits(point *pt, const kvq_model_info *in, int T, kvq_calib *cal, uint64_t seed, int nthreads)
 {
-    int H = in->n_kv_heads, D = in->head_dim;
-    size_t n = (size_t)H * T * D;
-    float *x = malloc(n * sizeof *x), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    int H = in->n_kv_heads, Hq = in->n_heads, D = in->head_dim;
+    size_t n = (size_t)H * T * D, nq = (size_t)Hq * T * D;
+    float *x = malloc(nq * sizeof *x), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
     kvq_acc *acc = calloc((size_t)H, sizeof *acc);
     int rc = CLI_RUNTIME;
     if (!x || !k || !v || !acc) { cli_error(prog, "out of memory"); goto done; }
-    for (size_t i = 0; i < n; i++) x[i] = (float)(sin(0.37 * (double)i) * (1.0 + (double)(i % 7)));
+    for (size_t i = 0; i < nq; i++) x[i] = (float)(sin(0.37 * (double)i) * (1.0 + (double)(i % 7)));
     kvq_error err = {0};
     kvq_arrays_opts ao = {.spec = pt->spec.text, .seed = seed, .nthreads = nthreads, .rope_theta = in->rope_theta,
-                          .rope_style = in->rope_style, .calib = cal};
+                          .rope_style = in->rope_style, .calib = cal, .query = x, .num_heads = Hq};
     if (kvq_quantize_arrays(&ao, H, T, D, x, x, x, k, v, acc, &err)) {
         rc = cli_fail(prog, &err);
         goto done;

@@ -30,7 +30,9 @@ static void usage(FILE *f)
         "Run one quantizer over the cartesian product of parameter values; each point\n"
         "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
         "appended to OUT as soon as the point is done.\n\n"
-        "  -q, --quant NAME      the quantizer (see kvq-analyze --list-quantizers)\n"
+        "  -q, --quant NAME      the quantizer (see kvq-analyze --list-quantizers), or a\n"
+        "                        template tokens(SELECT; HI; LO) whose selector's keys\n"
+        "                        (keep, sinks, recent, obs, pool) --grid sweeps\n"
         "  -g, --grid K=V1,V2    values of key K; repeatable.  Points run in the order\n"
         "                        of nested loops, the first --grid outermost\n"
         "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
@@ -396,7 +398,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         free(copy);
         expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
         /* also checks --layers/--heads/--queries against the dump */
-        if (kvq_prepare_bytes(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &shared_bytes[i], &err)) {
+        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_read_flags(grid), &shared_bytes[i], &err)) {
             rc = cli_fail(prog, &err);
             goto done;
         }
@@ -528,7 +530,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
                         prog, dumps[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
             continue;
         }
-        if (kvq_prepare_dump(d[i], &ao, kvq_quantizer_read_flags(kvq_grid_quantizer(grid)), &prep[i], &err)) {
+        if (kvq_prepare_dump(d[i], &ao, kvq_grid_read_flags(grid), &prep[i], &err)) {
             rc = cli_fail(prog, &err);
             goto done;
         }

@@ -51,6 +51,7 @@ static const struct abi_field {
     ABI(kvq_arrays_opts, spec), ABI(kvq_arrays_opts, layer), ABI(kvq_arrays_opts, seed),
     ABI(kvq_arrays_opts, nthreads), ABI(kvq_arrays_opts, rope_cos), ABI(kvq_arrays_opts, rope_sin),
     ABI(kvq_arrays_opts, rope_theta), ABI(kvq_arrays_opts, rope_style), ABI(kvq_arrays_opts, calib),
+    ABI(kvq_arrays_opts, query), ABI(kvq_arrays_opts, num_heads), ABI(kvq_arrays_opts, keep),
     ABI(kvq_analyze_csv_opts, label), ABI(kvq_analyze_csv_opts, specs), ABI(kvq_analyze_csv_opts, nspecs),
     ABI(kvq_analyze_csv_opts, per), ABI(kvq_analyze_csv_opts, layers), ABI(kvq_analyze_csv_opts, nlayers),
     ABI(kvq_analyze_csv_opts, heads), ABI(kvq_analyze_csv_opts, nheads), ABI(kvq_analyze_csv_opts, queries),
@@ -122,8 +123,12 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
     if (st) return st;
     if ((st = kvq_spec_check_shape(&sp, D, err))) return st;
     if ((st = kvq_spec_check_calib(&sp, calib != NULL, err))) return st;
+    int Hq = o->query ? o->num_heads : H;
+    if (o->query && (Hq <= 0 || Hq % H))
+        return kvq_fail(err, KVQ_ERR_USAGE, "query: %d heads: expected a multiple of the %d key heads", Hq, H);
     if ((st = check_finite("key", key, H, T, D, err)) || (st = check_finite("value", value, H, T, D, err)) ||
-        (key_pre_rope && (st = check_finite("key_pre_rope", key_pre_rope, H, T, D, err))))
+        (key_pre_rope && (st = check_finite("key_pre_rope", key_pre_rope, H, T, D, err))) ||
+        (o->query && (st = check_finite("query", o->query, Hq, T, D, err))))
         return st;
     if (calib && kvq_spec_needs_calib(&sp) && (st = kvq_calib_check_layer(calib, layer, H, D, err))) return st;
 
@@ -147,9 +152,9 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
         return st;
     }
     kvq_blas_serial(); /* parallelism is ours, over heads */
-    kvq_layer L = {.H = H, .Hq = H, .T = T, .D = D, .key = (float *)key, .value = (float *)value,
-                   .key_pre_rope = (float *)key_pre_rope};
-    kvq_dump_info info = {.num_layers = layer + 1, .num_heads = H, .num_kv_heads = H, .head_dim = D, .seq_len = T,
+    kvq_layer L = {.H = H, .Hq = Hq, .T = T, .D = D, .key = (float *)key, .value = (float *)value,
+                   .key_pre_rope = (float *)key_pre_rope, .query = (float *)o->query};
+    kvq_dump_info info = {.num_layers = layer + 1, .num_heads = Hq, .num_kv_heads = H, .head_dim = D, .seq_len = T,
                           .rope_style = rope_style, .has_rope_theta = rope_theta > 0, .rope_theta = rope_theta,
                           .has_key_pre_rope = key_pre_rope != NULL, .has_rope_table = have_rope == 1};
     snprintf(info.model, sizeof info.model, "arrays");
@@ -159,16 +164,18 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
     q.static_bytes = calloc((size_t)H, sizeof(double));
     q.recon = calloc(2 * (size_t)H, sizeof *q.recon);
     q.recon_done = calloc(2 * (size_t)H, 1);
-    q.keep = malloc((size_t)H * T); /* tokens(...; drop): dropped rows come back as zeros */
+    q.keep = o->keep ? o->keep : malloc((size_t)H * T); /* tokens(...; drop): dropped rows come back as zeros */
     if (!q.k_bits || !q.v_bits || !q.static_bytes || !q.recon || !q.recon_done || !q.keep)
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!st && calib) st = kvq_calib_state(calib, &sp, layer, seed, nt, &ctx.calib, err);
+    if (!st) memset(q.keep, 1, (size_t)H * T); /* every token, unless a tokens(...) selects */
     if (!st) st = kvq_quantize_layer(&sp, &ctx, &L, &q, err);
     for (int h = 0; h < H && !st; h++) {
         memset(&head_acc[h], 0, sizeof head_acc[h]);
         kvq_quant_head_acc(&L, &q, h, &head_acc[h]);
     }
-    free(q.k_bits), free(q.v_bits), free(q.static_bytes), free(q.recon), free(q.recon_done), free(q.keep);
+    free(q.k_bits), free(q.v_bits), free(q.static_bytes), free(q.recon), free(q.recon_done);
+    if (!o->keep) free(q.keep);
     if (have_rope == 2) kvq_rope_free(&rope);
     return st;
 }

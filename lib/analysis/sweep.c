@@ -5,7 +5,10 @@
  * Grid order: the cartesian product of the --grid keys in the order given,
  * the last key varying fastest (nested loops, first key outermost); point p
  * is the p-th tuple.  A point's spec names the fixed and grid keys in the
- * quantizer's parameter order, e.g. kivi:bits=2,group=32,residual=64. */
+ * quantizer's parameter order, e.g. kivi:bits=2,group=32,residual=64.
+ * A tokens(SELECT; HI; LO) template sweeps its selector's keys: the point
+ * tokens(snapkv:keep=0.25,obs=32; none; kivi:bits=2) of the template
+ * tokens(snapkv; none; kivi:bits=2) (keys written in SELECT are fixed). */
 #include "../internal.h"
 #include "../quant/quant.h"
 
@@ -19,7 +22,10 @@
 enum { GRID_MAX_POINTS = 100000000 };
 
 struct kvq_grid {
-    const kvq_quantizer *q;
+    const kvq_quantizer *q;      /* the family, or a tokens(...) template's selector */
+    int tokens;                  /* a tokens(...) template: points are tokens(q:keys TAIL */
+    char tail[KVQ_SPEC_MAX];     /* its "; HI; LO)" */
+    unsigned flags;              /* KVQ_READ_* tensors every point reads */
     int nkeys;                   /* grid keys, in the order given */
     int param[KVQ_MAX_PARAMS];   /* their index in q->params */
     int nvals[KVQ_MAX_PARAMS];
@@ -151,22 +157,67 @@ static kvq_status add_fixed(kvq_grid *g, const char *arg, kvq_error *err)
     return st;
 }
 
+/* A tokens(SELECT; HI; LO) template: g->q the selector, g->tail "; HI;
+ * LO)", keys written in SELECT fixed; HI and LO checked on a probe point
+ * (whose read flags every point shares: a selector's and HI's and LO's). */
+static kvq_status tokens_template(kvq_grid *g, const char *quant, kvq_error *err)
+{
+    shown_arg shown = shorten(quant);
+    int len = (int)strlen(quant), semi = -1, depth = 0;
+    for (int i = 7; i < len && semi < 0; i++) {
+        depth += (quant[i] == '(') - (quant[i] == ')');
+        if (!depth && quant[i] == ';') semi = i;
+    }
+    if (quant[len - 1] != ')' || semi < 0 || len - semi >= KVQ_SPEC_MAX)
+        return kvq_fail(err, KVQ_ERR_USAGE, "--quant %s: expected tokens(SELECT; HI; LO), SELECT a selector whose "
+                        "keys --grid and --fixed give", shown.text);
+    int b = 7, e = semi;
+    while (b < e && quant[b] == ' ') b++;
+    while (e > b && quant[e - 1] == ' ') e--;
+    char name[64], keys[KVQ_SPEC_MAX] = "";
+    int nl = (int)strcspn(quant + b, ":;");
+    if (b + nl > e) nl = e - b;
+    snprintf(name, sizeof name, "%.*s", nl, quant + b);
+    if (!(g->q = kvq_token_selector_find(name)))
+        return kvq_fail(err, KVQ_ERR_USAGE, "--quant %s: unknown selector '%s' (known: window, h2o, zipcache, snapkv, "
+                        "tova, knorm, random)", shown.text, name);
+    if (b + nl < e) snprintf(keys, sizeof keys, "%.*s", e - (b + nl + 1), quant + b + nl + 1);
+    snprintf(g->tail, sizeof g->tail, "%s", quant + semi);
+    g->tokens = 1;
+    kvq_status st = keys[0] ? add_fixed(g, keys, err) : KVQ_OK;
+    if (st) return st;
+    char probe[2 * KVQ_SPEC_MAX];
+    snprintf(probe, sizeof probe, "tokens(%s:%s%s", g->q->name,
+             kvq_token_selector_kind(g->q) == KVQ_SEL_WINDOW ? "sinks=1" : "keep=1", g->tail);
+    kvq_spec sp;
+    kvq_error e2 = {0};
+    if ((st = kvq_spec_parse(probe, &sp, &e2))) {
+        const char *why = strstr(e2.msg, "): "); /* the probe's text left out: HI's or LO's reason */
+        return kvq_fail(err, st, "--quant %s: %s", shown.text, why ? why + 3 : e2.msg);
+    }
+    g->flags = kvq_spec_read_flags(&sp);
+    return KVQ_OK;
+}
+
 kvq_status kvq_grid_new(const char *quant, const char *const *grids, int ngrids,
                         const char *const *fixed, int nfixed, kvq_grid **out, kvq_error *err)
 {
     *out = NULL;
-    const kvq_quantizer *q = kvq_quantizer_find(quant ? quant : "");
-    if (!q) {
+    int tokens = quant && !strncmp(quant, "tokens(", 7);
+    const kvq_quantizer *q = tokens ? NULL : kvq_quantizer_find(quant ? quant : "");
+    if (!q && !tokens) {
         char names[512];
         size_t o = 0;
         for (size_t i = 0; i < kvq_quantizer_count() && o < sizeof names; i++)
             o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", kvq_quantizer_at(i)->name);
-        return kvq_fail(err, KVQ_ERR_USAGE, "--quant %s: unknown quantizer (known: %s)", quant ? quant : "", names);
+        return kvq_fail(err, KVQ_ERR_USAGE, "--quant %s: unknown quantizer (known: %s; or a tokens(SELECT; HI; LO) "
+                        "template)", quant ? quant : "", names);
     }
     kvq_grid *g = calloc(1, sizeof *g);
     if (!g) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     g->q = q;
-    kvq_status st = KVQ_OK;
+    kvq_status st = tokens ? tokens_template(g, quant, err) : KVQ_OK;
+    if (!tokens) g->flags = kvq_quantizer_read_flags(q);
     for (int i = 0; i < nfixed && !st; i++) st = add_fixed(g, fixed[i], err);
     for (int i = 0; i < ngrids && !st; i++) st = add_grid(g, grids[i], err);
     g->npoints = 1;
@@ -186,6 +237,7 @@ kvq_status kvq_grid_new(const char *quant, const char *const *grids, int ngrids,
 size_t kvq_grid_size(const kvq_grid *g) { return g->npoints; }
 int kvq_grid_nkeys(const kvq_grid *g) { return g->nkeys; }
 const kvq_quantizer *kvq_grid_quantizer(const kvq_grid *g) { return g->q; }
+unsigned kvq_grid_read_flags(const kvq_grid *g) { return g->flags; }
 const char *kvq_grid_key(const kvq_grid *g, int k) { return g->q->params[g->param[k]].key; }
 
 /* Index of grid key k's value at point p (last key fastest). */
@@ -203,15 +255,14 @@ const char *kvq_grid_value(const kvq_grid *g, size_t p, int k)
 kvq_status kvq_grid_spec(const kvq_grid *g, size_t p, kvq_spec *out, kvq_error *err)
 {
     char text[2 * KVQ_SPEC_MAX];
-    size_t o = (size_t)snprintf(text, sizeof text, "%s", g->q->name);
+    size_t o = (size_t)snprintf(text, sizeof text, "%s%s", g->tokens ? "tokens(" : "", g->q->name), o0 = o;
     for (int i = 0; i < g->q->nparams && o < sizeof text; i++) {
         const char *v = g->fixed[i];
         for (int k = 0; k < g->nkeys && !v; k++)
             if (g->param[k] == i) v = kvq_grid_value(g, p, k);
-        if (v)
-            o += (size_t)snprintf(text + o, sizeof text - o, "%c%s=%s", o == strlen(g->q->name) ? ':' : ',',
-                                  g->q->params[i].key, v);
+        if (v) o += (size_t)snprintf(text + o, sizeof text - o, "%c%s=%s", o == o0 ? ':' : ',', g->q->params[i].key, v);
     }
+    if (g->tokens && o < sizeof text) snprintf(text + o, sizeof text - o, "%s", g->tail);
     return kvq_spec_parse(text, out, err);
 }
 

@@ -160,7 +160,7 @@ class ArraysOpts(ctypes.Structure):  # kvq_arrays_opts
     _c_name = "kvq_arrays_opts"
     _fields_ = [("spec", c_char_p), ("layer", c_int), ("seed", ctypes.c_uint64), ("nthreads", c_int),
                 ("rope_cos", _PD), ("rope_sin", _PD), ("rope_theta", c_double), ("rope_style", c_int),
-                ("calib", _P)]
+                ("calib", _P), ("query", _PF), ("num_heads", c_int), ("keep", ctypes.POINTER(ctypes.c_ubyte))]
 
 
 class AnalyzeCsvOpts(ctypes.Structure):  # kvq_analyze_csv_opts

@@ -177,7 +177,10 @@ class Quantized(collections.namedtuple("Quantized", "key value k_bits v_bits sta
     """kvq.quantize's result: key', value' (float32 numpy, the input's shape),
     k_bits, v_bits (stored bits per element) and static_bytes, as
     kvq-analyze's row of the layer; also .metrics (that row's reconstruction
-    columns) and .head_metrics (one dict per KV head, its --per head rows)."""
+    columns), .head_metrics (one dict per KV head, its --per head rows) and
+    .keep, a bool [H,T] array: the tokens a tokens(...) selector kept (stored
+    by HI; the others by LO, or evicted — zero rows — when LO is drop), all
+    True for a spec that selects nothing."""
 
 
 INT_MAX = 2 ** 31 - 1  # a C int (layers, heads)
@@ -199,15 +202,17 @@ def _check_threads(v):
     return _check_int(v, "threads (0: as many as the work keeps busy)", 0, MAX_THREADS)
 
 
-def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=None, seed=0, threads=0, copy=True,
-             out=None):
+def quantize(spec, key, value, *, layer=0, key_pre_rope=None, query=None, rope=None, calib=None, seed=0, threads=0,
+             copy=True, out=None):
     """Quantize one layer's keys and values with `spec` (e.g. "kivi:bits=2")
     exactly as `kvq-analyze --seed SEED` does for layer `layer` of a dump
     holding these tensors: [H,T,D] (or [1,H,T,D]) arrays or tensors of any
     float dtype.  Returns a Quantized (key', value', k_bits, v_bits,
     static_bytes, .metrics, .head_metrics).  `rope` (a dict, see docs) and
     `key_pre_rope` feed quantizers that re-apply RoPE to pre-RoPE keys;
-    `calib` (a path or kvq.Calibration) the calibrated ones.  float32
+    `calib` (a path or kvq.Calibration) the calibrated ones; `query`
+    ([Hq,T,D] post-RoPE, Hq a multiple of H) the tokens(...) selectors that
+    score by attention (h2o, zipcache, snapkv, tova).  float32
     C-contiguous input is read in place; copy=False makes any conversion an
     Error instead.  out=(key_out, value_out): float32 C-contiguous arrays of
     the input's shape to write K', V' into (no allocation per call)."""
@@ -222,6 +227,13 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
         k = k[0]
     H, T, D = k.shape
     arrays = {}
+    if query is not None:
+        qa = as_f32(query, "query", copy, (3, 4))
+        if qa.ndim == 4 and qa.shape[0] == 1:
+            qa = qa[0]
+        if qa.ndim != 3 or qa.shape[1:] != (T, D) or qa.shape[0] % H:
+            raise Error(f"query: expected [Hq, {T}, {D}] with Hq a multiple of {H}, got {list(qa.shape)}")
+        arrays["query"] = qa
     for name, x in (("value", value), ("key_pre_rope", key_pre_rope)):
         if x is None:
             if name == "value":
@@ -249,15 +261,20 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
         if np.shares_memory(kq, vq):
             raise Error("out: key_out and value_out overlap")
         for name, o in (("out[0]", kq), ("out[1]", vq)):  # written while the inputs are read
-            for iname, i in (("key", k), ("value", arrays["value"]), ("key_pre_rope", arrays.get("key_pre_rope"))):
+            for iname, i in (("key", k), ("value", arrays["value"]), ("key_pre_rope", arrays.get("key_pre_rope")),
+                             ("query", arrays.get("query"))):
                 if i is not None and np.shares_memory(o, i):
                     raise Error(f"{name}: overlaps the input {iname}: give outputs of their own")
         kq, vq = kq.reshape(H, T, D), vq.reshape(H, T, D)
     accs = (_lib.Acc * H)()
     L, err = _lib.lib(), _lib.new_error()
+    keep = np.empty((H, T), np.uint8)
+    qa = arrays.get("query")
     opts = _lib.ArraysOpts(spec=spec_b, layer=layer, seed=seed, nthreads=threads, rope_cos=dptr(cos),
                            rope_sin=dptr(sin), rope_theta=theta, rope_style=style,
-                           calib=cal.handle if cal else None)
+                           calib=cal.handle if cal else None, query=fptr(qa),
+                           num_heads=qa.shape[0] if qa is not None else 0,
+                           keep=keep.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
     st = L.kvq_quantize_arrays(ctypes.byref(opts), H, T, D, fptr(k), fptr(arrays["value"]),
                                fptr(arrays.get("key_pre_rope")), fptr(kq), fptr(vq), accs, ctypes.byref(err))
     _lib.check(st, err)
@@ -271,6 +288,7 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, rope=None, calib=N
         kq, vq = kq[None], vq[None]
     r = Quantized(kq, vq, m["k_bits"], m["v_bits"], m["static_bytes"])
     r.metrics, r.head_metrics = m, [_metrics(accs[h]) for h in range(H)]
+    r.keep = keep.astype(bool)
     return r
 
 
