@@ -114,6 +114,20 @@ if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
         -o "$data/eval-policy.csv"
     say "kvq-eval: vq's coupled channels against scalar codes in the model"
     "$bin/kvq-eval" "$model" --text "$text" --max-tokens 512 "${vspecs[@]}" --calib "$calib" -o "$data/eval-vq.csv"
+    say "kvq-eval --context 384: quantize or evict, 3 windows of 512 tokens"
+    cat "$text" "$shared/texts/story_calib.txt" >"$data/corpus.txt"
+    cspecs=(-q none)
+    for kr in 0.125:44 0.25:92 0.5:188 0.75:284; do # snapkv keeping K tokens, and a window of the same size
+        cspecs+=(-q "tokens(snapkv:keep=${kr%:*}; none; drop)" -q "tokens(window:sinks=4,recent=${kr#*:}; none; drop)")
+    done
+    for b in 2 3 4; do cspecs+=(-q "kivi:bits=$b,group=32,residual=32"); done
+    for b in 2 3 4 8; do cspecs+=(-q "per-token:bits=$b"); done
+    cspecs+=(-q fp8 -q fp8:scale=token)
+    for k in 0.25 0.5; do
+        for b in 4 2; do cspecs+=(-q "tokens(snapkv:keep=$k; kivi:bits=$b,group=32,residual=32; drop)"); done
+    done
+    for k in 0.125 0.25; do cspecs+=(-q "tokens(h2o:keep=$k; none; kivi:bits=2,group=32,residual=32)"); done
+    "$bin/kvq-eval" "$model" --text "$data/corpus.txt" --chunk 512 --context 384 "${cspecs[@]}" -o "$data/eval-context.csv"
     if [ -x "$bin/kvq-alloc" ]; then
         say "kvq-alloc: kivi kbits x vbits per layer against uniform, budgets 5-10 bits"
         rm -f "$data/alloc.csv" "$data/alloc.csv.sensitivity.csv" "$data/alloc.csv.uniform.csv"
@@ -141,6 +155,7 @@ if [ $with_model = 1 ]; then
     "$python" "$here/proxy_vs_loss.py" --width "$width" --analyze "$data/proxy-layer.csv" --eval-layer "$data/eval-layer.csv" \
         --eval-policy "$data/eval-policy.csv" --out "$out"
     [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --width "$width" --input "$data/alloc.csv" --out "$out"
+    "$python" "$here/quantize_or_evict.py" --width "$width" --input "$data/eval-context.csv" --out "$out"
 fi
 if [ -n "${KVQ_SANITIZED:-}" ]; then
     say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
@@ -153,6 +168,7 @@ if [ $readme = 1 ]; then
     mkdir -p "$here/img"
     cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$out/vq_coupling.png" "$here/img/"
     [ -r "$out/alloc_vs_bits.png" ] && cp "$out/alloc_vs_bits.png" "$here/img/"
+    [ -r "$out/quantize_or_evict.png" ] && cp "$out/quantize_or_evict.png" "$here/img/"
     say "refreshed notebooks-export/img/"
 fi
 say "done: $(cd "$out" && ls -- *.png | tr '\n' ' ')in $out/"

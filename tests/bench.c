@@ -2,7 +2,7 @@
  * like Llama-3-8B (32 query heads, 8 KV heads, head_dim 128, 4096 tokens,
  * 4 layers; written once by kvq-gen's library call, float16).
  *   kvq-bench [BUILD_DIR]    (run by `meson test --benchmark`;
- *   KVQ_BENCH_ONLY=vq runs the vq section alone)
+ *   KVQ_BENCH_ONLY=vq or =tokens runs that section alone)
  * Reports: read throughput; quantize + reconstruction-error elements/s on
  * one core per quantizer; attention-metric GFLOP/s against plain
  * cblas_sgemm on the same shapes; the whole default analysis wall time. */
@@ -144,6 +144,58 @@ static void bench_vq(const char *dir, const kvq_layer *L, float *kq, float *vq)
     kvq_calib_close(c);
 }
 
+/* tokens(...)'s selection on one layer, all cores: seconds per selector
+ * beside one plain attention pass (S = Q·Kᵀ of every query head over every
+ * query, by sgemm) — what "no more than one extra attention pass" means. */
+static void bench_tokens(const kvq_layer *L)
+{
+    int nt = omp_get_num_procs(), T = L->T, D = L->D, G = L->Hq / L->H;
+    float **S = calloc((size_t)nt, sizeof *S);
+    for (int i = 0; i < nt; i++)
+        if (!(S[i] = malloc((size_t)T * T * sizeof(float)))) {
+            fprintf(stderr, "kvq-bench: out of memory for the attention scores\n");
+            exit(1);
+        }
+    double best = 1e30;
+    for (int rep = 0; rep < 2; rep++) {
+        double t0 = now();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int j = 0; j < L->Hq; j++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, D, 1.0f, L->query + (size_t)j * T * D, D,
+                        L->key + (size_t)(j / G) * T * D, D, 0.0f, S[omp_get_thread_num()], T);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+    }
+    for (int i = 0; i < nt; i++) free(S[i]);
+    free(S);
+    printf("\ntokens(...) selection on one layer (%d query heads, %d tokens), %d cores; one attention pass "
+           "(Q·Kᵀ of every query by sgemm): %.2f s\n", L->Hq, T, nt, best);
+    const char *specs[] = {"tokens(window:sinks=4,recent=1020; none; drop)", "tokens(knorm:keep=0.25; none; drop)",
+                           "tokens(random:keep=0.25; none; drop)", "tokens(tova:keep=0.25; none; drop)",
+                           "tokens(snapkv:keep=0.25; none; drop)", "tokens(h2o:keep=0.25; none; drop)",
+                           "tokens(zipcache:keep=0.25; none; drop)"};
+    unsigned char *keep = malloc((size_t)L->H * T);
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    kvq_error err = {0};
+    if (!keep || !tp) {
+        fprintf(stderr, "kvq-bench: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvq_spec sp;
+        if (kvq_spec_parse(specs[i], &sp, &err) || kvq_tokens_split(&sp, tp, &err)) die(&err);
+        double b = 1e30;
+        for (int rep = 0; rep < 2; rep++) {
+            double t0 = now();
+            if (kvq_tokens_select(tp, L, NULL, 0, 0, nt, keep, NULL, &err)) die(&err);
+            double dt = now() - t0;
+            b = dt < b ? dt : b;
+        }
+        printf("  %-42s %7.3f s  (%.2fx the attention pass)\n", specs[i], b, b / best);
+    }
+    free(keep), free(tp);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
@@ -177,8 +229,10 @@ int main(int argc, char **argv)
     size_t n = (size_t)L.H * L.T * L.D;
     /* outputs on cache lines, as the driver allocates them (kvq_alloc_lines) */
     float *kq = aligned_alloc(64, n * sizeof *kq), *vq = aligned_alloc(64, n * sizeof *vq);
-    if (getenv("KVQ_BENCH_ONLY") && !strcmp(getenv("KVQ_BENCH_ONLY"), "vq")) { /* that section alone */
-        bench_vq(dir, &L, kq, vq);
+    const char *only = getenv("KVQ_BENCH_ONLY");
+    if (only && (!strcmp(only, "vq") || !strcmp(only, "tokens"))) { /* that section alone */
+        if (!strcmp(only, "vq")) bench_vq(dir, &L, kq, vq);
+        else bench_tokens(&L);
         kvq_layer_free(&L), free(kq), free(vq), kvq_dump_close(d);
         return 0;
     }
@@ -235,6 +289,7 @@ int main(int argc, char **argv)
     int G = L.Hq / L.H, T = L.T, D = L.D;
     bench_error_reduction(dir, d, &L, kq, vq);
     bench_vq(dir, &L, kq, vq);
+    bench_tokens(&L);
     const int rows_list[] = {64, 512};
     printf("\nattention metrics, one core, %d quantizers (target >= 60%% of sgemm on the same shapes):\n", nq);
     for (int ri = 0; ri < 2; ri++) {

@@ -18,6 +18,7 @@ EXPECTED = ["channel_magnitudes", "error_vs_bits", "error_vs_bits_formats", "lay
             "sweep_heatmap_bits", "vq_coupling"]
 OPTIONAL = ["proxy_vs_loss",  # made when the bundled model (../shared/data/model) is present
             "alloc_vs_bits",  # the same
+            "quantize_or_evict",  # the same
             "python_api"]     # made from a build with the Python package
 
 

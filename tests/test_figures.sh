@@ -79,6 +79,16 @@ if [ -r "$d/alloc.csv" ]; then  # made with the bundled model: every budget's al
     [ -s "$out/alloc_vs_bits.png" ] && [ "$(grep -c '^[0-9.]*,"\{0,1\}mix(' "$d/alloc.csv")" = 5 ] \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: alloc_vs_bits or its 5 allocations missing"; }
 fi
+expect 1 "analyze-model.csv: missing columns tokens, policy, dnll, dnll_se, kl (expected kvq-eval --context N output" -- \
+    run quantize_or_evict.py --input "$d/analyze-model.csv"
+if [ -r "$d/eval-context.csv" ]; then  # made with the bundled model: every spec in a --context row, 381 positions
+    [ -s "$out/quantize_or_evict.png" ] && [ "$(grep -c ',prefill/context=384,all,.*,381,' "$d/eval-context.csv")" = 24 ] \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: quantize_or_evict or its 24 rows missing"; }
+    grep -v '/context=' "$d/eval-context.csv" | sed '1!d' >"$tmp/no-ctx.csv"
+    sed -n 2p "$d/eval-context.csv" | sed 's|prefill/context=384|prefill|' >>"$tmp/no-ctx.csv"
+    expect 1 "no-ctx.csv: no prefill/context=N rows (layer all): expected kvq-eval --context N output" -- \
+        run quantize_or_evict.py --input "$tmp/no-ctx.csv"
+fi
 [ ! -e "$tmp/bad" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a rejected input left files in $tmp/bad"; }
 
 echo "$pass passed, $fail failed"

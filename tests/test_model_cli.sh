@@ -377,6 +377,16 @@ if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
     awk -F, 'NR > 1 {d[$4 "/" $5] = $10} END {n = 0; for (k in d) if (k ~ /prefill/) {j = k; sub(/prefill/, "decode", j); n += d[k] == d[j]}
              exit n != 3}' "$tmp/g1.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 prefill != decode"; cat "$tmp/g1.csv"; }
+    # --context with sliding windows (the README's plumbing check): eviction and its combination
+    # with KIVI move the output, a context kept whole does not, and --threads changes nothing
+    for n in 1 2; do
+        "$eval" "$g3" --tokens "$tmp/g3-all.ids" --max-tokens 150 --context 100 --policy prefill,decode \
+            -q 'tokens(snapkv:keep=0.25,obs=16; none; drop)' -q 'tokens(h2o:keep=0.5; kivi:bits=4,group=32,residual=32; drop)' \
+            -q 'tokens(window:sinks=4,recent=96; none; drop)' --threads $n --format csv >"$tmp/gc$n.csv" 2>/dev/null
+    done
+    cmp -s "$tmp/gc1.csv" "$tmp/gc2.csv" && awk -F, 'NR > 1 && $(NF-3) > 0 {moved++} NR > 1 && /recent=96/ && $(NF-3) == 0 {whole++}
+        END {exit !(moved == 4 && whole == 2)}' "$tmp/gc1.csv" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 --context"; cat "$tmp/gc"?.csv; }
 else
     echo "test_model_cli: tiny real-architecture checks skipped: $shared/models-tiny absent"
 fi
