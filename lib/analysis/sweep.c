@@ -163,17 +163,12 @@ static kvq_status add_fixed(kvq_grid *g, const char *arg, kvq_error *err)
 static kvq_status tokens_template(kvq_grid *g, const char *quant, kvq_error *err)
 {
     shown_arg shown = shorten(quant);
-    int len = (int)strlen(quant), semi = -1, depth = 0;
-    for (int i = 7; i < len && semi < 0; i++) {
-        depth += (quant[i] == '(') - (quant[i] == ')');
-        if (!depth && quant[i] == ';') semi = i;
-    }
-    if (quant[len - 1] != ')' || semi < 0 || len - semi >= KVQ_SPEC_MAX)
+    int len = (int)strlen(quant), cut[4], b, e;
+    int semi = quant[len - 1] == ')' && kvq_tokens_cut(quant, cut) >= 2 ? cut[1] : -1; /* SELECT's end */
+    if (semi < 0 || len - semi >= KVQ_SPEC_MAX)
         return kvq_fail(err, KVQ_ERR_USAGE, "--quant %s: expected tokens(SELECT; HI; LO), SELECT a selector whose "
                         "keys --grid and --fixed give", shown.text);
-    int b = 7, e = semi;
-    while (b < e && quant[b] == ' ') b++;
-    while (e > b && quant[e - 1] == ' ') e--;
+    kvq_tokens_part(quant, cut, 0, &b, &e);
     char name[64], keys[KVQ_SPEC_MAX] = "";
     int nl = (int)strcspn(quant + b, ":;");
     if (b + nl > e) nl = e - b;

@@ -241,6 +241,13 @@ typedef struct kvq_tokens_parts {
 } kvq_tokens_parts;
 /* (spec.c, beside mix: specs inside a spec) */
 kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err);
+/* The parts of "tokens(A; B; C)" (text starting "tokens(", its last
+ * character the closing one): part k lies between cut[k] and cut[k + 1]
+ * (exclusive; split at the ';' outside parentheses).  Returns how many
+ * parts there are, 4 meaning more than 3 (then cut is incomplete). */
+int kvq_tokens_cut(const char *text, int cut[4]);
+/* Part k's bounds [*b, *e) without surrounding blanks. */
+void kvq_tokens_part(const char *text, const int cut[4], int k, int *b, int *e);
 /* The selector's table by name (window, h2o, ...), or NULL (tokens.c). */
 const kvq_quantizer *kvq_token_selector_find(const char *name);
 kvq_selector kvq_token_selector_kind(const kvq_quantizer *selector);

@@ -191,27 +191,40 @@ static kvq_status part_parse(const char *text, const char *what, const char *par
     return KVQ_OK;
 }
 
+int kvq_tokens_cut(const char *text, int cut[4])
+{
+    int len = (int)strlen(text), n = 1, depth = 0;
+    cut[0] = 6;
+    for (int i = 7; i < len - 1; i++) {
+        depth += (text[i] == '(') - (text[i] == ')');
+        if (depth == 0 && text[i] == ';') {
+            if (n == 3) return 4;
+            cut[n++] = i;
+        }
+    }
+    cut[n] = len - 1;
+    return n;
+}
+
+void kvq_tokens_part(const char *text, const int cut[4], int k, int *b, int *e)
+{
+    *b = cut[k] + 1, *e = cut[k + 1];
+    trim(text, b, e);
+}
+
 kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err)
 {
     const char *text = spec->text;
     memset(out, 0, sizeof *out);
-    int len = (int)strlen(text);
+    int len = (int)strlen(text), cut[4];
     if (len < 9 || strncmp(text, "tokens(", 7) || text[len - 1] != ')')
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected tokens(SELECT; HI; LO)", text);
-    int cut[4] = {6}, n = 1, depth = 0;
-    for (int i = 7; i < len - 1; i++) {
-        depth += (text[i] == '(') - (text[i] == ')');
-        if (depth == 0 && text[i] == ';') {
-            if (n == 3) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected three parts, tokens(SELECT; HI; LO)", text);
-            cut[n++] = i;
-        }
-    }
-    if (n != 3) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected three parts, tokens(SELECT; HI; LO)", text);
-    cut[3] = len - 1;
+    if (kvq_tokens_cut(text, cut) != 3)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected three parts, tokens(SELECT; HI; LO)", text);
     char part[3][KVQ_SPEC_MAX];
     for (int k = 0; k < 3; k++) {
-        int b = cut[k] + 1, e = cut[k + 1];
-        trim(text, &b, &e);
+        int b, e;
+        kvq_tokens_part(text, cut, k, &b, &e);
         if (b == e) return kvq_fail(err, KVQ_ERR_USAGE, "%s: an empty part: expected tokens(SELECT; HI; LO)", text);
         snprintf(part[k], sizeof part[k], "%.*s", e - b, text + b);
     }
