@@ -210,6 +210,88 @@ kvq_status kvq_alloc_solve(int L, int G, const double *cost, const double *weigh
 kvq_status kvq_alloc_mix_text(const char *const *specs, const int *choice, int L, char *buf, size_t len,
                               kvq_error *err);
 
+
+struct kvq_model_info; /* kvq_model.h */
+
+/* kvq-alloc's pipeline (docs/models.md#kvq-alloc) as calls: the tool keeps
+ * the options, the files' locking and writing, and the messages around them.
+ *
+ * One valid grid point and its sensitivity row per layer: k_bits, v_bits,
+ * dnll, dnll_se [L] (kvq_alloc_point_init), want_k/want_v the bits the
+ * spec stores on the model's layers (kvq_alloc_stored_bits), done once its
+ * pass is measured or read; a merge's points also record the shard (from)
+ * and their rows' bytes there. */
+typedef struct kvq_alloc_point {
+    kvq_spec spec;
+    double *k_bits, *v_bits, *dnll, *dnll_se;
+    double want_k, want_v;
+    int done;
+    const char *from;
+    const char *rows;
+    size_t rows_len;
+} kvq_alloc_point;
+kvq_status kvq_alloc_point_init(kvq_alloc_point *pt, int L, kvq_error *err);
+void kvq_alloc_point_free(kvq_alloc_point *pt); /* its arrays (the struct is the caller's) */
+/* The bits per element spec stores on one of this model's layers of T
+ * tokens, K and V: the quantizer run on a synthetic layer (the bits depend
+ * on the shapes alone; a tokens(...) selector keeps as many tokens
+ * whichever it picks). */
+kvq_status kvq_alloc_stored_bits(const kvq_spec *spec, const struct kvq_model_info *in, int T, kvq_calib *calib,
+                                 uint64_t seed, int nthreads, double *k_bits, double *v_bits, kvq_error *err);
+/* The sensitivity table's columns (their number; *cols the names). */
+int kvq_alloc_table_columns(const char *const **cols);
+/* One pass's rows (every layer of pt, in order) as the table holds them,
+ * header omitted: malloc'ed *buf of *len bytes. */
+kvq_status kvq_alloc_table_rows(const kvq_alloc_point *pt, int L, const char *run, char **buf, size_t *len,
+                                kvq_error *err);
+/* What mends a refused table, for the caller to word. */
+typedef enum {
+    KVQ_ALLOC_FIX_NONE,
+    KVQ_ALLOC_FIX_REMOVE,  /* removing the file (or not reading it) */
+    KVQ_ALLOC_FIX_OPTIONS, /* ... or the options of the run that wrote it */
+    KVQ_ALLOC_FIX_RESUME   /* finishing the run that writes it */
+} kvq_alloc_fix;
+/* Reads a table's complete passes (all L layers of a point, in layer order,
+ * as a run writes them; data of size bytes, read from path) into their
+ * points, each row checked: a layer of the model, a spec of the points,
+ * finite numbers, bits as the spec stores them (want_k, want_v), the run's
+ * fingerprint `run`; a point twice is an error.  A torn last row or an
+ * unfinished last pass is not read: *keep is the byte length of what was
+ * (the header included).  whole (a merge's shard): nothing may be
+ * unfinished or empty, and the points record path and their rows' bytes.
+ * Refusals name the file and line: KVQ_ERR_USAGE when the table is of
+ * another grid, model or run, else KVQ_ERR_FORMAT; *fix says what mends it. */
+kvq_status kvq_alloc_table_read(const char *path, const char *data, size_t size, int whole, const char *run,
+                                kvq_alloc_point *pts, int np, int L, size_t *keep, kvq_alloc_fix *fix,
+                                kvq_error *err);
+
+/* The allocations of measured points per budget (steps 2 and 3 of
+ * docs/models.md#kvq-alloc): a layer's weight is its stored bits (the
+ * mean of K and V per element times layer_elems, its K and V elements per
+ * token), its cost the point's dnll; each budget B (bits per element) has
+ * the capacity B·layer_elems·L. */
+typedef struct kvq_allocation {
+    int L, np, nbudgets;
+    double elems;          /* layer_elems · L */
+    double *cost, *weight; /* [L][np] */
+    int *choice;           /* [nbudgets][L]: the knapsack's optimum (kvq_alloc_solve) */
+    kvq_spec *mix;         /* [nbudgets]: the allocation as a mix(...) spec */
+    double *pred;          /* [nbudgets]: its predicted dnll, the summed costs */
+    double *ubits, *upred; /* [np]: the uniform point's bits per element and predicted dnll */
+    unsigned char *fits;   /* [np]: the uniform point is within the largest budget */
+    int bad_budget;        /* after a refusal: the budget refused (−1: none) */
+    double min_bits;       /* ... below the cheapest allocation, which stores this (NaN otherwise) */
+} kvq_allocation;
+/* KVQ_ERR_USAGE for a budget below the cheapest allocation, KVQ_ERR_UNSUPPORTED
+ * for an allocation whose mix(...) exceeds KVQ_SPEC_MAX (bad_budget says
+ * which; the message starts "budget B: "). */
+kvq_status kvq_alloc_plan(const kvq_alloc_point *pts, int np, int L, double layer_elems, const double *budgets,
+                          int nbudgets, kvq_allocation *out, kvq_error *err);
+/* The best uniform point within budget once evaluated (nll[i] for each
+ * point that fits): the least nll, then fewer bits; −1 if none fits. */
+int kvq_alloc_best_uniform(const kvq_allocation *a, double budget, const double *nll);
+void kvq_allocation_free(kvq_allocation *a);
+
 #ifdef __cplusplus
 }
 #endif

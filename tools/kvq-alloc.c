@@ -82,21 +82,9 @@ enum {
 
 enum { MAX_ARGS = 64, MAX_BUDGETS = 64 };
 
-/* One valid grid point and its sensitivity row per layer. */
-typedef struct point {
-    kvq_spec spec;
-    double *k_bits, *v_bits, *dnll, *dnll_se; /* [L] */
-    double want_k, want_v;                    /* the bits the spec stores on this model's layers */
-    int done;
-    const char *from;    /* a merge: the shard file that holds its pass */
-    const char *rows;    /* ... and its rows' bytes there */
-    size_t rows_len;
-} point;
+typedef kvq_alloc_point point; /* a valid grid point and its sensitivity row per layer */
 
 /* --- the sensitivity table (OUT.sensitivity.csv, a shard's -o) ----------- */
-
-static const char *const SENS_COLS[] = {"layer", "spec", "k_bits", "v_bits", "bits", "dnll", "dnll_se", "run"};
-enum { NSENS = 8 };
 
 /* What a table is read against: this run's points, layers and fingerprint. */
 typedef struct sens_ctx {
@@ -105,98 +93,23 @@ typedef struct sens_ctx {
     char run[17]; /* kvq_eval_fingerprint as 16 hex digits */
 } sens_ctx;
 
-/* Reads a table's complete passes (all L layers of a point, in layer order,
- * as a run writes them) into their points, each row checked: a layer of the
- * model, a spec of this run's grid, finite numbers, bits as the spec stores
- * them, this run's fingerprint; a point twice is an error.  A torn last row
- * or an unfinished last pass is not read: *keep is the byte length of what
- * was (the header included).  For a merge (from != NULL) the points record
- * the file and their rows' bytes (data), and nothing may be unfinished.
+/* A table's complete passes into their points (kvq_alloc_table_read), a
+ * refusal printed with what mends it: remove the file, or drop --resume
+ * (resume), or rerun with the shard's options (a merge, from != NULL).
  * CLI_OK, or the exit code after printing. */
 static int sens_load(const sens_ctx *c, const char *path, const char *from, const char *data, size_t size,
                      size_t *keep)
 {
-    kvq_csv t;
     kvq_error err = {0};
-    *keep = 0;
-    if (kvq_csv_parse(path, data, size, &t, &err)) return cli_fail(prog, &err);
-    int rc = CLI_RUNTIME;
-    if (!t.nrec) { /* empty, or a torn header */
-        if (from) { cli_error(prog, "%s: empty: not a sensitivity table (kvq-alloc --shard writes them)", path); goto done; }
-        rc = CLI_OK;
-        goto done;
-    }
-    int ok = t.ncols == NSENS;
-    for (int k = 0; ok && k < NSENS; k++) ok = !strcmp(kvq_csv_at(&t, 0, k), SENS_COLS[k]);
-    if (!ok) {
-        cli_error(prog, "%s: line 1: expected the header layer,spec,k_bits,v_bits,bits,dnll,dnll_se,run (a table of "
-                  "this kvq-alloc); remove the file%s", path, from ? "" : " or drop --resume");
-        goto done;
-    }
-    *keep = t.end[0];
-    int cur = -1, seen = 0;
-    size_t pass_begin = t.end[0];
-    for (size_t r = 1; r < t.nrec; r++) {
-        const char *layer_s = kvq_csv_at(&t, r, 0), *spec_s = kvq_csv_at(&t, r, 1), *run_s = kvq_csv_at(&t, r, 7);
-        double v[5];
-        long layer = -1;
-        int spec_i = -1;
-        for (int i = 0; i < c->np; i++)
-            if (!strcmp(c->pts[i].spec.text, spec_s)) spec_i = i;
-        if (cli_parse_long(layer_s, 0, c->L - 1, &layer) || spec_i < 0) {
-            cli_error(prog, "%s: line %zu: not a row of this run's grid and model (a spec of --family/--grid/--fixed, "
-                      "a layer 0..%d); remove the file%s", path, r + 1, c->L - 1, from ? "" : " or drop --resume");
-            rc = CLI_USAGE; /* the options do not match the file */
-            goto done;
-        }
-        if (strcmp(run_s, c->run)) {
-            cli_error(prog, "%s: line %zu: measured in another run (run %s, this run %s: another model, text, "
-                      "--max-tokens, --policy, --stride, --chunk, --chunks, --seed or --calib); remove the file%s",
-                      path, r + 1, run_s, c->run, from ? " or use this run's options" : " or drop --resume");
-            rc = CLI_USAGE;
-            goto done;
-        }
-        for (int k = 0; k < 5; k++) {
-            const char *cell = kvq_csv_at(&t, r, 2 + k);
-            if (k == 4 && !*cell) { v[k] = NAN; continue; } /* dnll_se of a single position */
-            if (kvq_csv_number(cell, &v[k])) {
-                cli_error(prog, "%s: line %zu: %s '%s': expected a finite number; remove the file%s", path, r + 1,
-                          SENS_COLS[2 + k], cell, from ? "" : " or drop --resume");
-                goto done;
-            }
-        }
-        point *pt = &c->pts[spec_i];
-        if (!(fabs(v[0] - pt->want_k) <= 1e-9 * pt->want_k) || !(fabs(v[1] - pt->want_v) <= 1e-9 * pt->want_v) ||
-            v[2] != (v[0] + v[1]) / 2) {
-            cli_error(prog, "%s: line %zu: bits %.17g, %.17g, %.17g: %s stores %.17g and %.17g on this model's layers "
-                      "(bits their mean); remove the file%s", path, r + 1, v[0], v[1], v[2], pt->spec.text,
-                      pt->want_k, pt->want_v, from ? "" : " or drop --resume");
-            goto done;
-        }
-        if (spec_i != cur) {
-            if (cur >= 0) break; /* a pass left unfinished: what follows is not read */
-            cur = spec_i, seen = 0, pass_begin = t.end[r - 1];
-        }
-        if (layer != seen) break; /* out of order */
-        if (pt->done) {
-            cli_error(prog, "%s: line %zu: %s's pass is in %s%s twice", path, r + 1, pt->spec.text,
-                      pt->from ? pt->from : path, pt->from && from && strcmp(pt->from, from) ? " and here:" : "");
-            goto done;
-        }
-        pt->k_bits[layer] = v[0], pt->v_bits[layer] = v[1], pt->dnll[layer] = v[3], pt->dnll_se[layer] = v[4];
-        if (++seen == c->L) {
-            pt->done = 1, cur = -1, *keep = t.end[r];
-            if (from) pt->from = from, pt->rows = data + pass_begin, pt->rows_len = t.end[r] - pass_begin;
-        }
-    }
-    if (from && (*keep != size || t.torn)) {
-        cli_error(prog, "%s: ends in an unfinished pass: its run did not finish (continue it with --resume)", path);
-        goto done;
-    }
-    rc = CLI_OK;
-done:
-    kvq_csv_free(&t);
-    return rc;
+    kvq_alloc_fix fix;
+    if (!kvq_alloc_table_read(path, data, size, from != NULL, c->run, c->pts, c->np, c->L, keep, &fix, &err))
+        return CLI_OK;
+    if (fix == KVQ_ALLOC_FIX_REMOVE || fix == KVQ_ALLOC_FIX_OPTIONS)
+        cli_error(prog, "%s; remove the file%s", err.msg,
+                  !from ? " or drop --resume" : fix == KVQ_ALLOC_FIX_OPTIONS ? " or use this run's options" : "");
+    else if (fix == KVQ_ALLOC_FIX_RESUME) cli_error(prog, "%s (continue it with --resume)", err.msg);
+    else cli_error(prog, "%s", err.msg);
+    return err.status == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
 }
 
 /* The whole file (malloc'ed, *size), or NULL after printing. */
@@ -266,7 +179,9 @@ static int sens_open(const sens_ctx *c, const char *path, int resume, int *fd, i
         cli_error(prog, "%s: cannot drop the unfinished pass: %s", path, strerror(errno));
         return CLI_RUNTIME;
     }
-    if (!keep && cli_write_csv_header(prog, path, *fd, SENS_COLS, NSENS, 2)) /* new or empty: the header */
+    const char *const *cols;
+    int ncols = kvq_alloc_table_columns(&cols);
+    if (!keep && cli_write_csv_header(prog, path, *fd, cols, ncols, 2)) /* new or empty: the header */
         return CLI_RUNTIME;
     return CLI_OK;
 }
@@ -274,68 +189,16 @@ static int sens_open(const sens_ctx *c, const char *path, int resume, int *fd, i
 /* One pass's rows (every layer of pt), one write and an fsync. */
 static int sens_append(int fd, const char *path, const point *pt, const char *run, int L)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *ms = open_memstream(&buf, &len);
-    kvq_report *r = ms ? kvq_rows_new(ms, KVQ_FMT_CSV, SENS_COLS, NSENS, 2) : NULL;
-    kvq_status st = r ? KVQ_OK : KVQ_ERR_NOMEM;
-    if (r) kvq_report_omit_header(r);
-    for (int l = 0; l < L && !st; l++) {
-        char ls[16];
-        snprintf(ls, sizeof ls, "%d", l);
-        kvq_cell row[NSENS] = {{.text = ls}, {.text = pt->spec.text}, {.num = pt->k_bits[l], .is_num = 1},
-                               {.num = pt->v_bits[l], .is_num = 1},
-                               {.num = (pt->k_bits[l] + pt->v_bits[l]) / 2, .is_num = 1},
-                               {.num = pt->dnll[l], .is_num = 1}, {.num = pt->dnll_se[l], .is_num = 1},
-                               {.text = run}};
-        st = kvq_rows_add(r, row);
-    }
-    if (r) {
-        kvq_status f = kvq_report_finish(r);
-        if (!st) st = f;
-    }
-    if ((ms && fclose(ms)) || st) {
-        free(buf);
-        cli_error(prog, "out of memory");
-        return CLI_RUNTIME;
-    }
+    char *buf;
+    size_t len;
+    kvq_error err = {0};
+    if (kvq_alloc_table_rows(pt, L, run, &buf, &len, &err)) return cli_fail(prog, &err);
     int rc = cli_write_all(fd, buf, len) || fsync(fd) ? CLI_RUNTIME : CLI_OK;
     if (rc) cli_error(prog, "%s: write failed: %s", path, strerror(errno));
     free(buf);
     return rc;
 }
 
-/* The bits a spec stores on one of this model's layers of T tokens: the
- * quantizer on a synthetic layer (the bits depend on the shapes alone; a
- * tokens(...) selector keeps as many tokens whichever it picks). */
-static int spec_bits(point *pt, const kvq_model_info *in, int T, kvq_calib *cal, uint64_t seed, int nthreads)
-{
-    int H = in->n_kv_heads, Hq = in->n_heads, D = in->head_dim;
-    size_t n = (size_t)H * T * D, nq = (size_t)Hq * T * D;
-    float *x = malloc(nq * sizeof *x), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
-    kvq_acc *acc = calloc((size_t)H, sizeof *acc);
-    int rc = CLI_RUNTIME;
-    if (!x || !k || !v || !acc) { cli_error(prog, "out of memory"); goto done; }
-    for (size_t i = 0; i < nq; i++) x[i] = (float)(sin(0.37 * (double)i) * (1.0 + (double)(i % 7)));
-    kvq_error err = {0};
-    kvq_arrays_opts ao = {.spec = pt->spec.text, .seed = seed, .nthreads = nthreads, .rope_theta = in->rope_theta,
-                          .rope_style = in->rope_style, .calib = cal, .query = x, .num_heads = Hq};
-    if (kvq_quantize_arrays(&ao, H, T, D, x, x, x, k, v, acc, &err)) {
-        rc = cli_fail(prog, &err);
-        goto done;
-    }
-    double kb = 0, vb = 0, ne = (double)n;
-    for (int h = 0; h < H; h++) kb += acc[h].k.bits, vb += acc[h].v.bits;
-    pt->want_k = kb / ne, pt->want_v = vb / ne;
-    rc = CLI_OK;
-done:
-    free(x), free(k), free(v), free(acc);
-    return rc;
-}
-
-/* --- the allocation as a mix -------------------------------------------- */
-
-/* "mix(0-1,4=SPEC;2-3=SPEC)" of choice[L] (point indices), points in order of first use. */
 /* --- progress ------------------------------------------------------------ */
 
 typedef struct progress_state {
@@ -398,67 +261,39 @@ typedef struct alloc_run {
 static int allocate(const alloc_run *a)
 {
     int L = a->L, np = a->np, nb = a->nbudgets, rc = CLI_RUNTIME;
-    const point *pts = a->pts;
-    double n_l = 2.0 * a->in->n_kv_heads * a->in->head_dim, ntot = n_l * L;
-    double *cost = calloc((size_t)L * np, sizeof *cost), *weight = calloc((size_t)L * np, sizeof *weight);
-    double *ubits = calloc((size_t)np, sizeof *ubits), *upred = calloc((size_t)np, sizeof *upred);
-    int *choice = calloc((size_t)L * nb, sizeof *choice), *uni = calloc((size_t)np, sizeof *uni);
-    kvq_spec *vspecs = calloc((size_t)nb, sizeof *vspecs);
-    const char **texts = calloc((size_t)np, sizeof *texts); /* the grid points' specs, for the mix(...) texts */
+    double n_l = 2.0 * a->in->n_kv_heads * a->in->head_dim; /* K and V elements of a layer per token */
+    kvq_allocation al;
+    int *uni = calloc((size_t)np, sizeof *uni), *best = calloc((size_t)nb, sizeof *best);
+    double *unll = calloc((size_t)np, sizeof *unll);
     kvq_eval_item *items = calloc((size_t)(np + nb) + 1, sizeof *items);
     kvq_report *rep = NULL, *urep = NULL;
     cli_out out = {0}, uout = {0};
     kvq_error err = {0};
     kvq_policy pol = a->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL;
-    if (!cost || !weight || !ubits || !upred || !choice || !uni || !vspecs || !items || !texts) {
+    kvq_status pst = kvq_alloc_plan(a->pts, np, L, n_l, a->budgets, nb, &al, &err);
+    if (pst) { /* a budget's refusal names its option */
+        if (al.bad_budget >= 0) cli_error(prog, "--%s", err.msg);
+        else cli_fail(prog, &err);
+        rc = pst == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
+        goto done;
+    }
+    if (!uni || !best || !unll || !items) {
         cli_error(prog, "out of memory");
         goto done;
     }
-    /* the knapsack per budget: weights are each layer's stored bits per token
-     * (K and V of its KV heads); every layer of these models has the same
-     * size, so the budget's capacity is B times their sum */
-    for (int i = 0; i < np; i++) texts[i] = pts[i].spec.text;
-    for (int l = 0; l < L; l++)
-        for (int i = 0; i < np; i++) {
-            cost[(size_t)l * np + i] = pts[i].dnll[l];
-            weight[(size_t)l * np + i] = (pts[i].k_bits[l] + pts[i].v_bits[l]) / 2 * n_l;
-        }
-    for (int b = 0; b < nb; b++) {
-        double wmin = NAN;
-        kvq_error aerr = {0};
-        kvq_status st =
-            kvq_alloc_solve(L, np, cost, weight, a->budgets[b] * ntot, choice + (size_t)b * L, &wmin, &aerr);
-        if (st == KVQ_ERR_USAGE && wmin > a->budgets[b] * ntot) {
-            cli_error(prog, "--budget %g: below the cheapest allocation of this grid, %.6g bits per element",
-                      a->budgets[b], wmin / ntot);
-            rc = CLI_USAGE;
-            goto done;
-        }
-        if (st) { rc = cli_fail(prog, &aerr); goto done; }
-        char text[KVQ_SPEC_MAX + 8];
-        if (kvq_alloc_mix_text(texts, choice + (size_t)b * L, L, text, sizeof text, &err) ||
-            kvq_spec_parse(text, &vspecs[b], &err)) {
-            cli_error(prog, "--budget %g: the allocation does not fit a spec of %d characters", a->budgets[b],
-                      KVQ_SPEC_MAX - 1);
-            goto done;
-        }
-    }
     /* the allocations and the uniform points within the largest budget, in full */
-    double bmax = 0;
     int nit = 0;
-    for (int b = 0; b < nb; b++) bmax = a->budgets[b] > bmax ? a->budgets[b] : bmax;
-    for (int b = 0; b < nb; b++) items[nit++] = (kvq_eval_item){.spec = &vspecs[b], .layer = -1, .policy = pol};
+    for (int b = 0; b < nb; b++) items[nit++] = (kvq_eval_item){.spec = &al.mix[b], .layer = -1, .policy = pol};
     for (int i = 0; i < np; i++) {
-        double w = 0, s = 0;
-        for (int l = 0; l < L; l++) w += weight[(size_t)l * np + i], s += cost[(size_t)l * np + i];
-        ubits[i] = w / ntot, upred[i] = s, uni[i] = -1;
-        if (w <= bmax * ntot) uni[i] = nit, items[nit++] = (kvq_eval_item){.spec = &pts[i].spec, .layer = -1, .policy = pol};
+        uni[i] = -1;
+        if (al.fits[i]) uni[i] = nit, items[nit++] = (kvq_eval_item){.spec = &a->pts[i].spec, .layer = -1, .policy = pol};
     }
     a->ps->validating = 1;
     double nll_ref;
     kvq_status est = kvq_model_eval(a->m, a->ids, a->T, items, nit, a->eo, &nll_ref, &err);
     if (a->ps->on) fputc('\n', stderr);
     if (est) { rc = cli_fail(prog, &err); goto done; }
+    for (int i = 0; i < np; i++) unll[i] = uni[i] >= 0 ? items[uni[i]].nll : NAN;
 
     static const char *const cols[] = {"budget", "spec", "mean_bits", "k_bits", "v_bits", "dnll_pred",
                                        "dnll", "dnll_se", "kl", "top1"};
@@ -471,19 +306,10 @@ static int allocate(const alloc_run *a)
     rep = kvq_rows_new(out.f, fmt, cols, NCOL, 2);
     urep = kvq_rows_new(uout.f, KVQ_FMT_CSV, cols + 1, NCOL - 1, 1);
     kvq_status wst = !rep || !urep ? KVQ_ERR_NOMEM : KVQ_OK;
-    int *best = calloc((size_t)nb, sizeof *best); /* per budget: the best uniform point within it, or −1 */
-    if (!best) wst = KVQ_ERR_NOMEM;
-    for (int b = 0; b < nb && !wst; b++) {
+    for (int b = 0; b < nb && !wst; b++) { /* each budget's allocation, then its best uniform point */
         char bt[32];
         snprintf(bt, sizeof bt, "%g", a->budgets[b]);
-        double pred = 0;
-        for (int l = 0; l < L; l++) pred += cost[(size_t)l * np + choice[(size_t)b * L + l]];
-        best[b] = -1; /* least measured dnll, then fewer bits */
-        for (int i = 0; i < np; i++) {
-            if (uni[i] < 0 || ubits[i] * ntot > a->budgets[b] * ntot) continue;
-            const kvq_eval_item *u = &items[uni[i]], *bu = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
-            if (!bu || u->nll < bu->nll || (u->nll == bu->nll && ubits[i] < ubits[best[b]])) best[b] = i;
-        }
+        best[b] = kvq_alloc_best_uniform(&al, a->budgets[b], unll);
         for (int r = 0; r < 2 && !wst; r++) {
             const kvq_eval_item *it = r ? (best[b] >= 0 ? &items[uni[best[b]]] : NULL) : &items[b];
             if (!it) {
@@ -493,7 +319,7 @@ static int allocate(const alloc_run *a)
             kvq_cell row[NCOL] = {{.text = bt}, {.text = it->spec->text},
                                   {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
                                   {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = r ? upred[best[b]] : pred, .is_num = 1},
+                                  {.num = r ? al.upred[best[b]] : al.pred[b], .is_num = 1},
                                   {.num = it->nll - nll_ref, .is_num = 1}, {.num = it->dnll_se, .is_num = 1},
                                   {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
             errno = 0;
@@ -505,7 +331,7 @@ static int allocate(const alloc_run *a)
         const kvq_eval_item *it = &items[uni[i]];
         kvq_cell row[NCOL - 1] = {{.text = it->spec->text}, {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
                                   {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = upred[i], .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
+                                  {.num = al.upred[i], .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
                                   {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
                                   {.num = it->top1, .is_num = 1}};
         errno = 0;
@@ -525,32 +351,30 @@ static int allocate(const alloc_run *a)
         werr = errno;
     }
     if (wst) {
-        free(best);
         rc = cli_write_error(prog, a->output, wst, werr);
         goto done;
     }
-    if (cli_out_commit(&uout, prog) || cli_out_commit(&out, prog)) { free(best); goto done; }
+    if (cli_out_commit(&uout, prog) || cli_out_commit(&out, prog)) goto done;
     /* the summary: the four files, then each budget's allocation beside its best uniform point */
     fprintf(stderr, "%s: wrote %s (the allocations), %s (%d sensitivity passes), %s (%d uniform points), %s.meta.json\n",
             prog, a->output, a->sens_path, np, a->uni_path, nit - nb, a->output);
     for (int b = 0; b < nb; b++) {
-        const kvq_eval_item *al = &items[b], *u = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
-        fprintf(stderr, "  budget %g: %s — %.4g bits, dnll %.4g", a->budgets[b], al->spec->text,
-                (al->k_bits + al->v_bits) / 2, al->nll - nll_ref);
+        const kvq_eval_item *ab = &items[b], *u = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
+        fprintf(stderr, "  budget %g: %s — %.4g bits, dnll %.4g", a->budgets[b], ab->spec->text,
+                (ab->k_bits + ab->v_bits) / 2, ab->nll - nll_ref);
         if (u)
             fprintf(stderr, "; best uniform %s — %.4g bits, dnll %.4g\n", u->spec->text, (u->k_bits + u->v_bits) / 2,
                     u->nll - nll_ref);
         else fputs("; no uniform point fits\n", stderr);
     }
-    free(best);
     rc = CLI_OK;
 done:
     kvq_report_discard(rep);
     kvq_report_discard(urep);
     if (out.f) cli_out_abort(&out);
     if (uout.f) cli_out_abort(&uout);
-    free(cost), free(weight), free(ubits), free(upred), free(choice), free(uni), free(vspecs), free(items);
-    free(texts);
+    kvq_allocation_free(&al);
+    free(uni), free(best), free(unll), free(items);
     return rc;
 }
 
@@ -715,13 +539,12 @@ static int run(int argc, char **argv, cli_meta *meta)
              kvq_eval_fingerprint(m, ids, T, decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &eo, calib));
     for (int i = 0; i < np; i++) {
         point *pt = &pts[i];
-        pt->k_bits = calloc((size_t)L, sizeof(double)), pt->v_bits = calloc((size_t)L, sizeof(double));
-        pt->dnll = calloc((size_t)L, sizeof(double)), pt->dnll_se = calloc((size_t)L, sizeof(double));
-        if (!pt->k_bits || !pt->v_bits || !pt->dnll || !pt->dnll_se) {
-            cli_error(prog, "out of memory");
-            rc = CLI_RUNTIME; goto done;
+        if (kvq_alloc_point_init(pt, L, &err) ||
+            kvq_alloc_stored_bits(&pt->spec, in, chunk ? (int)chunk : T, cal, seed, (int)mo.threads, &pt->want_k,
+                                  &pt->want_v, &err)) {
+            rc = cli_fail(prog, &err);
+            goto done;
         }
-        if ((rc = spec_bits(pt, in, chunk ? (int)chunk : T, cal, seed, (int)mo.threads))) goto done;
     }
 
     /* provenance: the inputs and every option's effective value */
@@ -863,7 +686,7 @@ done:
         cli_temp_unregister(sens_path);
         unlink(sens_path);
     }
-    for (int i = 0; pts && i < np; i++) free(pts[i].k_bits), free(pts[i].v_bits), free(pts[i].dnll), free(pts[i].dnll_se);
+    for (int i = 0; pts && i < np; i++) kvq_alloc_point_free(&pts[i]);
     for (int s = 0; shard_data && s < nshards; s++) free(shard_data[s]);
     free(shard_data);
     free(pts), free(items), free(sens_path), free(uni_path);
