@@ -21,6 +21,56 @@ static void expect_usage(kvq_status st, const kvq_error *err, const char *want)
     ck_assert_msg(strstr(err->msg, want), "message '%s' lacks '%s'", err->msg, want);
 }
 
+/* A spec parsed once for a run (kvq_spec_resolve) says what the per-call
+ * functions say: each layer's own spec, the tensors read, the calibration
+ * need, the shape rule, the continuation's spec, and the same refusals. */
+START_TEST(resolved_once)
+{
+    const char *specs[] = {
+        "kivi:bits=2",
+        "mix(0,2=kivi;1,3-=fp8)",
+        "mix(0=cluster;1-=kivi)",
+        "mix(0-1=tokens(h2o:keep=0.5; kivi:bits=4; drop);2-=ggml)",
+        "tokens(window:recent=8; none; kivi:bits=2)",
+        "tokens(snapkv:keep=0.25; per-token:bits=8; drop)",
+    };
+    kvq_error err;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvq_spec sp, own;
+        kvq_spec_layers *r;
+        ck_assert_msg(parse(specs[i], &sp, &err) == KVQ_OK, "%s: %s", specs[i], err.msg);
+        ck_assert_msg(kvq_spec_resolve(&sp, 5, &r, &err) == KVQ_OK, "%s: %s", specs[i], err.msg);
+        ck_assert_uint_eq(kvq_spec_layers_flags(r), kvq_spec_read_flags(&sp));
+        ck_assert_int_eq(kvq_spec_layers_needs_calib(r), kvq_spec_needs_calib(&sp));
+        for (int D = 8; D <= 64; D *= 8) {
+            kvq_error e1 = {0}, e2 = {0};
+            ck_assert_int_eq(kvq_spec_layers_check_shape(r, D, &e1), kvq_spec_check_shape(&sp, D, &e2));
+            ck_assert_str_eq(e1.msg, e2.msg);
+        }
+        for (int l = 0; l < 5; l++) {
+            ck_assert_int_eq(kvq_spec_for_layer(&sp, l, &own, &err), KVQ_OK);
+            ck_assert_str_eq(kvq_spec_layers_at(r, l)->text, own.text);
+            ck_assert(!kvq_spec_is_mix(kvq_spec_layers_at(r, l)));
+            const kvq_spec *hi = kvq_spec_layers_continuation(r, l);
+            if (strncmp(own.text, "tokens(", 7)) ck_assert_str_eq(hi->text, own.text);
+            else if (strstr(own.text, "; none;")) ck_assert(hi == NULL);
+            else ck_assert_msg(hi && strstr(own.text, hi->text) && !kvq_spec_is_tokens(hi) &&
+                               (!strcmp(hi->text, "kivi:bits=4") || !strcmp(hi->text, "per-token:bits=8")),
+                               "%s: HI %s", own.text, hi ? hi->text : "NULL");
+        }
+        kvq_spec_layers_free(r);
+    }
+    /* the refusals of kvq_spec_check_layers */
+    kvq_spec sp;
+    kvq_spec_layers *r = (kvq_spec_layers *)&sp;
+    ck_assert_int_eq(parse("mix(0-1=kivi;3-=kivi)", &sp, &err), KVQ_OK);
+    expect_usage(kvq_spec_resolve(&sp, 5, &r, &err), &err, "layer 2 is in no range (every layer needs one)");
+    ck_assert(r == NULL);
+    ck_assert_int_eq(parse("mix(0,2=kivi;1,3-4=fp8)", &sp, &err), KVQ_OK);
+    expect_usage(kvq_spec_resolve(&sp, 4, &r, &err), &err, "range 3-4: the model has 4 layers (0..3)");
+}
+END_TEST
+
 START_TEST(parsing)
 {
     kvq_spec sp, sub;
@@ -184,6 +234,7 @@ int main(void)
     Suite *s = suite_create("mix");
     TCase *tc = tcase_create("mix");
     tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, resolved_once);
     tcase_add_test(tc, parsing);
     tcase_add_test(tc, one_range_is_its_spec);
     tcase_add_test(tc, two_ranges_are_their_specs);

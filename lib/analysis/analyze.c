@@ -353,6 +353,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
     out->heads = kvq_alloc_array((size_t)nh, sizeof *out->heads);
     kvq_quant_out *slot = calloc((size_t)ns + 1, sizeof *slot); /* one per spec */
+    kvq_spec_layers **res = calloc((size_t)ns + 1, sizeof *res); /* each spec parsed once for the dump's layers */
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
@@ -361,7 +362,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     int *allpos = kvq_alloc_array((size_t)info->seq_len + 1, sizeof *allpos);
     size_t bytes;
     for (int t = 0; allpos && t < info->seq_len; t++) allpos[t] = t;
-    if (!out->acc || !out->layers || !out->heads || !slot || !hst || !herr || !allpos) {
+    if (!out->acc || !out->layers || !out->heads || !slot || !res || !hst || !herr || !allpos) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -384,11 +385,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         goto done;
     }
     for (int s = 0; s < ns; s++) {
-        if ((st = kvq_spec_check_layers(&o->specs[s], info->num_layers, err))) {
+        if ((st = kvq_spec_resolve(&o->specs[s], info->num_layers, &res[s], err))) {
             st = layer_error(err, st, path, -1);
             goto done;
         }
-        unsigned missing = kvq_spec_read_flags(&o->specs[s]) & ~p->flags;
+        unsigned missing = kvq_spec_layers_flags(res[s]) & ~p->flags;
         if (missing) {
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads %s, but the dump was prepared without them", path,
                           o->specs[s].text, missing & KVQ_READ_KEY_PRE_ROPE ? "pre-RoPE keys" : "every query row");
@@ -400,11 +401,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             goto done;
         }
         kvq_error shape_err = {0};
-        if (kvq_spec_check_shape(&o->specs[s], info->head_dim, &shape_err)) {
+        if (kvq_spec_layers_check_shape(res[s], info->head_dim, &shape_err)) {
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", path, shape_err.msg);
             goto done;
         }
-        if (!kvq_spec_needs_calib(&o->specs[s])) continue;
+        if (!kvq_spec_layers_needs_calib(res[s])) continue;
         if ((st = kvq_spec_check_calib(&o->specs[s], o->calib != NULL, err))) goto done;
         if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;
     }
@@ -433,14 +434,15 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
             kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
                                  .rope = p->rope.cos ? &p->rope : NULL, .attn = &mode};
-            const kvq_layer *Ls = kvq_spec_read_flags(&o->specs[s]) & KVQ_READ_QUERY ? &Lq : L;
+            const kvq_spec *own = kvq_spec_layers_at(res[s], layer); /* the layer's spec (a mix's range) */
+            const kvq_layer *Ls = kvq_spec_layers_flags(res[s]) & KVQ_READ_QUERY ? &Lq : L;
             kvq_quant_out *qo = &slot[s];
             slot_reset(qo, H);
-            if (o->calib && (st = kvq_calib_state(o->calib, &o->specs[s], layer, p->seed, nt, &ctx.calib, err)))
+            if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx.calib, err)))
                 goto done;
             if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
                 st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
-            else if (!(st = kvq_quantize_layer(&o->specs[s], &ctx, Ls, qo, err)) && o->device)
+            else if (!(st = kvq_quantize_layer_in(res[s], &ctx, Ls, qo, err)) && o->device)
                 st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
             if (st) { /* the quantizer's message names the layer */
                 st = layer_error(err, st, path, -1);
@@ -472,7 +474,8 @@ done:
     kvq_layer_free(&read);
     free(qrows), free(qall), free(allpos);
     for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
-    free(slot), free(hst), free(herr);
+    for (int s = 0; s < ns && res; s++) kvq_spec_layers_free(res[s]);
+    free(slot), free(res), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
     return st;
 }

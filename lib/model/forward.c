@@ -469,15 +469,18 @@ static const kvq_rope *layer_rope(const fw_ctx *c, int l)
  * are all T, then Kh/Vh), as a layer of their own at their own positions:
  * K', V' into kq/vq [H][t1−t0][D], the kept tokens into keep [H][t1−t0]
  * (*dropped: some were evicted).  t0 > 0: the tokens after a context
- * (--context), so a spec that re-applies RoPE rotates token i at t0 + i. */
-static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int t0, int t1, int *dropped,
-                                 kvq_error *err)
+ * (--context), so a spec that re-applies RoPE rotates token i at t0 + i.
+ * The spec: the stream's, parsed once for the run, or (spec NULL) a plain
+ * one (neither a mix nor a tokens(...): a continuation's HI). */
+static kvq_status quantize_cache(fw_ctx *c, const kvq_spec_layers *spec, const kvq_spec *plain, int layer, int t0,
+                                 int t1, int *dropped, kvq_error *err)
 {
     fw_scratch *s = &c->s;
     const kvq_model_info *in = &c->m->info;
     int H = in->n_kv_heads, D = in->head_dim, T = c->o->T, ntok = t1 - t0;
     kvq_layer L = {.H = H, .Hq = in->n_heads, .T = ntok, .D = D};
-    int queries = (kvq_spec_read_flags(spec) & KVQ_READ_QUERY) != 0; /* a selector scores with them */
+    unsigned flags = spec ? kvq_spec_layers_flags(spec) : plain->q->read_flags;
+    int queries = (flags & KVQ_READ_QUERY) != 0; /* a selector scores with them */
     if (ntok == T) {
         L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre, L.query = queries ? s->Qh : NULL;
     } else {
@@ -505,9 +508,11 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec *spec, int layer, int
     kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb,
                         .keep = s->keep};
     kvq_status st;
-    if (c->o->calib && (st = kvq_calib_state(c->o->calib, spec, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
+    const kvq_spec *own = spec ? kvq_spec_layers_at(spec, layer) : plain;
+    if (c->o->calib && (st = kvq_calib_state(c->o->calib, own, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
     /* BLAS runs one thread; the quantizers thread over heads */
-    if ((st = kvq_quantize_layer(spec, &ctx, &L, &qo, err))) { /* the quantizer's message, with the model it ran in */
+    st = spec ? kvq_quantize_layer_in(spec, &ctx, &L, &qo, err) : kvq_quantize_layer(plain, &ctx, &L, &qo, err);
+    if (st) { /* the quantizer's message, with the model it ran in */
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);
         return kvq_fail(err, st, "%s: %s", c->m->path, msg);
@@ -615,15 +620,14 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     int T = c->o->T, N = c->o->context, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim, nt = c->nt;
     int W = kvq_model_layer_window(c->m, l);
     float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
-    int dropped = 0, hi_exact = 0;
-    kvq_spec hi;
+    int dropped = 0;
     kvq_status rc;
-    if ((rc = quantize_cache(c, it->spec, l, 0, N, &dropped, err))) return rc;
+    if ((rc = quantize_cache(c, st->spec, NULL, l, 0, N, &dropped, err))) return rc;
     for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
     int exact = !dropped && cache_is_exact(c, 0, N); /* the compressed context is the exact one */
     context_put(s, H, T, D, 0, N, dropped);
-    if ((rc = kvq_spec_continuation(it->spec, l, &hi, &hi_exact, err))) return rc;
-    if (it->policy == KVQ_POLICY_PREFILL || hi_exact) { /* the continuation's own entries exact, 16 bits */
+    const kvq_spec *hi = kvq_spec_layers_continuation(st->spec, l); /* NULL: exact */
+    if (it->policy == KVQ_POLICY_PREFILL || !hi) { /* the continuation's own entries exact, 16 bits */
         size_t n = (size_t)(T - N);
         st->k_bits += 16.0 * n * H * D, st->v_bits += 16.0 * n * H * D;
         if (*same && exact) return KVQ_OK;
@@ -644,7 +648,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     for (int p0 = N; p0 < T; p0 += stride) {
         int p1 = p0 + stride < T ? p0 + stride : T, d = 0;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
-        if ((rc = quantize_cache(c, &hi, l, N, p1, &d, err))) return rc;
+        if ((rc = quantize_cache(c, NULL, hi, l, N, p1, &d, err))) return rc;
         if (p1 == T)
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
         if (*same) {
@@ -692,7 +696,7 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
         int p1 = p0 + stride < T ? p0 + stride : T;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
         int dropped = 0;
-        kvq_status rc = quantize_cache(c, it->spec, l, 0, p1, &dropped, err);
+        kvq_status rc = quantize_cache(c, st->spec, NULL, l, 0, p1, &dropped, err);
         if (rc) return rc;
         if (p1 == T) /* the cache after the last token */
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
@@ -975,7 +979,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     for (int i = 0; i < o->n_logit_pos; i++) first = o->logit_pos[i] < first ? o->logit_pos[i] : first;
     int all_queries = 0; /* a selector scores with every query of every layer */
     for (int i = 0; i < o->ns; i++)
-        all_queries |= o->s[i].item && o->s[i].item->spec && (kvq_spec_read_flags(o->s[i].item->spec) & KVQ_READ_QUERY);
+        all_queries |= o->s[i].spec && (kvq_spec_layers_flags(o->s[i].spec) & KVQ_READ_QUERY);
     c.h0 = o->on_layer || all_queries ? 0 : first / TILE_ROWS * TILE_ROWS;
     int kmax = in->dim > in->ffn_dim ? in->dim : in->ffn_dim;
     if (in->n_heads * in->head_dim > kmax) kmax = in->n_heads * in->head_dim;

@@ -26,10 +26,11 @@ static void stream_free(kvq_fw_stream *s)
     memset(s, 0, sizeof *s);
 }
 
-static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, int T, int dim, kvq_error *err)
+static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, const kvq_spec_layers *spec, int T, int dim,
+                               kvq_error *err)
 {
     memset(s, 0, sizeof *s);
-    s->item = item;
+    s->item = item, s->spec = spec;
     size_t n = (size_t)T;
     s->x = kvq_alloc_array(n, (size_t)dim * sizeof(float));
     s->lmax = calloc(n, sizeof(double)), s->lsum = calloc(n, sizeof(double));
@@ -84,7 +85,7 @@ kvq_status kvq_model_dump(kvq_model *m, const int *tokens, int T, const int *lay
                           .head_dim = in->head_dim, .seq_len = T, .has_rope_theta = 1, .rope_theta = in->rope_theta,
                           .rope_style = in->rope_style};
     snprintf(info.model, sizeof info.model, "%s", in->name);
-    if ((st = stream_alloc(&s, NULL, T, in->dim, err))) goto done;
+    if ((st = stream_alloc(&s, NULL, NULL, T, in->dim, err))) goto done;
     if ((st = kvq_dump_writer_create(out_path, &info, KVQ_F32, &job.w, err))) goto done;
     job.map = map, job.m = m;
     double scale = in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim);
@@ -170,7 +171,8 @@ static kvq_eval_sums stream_sums(const kvq_fw_stream *s, double npos)
 }
 
 /* One window: the exact model and the items, in passes bounded by memory. */
-static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items, int nitems,
+static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items,
+                              kvq_spec_layers *const *res, int nitems,
                               const kvq_eval_opts *o, int w, int wi, size_t total, kvq_eval_sums *wsum,
                               kvq_eval_sums *wref, kvq_error *err)
 {
@@ -187,8 +189,8 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
     kvq_status st = KVQ_OK;
     for (int pass = 0; pass < npasses && !st; pass++) {
         int i0 = pass * batch, n = nitems - i0 < batch ? nitems - i0 : batch, ns = 0;
-        st = stream_alloc(&s[ns++], NULL, T, in->dim, err); /* the exact model */
-        for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], T, in->dim, err);
+        st = stream_alloc(&s[ns++], NULL, NULL, T, in->dim, err); /* the exact model */
+        for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], res[i0 + i], T, in->dim, err);
         ep.pass = pass;
         for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
             s[i].pos_nll =
@@ -230,29 +232,33 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     if (st) return st;
     kvq_dump_info shape = {.num_layers = in->n_layers, .num_heads = in->n_heads, .num_kv_heads = in->n_kv_heads,
                            .head_dim = in->head_dim, .seq_len = N};
-    for (int i = 0; i < nitems; i++) {
+    kvq_eval_sums *acc = NULL, *wsum = NULL;
+    int *win = NULL;
+    kvq_spec_layers **res = calloc((size_t)nitems + 1, sizeof *res); /* each item's spec parsed once for the model */
+    if (!res) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nitems && !st; i++) {
         const kvq_spec *sp = items[i].spec;
         if (items[i].layer < -1 || items[i].layer >= in->n_layers)
-            return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
-                            items[i].layer, in->n_layers - 1);
-        if (sp && (st = kvq_spec_check_layers(sp, in->n_layers, err))) return st;
-        if (!sp || !kvq_spec_needs_calib(sp)) continue;
-        if ((st = kvq_spec_check_calib(sp, o->calib != NULL, err))) return st;
-        if ((st = kvq_calib_check(o->calib, m->path, &shape, err))) return st;
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
+                          items[i].layer, in->n_layers - 1);
+        else if (sp && !(st = kvq_spec_resolve(sp, in->n_layers, &res[i], err)) && kvq_spec_layers_needs_calib(res[i]) &&
+                 !(st = kvq_spec_check_calib(sp, o->calib != NULL, err)))
+            st = kvq_calib_check(o->calib, m->path, &shape, err);
     }
-    if (o->context && (o->context < 1 || o->context > N - 2))
-        return kvq_fail(err, KVQ_ERR_USAGE, "a context of %d tokens: expected 1..%d (a context and at least one "
-                        "scored position in %s of %d tokens)", o->context, N - 2, o->chunk > 0 ? "each window" : "the text", N);
-    for (int i = 0; i < o->n_logit_pos; i++)
+    if (!st && o->context && (o->context < 1 || o->context > N - 2))
+        st = kvq_fail(err, KVQ_ERR_USAGE, "a context of %d tokens: expected 1..%d (a context and at least one "
+                      "scored position in %s of %d tokens)", o->context, N - 2, o->chunk > 0 ? "each window" : "the text", N);
+    for (int i = 0; !st && i < o->n_logit_pos; i++)
         if (!o->logits || o->logit_pos[i] < 0 || o->logit_pos[i] >= N)
-            return kvq_fail(err, KVQ_ERR_USAGE,
-                            "logits of position %d: expected a position below %d and an output array", o->logit_pos[i],
-                            N);
-    kvq_eval_sums *acc = calloc((size_t)nitems + 1, sizeof *acc), *wsum = calloc((size_t)nitems + 1, sizeof *wsum);
-    int *win = kvq_alloc_array((size_t)N, sizeof *win);
+            st = kvq_fail(err, KVQ_ERR_USAGE,
+                          "logits of position %d: expected a position below %d and an output array", o->logit_pos[i],
+                          N);
+    if (st) goto done;
+    acc = calloc((size_t)nitems + 1, sizeof *acc), wsum = calloc((size_t)nitems + 1, sizeof *wsum);
+    win = kvq_alloc_array((size_t)N, sizeof *win);
     if (!acc || !wsum || !win) {
-        free(acc), free(wsum), free(win);
-        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto done;
     }
     /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
     int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos;
@@ -261,8 +267,8 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     for (int w = w0; w < w1 && !st; w++) {
         memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);
         if (bos) win[0] = m->vocab.bos;
-        st = eval_window(m, win, N, from, items, nitems, o, w, w - w0, (size_t)(w1 - w0) * (size_t)(N - 1 - from),
-                         wsum, &wref, err);
+        st = eval_window(m, win, N, from, items, res, nitems, o, w, w - w0,
+                         (size_t)(w1 - w0) * (size_t)(N - 1 - from), wsum, &wref, err);
         if (!st && o->window_done) st = o->window_done(o->window_ud, w, &wref, wsum, err);
         if (st) break;
         kvq_eval_sums_add(&ref, &wref);
@@ -273,7 +279,9 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         if (nll_ref) *nll_ref = ref.nll / ref.positions;
         for (int i = 0; i < nitems; i++) kvq_eval_item_finish(&items[i], &acc[i]);
     }
-    free(acc), free(wsum), free(win);
+done:
+    for (int i = 0; i < nitems; i++) kvq_spec_layers_free(res[i]);
+    free(res), free(acc), free(wsum), free(win);
     return st;
 }
 

@@ -277,16 +277,22 @@ kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kv
     return st;
 }
 
-kvq_status kvq_spec_continuation(const kvq_spec *spec, int layer, kvq_spec *out, int *exact, kvq_error *err)
+/* Every layer 0..nlayers−1 in a range of m, and no range beyond them. */
+static kvq_status mix_check_layers(const char *text, const mix *m, int nlayers, kvq_error *err)
 {
-    *exact = 0;
-    kvq_status st = kvq_spec_for_layer(spec, layer, out, err);
-    if (st || !kvq_spec_is_tokens(out)) return st;
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
-    st = tp ? kvq_tokens_split(out, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (!st && tp->hi_kind == KVQ_PART_SPEC) *out = tp->hi;
-    else if (!st) *exact = 1; /* HI none (HI is never drop) */
-    free(tp);
+    kvq_status st = KVQ_OK;
+    for (int i = 0; i < m->nspans && !st; i++)
+        if (m->span[i].lo >= nlayers || (m->span[i].hi != INT_MAX && m->span[i].hi >= nlayers)) {
+            char r[32];
+            span_text(&m->span[i], r, sizeof r);
+            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: range %s: the model has %d layers (0..%d)", text, r, nlayers,
+                          nlayers - 1);
+        }
+    for (int l = 0; l < nlayers && !st; l++) {
+        int in = 0;
+        for (int i = 0; i < m->nspans; i++) in |= m->span[i].lo <= l && l <= m->span[i].hi;
+        if (!in) st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range (every layer needs one)", text, l);
+    }
     return st;
 }
 
@@ -295,25 +301,7 @@ kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *e
     if (!kvq_spec_is_mix(spec)) return KVQ_OK;
     mix *m;
     kvq_status st = mix_of(spec, &m, err);
-    if (st) return st;
-    for (int i = 0; i < m->nspans && !st; i++)
-        if (m->span[i].lo >= nlayers) {
-            char r[32];
-            span_text(&m->span[i], r, sizeof r);
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: range %s: the model has %d layers (0..%d)", spec->text, r,
-                          nlayers, nlayers - 1);
-        } else if (m->span[i].hi != INT_MAX && m->span[i].hi >= nlayers) {
-            char r[32];
-            span_text(&m->span[i], r, sizeof r);
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: range %s: the model has %d layers (0..%d)", spec->text, r,
-                          nlayers, nlayers - 1);
-        }
-    for (int l = 0; l < nlayers && !st; l++) {
-        int in = 0;
-        for (int i = 0; i < m->nspans; i++) in |= m->span[i].lo <= l && l <= m->span[i].hi;
-        if (!in)
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range (every layer needs one)", spec->text, l);
-    }
+    if (!st) st = mix_check_layers(spec->text, m, nlayers, err);
     free(m);
     return st;
 }
@@ -401,6 +389,111 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec)
     unsigned f = 0;
     each_spec(spec, flags_of, &f, NULL);
     return f;
+}
+
+/* ------------------------------------------------- a spec for a run */
+
+/* A spec parsed once for a model's layers: a mix's items each parsed once
+ * and every layer mapped to its item, a tokens(...) item taken apart once;
+ * the tensors read and the calibration need read from them. */
+struct kvq_spec_layers {
+    int nlayers, nitems, needs_calib;
+    unsigned flags;
+    int *item;                /* [nlayers]: the item that holds layer l */
+    kvq_spec *spec;           /* [nitems]: a mix's items (else the spec itself) */
+    kvq_tokens_parts **parts; /* [nitems]: a tokens(...) item taken apart, else NULL */
+};
+
+static kvq_status read_flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
+{
+    (void)err;
+    *(unsigned *)ud |= spec->q->read_flags;
+    return KVQ_OK;
+}
+
+/* fn on an item and, for a tokens(...), on its HI and LO specs (each_leaf's order). */
+static kvq_status item_walk(const kvq_spec_layers *r, int i, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *),
+                            void *ud, kvq_error *err)
+{
+    const kvq_tokens_parts *tp = r->parts[i];
+    kvq_status st = fn(&r->spec[i], ud, err);
+    if (!st && tp && tp->hi_kind == KVQ_PART_SPEC) st = fn(&tp->hi, ud, err);
+    if (!st && tp && tp->lo_kind == KVQ_PART_SPEC) st = fn(&tp->lo, ud, err);
+    return st;
+}
+
+kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_spec_layers **out, kvq_error *err)
+{
+    *out = NULL;
+    kvq_spec_layers *r = calloc(1, sizeof *r);
+    mix *m = NULL;
+    kvq_status st = r ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && kvq_spec_is_mix(spec) && !(st = mix_of(spec, &m, err))) st = mix_check_layers(spec->text, m, nlayers, err);
+    if (st) goto fail;
+    r->nlayers = nlayers, r->nitems = m ? m->nitems : 1;
+    r->item = calloc((size_t)(nlayers > 0 ? nlayers : 1), sizeof *r->item);
+    r->spec = calloc((size_t)r->nitems, sizeof *r->spec), r->parts = calloc((size_t)r->nitems, sizeof *r->parts);
+    if (!r->item || !r->spec || !r->parts) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < r->nitems && !st; i++) {
+        if (m) st = mix_item_spec(spec->text, &m->item[i], &r->spec[i], err);
+        else r->spec[i] = *spec;
+        if (!st && kvq_spec_is_tokens(&r->spec[i]))
+            st = (r->parts[i] = malloc(sizeof *r->parts[i])) ? kvq_tokens_split(&r->spec[i], r->parts[i], err)
+                                                             : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    }
+    for (int l = 0; m && l < nlayers; l++)
+        for (int k = 0; k < m->nspans; k++)
+            if (m->span[k].lo <= l && l <= m->span[k].hi) r->item[l] = m->span[k].item;
+    for (int i = 0; i < r->nitems && !st; i++) {
+        item_walk(r, i, needs_calib_of, &r->needs_calib, NULL);
+        item_walk(r, i, read_flags_of, &r->flags, NULL);
+        if (r->parts[i] && kvq_token_selector_needs_queries(r->parts[i]->selector)) r->flags |= KVQ_READ_QUERY;
+    }
+    if (st) goto fail;
+    free(m);
+    *out = r;
+    return KVQ_OK;
+fail:
+    free(m);
+    kvq_spec_layers_free(r);
+    return st;
+}
+
+void kvq_spec_layers_free(kvq_spec_layers *r)
+{
+    if (!r) return;
+    for (int i = 0; r->parts && i < r->nitems; i++) free(r->parts[i]);
+    free(r->parts), free(r->spec), free(r->item), free(r);
+}
+
+const kvq_spec *kvq_spec_layers_at(const kvq_spec_layers *r, int layer)
+{
+    return &r->spec[layer >= 0 && layer < r->nlayers ? r->item[layer] : 0];
+}
+
+const kvq_tokens_parts *kvq_spec_layers_parts(const kvq_spec_layers *r, int layer)
+{
+    return r->parts[layer >= 0 && layer < r->nlayers ? r->item[layer] : 0];
+}
+
+unsigned kvq_spec_layers_flags(const kvq_spec_layers *r) { return r->flags; }
+int kvq_spec_layers_needs_calib(const kvq_spec_layers *r) { return r->needs_calib; }
+
+kvq_status kvq_spec_layers_check_shape(const kvq_spec_layers *r, int head_dim, kvq_error *err)
+{
+    kvq_status st = KVQ_OK;
+    for (int i = 0; i < r->nitems && !st; i++) st = item_walk(r, i, shape_of, &head_dim, err);
+    return st;
+}
+
+const kvq_spec *kvq_spec_layers_continuation(const kvq_spec_layers *r, int layer)
+{
+    const kvq_tokens_parts *tp = kvq_spec_layers_parts(r, layer);
+    if (!tp) return kvq_spec_layers_at(r, layer);
+    return tp->hi_kind == KVQ_PART_SPEC ? &tp->hi : NULL; /* HI none: exact (HI is never drop) */
 }
 
 /* ---------------------------------------------------------------- specs */
