@@ -112,32 +112,6 @@ static int sens_load(const sens_ctx *c, const char *path, const char *from, cons
     return err.status == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
 }
 
-/* The whole file (malloc'ed, *size), or NULL after printing. */
-static char *slurp(const char *path, size_t *size)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) { cli_error(prog, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) { free(buf); buf = NULL; break; }
-            buf = nb, cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        cli_error(prog, "%s: %s", path, bad ? "read failed" : "out of memory");
-        return NULL;
-    }
-    *size = n;
-    return buf;
-}
-
 /* Opens the table at path for this run: created (registered as a temporary
  * until a pass is in it), or with resume read and cut after its last
  * complete pass; locked for the run (a second run on it exits 1 at once).
@@ -170,8 +144,8 @@ static int sens_open(const sens_ctx *c, const char *path, int resume, int *fd, i
     }
     *created = !exists;
     size_t size = 0, keep = 0;
-    char *data = exists ? slurp(path, &size) : NULL;
-    if (exists && !data) return CLI_RUNTIME;
+    char *data = NULL;
+    if (exists && cli_read_file(prog, path, &data, &size)) return CLI_RUNTIME;
     int rc = exists ? sens_load(c, path, NULL, data, size, &keep) : CLI_OK;
     free(data);
     if (rc) return rc;
@@ -584,7 +558,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         if (!(shard_data = calloc((size_t)nshards, sizeof *shard_data))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
         for (int s = 0; s < nshards; s++) {
             size_t size, keep;
-            if (!(shard_data[s] = slurp(shards[s], &size))) { rc = CLI_RUNTIME; goto done; }
+            if ((rc = cli_read_file(prog, shards[s], &shard_data[s], &size))) goto done;
             if ((rc = sens_load(&sc, shards[s], shards[s], shard_data[s], size, &keep))) goto done;
             cli_meta_input(meta, "shard", shards[s]);
         }
