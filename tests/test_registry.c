@@ -275,11 +275,18 @@ START_TEST(every_registered_quantizer)
     }
     ck_assert_int_eq(alternatives, (int)kvq_quantizer_count()); /* every family has a second spec */
     int with_reference = 0;
-    for (size_t i = 0; i < kvq_quantizer_count(); i++) with_reference += kvq_quantizer_at(i)->reference != NULL;
+    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        ck_assert_msg(!(q->reference && q->reference_head), "%s: both a reference and a reference_head", q->name);
+        with_reference += q->reference || q->reference_head;
+    }
     ck_assert_int_eq(references, 3 * with_reference); /* default, example and changed-key spec of each */
     ck_assert_int_ge(with_reference, 7); /* per-token, per-channel, kivi, kcvt, absmax, fp8, fp4 */
-    /* variants with paths of their own that neither spec above takes */
-    const char *extra[] = {"gear:lowrank=svd,span=layer", "lloydmax:rotate=hadamard", "fp8:scale=channel",
+    /* variants with paths of their own that neither spec above takes (the
+     * outliers: the default fractions leave none in rows of 32 or 48) */
+    const char *extra[] = {"gear:lowrank=svd,span=layer", "gear:sparsity=0.25,span=layer,backbone=kcvt",
+                           "gear:sparsity=0.3,group=5,rank=0", "kvquant:outliers=0.3,sink=3,codebook=uniform",
+                           "kvquant:outliers=0.2,prerope=0", "lloydmax:rotate=hadamard", "fp8:scale=channel",
                            "fp8:format=e5m2,scale=token", "tender:span=head,chunk=7",
                            "tender:chunk=1,groups=64,alpha=3,scale=fp32", "fp4:format=nvfp4,global=tensor",
                            "fp4:format=nvfp4,global=token", "per-token:bits=3,prerotate=hadamard",

@@ -418,6 +418,172 @@ out:
     return st;
 }
 
+/* ------------------------------------------------------------ the reference */
+
+/* One value of a row with its index, ordered for the outlier rule. */
+typedef struct { float v; int i; } ranked;
+static int larger_first(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->v != y->v) return x->v > y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i); /* ties: the lower index first */
+}
+static int smaller_first(const void *a, const void *b)
+{
+    const ranked *x = a, *y = b;
+    if (x->v != y->v) return x->v < y->v ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+kvq_status kvq_gear_row_outliers_ref(const float *row, unsigned char *sel, int n, int k)
+{
+    memset(sel, 0, (size_t)n);
+    if (k <= 0) return KVQ_OK;
+    ranked *r = kvq_alloc_array((size_t)n, sizeof *r);
+    if (!r) return KVQ_ERR_NOMEM;
+    /* the k largest: the first k in (value descending, index ascending) */
+    for (int i = 0; i < n; i++) r[i] = (ranked){row[i], i};
+    qsort(r, (size_t)n, sizeof *r, larger_first);
+    for (int j = 0; j < k; j++) sel[r[j].i] = 1;
+    /* then the k smallest of the rest: the first k in (value, index) ascending */
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (!sel[i]) r[m++] = (ranked){row[i], i};
+    qsort(r, (size_t)m, sizeof *r, smaller_first);
+    for (int j = 0; j < k; j++) sel[r[j].i] = 1;
+    free(r);
+    return KVQ_OK;
+}
+
+/* Element (head, token, channel) of [H][T][D]. */
+#define AT(h, t, c) (((size_t)(h) * T + (size_t)(t)) * D + (size_t)(c))
+
+/* One tensor x [H][T][D] into y as docs/quantizers.md#gear writes it, on one
+ * thread: *bad_head names the head of a failure. */
+static kvq_status gear_tensor_ref(const kvq_spec *sp, const kvq_quant_ctx *ctx, int tensor, const float *x,
+                                  float *y, double *bits, int H, int T, int D, int *bad_head, kvq_error *err)
+{
+    const gear_opts *o = kvq_spec_opts(sp);
+    int layer_rows = tensor == 1 && o->span == 1, kcvt = o->backbone == BACKBONE_KCVT;
+    size_t N = (size_t)H * T * D, W = (size_t)H * D, longest = (size_t)(T > D ? T : D);
+    if (layer_rows && W > longest) longest = W;
+    float *w = kvq_alloc_array(N, sizeof *w), *row = kvq_alloc_array(longest, sizeof *row);
+    float *E = kvq_alloc_array((size_t)T * D, sizeof *E), *L = kvq_alloc_array((size_t)T * D, sizeof *L);
+    unsigned char *outlier = calloc(N ? N : 1, 1), *sel = malloc(longest);
+    size_t *pos = kvq_alloc_array(longest, sizeof *pos);
+    kvq_status st = KVQ_OK;
+    *bad_head = 0;
+    if (!w || !row || !E || !L || !outlier || !sel || !pos) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+        goto out;
+    }
+    memcpy(w, x, N * sizeof *w);
+    /* 1. outliers, row by row: K a channel of a head over its tokens, V a
+     * token of a head over its channels, or (span=layer) over all H·D */
+    int nrows = layer_rows ? T : H * (tensor ? T : D), n = layer_rows ? (int)W : tensor ? D : T;
+    int k = (int)floor(o->sparsity * n / 2.0);
+    for (int rw = 0; rw < nrows && k > 0; rw++) {
+        for (int e = 0; e < n; e++) {
+            int h = layer_rows ? e / D : rw / (tensor ? T : D);
+            int t = layer_rows ? rw : tensor ? rw % T : e;
+            int c = layer_rows ? e % D : tensor ? e : rw % D;
+            pos[e] = AT(h, t, c);
+            row[e] = x[pos[e]];
+        }
+        if ((st = kvq_gear_row_outliers_ref(row, sel, n, k))) {
+            st = kvq_fail(err, st, "%s: out of memory", sp->text);
+            goto out;
+        }
+        double sum = 0.0; /* the mean of the whole row, outliers included */
+        for (int e = 0; e < n; e++) sum += row[e];
+        for (int e = 0; e < n; e++)
+            if (sel[e]) w[pos[e]] = (float)(sum / n), outlier[pos[e]] = 1;
+    }
+    /* 2. the backbone on that copy: kivi's groups (per channel for K, per
+     * token for V) or kcvt's (a whole channel, a whole token) */
+    int G = o->group;
+    for (int h = 0; h < H && !st; h++) {
+        *bad_head = h;
+        if (tensor == 0) {
+            int g = kcvt ? T : G;
+            for (int c = 0; c < D && !st; c++)
+                for (int t0 = 0; t0 < T && !st; t0 += g)
+                    st = kvq_group_quantize_ref(w + AT(h, t0, c), y + AT(h, t0, c),
+                                                (size_t)(T - t0 < g ? T - t0 : g), (size_t)D, o->bits, KVQ_SCALE_FP16);
+            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_CHANNEL, 0, T, o->bits, g, KVQ_SCALE_FP16}, 1, D, 0);
+        } else if (!layer_rows) {
+            int g = kcvt ? D : G;
+            for (int t = 0; t < T && !st; t++)
+                for (int c0 = 0; c0 < D && !st; c0 += g)
+                    st = kvq_group_quantize_ref(w + AT(h, t, c0), y + AT(h, t, c0),
+                                                (size_t)(D - c0 < g ? D - c0 : g), 1, o->bits, KVQ_SCALE_FP16);
+            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN, 0, T, o->bits, g, KVQ_SCALE_FP16}, 1, D, 0);
+        } else { /* a token's H·D values head-major, all heads at once */
+            size_t g = kcvt ? W : (size_t)G;
+            for (int t = 0; t < T && h == 0 && !st; t++) {
+                for (size_t e = 0; e < W; e++) row[e] = w[AT(e / D, t, e % D)];
+                for (size_t c0 = 0; c0 < W && !st; c0 += g)
+                    st = kvq_group_quantize_ref(row + c0, row + c0, W - c0 < g ? W - c0 : g, 1, o->bits,
+                                                KVQ_SCALE_FP16);
+                for (size_t e = 0; e < W; e++) y[AT(e / D, t, e % D)] = row[e];
+            }
+            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN_LAYER, 0, T, o->bits, (int)g, KVQ_SCALE_FP16}, H, D, h);
+        }
+    }
+    if (st) goto out;
+    /* 2b. the outliers at fp16 (D̂ + S), 16 + 32 bits each */
+    for (int h = 0; h < H && !st; h++) {
+        size_t count = 0;
+        for (size_t i = AT(h, 0, 0); i < AT(h + 1, 0, 0); i++)
+            if (outlier[i]) {
+                y[i] = kvq_round_f16(x[i]);
+                if (!isfinite(y[i])) *bad_head = h, st = KVQ_ERR_NUMERIC;
+                count++;
+            }
+        bits[h] += (double)count * (16.0 + 32.0);
+    }
+    /* 3. the low rank of E = X − (D̂ + S) per head; X' = D̂ + S + L */
+    int r = o->rank < (T < D ? T : D) ? o->rank : (T < D ? T : D);
+    for (int h = 0; h < H && !st && r > 0; h++) {
+        *bad_head = h;
+        for (size_t i = 0; i < (size_t)T * D; i++) E[i] = x[AT(h, 0, 0) + i] - y[AT(h, 0, 0) + i];
+        if (o->lowrank == LOWRANK_SVD) {
+            st = kvq_lowrank_svd(E, T, D, r, L, err);
+        } else {
+            kvq_rng rng;
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_LOWRANK + tensor));
+            st = kvq_lowrank_power(E, T, D, r, o->loop, &rng, L, err);
+        }
+        for (size_t i = 0; i < (size_t)T * D && !st; i++) y[AT(h, 0, 0) + i] += L[i];
+        if (!st) bits[h] += 16.0 * r * (double)(T + D);
+    }
+out:
+    free(w), free(row), free(E), free(L), free(outlier), free(sel), free(pos);
+    return st;
+}
+#undef AT
+
+/* The reference (.reference): gear_layer's numbers from the definition, one
+ * row, group and head at a time, the outliers by sorting.  The low-rank
+ * factorisations are the shared ones (LAPACKE, BLAS). */
+static kvq_status gear_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                 kvq_quant_out *out, kvq_error *err)
+{
+    for (int tensor = 0; tensor < 2; tensor++) {
+        int bad = 0;
+        kvq_error e = {0};
+        const char *tname = tensor ? "value" : "key";
+        kvq_status st = gear_tensor_ref(sp, ctx, tensor, tensor ? in->value : in->key, tensor ? out->value : out->key,
+                                        tensor ? out->v_bits : out->k_bits, in->H, in->T, in->D, &bad, &e);
+        if (st == KVQ_ERR_NUMERIC && !e.msg[0]) return kvq_quant_numeric_error(err, sp, ctx, tname, bad);
+        if (st == KVQ_ERR_NOMEM) return kvq_fail(err, st, "%s", e.msg);
+        if (st)
+            return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", sp->text, ctx->layer, tname, bad,
+                            e.msg[0] ? e.msg : kvq_strerror(st));
+    }
+    return KVQ_OK;
+}
+
 const kvq_quantizer kvq_q_gear = {
     .name = "gear",
     .description = "GEAR: kivi/kcvt backbone + exact sparse outliers + low-rank residual",
@@ -427,6 +593,7 @@ const kvq_quantizer kvq_q_gear = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize = gear_layer,
+    .reference = gear_reference,
 };
 
 const kvq_quantizer kvq_q_gear_l = {
@@ -437,4 +604,5 @@ const kvq_quantizer kvq_q_gear_l = {
     .nparams = sizeof gear_l_params / sizeof gear_l_params[0],
     .check = gear_l_check,
     .quantize = gear_layer,
+    .reference = gear_reference,
 };

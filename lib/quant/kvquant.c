@@ -135,6 +135,20 @@ static kvq_status head_rows(const float *x, float *y, int T, int D, int tensor, 
     return KVQ_OK;
 }
 
+#define NEEDS_ROPE                                                                                          \
+    "prerope=1: the keys are quantized before RoPE, which must then be re-applied: expected rope_style and " \
+    "rope_theta (or /rope_cos, /rope_sin) in the dump (or use prerope=0)"
+
+/* The stored bits of one head's tensor with k outliers per row: 16 per sink
+ * element; per row of the rest o and r (32), 48 per outlier, b per code. */
+static double head_bits(const kq_cfg *c, int T, int D, int tensor, int k)
+{
+    int rows = tensor ? T - c->sink : D, n = tensor ? D : T - c->sink;
+    double bits = 16.0 * c->sink * D;
+    if (rows > 0 && n > 0) bits += (double)rows * (32.0 + 48.0 * 2 * k + (double)c->bits * (n - 2 * k));
+    return bits;
+}
+
 /* K's rows come from key_pre_rope with prerope=1 when the dump has it. */
 static const float *key_source(const kq_cfg *c, const kvq_layer *in, int h)
 {
@@ -148,10 +162,7 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
     int T = in->T, D = in->D;
     kq_cfg c = cfg_of(sp, T);
     int pre = !tensor && c.prerope && in->key_pre_rope;
-    if (pre && !ctx->rope)
-        return kvq_fail(err, KVQ_ERR_FORMAT,
-                        "prerope=1: the keys are quantized before RoPE, which must then be re-applied: expected "
-                        "rope_style and rope_theta (or /rope_cos, /rope_sin) in the dump (or use prerope=0)");
+    if (pre && !ctx->rope) return kvq_fail(err, KVQ_ERR_FORMAT, "%s", NEEDS_ROPE);
     kvq_codebook uni;
     const kvq_codebook *cb = &uni;
     const kvquant_opts *o = kvq_spec_opts(sp);
@@ -167,12 +178,60 @@ static kvq_status kvquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         for (int t = c.sink; t < T; t++) kvq_rope_rotate(ctx->rope, y + (size_t)t * D, kvq_token_pos(ctx, in, h, t), 0);
     /* sink tokens: the dump's (post-RoPE) values */
     memcpy(y, kvq_head_in(in, tensor, h), (size_t)c.sink * D * sizeof *y);
-    int rows = tensor ? T - c.sink : D, n = tensor ? D : T - c.sink;
-    double bits = 16.0 * c.sink * D;
-    if (rows > 0 && n > 0) bits += (double)rows * (32.0 + 48.0 * 2 * k + (double)c.bits * (n - 2 * k));
-    *kvq_head_bits(out, tensor, h) = bits;
+    *kvq_head_bits(out, tensor, h) = head_bits(&c, T, D, tensor, k);
     if (tensor == 1 && codebook == CB_NUQ) /* the layer's two codebooks, shared by the heads */
         out->static_bytes[h] = 2.0 * 4.0 * cb->n / in->H;
+    return KVQ_OK;
+}
+
+/* ------------------------------------------------------------ the reference */
+
+/* The reference (.reference_head): kvquant_head's numbers from the
+ * definition, one row at a time: the outliers by sorting
+ * (kvq_gear_row_outliers_ref), o and r over the rest, u's level by the
+ * codebook's search. */
+static kvq_status kvquant_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                         kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    int T = in->T, D = in->D;
+    kq_cfg c = cfg_of(sp, T);
+    const kvquant_opts *o = kvq_spec_opts(sp);
+    int pre = !tensor && c.prerope && in->key_pre_rope;
+    if (pre && !ctx->rope) return kvq_fail(err, KVQ_ERR_FORMAT, "%s", NEEDS_ROPE);
+    kvq_codebook uni;
+    const kvq_codebook *cb = &uni;
+    if (o->codebook == CB_UNIFORM) uniform_codebook(c.bits, &uni);
+    else cb = (const kvq_codebook *)ctx->calib + tensor; /* nuq: [K, V] of this layer */
+    /* rows: K a channel over tokens sink..T−1, V a token from sink on */
+    int rows = tensor ? T - c.sink : D, n = tensor ? D : T - c.sink;
+    int k = (int)floor(c.outliers * n / 2.0);
+    const float *x = tensor ? kvq_head_in(in, 1, h) : key_source(&c, in, h);
+    float *y = kvq_head_out(out, in, tensor, h);
+    float *row = kvq_alloc_array((size_t)(n > 0 ? n : 1), sizeof *row);
+    unsigned char *sel = malloc((size_t)(n > 0 ? n : 1));
+    kvq_status st = row && sel ? KVQ_OK : KVQ_ERR_NOMEM;
+    for (int rw = 0; rw < rows && n > 0 && !st; rw++) {
+#define ELEMENT(e) (tensor ? (size_t)(c.sink + rw) * D + (size_t)(e) : (size_t)(c.sink + (e)) * D + (size_t)rw)
+        for (int e = 0; e < n; e++) row[e] = x[ELEMENT(e)];
+        if ((st = kvq_gear_row_outliers_ref(row, sel, n, k))) break;
+        float mn = INFINITY, mx = -INFINITY; /* over the values that are not outliers */
+        for (int e = 0; e < n; e++)
+            if (!sel[e]) mn = fminf(mn, row[e]), mx = fmaxf(mx, row[e]);
+        float off = mn <= mx ? kvq_round_f16((mx + mn) / 2.0f) : 0.0f;
+        float r = mn <= mx ? kvq_round_f16((mx - mn) / 2.0f) : 0.0f;
+        for (int e = 0; e < n; e++) /* x' = û·r + o, û the level nearest u = (x − o)/r */
+            y[ELEMENT(e)] = sel[e]     ? kvq_round_f16(row[e])
+                            : r > 0.0f ? cb->levelf[kvq_codebook_index(cb, (row[e] - off) / r)] * r + off
+                                       : off;
+#undef ELEMENT
+    }
+    free(row), free(sel);
+    if (st) return st;
+    if (pre) /* K' = RoPE_t(Q(K_pre)) */
+        for (int t = c.sink; t < T; t++) kvq_rope_rotate(ctx->rope, y + (size_t)t * D, kvq_token_pos(ctx, in, h, t), 0);
+    for (size_t i = 0; i < (size_t)c.sink * D; i++) y[i] = kvq_head_in(in, tensor, h)[i]; /* the sinks, exact */
+    *kvq_head_bits(out, tensor, h) = head_bits(&c, T, D, tensor, k);
+    if (tensor == 1 && o->codebook == CB_NUQ) out->static_bytes[h] = 2.0 * 4.0 * cb->n / in->H;
     return KVQ_OK;
 }
 
@@ -229,6 +288,7 @@ const kvq_quantizer kvq_q_kvquant = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize_head = kvquant_head,
+    .reference_head = kvquant_reference_head,
     .read_flags = KVQ_READ_KEY_PRE_ROPE,
     .calib_key = kvquant_calib_key,
     .calibrate = kvquant_calibrate,

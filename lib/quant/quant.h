@@ -36,12 +36,20 @@ typedef struct kvq_quantizer {
                            kvq_quant_out *out, kvq_error *err);
     kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int head, kvq_error *err);
-    /* The plain reference (optional, ggml's from_float_ref beside the fast
-     * function): the whole layer on one thread in plain C, written as docs/
-     * defines the family; tests/test_registry.c holds the fast path above to
-     * it at every thread count and SIMD level.  Same contract as quantize. */
+    /* The plain reference (ggml's from_float_ref beside the fast function),
+     * at most one of the two: the whole layer on one thread (quantize's
+     * contract), or one tensor of one head (quantize_head's, run over the
+     * heads in order on one thread).  Plain C written as docs/ defines the
+     * family: no SIMD, no blocking, selections by sorting, searches for
+     * nearest levels; the shared building blocks that are BLAS or LAPACKE
+     * products (rotations, k-means assignment, low rank) are called as the
+     * fast path calls them, their sums' order being BLAS's (test_blocks
+     * checks them on their own).  tests/test_registry.c holds the fast path
+     * to it bit for bit at every thread count and SIMD level. */
     kvq_status (*reference)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                             kvq_quant_out *out, kvq_error *err);
+    kvq_status (*reference_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                 kvq_quant_out *out, int tensor, int head, kvq_error *err);
     /* The uniform families also describe themselves as a plan of steps
      * (T tokens, D channels), which the CUDA path executes; NULL if the
      * quantizer is not a plan.  Their quantize_head is kvq_plan_quantize_head. */
@@ -168,6 +176,10 @@ kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_
  * positions of work (a copy of row; NULL: selection only) become the row
  * mean.  O(n): scans for small k, selections otherwise.  scratch: n floats. */
 void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch);
+/* The same selection by its definition (the references): the row sorted by
+ * (value descending, index), then the rest by (value, index).  KVQ_ERR_NOMEM
+ * or KVQ_OK. */
+kvq_status kvq_gear_row_outliers_ref(const float *row, unsigned char *sel, int n, int k);
 
 /* K's rows are channels over tokens: columns of [tokens][ld].  These copy
  * nb <= KVQ_CHANNEL_BLOCK channels at once (x and y start at the block's

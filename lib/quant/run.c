@@ -9,11 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Per-head quantizers: tensor 0 (K) and 1 (V) of every head spread over
- * ctx->nthreads threads; the first failure in task order (independent of
- * scheduling) becomes the error. */
+/* The family's own path (quantize, or quantize_head over the heads). */
 static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                         kvq_quant_out *out, kvq_error *err);
+/* The family's reference (reference, or reference_head over the heads in order). */
+static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                   kvq_quant_out *out, kvq_error *err);
 
 /* tokens(...): its parts, then kvq_tokens_quantize running each through `run`. */
 static kvq_status run_tokens(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
@@ -62,17 +63,19 @@ kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ct
     kvq_status st = kvq_spec_check_shape(spec, in->D, err);
     if (st) return st;
     if (kvq_spec_is_tokens(spec)) return run_tokens(spec, ctx, in, out, err, kvq_quantize_layer_reference);
-    if (!spec->q->reference) return KVQ_ERR_UNSUPPORTED;
-    if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, spec->q->reference);
-    return spec->q->reference(spec, ctx, in, out, err);
+    if (!spec->q->reference && !spec->q->reference_head) return KVQ_ERR_UNSUPPORTED;
+    if (kvq_spec_prerotate(spec)) return kvq_prerotate_quantize(spec, ctx, in, out, err, reference_direct);
+    return reference_direct(spec, ctx, in, out, err);
 }
 
-static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                        kvq_quant_out *out, kvq_error *err)
+/* A per-head function over tensor 0 (K) and 1 (V) of every head on nt
+ * threads; the first failure in task order (independent of scheduling)
+ * becomes the error. */
+static kvq_status run_heads(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                            kvq_error *err, int nt,
+                            kvq_status (*fn)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *,
+                                             kvq_quant_out *, int, int, kvq_error *))
 {
-    if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
-    kvq_status (*fn)(const kvq_spec *, const kvq_quant_ctx *, const kvq_layer *, kvq_quant_out *, int,
-                     int, kvq_error *) = spec->q->quantize_head;
     int ntask = 2 * in->H;
     kvq_status *sts = calloc((size_t)ntask, sizeof *sts);
     kvq_error *errs = calloc((size_t)ntask, sizeof *errs);
@@ -80,7 +83,6 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
         free(sts), free(errs);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
-    int nt = kvq_threads(ctx->nthreads);
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int i = 0; i < ntask; i++) sts[i] = fn(spec, ctx, in, out, i / in->H, i % in->H, &errs[i]);
     kvq_status st = KVQ_OK;
@@ -97,4 +99,18 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
     if (st == KVQ_ERR_NOMEM) return kvq_fail(err, st, "%s: out of memory", spec->text);
     return kvq_fail(err, st, "%s: /layer_%03d, %s head %d: %s", spec->text, ctx->layer, tensor,
                     bad % in->H, kvq_strerror(st));
+}
+
+static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                        kvq_quant_out *out, kvq_error *err)
+{
+    if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
+    return run_heads(spec, ctx, in, out, err, kvq_threads(ctx->nthreads), spec->q->quantize_head);
+}
+
+static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                   kvq_quant_out *out, kvq_error *err)
+{
+    if (spec->q->reference) return spec->q->reference(spec, ctx, in, out, err);
+    return run_heads(spec, ctx, in, out, err, 1, spec->q->reference_head);
 }
