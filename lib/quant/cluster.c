@@ -101,9 +101,10 @@ static int index_bits(int C)
 }
 
 /* Keys of head h: base = RoPE_t(nearest centre of the pre-RoPE key),
- * residual quantized per channel over the tokens before the window. */
+ * residual quantized per channel over the tokens before the window (with
+ * reference, group by group through kvq_step_reference). */
 static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, const cluster_state *s,
-                               const kvq_layer *in, kvq_quant_out *out, int h, kvq_error *err)
+                               const kvq_layer *in, kvq_quant_out *out, int h, int reference, kvq_error *err)
 {
     const cluster_opts *o = kvq_spec_opts(sp);
     int T = in->T, D = in->D, C = s->C, window = o->window;
@@ -139,9 +140,15 @@ static kvq_status cluster_keys(const kvq_spec *sp, const kvq_quant_ctx *ctx, con
         if (s->pre_rope) kvq_rope_rotate(ctx->rope, bt, kvq_token_pos(ctx, in, h, t), 0); /* base = RoPE_t(c) */
         for (int c = 0; c < D; c++) r[(size_t)t * D + c] = k[(size_t)t * D + c] - bt[c];
     }
-    if ((st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, o->kbits, o->group,
-                                         KVQ_SCALE_FP16, &qbits, NULL)))
-        goto out;
+    if (reference) {
+        kvq_step step = {KVQ_STEP_CHANNEL, 0, Tq, o->kbits, o->group, KVQ_SCALE_FP16};
+        int bad;
+        st = kvq_step_reference(&step, r, rq, 1, T, D, NULL, &bad);
+        qbits = kvq_step_bits(&step, 1, D, 0);
+    } else {
+        st = kvq_quant_head_per_channel(r, rq, T, D, 0, Tq, o->kbits, o->group, KVQ_SCALE_FP16, &qbits, NULL);
+    }
+    if (st) goto out;
     for (size_t i = 0; i < (size_t)Tq * D; i++) y[i] = base[i] + rq[i]; /* k' = base + Q(r) */
     *kvq_head_bits(out, 0, h) = qbits + (double)Tq * index_bits(C) + kvq_keep_exact(k, y, T, D, Tq, T, NULL);
 out:
@@ -149,9 +156,10 @@ out:
     return st;
 }
 
-/* Values of head h: nearest centre + Lloyd–Max coded residual. */
+/* Values of head h: nearest centre + Lloyd–Max coded residual (with
+ * reference, the nearest levels by the codebook's search). */
 static kvq_status cluster_values(const kvq_spec *sp, const kvq_quant_ctx *ctx, const cluster_state *s,
-                                 const kvq_layer *in, kvq_quant_out *out, int h, kvq_error *err)
+                                 const kvq_layer *in, kvq_quant_out *out, int h, int reference, kvq_error *err)
 {
     const cluster_opts *o = kvq_spec_opts(sp);
     int T = in->T, D = in->D, C = s->C, window = o->window, vbits = o->vbits;
@@ -177,7 +185,9 @@ static kvq_status cluster_values(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
         if ((st = kvq_kmeans_assign(v, (size_t)Tq, D, vc, C, as, err))) goto out;
         for (int t = 0; t < Tq; t++)
             for (int c = 0; c < D; c++) r[(size_t)t * D + c] = v[(size_t)t * D + c] - vc[(size_t)as[t] * D + c];
-        if ((st = kvq_lloydmax_rows(r, rq, Tq, D, &rot, cb, work, norm, err))) goto out;
+        if ((st = kvq_lloydmax_rows(r, rq, Tq, D, &rot, cb, reference ? kvq_lloydmax_snap_ref : kvq_lloydmax_snap,
+                                     work, norm, err)))
+            goto out;
         for (int t = 0; t < Tq; t++) /* v' = c + n·Πᵀ·û */
             for (int c = 0; c < D; c++) y[(size_t)t * D + c] = vc[(size_t)as[t] * D + c] + rq[(size_t)t * D + c];
     }
@@ -191,12 +201,29 @@ out:
     return st;
 }
 
-static kvq_status cluster_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                               kvq_quant_out *out, int tensor, int h, kvq_error *err)
+static kvq_status cluster_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                              int tensor, int h, int reference, kvq_error *err)
 {
     const cluster_state *s = ctx->calib;
     if (!s) return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", sp->text, KVQ_NEEDS_CALIB);
-    return tensor ? cluster_values(sp, ctx, s, in, out, h, err) : cluster_keys(sp, ctx, s, in, out, h, err);
+    return tensor ? cluster_values(sp, ctx, s, in, out, h, reference, err)
+                  : cluster_keys(sp, ctx, s, in, out, h, reference, err);
+}
+
+static kvq_status cluster_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                               kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return cluster_run(sp, ctx, in, out, tensor, h, 0, err);
+}
+
+/* The reference (.reference_head): the key residuals' groups through
+ * kvq_step_reference, the value residuals' levels by the codebook's
+ * search; the nearest centres (kvq_kmeans_assign) and the rotations are
+ * the BLAS products cluster_head takes. */
+static kvq_status cluster_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                         kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return cluster_run(sp, ctx, in, out, tensor, h, 1, err);
 }
 
 const kvq_quantizer kvq_q_cluster = {
@@ -209,6 +236,7 @@ const kvq_quantizer kvq_q_cluster = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize_head = cluster_head,
+    .reference_head = cluster_reference_head,
     .read_flags = KVQ_READ_KEY_PRE_ROPE,
     .calib_key = cluster_calib_key,
     .calibrate = cluster_calibrate,

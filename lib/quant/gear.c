@@ -500,36 +500,12 @@ static kvq_status gear_tensor_ref(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
             if (sel[e]) w[pos[e]] = (float)(sum / n), outlier[pos[e]] = 1;
     }
     /* 2. the backbone on that copy: kivi's groups (per channel for K, per
-     * token for V) or kcvt's (a whole channel, a whole token) */
-    int G = o->group;
-    for (int h = 0; h < H && !st; h++) {
-        *bad_head = h;
-        if (tensor == 0) {
-            int g = kcvt ? T : G;
-            for (int c = 0; c < D && !st; c++)
-                for (int t0 = 0; t0 < T && !st; t0 += g)
-                    st = kvq_group_quantize_ref(w + AT(h, t0, c), y + AT(h, t0, c),
-                                                (size_t)(T - t0 < g ? T - t0 : g), (size_t)D, o->bits, KVQ_SCALE_FP16);
-            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_CHANNEL, 0, T, o->bits, g, KVQ_SCALE_FP16}, 1, D, 0);
-        } else if (!layer_rows) {
-            int g = kcvt ? D : G;
-            for (int t = 0; t < T && !st; t++)
-                for (int c0 = 0; c0 < D && !st; c0 += g)
-                    st = kvq_group_quantize_ref(w + AT(h, t, c0), y + AT(h, t, c0),
-                                                (size_t)(D - c0 < g ? D - c0 : g), 1, o->bits, KVQ_SCALE_FP16);
-            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN, 0, T, o->bits, g, KVQ_SCALE_FP16}, 1, D, 0);
-        } else { /* a token's H·D values head-major, all heads at once */
-            size_t g = kcvt ? W : (size_t)G;
-            for (int t = 0; t < T && h == 0 && !st; t++) {
-                for (size_t e = 0; e < W; e++) row[e] = w[AT(e / D, t, e % D)];
-                for (size_t c0 = 0; c0 < W && !st; c0 += g)
-                    st = kvq_group_quantize_ref(row + c0, row + c0, W - c0 < g ? W - c0 : g, 1, o->bits,
-                                                KVQ_SCALE_FP16);
-                for (size_t e = 0; e < W; e++) y[AT(e / D, t, e % D)] = row[e];
-            }
-            bits[h] = kvq_step_bits(&(kvq_step){KVQ_STEP_TOKEN_LAYER, 0, T, o->bits, (int)g, KVQ_SCALE_FP16}, H, D, h);
-        }
-    }
+     * token for V, over a head or the layer) or kcvt's (a whole channel, a
+     * whole token) */
+    kvq_step step = {tensor == 0 ? KVQ_STEP_CHANNEL : layer_rows ? KVQ_STEP_TOKEN_LAYER : KVQ_STEP_TOKEN, 0, T,
+                     o->bits, !kcvt ? o->group : tensor == 0 ? T : layer_rows ? (int)W : D, KVQ_SCALE_FP16};
+    st = kvq_step_reference(&step, w, y, H, T, D, row, bad_head);
+    for (int h = 0; h < H; h++) bits[h] = kvq_step_bits(&step, H, D, h);
     if (st) goto out;
     /* 2b. the outliers at fp16 (D̂ + S), 16 + 32 bits each */
     for (int h = 0; h < H && !st; h++) {

@@ -94,6 +94,37 @@ static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
     return KVQ_OK;
 }
 
+/* The reference (.reference_head): each block of a head's token in place,
+ * through quantize_row_<type>_ref and back — the same blocks as the
+ * head-major rows ggml_tensor gathers, since D is a multiple of the block. */
+static kvq_status ggml_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                      kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    const ggml_opts *o = kvq_spec_opts(sp);
+    int type = cache_type[o->type[tensor]], vals, T = in->T, D = in->D;
+    size_t bytes;
+    kvq_ggml_type_size(type, &vals, &bytes);
+    const float *x = kvq_head_in(in, tensor, h);
+    float *y = kvq_head_out(out, in, tensor, h);
+    uint8_t *blk = malloc(bytes);
+    if (!blk) return KVQ_ERR_NOMEM;
+    for (size_t i = 0; i < (size_t)T * D; i += (size_t)vals) { /* block by block along [T][D] */
+        kvq_ggml_quantize_ref(type, x + i, blk, (size_t)vals);
+        kvq_ggml_dequantize(type, blk, y + i, (size_t)vals);
+        for (int j = 0; j < vals; j++)
+            if (!isfinite(y[i + (size_t)j])) {
+                free(blk);
+                return kvq_fail(err, KVQ_ERR_NUMERIC,
+                                "%s: a block's fp16 scale overflows (values too large for %s)", sp->text,
+                                kvq_ggml_type_name(type));
+            }
+    }
+    free(blk);
+    (void)ctx;
+    *kvq_head_bits(out, tensor, h) = (double)bytes * 8.0 / vals * (double)T * D;
+    return KVQ_OK;
+}
+
 const kvq_quantizer kvq_q_ggml = {
     .name = "ggml",
     .description = "llama.cpp KV-cache types (-ctk/-ctv), bit-exact ggml quantize_row_*_ref + dequantize",
@@ -104,4 +135,5 @@ const kvq_quantizer kvq_q_ggml = {
     .default_spec = "",
     .check_shape = ggml_check_shape,
     .quantize = ggml_quantize,
+    .reference_head = ggml_reference_head,
 };

@@ -67,10 +67,15 @@ KVQ_TARGET_AVX2 static void snap_chain_avx2(const kvq_codebook *cb, float *restr
 }
 #endif
 
+void kvq_lloydmax_snap_ref(const kvq_codebook *cb, float *u, float n, int D)
+{
+    for (int c = 0; c < D; c++) u[c] = cb->levelf[kvq_codebook_index(cb, u[c] / n)];
+}
+
 void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
 {
     if (cb->n > 16) {
-        for (int c = 0; c < D; c++) u[c] = cb->levelf[kvq_codebook_index(cb, u[c] / n)];
+        kvq_lloydmax_snap_ref(cb, u, n, D);
         return;
     }
 #ifdef KVQ_AVX2_CLONES
@@ -83,7 +88,7 @@ void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
 }
 
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
-                             const kvq_codebook *cb, float *work, float *norm, kvq_error *err)
+                             const kvq_codebook *cb, kvq_snap_fn snap, float *work, float *norm, kvq_error *err)
 {
     /* work_t = Π·x_t for every token (a plain copy without rotation) */
     kvq_status st = kvq_rotation_apply(rot, x, work, (size_t)T, 0, err);
@@ -97,7 +102,7 @@ kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_r
             memset(ut, 0, (size_t)D * sizeof *ut);
             continue;
         }
-        kvq_lloydmax_snap(cb, ut, n, D); /* û */
+        snap(cb, ut, n, D); /* û */
     }
     /* x'_t = n·(Πᵀ·û_t) */
     if ((st = kvq_rotation_apply(rot, work, y, (size_t)T, 1, err))) return st;
@@ -134,22 +139,24 @@ static kvq_status pick_codebook(const kvq_spec *sp, const kvq_quant_ctx *ctx, in
 }
 
 kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,
-                             const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes, kvq_error *err)
+                             kvq_snap_fn snap, const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes,
+                             kvq_error *err)
 {
     kvq_rotation rot;
     kvq_status st = kvq_rotation_init(&rot, rotate, D, ctx->seed, ctx->layer, h, tensor, err);
     if (st) return st;
     float *work = kvq_alloc_array((size_t)T * D, sizeof *work), *norm = kvq_alloc_array((size_t)T, sizeof *norm);
     if (!work || !norm) st = KVQ_ERR_NOMEM;
-    else st = kvq_lloydmax_rows(x, y, T, D, &rot, cb, work, norm, err);
+    else st = kvq_lloydmax_rows(x, y, T, D, &rot, cb, snap, work, norm, err);
     *rot_bytes = kvq_rotation_bytes(&rot);
     free(work), free(norm);
     kvq_rotation_free(&rot);
     return st;
 }
 
-static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                kvq_quant_out *out, int tensor, int h, kvq_error *err)
+/* One head's tensor with the nearest levels found by snap. */
+static kvq_status lloydmax_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                               int tensor, int h, kvq_snap_fn snap, kvq_error *err)
 {
     const lloydmax_opts *o = kvq_spec_opts(sp);
     int T = in->T, D = in->D, bits = o->bits;
@@ -159,12 +166,27 @@ static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, co
     kvq_status st = pick_codebook(sp, ctx, D, h, tensor, &scaled, &cb, err);
     if (!st)
         st = kvq_lloydmax_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), T, D,
-                               (kvq_rotate_kind)o->rotate, cb, ctx, h, tensor, &rot_bytes, err);
+                               (kvq_rotate_kind)o->rotate, cb, snap, ctx, h, tensor, &rot_bytes, err);
     if (st) return st;
     *kvq_head_bits(out, tensor, h) = (double)T * ((double)bits * D + 16.0);
     if (tensor == 1) /* K's and V's rotation and codebook (same sizes), by one task */
         out->static_bytes[h] = 2.0 * (rot_bytes + 4.0 * cb->n);
     return KVQ_OK;
+}
+
+static kvq_status lloydmax_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return lloydmax_run(sp, ctx, in, out, tensor, h, kvq_lloydmax_snap, err);
+}
+
+/* The reference (.reference_head): the nearest levels by the codebook's
+ * search; the rotations are kvq_rotation_apply's products (BLAS for qr),
+ * as lloydmax_head forms them. */
+static kvq_status lloydmax_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                          kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return lloydmax_run(sp, ctx, in, out, tensor, h, kvq_lloydmax_snap_ref, err);
 }
 
 /* ------------------------------------------------ codebook=data calibration */
@@ -225,6 +247,7 @@ const kvq_quantizer kvq_q_lloydmax = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize_head = lloydmax_head,
+    .reference_head = lloydmax_reference_head,
     .calib_key = lloydmax_calib_key,
     .calibrate = lloydmax_calibrate,
     .calib_free = free,

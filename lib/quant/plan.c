@@ -87,10 +87,7 @@ static kvq_status ref_group(const kvq_step *s, const float *x, float *y, size_t 
                                       : kvq_group_quantize_ref(x, y, n, stride, s->bits, s->prec);
 }
 
-/* One step of one tensor x, y [H][T][D], spelled out group by group as
- * docs/building-blocks.md (U), (A) defines it; *bad gets the head of a
- * KVQ_ERR_NUMERIC. */
-static kvq_status ref_step(const kvq_step *s, const float *x, float *y, int H, int T, int D, float *row, int *bad)
+kvq_status kvq_step_reference(const kvq_step *s, const float *x, float *y, int H, int T, int D, float *row, int *bad)
 {
     size_t W = (size_t)H * D;
     for (int h = 0; h < H; h++) {
@@ -148,7 +145,7 @@ kvq_status kvq_plan_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, cons
     for (tensor = 0; tensor < 2 && !st; tensor++) {
         const float *x = tensor ? in->value : in->key;
         float *y = tensor ? out->value : out->key;
-        for (int i = 0; i < p.nsteps[tensor] && !st; i++) st = ref_step(&p.step[tensor][i], x, y, H, T, D, row, &bad);
+        for (int i = 0; i < p.nsteps[tensor] && !st; i++) st = kvq_step_reference(&p.step[tensor][i], x, y, H, T, D, row, &bad);
         for (int h = 0; h < H; h++) *kvq_head_bits(out, tensor, h) = kvq_plan_bits(&p, tensor, H, D, h);
     }
     free(row);

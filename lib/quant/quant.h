@@ -157,19 +157,25 @@ kvq_status kvq_quant_layer_per_token_span(const float *x, float *y, int H, int T
  * adds their (zero) error and Σx² to recon if not NULL. */
 double kvq_keep_exact(const float *x, float *y, int T, int D, int t0, int t1, kvq_recon_acc *recon);
 
-/* u_c ← levelf[kvq_codebook_index(cb, u_c / n)] for a row of D (branch-free
- * up to 16 levels; tests compare it with the search). */
+/* u_c ← levelf[kvq_codebook_index(cb, u_c / n)] for a row of D: the
+ * nearest level.  kvq_lloydmax_snap_ref is that line, a binary search per
+ * coordinate; kvq_lloydmax_snap is branch-free up to 16 levels (plain or
+ * AVX2; tests compare it with the search). */
+typedef void (*kvq_snap_fn)(const kvq_codebook *cb, float *u, float n, int D);
 void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D);
+void kvq_lloydmax_snap_ref(const kvq_codebook *cb, float *u, float n, int D);
 /* Lloyd–Max coding of T rows x [T][D] into y (docs/quantizers.md#lloydmax): fp16 norm,
- * rotation, nearest level.  work [T][D], norm [T]: scratch. */
+ * rotation, nearest level by `snap` (one of the two above: the fast path
+ * or the reference).  work [T][D], norm [T]: scratch. */
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
-                             const kvq_codebook *cb, float *work, float *norm, kvq_error *err);
+                             const kvq_codebook *cb, kvq_snap_fn snap, float *work, float *norm, kvq_error *err);
 
 /* One head's T rows x [T][D] coded by Lloyd–Max into y (docs/quantizers.md#lloydmax): rotation
  * `rotate` of (ctx seed, layer, h, tensor), codebook cb; *rot_bytes gets
  * Π's size.  lloydmax's head, and turboquant's first stage. */
 kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_kind rotate, const kvq_codebook *cb,
-                             const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes, kvq_error *err);
+                             kvq_snap_fn snap, const kvq_quant_ctx *ctx, int h, int tensor, double *rot_bytes,
+                             kvq_error *err);
 
 /* GEAR's outliers of one row (docs/quantizers.md#gear): sel[i] = 1 for the k largest
  * values, then the k smallest of the rest (ties: lower index first); those
@@ -203,6 +209,11 @@ static inline void kvq_scatter_channels(const float *rows, int nb, int n, size_t
 kvq_status kvq_plan_quantize_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                   kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
+/* One step of one tensor x, y [H][T][D] (kvq_step), spelled out group by
+ * group as docs/building-blocks.md (U), (A) defines it; row: H·D floats of
+ * scratch (for KVQ_STEP_TOKEN_LAYER); *bad gets the head of a
+ * KVQ_ERR_NUMERIC.  The backbone of references built on U. */
+kvq_status kvq_step_reference(const kvq_step *s, const float *x, float *y, int H, int T, int D, float *row, int *bad);
 /* The plain reference of every plan quantizer (their .reference): each
  * step group by group with kvq_group_quantize_ref / kvq_absmax_quantize_ref. */
 kvq_status kvq_plan_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,

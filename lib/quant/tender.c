@@ -47,7 +47,7 @@ typedef struct tender_cfg {
     kvq_scale_prec prec;
 } tender_cfg;
 
-static tender_cfg cfg_of(const kvq_spec *sp, int T)
+static tender_cfg tender_cfg_of(const kvq_spec *sp, int T)
 {
     const tender_opts *o = kvq_spec_opts(sp);
     tender_cfg c = {.Qm = (1 << (o->bits - 1)) - 1, .G = o->groups, .alpha = o->alpha, .chunk = o->chunk,
@@ -133,7 +133,7 @@ static kvq_status tender_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
                                   kvq_quant_out *out, kvq_error *err)
 {
     int H = in->H, T = in->T, D = in->D;
-    tender_cfg cfg = cfg_of(sp, T);
+    tender_cfg cfg = tender_cfg_of(sp, T);
     int nch = cfg.nchunks, ntask = 2 * H * nch; /* task i: tensor, head, chunk */
     double bits = tender_bits(sp, &cfg, H, T, D);
     for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = bits;
@@ -203,6 +203,76 @@ static kvq_status tender_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     return KVQ_OK;
 }
 
+/* ------------------------------------------------------------ the reference */
+
+/* The reference (.reference): the four steps of docs/quantizers.md#tender per
+ * chunk, over the layer's H·D channels (span=layer) or a head's D, on one
+ * thread: CMax as max |x − bias| (tender_quantize takes it from min and
+ * max), x̃/s rounded before it is clamped (tender_quantize clamps first). */
+static kvq_status tender_reference(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                   kvq_quant_out *out, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D;
+    tender_cfg cfg = tender_cfg_of(sp, T);
+    double bits = tender_bits(sp, &cfg, H, T, D);
+    for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = bits;
+    /* the columns of one block: all H·D head-major, or the D of head h0 */
+    int W = cfg.span_head ? D : H * D, nblocks = cfg.span_head ? H : 1;
+    float *bias = malloc((size_t)W * sizeof *bias), *cmax = malloc((size_t)W * sizeof *cmax);
+    kvq_status st = bias && cmax ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+    for (int tensor = 0; tensor < 2 && !st; tensor++)
+        for (int h0 = 0; h0 < nblocks && !st; h0++)
+            for (int t0 = 0; t0 < T && !st; t0 += cfg.chunk) {
+                int t1 = T - t0 < cfg.chunk ? T : t0 + cfg.chunk;
+#define X(t, j) kvq_head_in(in, tensor, h0 + (j) / D)[(size_t)(t) * D + (size_t)(j) % D]
+#define Y(t, j) kvq_head_out(out, in, tensor, h0 + (j) / D)[(size_t)(t) * D + (size_t)(j) % D]
+                /* 1. bias_c = rnd((max_c + min_c) / 2); 2. CMax_c = max |x − bias_c| */
+                float tmax = 0.0f;
+                int bad = -1;
+                for (int j = 0; j < W; j++) {
+                    float mn = X(t0, j), mx = X(t0, j);
+                    for (int t = t0; t < t1; t++) mn = fminf(mn, X(t, j)), mx = fmaxf(mx, X(t, j));
+                    bias[j] = kvq_round_scale((mx + mn) / 2.0f, cfg.prec);
+                    if (!isfinite(bias[j]) && bad < 0) bad = h0 + j / D;
+                    cmax[j] = 0.0f;
+                    for (int t = t0; t < t1; t++) cmax[j] = fmaxf(cmax[j], fabsf(X(t, j) - bias[j]));
+                    tmax = fmaxf(tmax, cmax[j]);
+                }
+                tmax = kvq_round_scale(tmax, cfg.prec); /* TMax = rnd(max_c CMax_c) */
+                if (bad < 0 && !isfinite(tmax)) bad = h0;
+                if (bad >= 0) {
+                    st = kvq_quant_numeric_error(err, sp, ctx, tensor ? "value" : "key", bad);
+                    break;
+                }
+                for (int j = 0; j < W; j++) {
+                    /* 3. g_c = 1 + #{k in 1..G−1 : CMax_c <= TMax / alpha^k} (alpha^k in double) */
+                    int g = 1;
+                    double ak = 1.0;
+                    for (int k = 1; k < cfg.G; k++) {
+                        ak *= cfg.alpha;
+                        g += (double)cmax[j] <= (double)tmax / ak;
+                    }
+                    /* 4. s_g = TMax / (alpha^(g−1)·Qm) (the divisor in double, then float) */
+                    double ag = 1.0;
+                    for (int k = 1; k < g; k++) ag *= cfg.alpha;
+                    float s = tmax / (float)(ag * cfg.Qm);
+                    for (int t = t0; t < t1; t++) {
+                        if (s == 0.0f) { /* TMax = 0 (or s below float range): x' = bias_c */
+                            Y(t, j) = bias[j];
+                            continue;
+                        }
+                        float q = kvq_rne((X(t, j) - bias[j]) / s);
+                        q = fminf(fmaxf(q, (float)-cfg.Qm), (float)cfg.Qm);
+                        Y(t, j) = q * s + bias[j];
+                    }
+                }
+#undef X
+#undef Y
+            }
+    free(bias), free(cmax);
+    return st;
+}
+
 const kvq_quantizer kvq_q_tender = {
     .name = "tender",
     .description = "Tender: per-chunk channel bias + channel groups whose scales differ by powers of alpha",
@@ -212,4 +282,5 @@ const kvq_quantizer kvq_q_tender = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize = tender_quantize,
+    .reference = tender_reference,
 };

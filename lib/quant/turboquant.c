@@ -60,8 +60,9 @@ static void qjl_rows(float *r, float *z, float *scale, const float *S, int T, in
         for (int c = 0; c < D; c++) r[(size_t)t * D + c] = scale[t] * r[(size_t)t * D + c];
 }
 
-static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                  kvq_quant_out *out, int tensor, int h, kvq_error *err)
+/* One head's tensor with stage 1's nearest levels found by snap. */
+static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                 kvq_quant_out *out, int tensor, int h, kvq_snap_fn snap, kvq_error *err)
 {
     const turboquant_opts *o = kvq_spec_opts(sp);
     int T = in->T, D = in->D, b = o->bits, prod = o->variant == TQ_PROD;
@@ -73,7 +74,7 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     /* stage 1: Lloyd–Max, x̂₁ into y */
     kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
     if (!st)
-        st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)o->rotate, cb, ctx, h, tensor, &rot_bytes, err);
+        st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)o->rotate, cb, snap, ctx, h, tensor, &rot_bytes, err);
     if (st) return st;
     if (prod) { /* stage 2: QJL on r = x − x̂₁, added to y */
         size_t n = (size_t)T * D;
@@ -98,6 +99,21 @@ static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
     return KVQ_OK;
 }
 
+static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                  kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return turboquant_run(sp, ctx, in, out, tensor, h, kvq_lloydmax_snap, err);
+}
+
+/* The reference (.reference_head): stage 1's nearest levels by the
+ * codebook's search; the rotations and QJL's two products with S are the
+ * same BLAS calls as turboquant_head's. */
+static kvq_status turboquant_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                            kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return turboquant_run(sp, ctx, in, out, tensor, h, kvq_lloydmax_snap_ref, err);
+}
+
 const kvq_quantizer kvq_q_turboquant = {
     .name = "turboquant",
     .description = "TurboQuant: rotation + Lloyd-Max (b-1 bits) + 1-bit QJL residual, unbiased scores",
@@ -108,4 +124,5 @@ const kvq_quantizer kvq_q_turboquant = {
     .default_spec = "",
     .check = turboquant_check,
     .quantize_head = turboquant_head,
+    .reference_head = turboquant_reference_head,
 };
