@@ -1,7 +1,8 @@
 """kvqplot — what kvq's figure scripts share: the style of a paper figure.
 
-Reading kvq's CSV or JSON-lines output with a check of the columns a figure
-needs (and its provenance record, OUT.meta.json, when there is one); sizes
+Reading kvq's CSV or JSON-lines output (through kvq.read_output, the
+package's one reader) with a check of the columns a figure needs (and its
+provenance record, inline or OUT.meta.json, when there is one); sizes
 for a single column (3.4 in) and a double column (7 in) with fonts of at
 least 8 pt at that size; a colour-blind-safe palette (Okabe & Ito) with one
 marker per quantizer family and one shade per spec, so that no two specs
@@ -11,8 +12,6 @@ span more than a decade, with enough tick labels; the Pareto front; and
 saving PNG + vector PDF atomically (temporary name, then rename), like the
 kvq tools do, the PDF carrying a one-line provenance caption.
 """
-import csv
-import json
 import math
 import os
 import re
@@ -22,6 +21,12 @@ import matplotlib
 import matplotlib.colors as mcolors
 import matplotlib.pyplot as plt
 import matplotlib.ticker as mticker
+
+try:  # kvq's reader of its output (python/kvq/output.py: plain Python, no libkvq needed)
+    import kvq
+except ImportError:  # run from the sources without PYTHONPATH=BUILD/python: the package beside
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    import kvq
 
 DPI = 200  # PNG pixels per inch: a double-column figure is 1400 px wide
 WIDTHS = {"single": 3.4, "double": 7.0}  # inches: one column and the full page of a two-column paper
@@ -162,40 +167,16 @@ def in_notebook():
 def read_rows(path, required, what="kvq output"):
     """Rows (dicts of strings or JSON values), the column names and the
     source (path, provenance record or None: what save() names in the
-    caption) of a kvq CSV or JSON-lines file; InputError if it is missing,
-    unreadable, empty or lacks any of the `required` columns."""
+    caption) of a kvq CSV or JSON-lines file, read by kvq.read_output;
+    InputError if it is missing, unreadable, empty or lacks any of the
+    `required` columns."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such file (expected {what}; "
                          "notebooks-export/make_figures.sh writes every input)")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read: {e}") from None
-    meta = None
-    if text.lstrip().startswith("{"):
-        rows = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{path}: line {i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise InputError(f"{path}: line {i}: expected a JSON object")
-            if not rows and meta is None and "kvq_meta" in row:  # --meta inline: the provenance record
-                meta = row
-                continue
-            rows.append(row)
-        cols = list(rows[0].keys()) if rows else []
-    else:
-        reader = csv.DictReader(text.splitlines())
-        cols = reader.fieldnames or []
-        try:
-            rows = list(reader)
-        except csv.Error as e:
-            raise InputError(f"{path}: malformed CSV: {e}") from None
+        rows, cols, meta = kvq.read_output(path)
+    except kvq.Error as e:
+        raise InputError(str(e)) from None
     missing = [c for c in required if c not in cols]
     if missing:
         raise InputError(f"{path}: missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
@@ -203,17 +184,7 @@ def read_rows(path, required, what="kvq output"):
                          f"{', ...' if len(cols) > 12 else ''})")
     if not rows:
         raise InputError(f"{path}: no rows (expected {what})")
-    return rows, cols, (path, meta or read_meta(path))
-
-
-def read_meta(path):
-    """PATH.meta.json (the kvq tools' provenance record), or None."""
-    try:
-        with open(path + ".meta.json", encoding="utf-8") as f:
-            meta = json.load(f)
-        return meta if isinstance(meta, dict) and meta.get("kvq_meta") == 1 and meta.get("runs") else None
-    except (OSError, ValueError):
-        return None
+    return rows, cols, (path, meta)
 
 
 def caption(sources):

@@ -204,6 +204,36 @@ got = kvq.analyze(dumps[DUMP], "per-token:bits=4", per="model", label="stories26
 want = kvq.parse_rows(tool("kvq-analyze", "--per", "model", "--format", "csv", "-q", "per-token:bits=4", DUMP))
 check(got == want, "analyze of read_dump's dict (written to a temporary dump) equals the file's rows")
 
+# ---------------------------------------- read_output: every tool's OUT, one reader
+out = os.path.join(tmp, "analyze.jsonl")
+tool("kvq-analyze", "--per", "model", "--format", "jsonl", "--meta", "inline", "-o", out, "-q", "per-token:bits=4", DUMP)
+rows, cols, meta = kvq.read_output(out)
+check(meta is not None and meta.get("kvq_meta") == 1 and meta["runs"][0]["tool"] == "kvq-analyze",
+      "read_output: the inline record of --meta inline")
+check(cols[:5] == ["dump", "layer", "head", "quantizer", "spec"] and len(rows) == 1 and rows[0]["layer"] == "all",
+      f"read_output: JSON lines' columns and rows ({cols[:5]}, {len(rows)} rows)")
+csv_rows = kvq.parse_rows(tool("kvq-analyze", "--per", "model", "--format", "csv", "-q", "per-token:bits=4", DUMP))
+check(all(math.isclose(float(rows[0][c]), csv_rows[0][c], rel_tol=1e-12) for c in ("k_rel_fro", "attn_kl", "k_bits")),
+      "read_output's JSON values equal parse_rows' CSV numbers")
+with open(out, encoding="utf-8") as f:
+    check(kvq.parse_rows(f.read()) == rows, "parse_rows of JSON lines: the rows, the record line left out")
+out = os.path.join(tmp, "sweep.csv")
+tool("kvq-sweep", "-q", "per-token", "-g", "bits=2,4", "-o", out, DUMP)
+rows, cols, meta = kvq.read_output(out)
+check(meta is not None and meta["runs"][-1]["tool"] == "kvq-sweep" and len(rows) >= 2 and "spec" in cols,
+      f"read_output: a sweep's CSV ({len(rows)} rows) with its OUT.meta.json")
+for text, want in (('{"a": 1}\nnot json\n', "line 2: not JSON"), ('{"a": 1}\n[1]\n', "line 2: expected a JSON object")):
+    try:
+        kvq.parse_output(text, "t.jsonl")
+        check(False, f"parse_output refuses {text!r}")
+    except kvq.FormatError as e:
+        check(str(e).startswith("t.jsonl: " + want), f"parse_output: {e}")
+try:
+    kvq.read_output(os.path.join(tmp, "missing.csv"))
+    check(False, "read_output of a missing file raises")
+except kvq.FileError as e:
+    check("missing.csv: cannot read" in str(e) and isinstance(e, OSError), f"read_output: {e}")
+
 # ---------------------------------------------- DecodeCache against quantize
 lay = dumps[DUMP]["layers"][2]
 for spec in ("kivi:bits=2,group=8,residual=16", "per-token:bits=4", "gear:rank=2"):

@@ -2,9 +2,7 @@
 whole analyses, over libkvq (lib/kvq.h: kvq_quantize_arrays,
 kvq_analyze_csv).  Every number is the one kvq-analyze computes."""
 import collections
-import csv
 import ctypes
-import io
 import os
 import tempfile
 
@@ -13,6 +11,7 @@ import numpy as np
 from . import _lib
 from ._arrays import as_f32, dptr, fptr
 from ._lib import Error
+from .output import parse_rows
 
 _TYPES = {0: "int", 1: "real", 2: "choice"}
 _STYLES = {None: 0, "interleaved": 1, "half": 2}
@@ -293,23 +292,6 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, query=None, rope=N
 
 
 _PER = {"head": 0, "layer": 1, "model": 2}
-_TEXT_COLUMNS = ("dump", "quantizer", "spec")
-
-
-def _cell(col, s):
-    if col in _TEXT_COLUMNS:
-        return s
-    if col in ("layer", "head"):
-        return s if s == "all" else int(s)
-    return None if s == "" else float(s)
-
-
-def parse_rows(text):
-    """kvq-analyze's CSV as a list of dicts: text columns as str, layer and
-    head as int or "all", numbers as float, empty cells as None."""
-    return [{c: _cell(c, v) for c, v in row.items()} for row in csv.DictReader(io.StringIO(text))]
-
-
 def _int_list(v, what):
     if v is None:
         return None, 0
