@@ -170,6 +170,24 @@ void kvq_sweep_select(const kvq_grid *g, long shard_i, long shard_n, unsigned ch
 kvq_status kvq_sweep_reconcile(const char *path, const kvq_sweep_file *old, const kvq_grid *g, unsigned char *state,
                                size_t rows_per_point, size_t *keep, size_t *ncomplete, kvq_error *err);
 
+/* The CSV header of a sweep's rows (kvq-analyze's columns, one per grid
+ * key, then `point`), without its newline, into *text (malloc'ed).
+ * KVQ_ERR_NOMEM or KVQ_OK. */
+kvq_status kvq_sweep_header(const kvq_grid *g, char **text, size_t *len);
+/* A dump a sweep reads: open, with its prepared data (or NULL: read per
+ * point) and the name its rows carry. */
+typedef struct kvq_sweep_dump {
+    kvq_dump *dump;
+    kvq_prepared *prep;
+    const char *name;
+} kvq_sweep_dump;
+/* Point p's rows over the dumps in fmt (CSV without the header, or JSON
+ * lines) as one unit of text in *text (malloc'ed): o's analysis with the
+ * point's spec, each row followed by the grid's values and the point. */
+kvq_status kvq_sweep_point_rows(const kvq_grid *g, size_t p, const kvq_sweep_dump *dumps, int ndumps,
+                                const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **text, size_t *len,
+                                kvq_error *err);
+
 /* kvq's CSV results read back (--resume, --merge): RFC 4180 as kvq writes
  * it.  Records (the header first) of ncols fields each; a last record
  * without its newline (an interrupted write) is left out and `torn` set;

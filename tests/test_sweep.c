@@ -1,7 +1,7 @@
 /* test_sweep.c — the sweep's library parts: grid order, point specs and
  * validation; the reader of sweep outputs on CSV quoting, JSON escapes,
  * torn files, and every prefix and many corruptions of a real file (no crash,
- * only a clean error). */
+ * only a clean error); a point's rows as one unit of text. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -199,6 +199,65 @@ END_TEST
 
 /* Every prefix and 2000 single-byte corruptions of both files: a clean
  * status each time (the sanitizer build checks the memory side). */
+/* A point's rows (kvq_sweep_point_rows): the header's columns, one row per
+ * layer of each dump, the grid's values and the point after kvq-analyze's
+ * cells, the same from a prepared dump as from the file, and an invalid
+ * point refused. */
+START_TEST(point_rows)
+{
+    kvq_error err = {0};
+    char *path = gen_dump(3, 4, 2, 16, 40, 9);
+    const char *grids[] = {"bits=2,3", "group=8,32"};
+    const char *fixed[] = {"residual=0"}; /* else kivi keeps these 40 tokens exact */
+    kvq_grid *g = NULL;
+    ck_assert_msg(kvq_grid_new("kivi", grids, 2, fixed, 1, &g, &err) == KVQ_OK, "%s", err.msg);
+    char *header;
+    size_t hlen;
+    ck_assert_int_eq(kvq_sweep_header(g, &header, &hlen), KVQ_OK);
+    ck_assert_msg(hlen == strlen(header) && !strncmp(header, "dump,layer,head,quantizer,spec,", 31) &&
+                      !strcmp(header + hlen - strlen(",bits,group,point"), ",bits,group,point"),
+                  "header: %s", header);
+    kvq_sweep_dump src[2] = {{.name = "a.h5"}, {.name = "b.h5"}};
+    ck_assert_int_eq(kvq_dump_open(path, &src[0].dump, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_dump_open(path, &src[1].dump, &err), KVQ_OK);
+    kvq_analysis_opts o = {.seed = 3, .nthreads = 1};
+    char *text[2];
+    size_t len[2];
+    for (int prepared = 0; prepared < 2; prepared++) {
+        if (prepared)
+            for (int i = 0; i < 2; i++)
+                ck_assert_int_eq(kvq_prepare_dump(src[i].dump, &o, 0, &src[i].prep, &err), KVQ_OK);
+        ck_assert_msg(kvq_sweep_point_rows(g, 3, src, 2, &o, KVQ_PER_LAYER, KVQ_FMT_CSV, &text[prepared],
+                                           &len[prepared], &err) == KVQ_OK, "%s", err.msg);
+    }
+    ck_assert_msg(len[0] == len[1] && !memcmp(text[0], text[1], len[0]), "prepared rows differ:\n%s\n%s", text[0],
+                  text[1]);
+    int lines = 0, cols = 1;
+    for (size_t i = 0; i < len[0]; i++) lines += text[0][i] == '\n';
+    for (size_t i = 0; i < hlen; i++) cols += header[i] == ',';
+    ck_assert_int_eq(lines, 6); /* 3 layers of 2 dumps */
+    const char *row = strstr(text[0], "\nb.h5,2,all,kivi,\"kivi:bits=3,group=32,residual=0\",");
+    ck_assert_msg(row && strstr(row, ",3,32,3\n"), "the last row: %s", text[0]);
+    int fields = 1, quoted = 0; /* the point's cells line up with the header */
+    for (const char *c = text[0]; *c != '\n'; c++) quoted ^= *c == '"', fields += *c == ',' && !quoted;
+    ck_assert_int_eq(fields, cols);
+    free(text[0]), free(text[1]);
+    const char *bad_grid[] = {"group=8,16", "residual=16,24"};
+    kvq_grid *bad = NULL;
+    ck_assert_int_eq(kvq_grid_new("kivi", bad_grid, 2, NULL, 0, &bad, &err), KVQ_OK);
+    char *t = NULL;
+    size_t tl = 0;
+    ck_assert_int_eq(kvq_sweep_point_rows(bad, 3, src, 2, &o, KVQ_PER_LAYER, KVQ_FMT_CSV, &t, &tl, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(t == NULL && strstr(err.msg, "residual=24 must be a multiple of group=16"), "%s", err.msg);
+    kvq_grid_free(bad);
+    for (int i = 0; i < 2; i++) kvq_prepared_free(src[i].prep), kvq_dump_close(src[i].dump);
+    free(header);
+    kvq_grid_free(g);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 START_TEST(read_any_input)
 {
     const char *files[2] = {csv, jsonl};
@@ -243,6 +302,7 @@ int main(void)
     tcase_add_test(tc, read_csv_and_jsonl);
     tcase_add_test(tc, read_any_input);
     tcase_add_test(tc, select_and_reconcile);
+    tcase_add_test(tc, point_rows);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -331,267 +331,264 @@ static int lock_out(int fd, const char *path)
     return CLI_RUNTIME;
 }
 
-static int do_sweep(opts_t *o, char **dumps, int ndumps)
+/* One run of a sweep: what do_sweep's steps share. */
+typedef struct sweep_t {
+    opts_t *o;
+    char **paths; /* the DUMP operands */
+    int ndumps;
+    kvq_grid *grid;
+    unsigned char *state; /* per point: KVQ_POINT_* */
+    size_t npoints, nrun, ninvalid, ncomplete, expect_rows;
+    kvq_sweep_dump *src;  /* [ndumps]: open, prepared or not, named */
+    size_t *shared_bytes; /* [ndumps]: what kvq_prepare_dump would keep */
+    kvq_calib *calib;
+    kvq_analysis_opts ao;
+    kvq_format fmt;
+    char *header; /* the CSV columns, without the newline */
+    size_t header_len;
+    char *target; /* OUT with its symlinks followed: a link's target is what is written */
+    int fd, exists;
+} sweep_t;
+
+/* The grid and this shard's points: valid ones to run, invalid ones said
+ * (once the sweep is sure to start) and skipped; --list-points prints them. */
+static int select_points(sweep_t *sw)
 {
-    int rc = CLI_OK, fd = -1, started = 0;
-    char *target = NULL; /* OUT with its symlinks followed: a link's target is what is written */
+    opts_t *o = sw->o;
     kvq_error err = {0};
-    kvq_grid *grid = NULL;
-    kvq_calib *calib = NULL;
-    kvq_dump **d = calloc((size_t)ndumps, sizeof *d);
-    kvq_prepared **prep = calloc((size_t)ndumps, sizeof *prep);
-    char **base = calloc((size_t)ndumps, sizeof *base);
-    size_t *shared_bytes = calloc((size_t)ndumps, sizeof *shared_bytes); /* what prepare would keep */
-    unsigned char *state = NULL; /* per point: KVQ_POINT_* */
-    const char **extra_cols = NULL, **extra = NULL;
-    char *header = NULL, *unit = NULL;
-    size_t header_len = 0, unit_len = 0;
-    kvq_sweep_file old = {0};
-    kvq_report *rep = NULL;
-    FILE *ms = NULL;
-    if (!d || !prep || !base || !shared_bytes) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-
-    if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
-        rc = cli_fail(prog, &err);
-        goto done;
-    }
-    size_t npoints = kvq_grid_size(grid), nrun = 0, ninvalid = 0, ncomplete = 0;
-    int nk = kvq_grid_nkeys(grid);
-    state = calloc(npoints, 1);
-    extra_cols = calloc((size_t)nk + 1, sizeof *extra_cols);
-    extra = calloc((size_t)nk + 1, sizeof *extra);
-    if (!state || !extra_cols || !extra) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    for (int k = 0; k < nk; k++) extra_cols[k] = kvq_grid_key(grid, k);
-    extra_cols[nk] = "point";
-
-    /* this shard's points: valid ones to run, invalid ones said (once the sweep is sure to start) and skipped */
-    kvq_sweep_select(grid, o->shard_i, o->shard_n, state, &nrun, &ninvalid);
+    if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &sw->grid, &err)) return cli_fail(prog, &err);
+    sw->npoints = kvq_grid_size(sw->grid);
+    if (!(sw->state = calloc(sw->npoints, 1))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    kvq_sweep_select(sw->grid, o->shard_i, o->shard_n, sw->state, &sw->nrun, &sw->ninvalid);
     kvq_spec needs_calib = {0}; /* the first point that needs a calibration dump */
-    for (size_t p = 0; p < npoints; p++) {
+    for (size_t p = 0; p < sw->npoints; p++) {
         kvq_spec sp;
-        if (state[p] == KVQ_POINT_OTHER) continue;
-        if (kvq_grid_spec(grid, p, &sp, &err)) {
+        if (sw->state[p] == KVQ_POINT_OTHER) continue;
+        if (kvq_grid_spec(sw->grid, p, &sp, &err)) {
             if (o->list_points) printf("%zu\t-\tinvalid: %s\n", p, err.msg);
             continue;
         }
         if (!needs_calib.q && kvq_spec_needs_calib(&sp)) needs_calib = sp;
         if (o->list_points) printf("%zu\t%s\tvalid\n", p, sp.text);
     }
-    if (o->list_points) goto done;
-    if (needs_calib.q && (rc = cli_check_calib(prog, &needs_calib, o->calib != NULL))) goto done;
+    if (!o->list_points && needs_calib.q) return cli_check_calib(prog, &needs_calib, o->calib != NULL);
+    return CLI_OK;
+}
 
-    /* the device, the dumps and the calibration dump, opened once */
-    if ((rc = cli_analysis_device(prog, &o->an))) goto done;
-    kvq_analysis_opts ao = {.layers = o->an.layers, .nlayers = o->an.nlayers, .heads = o->an.heads,
-                            .nheads = o->an.nheads, .queries = o->an.queries, .seed = o->an.seed,
-                            .nthreads = (int)o->an.threads, .device = o->an.device};
-    size_t expect_rows = 0;
-    for (int i = 0; i < ndumps; i++) {
-        if (kvq_dump_open(dumps[i], &d[i], &err)) { rc = cli_fail(prog, &err); goto done; }
-        char *copy = strdup(dumps[i]);
-        if (!copy || !(base[i] = strdup(basename(copy)))) {
-            free(copy);
-            cli_error(prog, "out of memory");
-            rc = CLI_RUNTIME;
-            goto done;
-        }
+/* The device, the dumps (checked against --layers/--heads/--queries) and
+ * the calibration dump, opened once. */
+static int open_inputs(sweep_t *sw)
+{
+    opts_t *o = sw->o;
+    kvq_error err = {0};
+    int rc = cli_analysis_device(prog, &o->an);
+    if (rc) return rc;
+    sw->ao = (kvq_analysis_opts){.layers = o->an.layers, .nlayers = o->an.nlayers, .heads = o->an.heads,
+                                 .nheads = o->an.nheads, .queries = o->an.queries, .seed = o->an.seed,
+                                 .nthreads = (int)o->an.threads, .device = o->an.device};
+    for (int i = 0; i < sw->ndumps; i++) {
+        kvq_sweep_dump *s = &sw->src[i];
+        if (kvq_dump_open(sw->paths[i], &s->dump, &err)) return cli_fail(prog, &err);
+        char *copy = strdup(sw->paths[i]);
+        char *name = copy ? strdup(basename(copy)) : NULL;
         free(copy);
-        expect_rows += rows_per_dump(o, kvq_dump_get_info(d[i]));
-        /* also checks --layers/--heads/--queries against the dump */
-        if (kvq_prepare_bytes(d[i], &ao, kvq_grid_read_flags(grid), &shared_bytes[i], &err)) {
-            rc = cli_fail(prog, &err);
-            goto done;
-        }
+        if (!(s->name = name)) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+        sw->expect_rows += rows_per_dump(o, kvq_dump_get_info(s->dump));
+        if (kvq_prepare_bytes(s->dump, &sw->ao, kvq_grid_read_flags(sw->grid), &sw->shared_bytes[i], &err))
+            return cli_fail(prog, &err);
     }
-    if (o->calib && kvq_calib_open(o->calib, &calib, &err)) { rc = cli_fail(prog, &err); goto done; }
-    ao.calib = calib;
+    if (o->calib && kvq_calib_open(o->calib, &sw->calib, &err)) return cli_fail(prog, &err);
+    sw->ao.calib = sw->calib;
+    return CLI_OK;
+}
 
-    /* the header this sweep writes */
-    kvq_format fmt = cli_pick_format(o->format, o->output); /* csv or jsonl: --format takes no table, -o is given */
-    if (!(ms = open_memstream(&header, &header_len)) || !(rep = kvq_report_new(ms, KVQ_FMT_CSV, extra_cols, nk + 1)) ||
-        kvq_report_header(rep) || kvq_report_finish(rep) || fclose(ms)) {
-        rep = NULL, ms = NULL;
+/* OUT: created, or continued with --resume (its complete points kept, an
+ * interrupted one cut); locked for the run; the CSV header written. */
+static int open_out(sweep_t *sw)
+{
+    opts_t *o = sw->o;
+    kvq_error err = {0};
+    kvq_sweep_file old = {0};
+    int rc = CLI_OK, special;
+    sw->fmt = cli_pick_format(o->format, o->output); /* csv or jsonl: --format takes no table, -o is given */
+    if (kvq_sweep_header(sw->grid, &sw->header, &sw->header_len)) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    if (kvq_output_target(o->output, &sw->target, &special, &err)) return cli_fail(prog, &err);
+    struct stat stbuf;
+    sw->exists = stat(sw->target, &stbuf) == 0;
+    if (sw->exists && !o->resume) {
+        cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)",
+                  o->output);
+        return CLI_RUNTIME;
+    }
+    if (sw->exists && !S_ISREG(stbuf.st_mode)) { /* a FIFO would block the read of --resume forever */
+        cli_error(prog, "%s: not a regular file (a sweep's OUT is read back, truncated and appended to)", o->output);
+        return CLI_RUNTIME;
+    }
+    size_t keep = 0;
+    if (sw->exists) {
+        /* the lock first: a second run on OUT must not read what this one is about to truncate */
+        if ((sw->fd = open(sw->target, O_WRONLY)) < 0) {
+            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
+            return CLI_RUNTIME;
+        }
+        if ((rc = lock_out(sw->fd, o->output))) return rc;
+        if (kvq_sweep_file_read(o->output, &old, &err)) return cli_fail(prog, &err);
+        if (old.columns && (old.fmt != sw->fmt || strcmp(old.columns, sw->header))) {
+            cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
+                      old.fmt == KVQ_FMT_JSONL ? "JSON lines" : "CSV", old.fmt != sw->fmt ? "found," : "with",
+                      sw->header);
+            rc = CLI_RUNTIME;
+        } else if (kvq_sweep_reconcile(o->output, &old, sw->grid, sw->state, sw->expect_rows, &keep, &sw->ncomplete,
+                                       &err)) {
+            rc = cli_fail(prog, &err);
+        } else if (ftruncate(sw->fd, (off_t)keep) != 0 || lseek(sw->fd, 0, SEEK_END) < 0) {
+            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
+            rc = CLI_RUNTIME;
+        } else {
+            sw->nrun -= sw->ncomplete;
+            if (keep < old.size)
+                fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output,
+                        old.size - keep);
+        }
+        kvq_sweep_file_free(&old);
+        if (rc) return rc;
+    } else {
+        sw->fd = open(sw->target, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        if (sw->fd < 0) {
+            if (strcmp(sw->target, o->output))
+                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, sw->target,
+                          strerror(errno));
+            else
+                cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
+            return CLI_RUNTIME;
+        }
+        if ((rc = lock_out(sw->fd, o->output))) return rc;
+    }
+    if (keep == 0 && sw->fmt == KVQ_FMT_CSV) {
+        sw->header[sw->header_len] = '\n';
+        int bad = cli_write_all(sw->fd, sw->header, sw->header_len + 1);
+        sw->header[sw->header_len] = '\0';
+        if (bad) return cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)), CLI_RUNTIME;
+    }
+    if (fsync(sw->fd) != 0) return cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno)), CLI_RUNTIME;
+    if (!sw->exists) sync_dir(sw->target);
+    return CLI_OK;
+}
+
+/* Provenance: the runs before this one (--resume), then this one,
+ * "running" until it ends. */
+static int record_start(sweep_t *sw)
+{
+    opts_t *o = sw->o;
+    char *mp = cli_meta_path(o->output), *runs = NULL;
+    if (!mp) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    int rc = sw->exists ? cli_meta_read_runs(prog, mp, &runs) : CLI_OK;
+    free(mp);
+    if (rc) return rc;
+    cli_meta_prior_runs(o->meta, runs);
+    free(runs);
+    cli_meta_operands(o->meta, sw->paths, sw->ndumps);
+    for (int i = 0; i < sw->ndumps; i++) cli_meta_input(o->meta, "dump", sw->paths[i]);
+    cli_meta_input(o->meta, "calib", o->calib);
+    meta_options(o, sw->fmt);
+    cli_meta_str(o->meta, "result", "status", "running");
+    cli_meta_int(o->meta, "result", "points_before", (long long)sw->ncomplete);
+    return cli_meta_write(o->meta, prog, o->output, NULL);
+}
+
+/* The shared work, once per run: dumps within --cache-mb stay prepared. */
+static int prepare_dumps(sweep_t *sw)
+{
+    opts_t *o = sw->o;
+    kvq_error err = {0};
+    double used = 0;
+    for (int i = 0; i < sw->ndumps && sw->nrun; i++) {
+        size_t bytes = sw->shared_bytes[i];
+        if (used + (double)bytes > (double)o->cache_mb * 1048576.0) {
+            if (o->cache_mb > 0)
+                fprintf(stderr, "%s: note: %s: its shared data (%.0f MiB) exceeds --cache-mb %ld: re-read per point\n",
+                        prog, sw->paths[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
+            continue;
+        }
+        if (kvq_prepare_dump(sw->src[i].dump, &sw->ao, kvq_grid_read_flags(sw->grid), &sw->src[i].prep, &err))
+            return cli_fail(prog, &err);
+        used += (double)bytes;
+    }
+    return CLI_OK;
+}
+
+/* The points to run, each one's rows appended to OUT and made durable as
+ * one unit; *written counts them. */
+static int run_points(sweep_t *sw, size_t *written)
+{
+    opts_t *o = sw->o;
+    kvq_error err = {0};
+    progress_t pr = {.mode = o->progress, .total = sw->nrun, .t0 = now()};
+    for (size_t p = 0; p < sw->npoints; p++) {
+        if (sw->state[p] != KVQ_POINT_RUN) continue;
+        double tp = now();
+        char *unit = NULL;
+        size_t unit_len = 0;
+        if (kvq_sweep_point_rows(sw->grid, p, sw->src, sw->ndumps, &sw->ao, o->an.per, sw->fmt, &unit, &unit_len,
+                                 &err))
+            return cli_fail(prog, &err);
+        int bad = cli_write_all(sw->fd, unit, unit_len) != 0 || fsync(sw->fd) != 0;
+        free(unit);
+        if (bad) return cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)), CLI_RUNTIME;
+        ++*written;
+        cli_interrupt_count((long)(sw->ncomplete + *written));
+        kvq_spec sp;
+        kvq_grid_spec(sw->grid, p, &sp, &err); /* valid: checked when the points were selected */
+        progress_point(&pr, p, sp.text, now() - tp);
+    }
+    return CLI_OK;
+}
+
+static int do_sweep(opts_t *o, char **dumps, int ndumps)
+{
+    sweep_t sw = {.o = o, .paths = dumps, .ndumps = ndumps, .fd = -1};
+    int rc = CLI_OK, started = 0;
+    size_t written = 0;
+    sw.src = calloc((size_t)ndumps, sizeof *sw.src);
+    sw.shared_bytes = calloc((size_t)ndumps, sizeof *sw.shared_bytes);
+    if (!sw.src || !sw.shared_bytes) {
         cli_error(prog, "out of memory");
         rc = CLI_RUNTIME;
         goto done;
     }
-    rep = NULL, ms = NULL;
-    header[--header_len] = '\0'; /* the columns, without the newline */
-
-    /* OUT: created, or continued with --resume */
-    int special;
-    if (kvq_output_target(o->output, &target, &special, &err)) { rc = cli_fail(prog, &err); goto done; }
-    struct stat stbuf;
-    int exists = stat(target, &stbuf) == 0;
-    if (exists && !o->resume) {
-        cli_error(prog, "%s: exists; continue it with --resume, or choose another -o (nothing is overwritten)",
-                  o->output);
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    if (exists && !S_ISREG(stbuf.st_mode)) { /* a FIFO would block the read of --resume forever */
-        cli_error(prog, "%s: not a regular file (a sweep's OUT is read back, truncated and appended to)", o->output);
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    size_t keep = 0;
-    if (exists) {
-        /* the lock first: a second run on OUT must not read what this one is about to truncate */
-        if ((fd = open(target, O_WRONLY)) < 0) {
-            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if ((rc = lock_out(fd, o->output))) goto done;
-        if (kvq_sweep_file_read(o->output, &old, &err)) { rc = cli_fail(prog, &err); goto done; }
-        if (old.columns && (old.fmt != fmt || strcmp(old.columns, header))) {
-            cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
-                      old.fmt == KVQ_FMT_JSONL ? "JSON lines" : "CSV", old.fmt != fmt ? "found," : "with", header);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (kvq_sweep_reconcile(o->output, &old, grid, state, expect_rows, &keep, &ncomplete, &err)) {
-            rc = cli_fail(prog, &err);
-            goto done;
-        }
-        nrun -= ncomplete;
-        if (ftruncate(fd, (off_t)keep) != 0 || lseek(fd, 0, SEEK_END) < 0) {
-            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (keep < old.size)
-            fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output, old.size - keep);
-    } else {
-        fd = open(target, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd < 0) {
-            if (strcmp(target, o->output))
-                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, target,
-                          strerror(errno));
-            else
-                cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if ((rc = lock_out(fd, o->output))) goto done;
-    }
-    if (keep == 0 && fmt == KVQ_FMT_CSV) {
-        header[header_len] = '\n';
-        int bad = cli_write_all(fd, header, header_len + 1);
-        header[header_len] = '\0';
-        if (bad) { cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)); rc = CLI_RUNTIME; goto done; }
-    }
-    if (fsync(fd) != 0) {
-        cli_error(prog, "%s: fsync failed: %s", o->output, strerror(errno));
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    if (!exists) sync_dir(target);
+    if ((rc = select_points(&sw)) || o->list_points || (rc = open_inputs(&sw)) || (rc = open_out(&sw))) goto done;
     {
         /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
         char head[512], tail[256];
         snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
         snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
-                 ncomplete + nrun);
+                 sw.ncomplete + sw.nrun);
         cli_interrupt_note(head, tail);
-        cli_interrupt_count((long)ncomplete);
+        cli_interrupt_count((long)sw.ncomplete);
     }
-
-    { /* provenance: the runs before this one (--resume), then this one, "running" until it ends */
-        char *mp = cli_meta_path(o->output), *runs = NULL;
-        if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-        int mrc = exists ? cli_meta_read_runs(prog, mp, &runs) : CLI_OK;
-        free(mp);
-        if (mrc) { rc = mrc; goto done; }
-        cli_meta_prior_runs(o->meta, runs);
-        free(runs);
-        cli_meta_operands(o->meta, dumps, ndumps);
-        for (int i = 0; i < ndumps; i++) cli_meta_input(o->meta, "dump", dumps[i]);
-        cli_meta_input(o->meta, "calib", o->calib);
-        meta_options(o, fmt);
-        cli_meta_str(o->meta, "result", "status", "running");
-        cli_meta_int(o->meta, "result", "points_before", (long long)ncomplete);
-        if ((rc = cli_meta_write(o->meta, prog, o->output, NULL))) goto done;
-        started = 1;
-    }
-    for (size_t p = 0; p < npoints; p++) {
+    if ((rc = record_start(&sw))) goto done;
+    started = 1;
+    for (size_t p = 0; p < sw.npoints; p++) {
         kvq_spec sp;
-        if (state[p] == KVQ_POINT_INVALID && kvq_grid_spec(grid, p, &sp, &err))
+        kvq_error err = {0};
+        if (sw.state[p] == KVQ_POINT_INVALID && kvq_grid_spec(sw.grid, p, &sp, &err))
             fprintf(stderr, "%s: skipping invalid point %zu: %s\n", prog, p, err.msg);
     }
-
-    /* the shared work, once per run: dumps within --cache-mb stay prepared */
-    double t0 = now(), used = 0;
-    for (int i = 0; i < ndumps && nrun; i++) {
-        size_t bytes = shared_bytes[i];
-        if (used + (double)bytes > (double)o->cache_mb * 1048576.0) {
-            if (o->cache_mb > 0)
-                fprintf(stderr, "%s: note: %s: its shared data (%.0f MiB) exceeds --cache-mb %ld: re-read per point\n",
-                        prog, dumps[i], (double)bytes / 1048576.0, o->cache_mb - (long)(used / 1048576.0));
-            continue;
-        }
-        if (kvq_prepare_dump(d[i], &ao, kvq_grid_read_flags(grid), &prep[i], &err)) {
-            rc = cli_fail(prog, &err);
-            goto done;
-        }
-        used += (double)bytes;
-    }
-
-    progress_t pr = {.mode = o->progress, .total = nrun, .t0 = now()};
-    size_t written = 0;
-    double prep_s = pr.t0 - t0;
-    for (size_t p = 0; p < npoints; p++) {
-        if (state[p] != KVQ_POINT_RUN) continue;
-        double tp = now();
-        kvq_spec sp;
-        char pt[32];
-        kvq_grid_spec(grid, p, &sp, &err); /* valid: checked above */
-        for (int k = 0; k < nk; k++) extra[k] = kvq_grid_value(grid, p, k);
-        snprintf(pt, sizeof pt, "%zu", p);
-        extra[nk] = pt;
-        ao.specs = &sp, ao.nspecs = 1;
-        free(unit), unit = NULL;
-        if (!(ms = open_memstream(&unit, &unit_len)) || !(rep = kvq_report_new(ms, fmt, extra_cols, nk + 1))) {
-            cli_error(prog, "out of memory");
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        kvq_report_omit_header(rep);
-        for (int i = 0; i < ndumps; i++) {
-            kvq_analysis a;
-            kvq_status st =
-                prep[i] ? kvq_analyze_prepared(prep[i], &ao, &a, &err) : kvq_analyze_dump(d[i], &ao, &a, &err);
-            if (st) { rc = cli_fail(prog, &err); goto done; }
-            st = kvq_report_analysis(rep, base[i], &a, &sp, o->an.per, extra);
-            kvq_analysis_free(&a);
-            if (st) { cli_error(prog, "%s: %s", o->output, kvq_strerror(st)); rc = CLI_RUNTIME; goto done; }
-        }
-        kvq_status st = kvq_report_finish(rep);
-        rep = NULL;
-        int closed = fclose(ms);
-        ms = NULL;
-        if (st || closed) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-        /* the point's rows as one unit: appended, then made durable */
-        if (cli_write_all(fd, unit, unit_len) != 0 || fsync(fd) != 0) {
-            cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        written++;
-        cli_interrupt_count((long)(ncomplete + written));
-        progress_point(&pr, p, sp.text, now() - tp);
-    }
-    if (close(fd) != 0) {
-        fd = -1;
+    double t0 = now();
+    if ((rc = prepare_dumps(&sw))) goto done;
+    double prep_s = now() - t0;
+    if ((rc = run_points(&sw, &written))) goto done;
+    int closed = close(sw.fd);
+    sw.fd = -1;
+    if (closed != 0) {
         cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
         rc = CLI_RUNTIME;
         goto done;
     }
-    fd = -1;
     { /* the record of a finished run, with OUT's checksum */
         char hex[65];
         int e;
-        if (cli_sha256_file(target, hex, &e)) {
+        if (cli_sha256_file(sw.target, hex, &e)) {
             cli_error(prog, "%s: cannot read it back: %s", o->output, strerror(e));
             rc = CLI_RUNTIME;
             goto done;
@@ -603,24 +600,21 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     }
     double total = now() - t0;
     fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
-            "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, ncomplete, ninvalid,
-            o->shard_i, o->shard_n, npoints, total, prep_s, written ? (total - prep_s) / (double)written : 0.0);
+            "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, sw.ncomplete,
+            sw.ninvalid, o->shard_i, o->shard_n, sw.npoints, total, prep_s,
+            written ? (total - prep_s) / (double)written : 0.0);
 done:
     if (started && rc) { /* a failed run says so in the record (an interrupted one stays "running") */
         cli_meta_str(o->meta, "result", "status", "failed");
         cli_meta_write(o->meta, prog, o->output, NULL);
     }
-    if (fd >= 0) close(fd);
-    free(target);
-    kvq_report_discard(rep);
-    if (ms) fclose(ms);
-    free(unit), free(header);
-    kvq_sweep_file_free(&old);
-    for (int i = 0; i < ndumps && d && prep && base; i++)
-        kvq_prepared_free(prep[i]), kvq_dump_close(d[i]), free(base[i]);
-    free(d), free(prep), free(base), free(shared_bytes), free(state), free(extra_cols), free(extra);
-    kvq_calib_close(calib);
-    kvq_grid_free(grid);
+    if (sw.fd >= 0) close(sw.fd);
+    free(sw.target), free(sw.header);
+    for (int i = 0; i < ndumps && sw.src; i++)
+        kvq_prepared_free(sw.src[i].prep), kvq_dump_close(sw.src[i].dump), free((char *)sw.src[i].name);
+    free(sw.src), free(sw.shared_bytes), free(sw.state);
+    kvq_calib_close(sw.calib);
+    kvq_grid_free(sw.grid);
     return rc;
 }
 

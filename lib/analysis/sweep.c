@@ -581,3 +581,71 @@ kvq_status kvq_sweep_reconcile(const char *path, const kvq_sweep_file *old, cons
     }
     return KVQ_OK;
 }
+
+/* ------------------------------------------------- a point's rows, as text */
+
+/* A report of the grid's columns into a memory stream: kvq-analyze's, one
+ * per grid key, then `point` (cols: nkeys + 1 entries of room). */
+static kvq_report *grid_report(const kvq_grid *g, kvq_format fmt, FILE *ms, const char **cols)
+{
+    int nk = kvq_grid_nkeys(g);
+    for (int k = 0; k < nk; k++) cols[k] = kvq_grid_key(g, k);
+    cols[nk] = "point";
+    return kvq_report_new(ms, fmt, cols, nk + 1);
+}
+
+kvq_status kvq_sweep_header(const kvq_grid *g, char **text, size_t *len)
+{
+    *text = NULL, *len = 0;
+    const char **cols = calloc((size_t)kvq_grid_nkeys(g) + 1, sizeof *cols);
+    FILE *ms = cols ? open_memstream(text, len) : NULL;
+    kvq_report *rep = ms ? grid_report(g, KVQ_FMT_CSV, ms, cols) : NULL;
+    kvq_status st = rep ? kvq_report_header(rep) : KVQ_ERR_NOMEM;
+    if (rep && kvq_report_finish(rep) && !st) st = KVQ_ERR_NOMEM;
+    if (ms && fclose(ms) && !st) st = KVQ_ERR_NOMEM;
+    free(cols);
+    if (!st && *len) (*text)[--*len] = '\0'; /* the columns, without the newline */
+    if (st) free(*text), *text = NULL, *len = 0;
+    return st;
+}
+
+kvq_status kvq_sweep_point_rows(const kvq_grid *g, size_t p, const kvq_sweep_dump *dumps, int ndumps,
+                                const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **text, size_t *len,
+                                kvq_error *err)
+{
+    int nk = kvq_grid_nkeys(g);
+    kvq_spec sp;
+    kvq_status st = kvq_grid_spec(g, p, &sp, err);
+    if (st) return st;
+    *text = NULL, *len = 0;
+    const char **cols = calloc((size_t)nk + 1, sizeof *cols), **extra = calloc((size_t)nk + 1, sizeof *extra);
+    FILE *ms = cols && extra ? open_memstream(text, len) : NULL;
+    kvq_report *rep = ms ? grid_report(g, fmt, ms, cols) : NULL;
+    if (!rep) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    kvq_report_omit_header(rep);
+    char pt[32];
+    for (int k = 0; k < nk; k++) extra[k] = kvq_grid_value(g, p, k);
+    snprintf(pt, sizeof pt, "%zu", p);
+    extra[nk] = pt;
+    kvq_analysis_opts ao = *o;
+    ao.specs = &sp, ao.nspecs = 1;
+    for (int i = 0; i < ndumps && !st; i++) {
+        kvq_analysis a;
+        st = dumps[i].prep ? kvq_analyze_prepared(dumps[i].prep, &ao, &a, err)
+                           : kvq_analyze_dump(dumps[i].dump, &ao, &a, err);
+        if (st) break;
+        st = kvq_report_analysis(rep, dumps[i].name, &a, &sp, per, extra);
+        kvq_analysis_free(&a);
+        if (st) st = kvq_fail(err, st, "%s", kvq_strerror(st));
+    }
+out:
+    if (rep && st) kvq_report_discard(rep);
+    else if (rep && kvq_report_finish(rep)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (ms && fclose(ms) && !st) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    free(cols), free(extra);
+    if (st) free(*text), *text = NULL, *len = 0;
+    return st;
+}
