@@ -79,6 +79,9 @@ typedef struct kvq_analyze_csv_opts {
 /* kvq-analyze on one dump with these options, its rows as CSV text (header
  * included) in *csv, byte for byte what `kvq-analyze --format csv` writes. */
 kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err);
+/* The same on a dump held in memory (kvq_dump_from_memory; `label` NULL:
+ * m->name): the rows kvq_analyze_csv gives on that dump written to a file. */
+kvq_status kvq_analyze_csv_memory(const kvq_dump_mem *m, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err);
 
 #ifdef __cplusplus
 }

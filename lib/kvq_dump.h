@@ -50,6 +50,25 @@ typedef struct kvq_dump kvq_dump; /* an open dump file (opaque) */
 /* Opens and validates every attribute and the shape/type of every dataset;
  * tensor values are read (and checked finite) by kvq_dump_read_layer. */
 kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err);
+/* A dump held in memory, as a file would hold it (docs/dump-format.md): the
+ * layers' tensors (borrowed: they must outlive the handle), every layer of
+ * one shape with the same optional tensors, and the root attributes. */
+typedef struct kvq_dump_mem {
+    const char *name;  /* what messages name (and kvq_dump_path returns) */
+    const char *model;
+    const kvq_layer *layers; /* [nlayers] */
+    int nlayers;
+    const int *windows;      /* [nlayers] each layer's sliding_window (0: none), or NULL: none */
+    double rope_theta;       /* 0: absent */
+    kvq_rope_style rope_style;
+    const double *rope_cos, *rope_sin; /* [T][D/2] tables (rounded to float32, as a file keeps them) or NULL */
+    int query_prescaled;
+    double attn_scale, attn_softcap; /* 0: absent / none */
+} kvq_dump_mem;
+/* The handle of kvq_dump_open over m, checked as a file is (shapes,
+ * attributes; values finite when read), so that the driver reads it as it
+ * reads a file.  KVQ_ERR_FORMAT naming m->name and the object. */
+kvq_status kvq_dump_from_memory(const kvq_dump_mem *m, kvq_dump **out, kvq_error *err);
 const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d);
 /* The dump's model attribute whole (kvq_dump_info.model holds its first 255 bytes). */
 const char *kvq_dump_model(const kvq_dump *d);

@@ -167,6 +167,103 @@ START_TEST(impossible_sizes_rejected)
 }
 END_TEST
 
+/* A dump in memory (kvq_dump_from_memory) reads as the file it came from:
+ * the same info, layers, query rows, RoPE and analysis; and it is checked
+ * as a file is (shapes, tensors, attributes, values). */
+START_TEST(memory_dump_reads_as_the_file)
+{
+    kvq_error err = {0};
+    char *path = gen_dump(3, 4, 2, 16, 24, 5);
+    kvq_dump *f = NULL, *m = NULL;
+    ck_assert_int_eq(kvq_dump_open(path, &f, &err), KVQ_OK);
+    const kvq_dump_info *fi = kvq_dump_get_info(f);
+    kvq_layer L[3];
+    unsigned all = KVQ_READ_QUERY | KVQ_READ_KEY_PRE_ROPE;
+    for (int l = 0; l < 3; l++) ck_assert_int_eq(kvq_dump_read_layer(f, l, all, &L[l], &err), KVQ_OK);
+    kvq_dump_mem mem = {.name = "mem", .model = kvq_dump_model(f), .layers = L, .nlayers = 3,
+                        .rope_theta = fi->rope_theta, .rope_style = fi->rope_style,
+                        .query_prescaled = fi->query_prescaled};
+    ck_assert_msg(kvq_dump_from_memory(&mem, &m, &err) == KVQ_OK, "%s", err.msg);
+    const kvq_dump_info *mi = kvq_dump_get_info(m);
+    ck_assert(mi->num_layers == 3 && mi->num_heads == 4 && mi->num_kv_heads == 2 && mi->head_dim == 16 &&
+              mi->seq_len == 24 && mi->has_query && mi->has_key_pre_rope && mi->rope_theta == fi->rope_theta);
+    ck_assert_str_eq(kvq_dump_path(m), "mem");
+    /* the same analysis, row for row */
+    kvq_spec sp[2];
+    ck_assert_int_eq(kvq_spec_parse("kvquant:codebook=uniform", &sp[0], &err), KVQ_OK);
+    ck_assert_int_eq(kvq_spec_parse("kivi:bits=2,residual=0", &sp[1], &err), KVQ_OK);
+    kvq_analysis_opts o = {.specs = sp, .nspecs = 2, .seed = 1, .nthreads = 2};
+    ck_assert_int_eq(kvq_query_sel_parse("all", &o.queries, &err), KVQ_OK);
+    char *text[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        kvq_analysis a;
+        ck_assert_msg(kvq_analyze_dump(k ? m : f, &o, &a, &err) == KVQ_OK, "%s", err.msg);
+        size_t len;
+        FILE *ms = open_memstream(&text[k], &len);
+        kvq_report *r = kvq_report_new(ms, KVQ_FMT_CSV, NULL, 0);
+        ck_assert_int_eq(kvq_report_analysis(r, "d", &a, sp, KVQ_PER_HEAD, NULL), KVQ_OK);
+        ck_assert_int_eq(kvq_report_finish(r), KVQ_OK);
+        fclose(ms);
+        kvq_analysis_free(&a);
+    }
+    ck_assert_str_eq(text[0], text[1]);
+    ck_assert(strlen(text[0]) > 500);
+    free(text[0]), free(text[1]);
+    /* query rows, as the file's hyperslab gives them */
+    int pos[3] = {0, 7, 23};
+    float *qf, *qm;
+    ck_assert_int_eq(kvq_dump_read_query_rows(f, 2, pos, 3, &qf, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_dump_read_query_rows(m, 2, pos, 3, &qm, &err), KVQ_OK);
+    ck_assert(!memcmp(qf, qm, (size_t)4 * 3 * 16 * sizeof(float)));
+    free(qf), free(qm);
+    ck_assert_int_eq(kvq_dump_has_tokens(m), 0);
+    kvq_dump_close(m);
+
+    /* refusals, each naming the object */
+    const char *bad[] = {/* i: what the loop changes */
+                         "mem: /layer_001: expected the shape of /layer_000",
+                         "mem: /layer_002/query: expected a dataset, as in /layer_000",
+                         "mem: /layer_000/key: expected finite float32 values, got nan at [1,5,3]",
+                         "mem: /rope_theta: expected a positive finite number",
+                         "mem: /rope_sin: expected a dataset (/rope_cos is present)",
+                         "mem: /layer_001/sliding_window: expected a window of 0 (none)"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        kvq_layer c[3];
+        memcpy(c, L, sizeof c);
+        kvq_dump_mem b = mem;
+        b.layers = c;
+        int windows[3] = {0, -1, 0};
+        double cosv[24 * 8] = {0};
+        float *k0 = NULL;
+        if (i == 0) c[1].T = 23;
+        if (i == 1) c[2].query = NULL;
+        if (i == 2) {
+            k0 = malloc((size_t)2 * 24 * 16 * sizeof *k0);
+            memcpy(k0, L[0].key, (size_t)2 * 24 * 16 * sizeof *k0);
+            k0[(24 + 5) * 16 + 3] = NAN;
+            c[0].key = k0;
+        }
+        if (i == 3) b.rope_theta = -1;
+        if (i == 4) b.rope_cos = cosv;
+        if (i == 5) b.windows = windows;
+        kvq_error e = {0};
+        kvq_status st = kvq_dump_from_memory(&b, &m, &e);
+        if (i == 2) { /* values are checked when read, as a file's */
+            ck_assert_int_eq(st, KVQ_OK);
+            kvq_layer r;
+            st = kvq_dump_read_layer(m, 0, 0, &r, &e);
+            kvq_dump_close(m);
+        }
+        free(k0);
+        ck_assert_msg(st == KVQ_ERR_FORMAT && strstr(e.msg, bad[i]), "%zu: %s", i, e.msg);
+    }
+    for (int l = 0; l < 3; l++) kvq_layer_free(&L[l]);
+    kvq_dump_close(f);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 START_TEST(kurtosis_and_ratio)
 {
     const float x[4] = {-1, -1, 1, 1};
@@ -188,6 +285,7 @@ int main(void)
     tcase_add_test(tc, gen_is_reproducible);
     tcase_add_test(tc, impossible_sizes_rejected);
     tcase_add_test(tc, kurtosis_and_ratio);
+    tcase_add_test(tc, memory_dump_reads_as_the_file);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

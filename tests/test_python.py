@@ -204,6 +204,41 @@ got = kvq.analyze(dumps[DUMP], "per-token:bits=4", per="model", label="stories26
 want = kvq.parse_rows(tool("kvq-analyze", "--per", "model", "--format", "csv", "-q", "per-token:bits=4", DUMP))
 check(got == want, "analyze of read_dump's dict (written to a temporary dump) equals the file's rows")
 
+# ------------------- analyze in memory: read_dump's dict is read as the dump
+# A dump with what write_dump cannot write (a soft-cap, a sliding window on one
+# layer, RoPE tables and no rope_theta): the dict from read_dump gives the file's rows.
+try:
+    import h5py
+except ImportError:
+    h5py = None
+if h5py is not None:
+    odd = os.path.join(tmp, "odd.h5")
+    kvq.write_dump(odd, dumps[DUMP]["layers"], model="odd", rope_style="half")
+    with h5py.File(odd, "r+") as f:
+        f.attrs["attn_softcap"] = 5.0
+        f["layer_002"].attrs["sliding_window"] = 16
+        f["rope_cos"] = dumps[DUMP]["rope"]["cos"].astype(np.float32)
+        f["rope_sin"] = dumps[DUMP]["rope"]["sin"].astype(np.float32)
+    od = kvq.read_dump(odd)
+    check(od["attn_softcap"] == 5.0 and od["windows"][2] == 16 and od["rope"]["theta"] is None,
+          "the odd dump has a soft-cap, a window and RoPE tables only")
+    specs = ["kvquant:codebook=uniform", "kivi:bits=2", "tokens(snapkv:keep=0.5; per-token:bits=4; drop)"]
+    for per in ("head", "model"):
+        want = kvq.analyze(odd, specs, per=per, queries="all")
+        got = kvq.analyze(od, specs, per=per, queries="all", label="odd.h5")
+        check(got == want, f"analyze of the odd dump's dict, per={per}: {len(got)} rows equal the file's {len(want)}")
+    plain = kvq.analyze(dict(od, windows=None, attn_softcap=None), specs[1], per="model", queries="all", label="odd.h5")
+    check(plain != kvq.analyze(odd, specs[1], per="model", queries="all"),
+          "the soft-cap and window change the rows (so the comparison above sees them)")
+for bad, want in ((dict(dumps[DUMP], windows=[0, 1]), "windows: expected one sliding window (0: none) per layer"),
+                  (dict(dumps[DUMP], rope={"style": "sideways"}), 'rope_style: expected "interleaved" or "half"'),
+                  ([{"key": np.zeros((2, 4, 8), np.float32)}], "layers[0]: expected a dict with 'key' and 'value'")):
+    try:
+        kvq.analyze(bad, "kivi")
+        check(False, f"analyze refuses {want}")
+    except kvq.DumpError as e:
+        check(want in str(e), f"analyze in memory refuses: {e}")
+
 # ---------------------------------------- read_output: every tool's OUT, one reader
 out = os.path.join(tmp, "analyze.jsonl")
 tool("kvq-analyze", "--per", "model", "--format", "jsonl", "--meta", "inline", "-o", out, "-q", "per-token:bits=4", DUMP)
@@ -380,12 +415,13 @@ code = ("import sys; sys.modules['h5py'] = None\n"
         "k = np.ones((2, 8, 8), np.float32)\n"
         f"r = kvq.quantize('kivi:bits=2,group=8,residual=0', k, k); d = kvq.read_dump({DUMP!r})\n"
         f"rows = kvq.analyze({DUMP!r}, ['kivi'], per='model')\n"
-        "print('works', r.k_bits, len(d['layers']), len(rows))\n"
-        "try:\n    kvq.analyze([{'key': k, 'value': k}], ['kivi'])\n"
+        "mem = kvq.analyze(d, ['kivi'], per='model', label=rows[0]['dump'])\n"
+        "print('works', r.k_bits, len(d['layers']), len(rows), mem == rows)\n"
+        "try:\n    kvq.write_dump('x.h5', [{'key': k, 'value': k}], model='m')\n"
         "except ImportError as e:\n    print('refused:', e)\n")
-r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-check(r.returncode == 0 and "works 6.0 5 1" in r.stdout and "refused: kvq.write_dump" in r.stdout and
-      "needs h5py" in r.stdout, f"kvq without h5py: {r.stdout} {r.stderr[-500:]}")
+r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp)
+check(r.returncode == 0 and "works 6.0 5 1 True" in r.stdout and "refused: kvq.write_dump" in r.stdout and
+      "needs h5py" in r.stdout, f"kvq without h5py (analyze on arrays in memory): {r.stdout} {r.stderr[-500:]}")
 
 # ------------------------------- bad input: kvq.Error, never a crash
 BAD = {

@@ -56,6 +56,10 @@ static const struct abi_field {
     ABI(kvq_analyze_csv_opts, per), ABI(kvq_analyze_csv_opts, layers), ABI(kvq_analyze_csv_opts, nlayers),
     ABI(kvq_analyze_csv_opts, heads), ABI(kvq_analyze_csv_opts, nheads), ABI(kvq_analyze_csv_opts, queries),
     ABI(kvq_analyze_csv_opts, calib), ABI(kvq_analyze_csv_opts, seed), ABI(kvq_analyze_csv_opts, nthreads),
+    ABI(kvq_dump_mem, name), ABI(kvq_dump_mem, model), ABI(kvq_dump_mem, layers), ABI(kvq_dump_mem, nlayers),
+    ABI(kvq_dump_mem, windows), ABI(kvq_dump_mem, rope_theta), ABI(kvq_dump_mem, rope_style),
+    ABI(kvq_dump_mem, rope_cos), ABI(kvq_dump_mem, rope_sin), ABI(kvq_dump_mem, query_prescaled),
+    ABI(kvq_dump_mem, attn_scale), ABI(kvq_dump_mem, attn_softcap),
 };
 #undef ABI
 
@@ -180,7 +184,9 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
     return st;
 }
 
-kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *ao, char **csv, kvq_error *err)
+/* kvq_analyze_csv on the file at path, or (path NULL) on the dump in memory m. */
+static kvq_status analyze_csv(const char *path, const kvq_dump_mem *m, const kvq_analyze_csv_opts *ao, char **csv,
+                              kvq_error *err)
 {
     *csv = NULL;
     if (!ao) return kvq_fail(err, KVQ_ERR_USAGE, "the options are required");
@@ -203,7 +209,7 @@ kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *ao, cha
     if (!st) st = kvq_query_sel_parse(queries ? queries : "last:64", &o.queries, err);
     kvq_dump *d = NULL;
     kvq_analysis a = {0};
-    if (!st) st = kvq_dump_open(path, &d, err);
+    if (!st) st = path ? kvq_dump_open(path, &d, err) : kvq_dump_from_memory(m, &d, err);
     if (!st) st = kvq_analyze_dump(d, &o, &a, err);
     char *buf = NULL;
     size_t len = 0;
@@ -211,7 +217,7 @@ kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *ao, cha
     kvq_report *r = NULL;
     if (!st && (!(f = open_memstream(&buf, &len)) || !(r = kvq_report_new(f, KVQ_FMT_CSV, NULL, 0))))
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (!st && (st = kvq_report_analysis(r, label ? label : path, &a, specs, per, NULL)))
+    if (!st && (st = kvq_report_analysis(r, label ? label : kvq_dump_path(d), &a, specs, per, NULL)))
         kvq_fail(err, st, "out of memory for the rows");
     if (r) {
         kvq_status fst = st ? (kvq_report_discard(r), KVQ_OK) : kvq_report_finish(r);
@@ -224,4 +230,16 @@ kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *ao, cha
     kvq_dump_close(d);
     free(specs);
     return st;
+}
+
+kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err)
+{
+    if (!path) return *csv = NULL, kvq_fail(err, KVQ_ERR_USAGE, "no dump given");
+    return analyze_csv(path, NULL, o, csv, err);
+}
+
+kvq_status kvq_analyze_csv_memory(const kvq_dump_mem *m, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err)
+{
+    if (!m) return *csv = NULL, kvq_fail(err, KVQ_ERR_USAGE, "no dump given");
+    return analyze_csv(NULL, m, o, csv, err);
 }

@@ -1,4 +1,6 @@
-/* dump_read.c — the kvq-dump/1 reader (docs/dump-format.md).
+/* dump_read.c — the kvq-dump/1 reader (docs/dump-format.md), and the same
+ * handle over layers held in memory (kvq_dump_from_memory: the bindings'
+ * arrays, read through the one reader the driver knows).
  *
  * kvq_dump_open validates every attribute and the type and shape of every
  * dataset up front (metadata only, cheap), so a malformed file fails before
@@ -22,6 +24,8 @@ struct kvq_dump {
     size_t stage_n;
     int *window;     /* [num_layers] each layer's sliding_window (0: none) */
     char *model;     /* the model attribute whole (info.model keeps its first 255 bytes) */
+    const kvq_layer *mem; /* a dump in memory: its layers (borrowed), file -1 */
+    float *mem_cos, *mem_sin; /* its RoPE tables [T][D/2] as a file holds them (float32), or NULL */
 };
 
 /* ------------------------------------------------------------- attributes */
@@ -269,9 +273,45 @@ static uint16_t *stage_room(kvq_dump *d, size_t n)
     return d->stage;
 }
 
+/* The first non-finite value of dst (obj's [A][B][C] values, or with rows
+ * its rows[0..nrows) of B) named by its index in obj. */
+static kvq_status check_finite(const char *path, const char *obj, const float *dst, const int shape[3],
+                               const int *rows, size_t nrows, kvq_error *err)
+{
+    size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
+    size_t i = kvq_first_nonfinite(dst, n);
+    if (i >= n) return KVQ_OK;
+    size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
+    size_t b = r % mid, a = r / mid;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]", path, obj,
+                    isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a, rows ? (size_t)rows[b] : b, c);
+}
+
+/* obj's values from a dump in memory (its name, /layer_NNN/TENSOR, to the
+ * tensor of that layer), or their rows, copied and checked as a file's. */
+static kvq_status copy_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
+                              size_t nrows, kvq_error *err)
+{
+    int layer = atoi(obj + strlen("/layer_"));
+    const char *name = strchr(obj + 1, '/') + 1;
+    const kvq_layer *l = &d->mem[layer];
+    const float *src = !strcmp(name, "key") ? l->key : !strcmp(name, "value") ? l->value
+                       : !strcmp(name, "query") ? l->query : l->key_pre_rope;
+    size_t B = (size_t)shape[1], C = (size_t)shape[2];
+    if (!rows) {
+        memcpy(dst, src, (size_t)shape[0] * B * C * sizeof *dst);
+    } else {
+        for (size_t a = 0; a < (size_t)shape[0]; a++)
+            for (size_t i = 0; i < nrows; i++)
+                memcpy(dst + (a * nrows + i) * C, src + (a * B + (size_t)rows[i]) * C, C * sizeof *dst);
+    }
+    return check_finite(d->path, obj, dst, shape, rows, nrows, err);
+}
+
 static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
                               size_t nrows, kvq_error *err)
 {
+    if (d->mem) return copy_floats(d, obj, dst, shape, rows, nrows, err);
     const char *path = d->path;
     char det[256];
     kvq_status st = KVQ_OK;
@@ -335,14 +375,7 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
         goto out;
     }
     /* finite check; a float64 value beyond float32 range also lands here as inf */
-    size_t i = kvq_first_nonfinite(dst, n);
-    if (i < n) {
-        size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
-        size_t b = r % mid, a = r / mid;
-        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]",
-                      path, obj, isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a,
-                      rows ? (size_t)rows[b] : b, c);
-    }
+    st = check_finite(path, obj, dst, shape, rows, nrows, err);
 out:
     if (fspace != H5S_ALL) kvq_h5_close_id(fspace);
     if (mspace != H5S_ALL) kvq_h5_close_id(mspace);
@@ -537,6 +570,112 @@ kvq_status kvq_dump_open(const char *path, kvq_dump **out, kvq_error *err)
     return KVQ_OK;
 }
 
+/* The checks kvq_dump_open makes of a file, on m's layers and attributes. */
+static kvq_status validate_memory(kvq_dump *d, const kvq_dump_mem *m, kvq_error *err)
+{
+    const char *p = d->path;
+    kvq_dump_info *in = &d->info;
+    if (!m->model || !*m->model) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /model: expected a non-empty string", p);
+    if (!(d->model = strdup(m->model))) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p);
+    if (m->nlayers < 1 || m->nlayers > 1000 || !m->layers)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_layers: expected 1 to 1000 layers, got %d", p, m->nlayers);
+    const kvq_layer *l0 = &m->layers[0];
+    int Hq = l0->query ? l0->Hq : l0->H;
+    size_t bytes;
+    if (l0->H <= 0 || Hq <= 0 || l0->T <= 0 || l0->D <= 0)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_000: expected H, Hq, T, D > 0, got %d, %d, %d, %d", p, l0->H,
+                        Hq, l0->T, l0->D);
+    if (Hq % l0->H)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /num_heads: expected a multiple of num_kv_heads (%d), got %d", p,
+                        l0->H, Hq);
+    if (!kvq_tensor_bytes((size_t)Hq, (size_t)l0->T, (size_t)l0->D, &bytes))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: /: tensor size %d x %d x %d overflows size_t", p, Hq, l0->T, l0->D);
+    *in = (kvq_dump_info){.num_layers = m->nlayers, .num_heads = Hq, .num_kv_heads = l0->H, .head_dim = l0->D,
+                          .seq_len = l0->T, .has_query = l0->query != NULL, .has_key_pre_rope = l0->key_pre_rope != NULL,
+                          .key_dtype = KVQ_F32, .value_dtype = KVQ_F32, .query_dtype = KVQ_F32};
+    snprintf(in->model, sizeof in->model, "%s", m->model);
+    if (!(d->window = calloc((size_t)m->nlayers, sizeof *d->window)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p);
+    for (int i = 0; i < m->nlayers; i++) {
+        const kvq_layer *l = &m->layers[i];
+        if (!l->key || !l->value)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/%s: missing required dataset (expected [%d,%d,%d])", p,
+                            i, l->key ? "value" : "key", in->num_kv_heads, in->seq_len, in->head_dim);
+        if (l->H != l0->H || l->T != l0->T || l->D != l0->D || (l->query && l->Hq != Hq))
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d: expected the shape of /layer_000 (H %d, Hq %d, T %d, "
+                            "D %d), got H %d, Hq %d, T %d, D %d", p, i, l0->H, Hq, l0->T, l0->D, l->H,
+                            l->query ? l->Hq : l->H, l->T, l->D);
+        if (!l->query != !l0->query || !l->key_pre_rope != !l0->key_pre_rope) {
+            int q = !l->query != !l0->query;
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/%s: expected %s, as in /layer_000", p, i,
+                            q ? "query" : "key_pre_rope", (q ? l0->query : l0->key_pre_rope) ? "a dataset" : "no dataset");
+        }
+        int win = m->windows ? m->windows[i] : 0;
+        if (win < 0)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /layer_%03d/sliding_window: expected a window of 0 (none) to "
+                            "2^31-1 positions, got %d", p, i, win);
+        in->window_layers += win > 0;
+        d->window[i] = win;
+    }
+    double theta = m->rope_theta;
+    if (theta != 0 && !(isfinite(theta) && theta > 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_theta: expected a positive finite number, got %g", p, theta);
+    in->has_rope_theta = theta != 0, in->rope_theta = theta;
+    if (m->rope_style != KVQ_ROPE_UNSET && m->rope_style != KVQ_ROPE_INTERLEAVED && m->rope_style != KVQ_ROPE_HALF)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_style: expected \"interleaved\" or \"half\"", p);
+    in->rope_style = m->rope_style;
+    if (m->query_prescaled != 0 && m->query_prescaled != 1)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /query_prescaled: expected 0 or 1, got %d", p, m->query_prescaled);
+    in->query_prescaled = m->query_prescaled;
+    if (!m->rope_cos != !m->rope_sin)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /%s: expected a dataset (/%s is present)", p,
+                        m->rope_cos ? "rope_sin" : "rope_cos", m->rope_cos ? "rope_cos" : "rope_sin");
+    if (m->rope_cos && in->head_dim % 2)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /rope_cos: RoPE tables need an even head_dim, got %d", p,
+                        in->head_dim);
+    if (m->rope_cos) {
+        size_t n = (size_t)in->seq_len * (size_t)(in->head_dim / 2);
+        if (!(d->mem_cos = kvq_alloc_array(n, sizeof *d->mem_cos)) ||
+            !(d->mem_sin = kvq_alloc_array(n, sizeof *d->mem_sin)))
+            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the RoPE tables", p);
+        for (size_t i = 0; i < n; i++) d->mem_cos[i] = (float)m->rope_cos[i], d->mem_sin[i] = (float)m->rope_sin[i];
+        int shape[3] = {1, in->seq_len, in->head_dim / 2};
+        kvq_status st = check_finite(p, "/rope_cos", d->mem_cos, shape, NULL, 0, err);
+        if (!st) st = check_finite(p, "/rope_sin", d->mem_sin, shape, NULL, 0, err);
+        if (st) return st;
+        in->has_rope_table = 1;
+    }
+    if (m->attn_scale != 0 && !(isfinite(m->attn_scale) && m->attn_scale > 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_scale: expected a positive finite number, got %g", p,
+                        m->attn_scale);
+    in->attn_scale = m->attn_scale;
+    if (!(isfinite(m->attn_softcap) && m->attn_softcap >= 0))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /attn_softcap: expected a finite number >= 0 (0: none), got %g", p,
+                        m->attn_softcap);
+    in->attn_softcap = m->attn_softcap;
+    return KVQ_OK;
+}
+
+kvq_status kvq_dump_from_memory(const kvq_dump_mem *m, kvq_dump **out, kvq_error *err)
+{
+    *out = NULL;
+    const char *name = m && m->name ? m->name : "layers";
+    kvq_dump *d = calloc(1, sizeof *d);
+    if (!d || !(d->path = strdup(name))) {
+        free(d);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", name);
+    }
+    d->file = -1;
+    d->mem = m ? m->layers : NULL;
+    kvq_status st = m ? validate_memory(d, m, err) : kvq_fail(err, KVQ_ERR_USAGE, "no dump given");
+    if (st) {
+        kvq_dump_close(d);
+        return st;
+    }
+    *out = d;
+    return KVQ_OK;
+}
+
 const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d) { return &d->info; }
 const char *kvq_dump_path(const kvq_dump *d) { return d->path; }
 
@@ -549,6 +688,7 @@ void kvq_dump_close(kvq_dump *d)
     free(d->stage);
     free(d->window);
     free(d->model);
+    free(d->mem_cos), free(d->mem_sin);
     free(d);
 }
 
@@ -723,9 +863,11 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
     } else {
         int shape[3] = {1, T, half};
         kvq_h5_quiet();
-        if (!(st = read_floats(d, "/rope_cos", c, shape, NULL, 0, err)) &&
-            !(st = read_floats(d, "/rope_sin", s, shape, NULL, 0, err)))
-            for (size_t i = 0; i < n; i++) out->cos[i] = c[i], out->sin[i] = s[i];
+        if (d->mem) /* the tables as a file holds them */
+            memcpy(c, d->mem_cos, n * sizeof *c), memcpy(s, d->mem_sin, n * sizeof *s);
+        else if (!(st = read_floats(d, "/rope_cos", c, shape, NULL, 0, err)))
+            st = read_floats(d, "/rope_sin", s, shape, NULL, 0, err);
+        for (size_t i = 0; i < n && !st; i++) out->cos[i] = c[i], out->sin[i] = s[i];
     }
     free(c), free(s);
     if (st) {
@@ -738,6 +880,7 @@ kvq_status kvq_dump_read_rope(kvq_dump *d, kvq_rope *out, kvq_error *err)
 
 int kvq_dump_has_tokens(kvq_dump *d)
 {
+    if (d->mem) return 0;
     kvq_h5_quiet();
     return H5Aexists(d->file, "tokens") > 0;
 }
@@ -747,7 +890,7 @@ kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error 
     char det[256];
     *tokens = NULL, *n = 0;
     kvq_h5_quiet();
-    if (H5Aexists(d->file, "tokens") <= 0)
+    if (d->mem || H5Aexists(d->file, "tokens") <= 0)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: /tokens: attribute missing", d->path);
     hid_t a = H5Aopen(d->file, "tokens", H5P_DEFAULT), sp = a >= 0 ? H5Aget_space(a) : -1,
           t = a >= 0 ? H5Aget_type(a) : -1;

@@ -9,7 +9,7 @@ import os
 
 __all__ = ["Error", "UsageError", "FileError", "FormatError", "OutOfMemoryError", "NumericError", "UnsupportedError",
            "lib", "check", "ReconAcc", "Acc", "Metrics", "Param", "Spec", "DumpInfo", "Layer", "AttnMode",
-           "Rope"]
+           "Rope", "DumpMem"]
 
 
 class Error(Exception):
@@ -171,6 +171,14 @@ class AnalyzeCsvOpts(ctypes.Structure):  # kvq_analyze_csv_opts
                 ("nthreads", c_int)]
 
 
+class DumpMem(ctypes.Structure):  # kvq_dump_mem
+    _c_name = "kvq_dump_mem"
+    _fields_ = [("name", c_char_p), ("model", c_char_p), ("layers", ctypes.POINTER(Layer)), ("nlayers", c_int),
+                ("windows", ctypes.POINTER(c_int)), ("rope_theta", c_double), ("rope_style", c_int),
+                ("rope_cos", _PD), ("rope_sin", _PD), ("query_prescaled", c_int), ("attn_scale", c_double),
+                ("attn_softcap", c_double)]
+
+
 _SIGNATURES = {
     # name: (restype, argtypes)
     "kvq_version": (c_char_p, []),
@@ -200,6 +208,8 @@ _SIGNATURES = {
     "kvq_quantize_arrays": (c_int, [ctypes.POINTER(ArraysOpts), c_int, c_int, c_int, _PF, _PF, _PF, _PF, _PF,
                                     ctypes.POINTER(Acc), ctypes.POINTER(_Err)]),
     "kvq_analyze_csv": (c_int, [c_char_p, ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
+    "kvq_analyze_csv_memory": (c_int, [ctypes.POINTER(DumpMem), ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P),
+                                       ctypes.POINTER(_Err)]),
     "kvq_dump_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
     "kvq_dump_model": (c_char_p, [_P]),
@@ -216,7 +226,7 @@ _SIGNATURES = {
 
 _lib = None
 _MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope, ArraysOpts,
-             AnalyzeCsvOpts)
+             AnalyzeCsvOpts, DumpMem)
 
 
 def abi_mismatches(handle, classes=_MIRRORED):

@@ -101,17 +101,9 @@ def _layout_hint(i, a):
     return None
 
 
-def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=None,
-               query_prescaled=False, layout="BHTD"):
-    """Write `layers` to `path` as kvq-dump/1; raises DumpError on bad input."""
-    try:  # imported here: everything but writing dumps works without h5py
-        import h5py
-    except ImportError as e:
-        raise ImportError(f"kvq.write_dump (and kvq.analyze on arrays, which writes one) needs h5py: "
-                          f"apt install python3-h5py or pip install h5py ({e})") from None
-
-    if not isinstance(path, (str, os.PathLike)) or not str(path):
-        raise DumpError("path: expected a file name")
+def check_attrs(model, rope_theta, rope_style):
+    """The root attributes a dump takes (write_dump, and kvq.analyze on
+    arrays, which reads them as a dump's); DumpError on bad ones."""
     if not isinstance(model, str) or not model:
         raise DumpError("model: expected a non-empty string")
     if "\0" in model:
@@ -120,9 +112,6 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
         model.encode()
     except UnicodeEncodeError as e:
         raise DumpError(f"model: not text that UTF-8 can hold ({e.reason} at character {e.start})") from None
-    if layout not in ("BHTD", "BTHD"):
-        raise DumpError(f'layout: expected "BHTD" ([B,]H,T,D: Hugging Face) or "BTHD" ([B,]T,H,D: '
-                        f'flash-attention / vLLM), got {layout!r}')
     if rope_style not in (None, "interleaved", "half"):
         raise DumpError(f'rope_style: expected "interleaved" or "half", got {rope_style!r}')
     if rope_theta is not None:
@@ -132,6 +121,15 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
             theta = math.nan
         if not (theta > 0 and math.isfinite(theta)):
             raise DumpError(f"rope_theta: expected a positive finite number, got {rope_theta!r}")
+
+
+def checked_layers(layers, batch, layout):
+    """The layers' tensors as [H,T,D] float16/float32 C-contiguous numpy
+    arrays, checked as write_dump checks them: (arrays, (H, T, D, Hq or
+    None, has key_pre_rope)); DumpError on anything else."""
+    if layout not in ("BHTD", "BTHD"):
+        raise DumpError(f'layout: expected "BHTD" ([B,]H,T,D: Hugging Face) or "BTHD" ([B,]T,H,D: '
+                        f'flash-attention / vLLM), got {layout!r}')
     layers = list(layers)
     if not layers:
         raise DumpError("layers: expected at least one layer")
@@ -163,6 +161,22 @@ def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=N
                             f"(H, T, D, Hq, key_pre_rope = {this} vs {shape})")
         shape = this
         arrays.append(a)
+    return arrays, shape
+
+
+def write_dump(path, layers, *, model, batch=None, rope_theta=None, rope_style=None,
+               query_prescaled=False, layout="BHTD"):
+    """Write `layers` to `path` as kvq-dump/1; raises DumpError on bad input."""
+    try:  # imported here: everything but writing dumps works without h5py
+        import h5py
+    except ImportError as e:
+        raise ImportError(f"kvq.write_dump needs h5py: "
+                          f"apt install python3-h5py or pip install h5py ({e})") from None
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise DumpError("path: expected a file name")
+    check_attrs(model, rope_theta, rope_style)
+    arrays, shape = checked_layers(layers, batch, layout)
     H, T, D, Hq, _ = shape
     target, mode = _target(os.fspath(path))
     if mode is None:  # a new file: what open(2) with 0666 would give under the umask

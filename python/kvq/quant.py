@@ -4,7 +4,6 @@ kvq_analyze_csv).  Every number is the one kvq-analyze computes."""
 import collections
 import ctypes
 import os
-import tempfile
 
 import numpy as np
 
@@ -301,11 +300,53 @@ def _int_list(v, what):
     return (ctypes.c_int * len(v))(*v), len(v)
 
 
+def _dump_in_memory(d, keep):
+    """kvq_dump_mem over read_dump's dict or a list of layer dicts, checked
+    as write_dump checks them; the arrays it points to are appended to keep."""
+    from .dump import DumpError, check_attrs, checked_layers
+    attrs = d if isinstance(d, dict) else {}
+    layers = d["layers"] if isinstance(d, dict) else d
+    model = attrs.get("model") or "layers"
+    rope = attrs.get("rope") or {}
+    theta, style = rope.get("theta"), rope.get("style")
+    check_attrs(model, theta, style)
+    arrays, (H, T, D, Hq, _) = checked_layers(layers, None, "BHTD")
+    n = len(arrays)
+    lays = (_lib.Layer * n)()
+    for i, a in enumerate(arrays):
+        f32 = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in a.items()}
+        keep.append(f32)
+        lays[i] = _lib.Layer(H=H, Hq=Hq or H, T=T, D=D, key=fptr(f32["key"]), value=fptr(f32["value"]),
+                             query=fptr(f32.get("query")), key_pre_rope=fptr(f32.get("key_pre_rope")))
+    m = _lib.DumpMem(name=b"layers", model=model.encode(), layers=lays, nlayers=n,
+                     rope_theta=float(theta) if theta is not None else 0.0,
+                     rope_style={None: 0, "interleaved": 1, "half": 2}[style],
+                     query_prescaled=int(bool(attrs.get("query_prescaled"))),
+                     attn_scale=float(attrs.get("attn_scale") or 0.0), attn_softcap=float(attrs.get("attn_softcap") or 0.0))
+    keep.append(lays)
+    windows = attrs.get("windows")
+    if windows is not None:
+        if len(windows) != n or any(not isinstance(w, (int, np.integer)) or not 0 <= w < 2 ** 31 for w in windows):
+            raise DumpError(f"windows: expected one sliding window (0: none) per layer, {n} in all, got {windows!r}")
+        win = (ctypes.c_int * n)(*windows)
+        keep.append(win)
+        m.windows = win
+    if theta is None and rope.get("cos") is not None:  # explicit RoPE tables (a dump without rope_theta)
+        for k in ("cos", "sin"):
+            t = np.ascontiguousarray(rope[k], dtype=np.float64)
+            if t.shape != (T, D // 2):
+                raise DumpError(f"rope.{k}: expected [{T},{D // 2}], got {list(t.shape)}")
+            keep.append(t)
+            setattr(m, "rope_" + k, dptr(t))
+    return m
+
+
 def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None, seed=0, layers=None, heads=None,
             threads=0, label=None):
     """kvq-analyze as a function: the rows `kvq-analyze --format csv` prints
-    for one dump (a path, read_dump's dict, or a list of layer dicts as
-    write_dump takes them), as dicts (parse_rows).  specs: a spec or a list."""
+    for one dump — a path, or in memory read_dump's dict or a list of layer
+    dicts as write_dump takes them (read as that dump, no file written) — as
+    dicts (parse_rows).  specs: a spec or a list."""
     if isinstance(specs, str):
         specs = [specs]
     specs = list(specs)
@@ -318,38 +359,28 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
     hd, nhd = _int_list(heads, "heads")
     seed, threads = _check_seed(seed), _check_threads(threads)
     cal = calibration(calib)
-    tmpdir = None
-    try:
-        if isinstance(dump_or_layers, (str, os.PathLike)):
-            path = os.fspath(dump_or_layers)
-            name = label if label is not None else os.path.basename(path)
-        else:
-            from .dump import write_dump
-            d = dump_or_layers
-            tmpdir = tempfile.TemporaryDirectory(prefix="kvq-analyze.")
-            path = os.path.join(tmpdir.name, "layers.h5")
-            if isinstance(d, dict):
-                rope = d.get("rope") or {}
-                write_dump(path, d["layers"], model=d.get("model") or "layers", rope_theta=rope.get("theta"),
-                           rope_style=rope.get("style"), query_prescaled=bool(d.get("query_prescaled")))
-            else:
-                write_dump(path, d, model="layers")
-            name = label if label is not None else "layers"
-        L, err, out = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
-        arr = (ctypes.c_char_p * len(enc))(*enc)
-        ip = ctypes.POINTER(ctypes.c_int)  # the arrays stay alive in arr, lay, hd for the call
-        opts = _lib.AnalyzeCsvOpts(label=_text(name, "label"), specs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)),
-                                   nspecs=len(enc), per=_PER[per], layers=ctypes.cast(lay, ip) if lay else None,
-                                   nlayers=nlay, heads=ctypes.cast(hd, ip) if hd else None, nheads=nhd,
-                                   queries=_text(queries, "queries"),
-                                   calib=cal.handle if cal else None, seed=seed, nthreads=threads)
+    keep, mem = [], None  # keep: the arrays mem points to, alive for the call
+    if isinstance(dump_or_layers, (str, os.PathLike)):
+        path = os.fspath(dump_or_layers)
+        name = label if label is not None else os.path.basename(path)
+    else:
+        mem = _dump_in_memory(dump_or_layers, keep)
+        name = label if label is not None else "layers"
+    L, err, out = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
+    arr = (ctypes.c_char_p * len(enc))(*enc)
+    ip = ctypes.POINTER(ctypes.c_int)  # the arrays stay alive in arr, lay, hd for the call
+    opts = _lib.AnalyzeCsvOpts(label=_text(name, "label"), specs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)),
+                               nspecs=len(enc), per=_PER[per], layers=ctypes.cast(lay, ip) if lay else None,
+                               nlayers=nlay, heads=ctypes.cast(hd, ip) if hd else None, nheads=nhd,
+                               queries=_text(queries, "queries"),
+                               calib=cal.handle if cal else None, seed=seed, nthreads=threads)
+    if mem is None:
         st = L.kvq_analyze_csv(_text(path, "dump"), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
-        _lib.check(st, err)
-        try:
-            text = ctypes.string_at(out).decode()
-        finally:
-            L.kvq_free(out)
-        return parse_rows(text)
+    else:
+        st = L.kvq_analyze_csv_memory(ctypes.byref(mem), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
+    _lib.check(st, err)
+    try:
+        text = ctypes.string_at(out).decode()
     finally:
-        if tmpdir is not None:
-            tmpdir.cleanup()
+        L.kvq_free(out)
+    return parse_rows(text)
