@@ -292,8 +292,11 @@ static kvq_status check_finite(const char *path, const char *obj, const float *d
 static kvq_status copy_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
                               size_t nrows, kvq_error *err)
 {
+    const char *slash = strchr(obj + 1, '/');
     int layer = atoi(obj + strlen("/layer_"));
-    const char *name = strchr(obj + 1, '/') + 1;
+    if (strncmp(obj, "/layer_", strlen("/layer_")) || !slash || layer < 0 || layer >= d->info.num_layers)
+        return kvq_fail(err, KVQ_ERR_INTERNAL, "%s: %s: not a layer's tensor", d->path, obj);
+    const char *name = slash + 1;
     const kvq_layer *l = &d->mem[layer];
     const float *src = !strcmp(name, "key") ? l->key : !strcmp(name, "value") ? l->value
                        : !strcmp(name, "query") ? l->query : l->key_pre_rope;
