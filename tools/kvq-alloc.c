@@ -352,7 +352,37 @@ done:
     return rc;
 }
 
-static int run(int argc, char **argv, cli_meta *meta)
+/* One run: its options as parsed, then what its steps share. */
+typedef struct alloc_state {
+    /* the options */
+    const char *family, *output, *calib, *grids[MAX_ARGS], *fixed[MAX_ARGS];
+    int ngrids, nfixed, nbudgets, resume, merge, decode, progress_mode;
+    double budgets[MAX_BUDGETS];
+    long stride, chunk, chunks, shard_i, shard_n;
+    uint64_t seed;
+    cli_model mo;
+    char **argv; /* the model is argv[optind]; a merge's shards follow it */
+    int optind;
+    char **shards;
+    int nshards;
+    cli_meta *meta;
+    /* the run */
+    kvq_grid *grid;
+    kvq_model *m;
+    const kvq_model_info *in;
+    kvq_calib *cal;
+    point *pts;
+    int np, *ids, T, L;
+    int fd, created; /* the sensitivity table: open, and created by this run (removed if no pass lands) */
+    char *sens_path, *uni_path, **shard_data;
+    kvq_eval_opts eo;
+    sens_ctx sc;
+    int mine, ndone; /* this run's points (a shard's share), and those already measured */
+    progress_state ps;
+} alloc_state;
+
+/* The options into s; *stop: --help or --version answered (rc as they end). */
+static int parse_options(int argc, char **argv, alloc_state *s, int *stop)
 {
     static const struct option longopts[] = {
         {"family", required_argument, 0, OPT_FAMILY}, {"grid", required_argument, 0, 'g'},
@@ -364,310 +394,339 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"calib", required_argument, 0, OPT_CALIB}, CLI_MODEL_LONGOPTS,
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    const char *family = NULL, *output = NULL, *calib = NULL, *grids[MAX_ARGS], *fixed[MAX_ARGS];
-    int ngrids = 0, nfixed = 0, nbudgets = 0, resume = 0, merge = 0, decode = 0, progress_mode = -1, rc = CLI_OK, c;
-    double budgets[MAX_BUDGETS];
-    long stride = 1, chunk = 0, chunks = 0, shard_i = 0, shard_n = 0;
-    uint64_t seed = 0;
-    cli_model mo = {0};
-    kvq_grid *grid = NULL;
-    kvq_model *m = NULL;
-    kvq_calib *cal = NULL;
-    point *pts = NULL;
-    int np = 0, *ids = NULL, T = 0, L = 0, fd = -1, created = 0;
-    kvq_eval_item *items = NULL;
-    char *sens_path = NULL, *uni_path = NULL, **shard_data = NULL;
-    int nshards = 0;
-    kvq_error err = {0};
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &mo, .meta = meta};
+    int rc = CLI_OK, c;
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &s->mo, .meta = s->meta};
     while ((c = cli_getopt(&go, argc, argv, ":g:f:b:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) goto done;
+        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
         switch (c) {
-        case OPT_FAMILY: family = optarg; break;
+        case OPT_FAMILY: s->family = optarg; break;
         case 'g':
         case 'f':
-            if ((c == 'g' ? ngrids : nfixed) == MAX_ARGS) {
+            if ((c == 'g' ? s->ngrids : s->nfixed) == MAX_ARGS) {
                 cli_error(prog, "more than %d --%s options", MAX_ARGS, c == 'g' ? "grid" : "fixed");
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
-            if (c == 'g') grids[ngrids++] = optarg;
-            else fixed[nfixed++] = optarg;
+            if (c == 'g') s->grids[s->ngrids++] = optarg;
+            else s->fixed[s->nfixed++] = optarg;
             break;
         case 'b':
-            if (parse_budgets(optarg, budgets, &nbudgets)) {
+            if (parse_budgets(optarg, s->budgets, &s->nbudgets)) {
                 cli_error(prog, "--budget %s: expected positive numbers of bits, comma-separated (at most %d)", optarg,
                           MAX_BUDGETS);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
-        case 'o': output = optarg; break;
-        case OPT_RESUME: resume = 1; break;
-        case OPT_MERGE: merge = 1; break;
+        case 'o': s->output = optarg; break;
+        case OPT_RESUME: s->resume = 1; break;
+        case OPT_MERGE: s->merge = 1; break;
         case OPT_SHARD:
-            if (cli_parse_shard(optarg, &shard_i, &shard_n)) {
+            if (cli_parse_shard(optarg, &s->shard_i, &s->shard_n)) {
                 cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         case OPT_POLICY:
-            if (!strcmp(optarg, "prefill") || !strcmp(optarg, "decode")) decode = !strcmp(optarg, "decode");
-            else { cli_error(prog, "--policy %s: expected prefill or decode", optarg); rc = CLI_USAGE; goto done; }
+            if (strcmp(optarg, "prefill") && strcmp(optarg, "decode")) {
+                cli_error(prog, "--policy %s: expected prefill or decode", optarg);
+                return CLI_USAGE;
+            }
+            s->decode = !strcmp(optarg, "decode");
             break;
         case OPT_STRIDE:
         case OPT_CHUNK:
         case OPT_CHUNKS: {
-            long *dst = c == OPT_STRIDE ? &stride : c == OPT_CHUNK ? &chunk : &chunks;
+            long *dst = c == OPT_STRIDE ? &s->stride : c == OPT_CHUNK ? &s->chunk : &s->chunks;
             if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, dst)) {
                 cli_error(prog, "--%s %s: expected an integer %s", c == OPT_STRIDE ? "stride" : c == OPT_CHUNK ? "chunk"
                           : "chunks", optarg, c == OPT_CHUNK ? "4..2^30" : "1..2^30");
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         }
-        case OPT_CALIB: calib = optarg; break;
+        case OPT_CALIB: s->calib = optarg; break;
         case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
+            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
             break;
         case OPT_SEED:
-            if (cli_parse_u64(optarg, &seed)) {
+            if (cli_parse_u64(optarg, &s->seed)) {
                 cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         }
     }
     /* --merge: MODEL SHARD...; else MODEL alone */
     int nops = argc - optind;
-    if (merge && nops >= 2) nshards = nops - 1, argc = optind + 1;
-    else if (merge) { cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)"); rc = CLI_USAGE; goto done; }
-    if ((rc = cli_model_check(prog, argc, optind, &mo,
+    if (s->merge && nops >= 2) s->nshards = nops - 1, argc = optind + 1;
+    else if (s->merge) {
+        cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)");
+        return CLI_USAGE;
+    }
+    if ((rc = cli_model_check(prog, argc, optind, &s->mo,
                               "kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME --grid ... --budget B -o OUT")))
-        goto done;
-    char **shards = argv + optind + 1;
-    if (!family || !ngrids || !output || (!nbudgets && !shard_n)) {
-        cli_error(prog, "%s required (see --help)", !family ? "--family NAME" : !ngrids ? "--grid K=V1,V2,..."
-                  : !output ? "-o OUT" : "--budget B");
-        rc = CLI_USAGE; goto done;
+        return rc;
+    s->argv = argv, s->optind = optind, s->shards = argv + optind + 1;
+    if (!s->family || !s->ngrids || !s->output || (!s->nbudgets && !s->shard_n)) {
+        cli_error(prog, "%s required (see --help)", !s->family ? "--family NAME" : !s->ngrids ? "--grid K=V1,V2,..."
+                  : !s->output ? "-o OUT" : "--budget B");
+        return CLI_USAGE;
     }
-    if (shard_n && (nbudgets || merge)) {
-        cli_error(prog, "--shard %ld/%ld measures sensitivities only: --budget and --merge go to the merge", shard_i,
-                  shard_n);
-        rc = CLI_USAGE; goto done;
+    if (s->shard_n && (s->nbudgets || s->merge)) {
+        cli_error(prog, "--shard %ld/%ld measures sensitivities only: --budget and --merge go to the merge", s->shard_i,
+                  s->shard_n);
+        return CLI_USAGE;
     }
-    if (merge && resume) { cli_error(prog, "--merge joins finished shards: --resume does not apply"); rc = CLI_USAGE; goto done; }
-    if (chunks && !chunk) { cli_error(prog, "--chunks needs --chunk N"); rc = CLI_USAGE; goto done; }
-    if (!output[0] || !strcmp(output, "-")) { cli_error(prog, "-o: expected a file name"); rc = CLI_USAGE; goto done; }
-    if ((rc = cli_meta_check_format(prog, meta, shard_n ? KVQ_FMT_CSV : cli_pick_format(NULL, output)))) goto done;
-    if (kvq_grid_new(family, grids, ngrids, fixed, nfixed, &grid, &err)) { rc = cli_fail(prog, &err); goto done; }
-    size_t npoints = kvq_grid_size(grid);
-    if (!(pts = calloc(npoints, sizeof *pts))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
+    if (s->merge && s->resume) return cli_error(prog, "--merge joins finished shards: --resume does not apply"), CLI_USAGE;
+    if (s->chunks && !s->chunk) return cli_error(prog, "--chunks needs --chunk N"), CLI_USAGE;
+    if (!s->output[0] || !strcmp(s->output, "-")) return cli_error(prog, "-o: expected a file name"), CLI_USAGE;
+    return cli_meta_check_format(prog, s->meta, s->shard_n ? KVQ_FMT_CSV : cli_pick_format(NULL, s->output));
+}
+
+/* The grid's valid points, the files (checked against the inputs), the
+ * calibration dump and the model; each point's stored bits. */
+static int open_inputs(alloc_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    if (kvq_grid_new(s->family, s->grids, s->ngrids, s->fixed, s->nfixed, &s->grid, &err)) return cli_fail(prog, &err);
+    size_t npoints = kvq_grid_size(s->grid);
+    if (!(s->pts = calloc(npoints, sizeof *s->pts))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
     for (size_t p = 0; p < npoints; p++) {
         kvq_error perr = {0};
-        if (kvq_grid_spec(grid, p, &pts[np].spec, &perr)) {
+        if (kvq_grid_spec(s->grid, p, &s->pts[s->np].spec, &perr)) {
             fprintf(stderr, "%s: note: point %zu skipped: %s\n", prog, p, perr.msg);
             continue;
         }
-        np++;
+        s->np++;
     }
-    if (!np) { cli_error(prog, "the grid has no valid point"); rc = CLI_USAGE; goto done; }
+    if (!s->np) return cli_error(prog, "the grid has no valid point"), CLI_USAGE;
     /* the sensitivity table: the shard's -o, or OUT.sensitivity.csv */
-    if (shard_n) {
-        if (!(sens_path = strdup(output))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    } else if (asprintf(&sens_path, "%s.sensitivity.csv", output) < 0 ||
-               asprintf(&uni_path, "%s.uniform.csv", output) < 0) {
-        sens_path = uni_path = NULL;
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME; goto done;
+    if (s->shard_n) {
+        if (!(s->sens_path = strdup(s->output))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    } else if (asprintf(&s->sens_path, "%s.sensitivity.csv", s->output) < 0 ||
+               asprintf(&s->uni_path, "%s.uniform.csv", s->output) < 0) {
+        s->sens_path = s->uni_path = NULL;
+        return cli_error(prog, "out of memory"), CLI_RUNTIME;
     }
-    {
-        const char *in[MAX_ARGS + 5] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
-        int nin = 5;
-        for (int i = 0; i < nshards && nin < MAX_ARGS + 5; i++) in[nin++] = shards[i];
-        if ((rc = cli_check_output(prog, output, in, nin)) ||
-            (!shard_n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", sens_path, in, nin))) ||
-            (uni_path && (rc = cli_check_side_file(prog, "the uniform points of -o", uni_path, in, nin))))
-            goto done;
+    const char *inputs[MAX_ARGS + 5] = {s->argv[s->optind], s->mo.text, s->mo.tokens, s->mo.tokenizer, s->calib};
+    int nin = 5;
+    for (int i = 0; i < s->nshards && nin < MAX_ARGS + 5; i++) inputs[nin++] = s->shards[i];
+    if ((rc = cli_check_output(prog, s->output, inputs, nin)) ||
+        (!s->shard_n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", s->sens_path, inputs, nin))) ||
+        (s->uni_path && (rc = cli_check_side_file(prog, "the uniform points of -o", s->uni_path, inputs, nin))))
+        return rc;
+    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
+    for (int i = 0; i < s->np; i++)
+        if ((rc = cli_check_calib(prog, &s->pts[i].spec, s->cal != NULL))) return rc;
+    s->mo.no_context_cut = s->chunk > 0;
+    s->mo.uses = s->chunk > 0 && s->chunks > 0 ? s->chunk * s->chunks : 0; /* --chunks K: the first K windows alone */
+    if ((rc = cli_model_load(prog, s->argv, s->optind, &s->mo, &s->m, &s->ids, &s->T))) return rc;
+    s->in = kvq_model_get_info(s->m);
+    s->L = s->in->n_layers;
+    for (int i = 0; i < s->np; i++)
+        if (kvq_spec_check_shape(&s->pts[i].spec, s->in->head_dim, &err)) return cli_fail(prog, &err);
+    if (s->chunk > s->in->context_length) {
+        cli_error(prog, "--chunk %ld: the model's context length is %d", s->chunk, s->in->context_length);
+        return CLI_USAGE;
     }
-    if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
-    for (int i = 0; i < np; i++)
-        if ((rc = cli_check_calib(prog, &pts[i].spec, cal != NULL))) goto done;
-    mo.no_context_cut = chunk > 0;
-    mo.uses = chunk > 0 && chunks > 0 ? chunk * chunks : 0; /* --chunks K: the first K windows alone */
-    if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
-    const kvq_model_info *in = kvq_model_get_info(m);
-    L = in->n_layers;
-    for (int i = 0; i < np; i++)
-        if (kvq_spec_check_shape(&pts[i].spec, in->head_dim, &err)) { rc = cli_fail(prog, &err); goto done; }
-    if (chunk > in->context_length) {
-        cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, in->context_length);
-        rc = CLI_USAGE; goto done;
+    if (s->chunk && s->T < s->chunk) {
+        cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", s->mo.text ? s->mo.text : s->mo.tokens,
+                  s->T, s->chunk);
+        return CLI_RUNTIME;
     }
-    if (chunk && T < chunk) {
-        cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", mo.text ? mo.text : mo.tokens, T, chunk);
-        rc = CLI_RUNTIME; goto done;
+    s->eo = (kvq_eval_opts){.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
+                            .progress = pass_progress, .chunk = (int)s->chunk, .chunks = (int)s->chunks};
+    s->sc = (sens_ctx){.pts = s->pts, .np = s->np, .L = s->L};
+    snprintf(s->sc.run, sizeof s->sc.run, "%016" PRIx64,
+             kvq_eval_fingerprint(s->m, s->ids, s->T, s->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &s->eo,
+                                  s->calib));
+    for (int i = 0; i < s->np; i++) {
+        point *pt = &s->pts[i];
+        if (kvq_alloc_point_init(pt, s->L, &err) ||
+            kvq_alloc_stored_bits(&pt->spec, s->in, s->chunk ? (int)s->chunk : s->T, s->cal, s->seed,
+                                  (int)s->mo.threads, &pt->want_k, &pt->want_v, &err))
+            return cli_fail(prog, &err);
     }
-    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
-                        .progress = pass_progress, .chunk = (int)chunk, .chunks = (int)chunks};
-    sens_ctx sc = {.pts = pts, .np = np, .L = L};
-    snprintf(sc.run, sizeof sc.run, "%016" PRIx64,
-             kvq_eval_fingerprint(m, ids, T, decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &eo, calib));
-    for (int i = 0; i < np; i++) {
-        point *pt = &pts[i];
-        if (kvq_alloc_point_init(pt, L, &err) ||
-            kvq_alloc_stored_bits(&pt->spec, in, chunk ? (int)chunk : T, cal, seed, (int)mo.threads, &pt->want_k,
-                                  &pt->want_v, &err)) {
-            rc = cli_fail(prog, &err);
-            goto done;
-        }
-    }
+    return CLI_OK;
+}
 
-    /* provenance: the inputs and every option's effective value */
-    cli_meta_operands(meta, argv + optind, 1);
-    cli_meta_model(meta, argv[optind], &mo, in, T);
-    cli_meta_input(meta, "calib", calib);
-    cli_meta_str(meta, "options", "family", family);
+/* Provenance: the inputs and every option's effective value. */
+static void record_options(const alloc_state *s)
+{
+    cli_meta *meta = s->meta;
+    cli_meta_operands(meta, s->argv + s->optind, 1);
+    cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, s->T);
+    cli_meta_input(meta, "calib", s->calib);
+    cli_meta_str(meta, "options", "family", s->family);
     cli_meta_empty_list(meta, "options", "grid");
-    for (int i = 0; i < ngrids; i++) cli_meta_list(meta, "options", "grid", grids[i]);
+    for (int i = 0; i < s->ngrids; i++) cli_meta_list(meta, "options", "grid", s->grids[i]);
     cli_meta_empty_list(meta, "options", "fixed");
-    for (int i = 0; i < nfixed; i++) cli_meta_list(meta, "options", "fixed", fixed[i]);
+    for (int i = 0; i < s->nfixed; i++) cli_meta_list(meta, "options", "fixed", s->fixed[i]);
     cli_meta_empty_list(meta, "options", "budget");
-    for (int b = 0; b < nbudgets; b++) {
+    for (int b = 0; b < s->nbudgets; b++) {
         char bt[32];
-        snprintf(bt, sizeof bt, "%.17g", budgets[b]);
+        snprintf(bt, sizeof bt, "%.17g", s->budgets[b]);
         cli_meta_list(meta, "options", "budget", bt);
     }
-    cli_meta_bool(meta, "options", "resume", resume);
-    cli_meta_bool(meta, "options", "merge", merge);
-    if (shard_n) {
+    cli_meta_bool(meta, "options", "resume", s->resume);
+    cli_meta_bool(meta, "options", "merge", s->merge);
+    if (s->shard_n) {
         char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", shard_i, shard_n);
+        snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
         cli_meta_str(meta, "options", "shard", sh);
     }
-    cli_meta_str(meta, "options", "policy", decode ? "decode" : "prefill");
-    cli_meta_int(meta, "options", "stride", stride);
-    cli_meta_int_set(meta, "options", "chunk", chunk);
-    cli_meta_int_set(meta, "options", "chunks", chunks);
-    cli_meta_str(meta, "options", "calib", calib);
-    cli_meta_u64(meta, "options", "seed", seed);
-    cli_meta_str(meta, "result", "run", sc.run);
-    cli_meta_str(meta, "result", "sensitivity", sens_path);
-    cli_meta_str(meta, "result", "uniform", uni_path);
+    cli_meta_str(meta, "options", "policy", s->decode ? "decode" : "prefill");
+    cli_meta_int(meta, "options", "stride", s->stride);
+    cli_meta_int_set(meta, "options", "chunk", s->chunk);
+    cli_meta_int_set(meta, "options", "chunks", s->chunks);
+    cli_meta_str(meta, "options", "calib", s->calib);
+    cli_meta_u64(meta, "options", "seed", s->seed);
+    cli_meta_str(meta, "result", "run", s->sc.run);
+    cli_meta_str(meta, "result", "sensitivity", s->sens_path);
+    cli_meta_str(meta, "result", "uniform", s->uni_path);
+}
 
-    /* 1. sensitivities: a merge joins the shards' passes; else one --per-layer pass per point not yet in the table */
-    if (merge) {
-        if (!(shard_data = calloc((size_t)nshards, sizeof *shard_data))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-        for (int s = 0; s < nshards; s++) {
-            size_t size, keep;
-            if ((rc = cli_read_file(prog, shards[s], &shard_data[s], &size))) goto done;
-            if ((rc = sens_load(&sc, shards[s], shards[s], shard_data[s], size, &keep))) goto done;
-            cli_meta_input(meta, "shard", shards[s]);
-        }
-        int missing = 0;
-        char list[256] = "";
-        for (int i = 0; i < np; i++)
-            if (!pts[i].done) {
-                size_t l = strlen(list);
-                if (missing < 5) snprintf(list + l, sizeof list - l, "%s%s", missing ? "; " : "", pts[i].spec.text);
-                missing++;
-            }
-        if (missing) {
-            cli_error(prog, "%d of the grid's %d points are in no shard: %s%s", missing, np, list,
-                      missing > 5 ? "; ..." : "");
-            rc = CLI_RUNTIME; goto done;
-        }
-        /* OUT.sensitivity.csv: the shards' passes in point order, as one run writes them */
-        if (access(sens_path, F_OK) == 0) {
-            cli_error(prog, "%s exists: a merge writes it anew (remove it)", sens_path);
-            rc = CLI_USAGE; goto done;
-        }
-        if ((rc = sens_open(&sc, sens_path, 0, &fd, &created))) goto done;
-        cli_temp_register(sens_path); /* until it is whole */
-        for (int i = 0; i < np; i++)
-            if (cli_write_all(fd, pts[i].rows, pts[i].rows_len)) {
-                cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno));
-                rc = CLI_RUNTIME; goto done;
-            }
-        if (fsync(fd)) { cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno)); rc = CLI_RUNTIME; goto done; }
-        cli_temp_unregister(sens_path), created = 0;
-        fprintf(stderr, "%s: joined %d sensitivity passes from %d shards into %s\n", prog, np, nshards, sens_path);
-    } else {
-        if ((rc = sens_open(&sc, sens_path, resume, &fd, &created))) goto done;
-        if (created) cli_temp_register(sens_path); /* an interrupted first pass leaves nothing */
-        if (resume && !created) cli_meta_input_extended(meta, "sensitivity (resumed)", sens_path);
+/* --merge: the shards' passes, every point in one of them, into
+ * OUT.sensitivity.csv in point order, as one run writes them. */
+static int merge_shards(alloc_state *s)
+{
+    int rc;
+    if (!(s->shard_data = calloc((size_t)s->nshards, sizeof *s->shard_data)))
+        return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    for (int i = 0; i < s->nshards; i++) {
+        size_t size, keep;
+        if ((rc = cli_read_file(prog, s->shards[i], &s->shard_data[i], &size)) ||
+            (rc = sens_load(&s->sc, s->shards[i], s->shards[i], s->shard_data[i], size, &keep)))
+            return rc;
+        cli_meta_input(s->meta, "shard", s->shards[i]);
     }
-    int mine = 0, ndone = 0; /* this run's points (a shard's share), and those already measured */
-    for (int i = 0; i < np; i++)
-        if (!shard_n || i % shard_n == shard_i) mine++, ndone += pts[i].done;
-    cli_meta_int(meta, "result", "passes_resumed", merge ? 0 : ndone);
-    cli_meta_int(meta, "result", "passes_run", mine - ndone);
-    if (!(items = calloc((size_t)L + 1, sizeof *items))) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
-    progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, 0, mine - ndone, 0, time(NULL)};
-    eo.ud = &ps;
-    static char note_head[1024], note_tail[256];
-    snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", sens_path);
-    snprintf(note_tail, sizeof note_tail, " of %d sensitivity passes complete; the same command with --resume "
-             "continues\n", mine);
-    cli_interrupt_note(note_head, note_tail);
-    cli_interrupt_count(ndone);
-    if (ndone && ndone < mine)
-        fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, ndone, mine, sens_path);
-    for (int i = 0; i < np; i++) {
-        point *pt = &pts[i];
-        if (pt->done || (shard_n && i % shard_n != shard_i)) continue;
-        for (int l = 0; l < L; l++)
-            items[l] = (kvq_eval_item){.spec = &pt->spec, .layer = l,
-                                       .policy = decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
-        double nll_ref;
-        if (kvq_model_eval(m, ids, T, items, L, &eo, &nll_ref, &err)) {
-            if (ps.on) fputc('\n', stderr);
-            rc = cli_fail(prog, &err);
-            goto done;
+    int missing = 0;
+    char list[256] = "";
+    for (int i = 0; i < s->np; i++)
+        if (!s->pts[i].done) {
+            if (missing < 5) { /* the first five, cut at the list's size */
+                strncat(list, missing ? "; " : "", sizeof list - 1 - strlen(list));
+                strncat(list, s->pts[i].spec.text, sizeof list - 1 - strlen(list));
+            }
+            missing++;
         }
-        for (int l = 0; l < L; l++) {
+    if (missing) {
+        cli_error(prog, "%d of the grid's %d points are in no shard: %s%s", missing, s->np, list,
+                  missing > 5 ? "; ..." : "");
+        return CLI_RUNTIME;
+    }
+    if (access(s->sens_path, F_OK) == 0) {
+        cli_error(prog, "%s exists: a merge writes it anew (remove it)", s->sens_path);
+        return CLI_USAGE;
+    }
+    if ((rc = sens_open(&s->sc, s->sens_path, 0, &s->fd, &s->created))) return rc;
+    cli_temp_register(s->sens_path); /* until it is whole */
+    for (int i = 0; i < s->np; i++)
+        if (cli_write_all(s->fd, s->pts[i].rows, s->pts[i].rows_len))
+            return cli_error(prog, "%s: write failed: %s", s->sens_path, strerror(errno)), CLI_RUNTIME;
+    if (fsync(s->fd)) return cli_error(prog, "%s: write failed: %s", s->sens_path, strerror(errno)), CLI_RUNTIME;
+    cli_temp_unregister(s->sens_path), s->created = 0;
+    fprintf(stderr, "%s: joined %d sensitivity passes from %d shards into %s\n", prog, s->np, s->nshards, s->sens_path);
+    return CLI_OK;
+}
+
+/* One --per-layer pass per point of this run not yet in the table, each
+ * appended to it as it lands. */
+static int measure(alloc_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    for (int i = 0; i < s->np; i++)
+        if (!s->shard_n || i % s->shard_n == s->shard_i) s->mine++, s->ndone += s->pts[i].done;
+    cli_meta_int(s->meta, "result", "passes_resumed", s->merge ? 0 : s->ndone);
+    cli_meta_int(s->meta, "result", "passes_run", s->mine - s->ndone);
+    kvq_eval_item *items = calloc((size_t)s->L + 1, sizeof *items);
+    if (!items) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
+    s->ps = (progress_state){s->progress_mode != CLI_PROGRESS_NEVER, 0, s->mine - s->ndone, 0, time(NULL)};
+    s->eo.ud = &s->ps;
+    static char note_head[1024], note_tail[256];
+    snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", s->sens_path);
+    snprintf(note_tail, sizeof note_tail, " of %d sensitivity passes complete; the same command with --resume "
+             "continues\n", s->mine);
+    cli_interrupt_note(note_head, note_tail);
+    cli_interrupt_count(s->ndone);
+    if (s->ndone && s->ndone < s->mine)
+        fprintf(stderr, "%s: resuming: %d of %d sensitivity passes already in %s\n", prog, s->ndone, s->mine,
+                s->sens_path);
+    rc = CLI_OK;
+    for (int i = 0; i < s->np && !rc; i++) {
+        point *pt = &s->pts[i];
+        if (pt->done || (s->shard_n && i % s->shard_n != s->shard_i)) continue;
+        for (int l = 0; l < s->L; l++)
+            items[l] = (kvq_eval_item){.spec = &pt->spec, .layer = l,
+                                       .policy = s->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
+        double nll_ref;
+        if (kvq_model_eval(s->m, s->ids, s->T, items, s->L, &s->eo, &nll_ref, &err)) {
+            if (s->ps.on) fputc('\n', stderr);
+            rc = cli_fail(prog, &err);
+            break;
+        }
+        for (int l = 0; l < s->L; l++) {
             pt->k_bits[l] = items[l].k_bits, pt->v_bits[l] = items[l].v_bits;
             pt->dnll[l] = items[l].nll - nll_ref, pt->dnll_se[l] = items[l].dnll_se;
         }
-        if ((rc = sens_append(fd, sens_path, pt, sc.run, L))) goto done;
-        if (created) cli_temp_unregister(sens_path), created = 0; /* a pass is in it: kept from now on */
+        if ((rc = sens_append(s->fd, s->sens_path, pt, s->sc.run, s->L))) break;
+        if (s->created) cli_temp_unregister(s->sens_path), s->created = 0; /* a pass is in it: kept from now on */
         pt->done = 1;
-        cli_interrupt_count(++ndone);
-        ps.pass++;
+        cli_interrupt_count(++s->ndone);
+        s->ps.pass++;
     }
-    if (ps.on && ps.npasses) fputc('\n', stderr);
-    if (fd >= 0 && close(fd)) {
-        fd = -1;
-        cli_error(prog, "%s: write failed: %s", sens_path, strerror(errno));
-        rc = CLI_RUNTIME; goto done;
+    free(items);
+    if (rc) return rc;
+    if (s->ps.on && s->ps.npasses) fputc('\n', stderr);
+    int closed = s->fd >= 0 ? close(s->fd) : 0;
+    s->fd = -1;
+    if (closed) return cli_error(prog, "%s: write failed: %s", s->sens_path, strerror(errno)), CLI_RUNTIME;
+    return CLI_OK;
+}
+
+static int run(int argc, char **argv, cli_meta *meta)
+{
+    alloc_state s = {.stride = 1, .progress_mode = -1, .fd = -1, .meta = meta};
+    int stop = 0, rc = parse_options(argc, argv, &s, &stop);
+    if (rc || stop || (rc = open_inputs(&s))) goto done;
+    record_options(&s);
+    /* 1. sensitivities: a merge joins the shards' passes; else one pass per point not yet in the table */
+    if (s.merge) {
+        if ((rc = merge_shards(&s))) goto done;
+    } else {
+        if ((rc = sens_open(&s.sc, s.sens_path, s.resume, &s.fd, &s.created))) goto done;
+        if (s.created) cli_temp_register(s.sens_path); /* an interrupted first pass leaves nothing */
+        if (s.resume && !s.created) cli_meta_input_extended(meta, "sensitivity (resumed)", s.sens_path);
     }
-    fd = -1;
-    if (shard_n) { /* a shard's table is its result (even with no point of its own): its record, with its checksum */
-        if (created) cli_temp_unregister(sens_path), created = 0;
-        if ((rc = cli_meta_write_hashed(meta, prog, sens_path))) goto done;
-        fprintf(stderr, "%s: %s: shard %ld/%ld complete (%d of the grid's %d points)\n", prog, sens_path, shard_i,
-                shard_n, mine, np);
+    if ((rc = measure(&s))) goto done;
+    if (s.shard_n) { /* a shard's table is its result (even with no point of its own): its record, with its checksum */
+        if (s.created) cli_temp_unregister(s.sens_path), s.created = 0;
+        if ((rc = cli_meta_write_hashed(meta, prog, s.sens_path))) goto done;
+        fprintf(stderr, "%s: %s: shard %ld/%ld complete (%d of the grid's %d points)\n", prog, s.sens_path, s.shard_i,
+                s.shard_n, s.mine, s.np);
         goto done;
     }
-
     /* 2-3. the allocations, evaluated beside the uniform points */
-    alloc_run ar = {.m = m, .ids = ids, .T = T, .L = L, .in = in, .pts = pts, .np = np, .budgets = budgets,
-                    .nbudgets = nbudgets, .decode = decode, .eo = &eo, .ps = &ps, .output = output,
-                    .sens_path = sens_path, .uni_path = uni_path, .meta = meta};
+    alloc_run ar = {.m = s.m, .ids = s.ids, .T = s.T, .L = s.L, .in = s.in, .pts = s.pts, .np = s.np,
+                    .budgets = s.budgets, .nbudgets = s.nbudgets, .decode = s.decode, .eo = &s.eo, .ps = &s.ps,
+                    .output = s.output, .sens_path = s.sens_path, .uni_path = s.uni_path, .meta = meta};
     rc = allocate(&ar);
 done:
-    if (fd >= 0) close(fd);
-    if (created && sens_path) { /* no pass finished: leave nothing behind */
-        cli_temp_unregister(sens_path);
-        unlink(sens_path);
+    if (s.fd >= 0) close(s.fd);
+    if (s.created && s.sens_path) { /* no pass finished: leave nothing behind */
+        cli_temp_unregister(s.sens_path);
+        unlink(s.sens_path);
     }
-    for (int i = 0; pts && i < np; i++) kvq_alloc_point_free(&pts[i]);
-    for (int s = 0; shard_data && s < nshards; s++) free(shard_data[s]);
-    free(shard_data);
-    free(pts), free(items), free(sens_path), free(uni_path);
-    free(ids);
-    kvq_grid_free(grid);
-    kvq_model_close(m);
-    kvq_calib_close(cal);
+    for (int i = 0; s.pts && i < s.np; i++) kvq_alloc_point_free(&s.pts[i]);
+    for (int i = 0; s.shard_data && i < s.nshards; i++) free(s.shard_data[i]);
+    free(s.shard_data);
+    free(s.pts), free(s.sens_path), free(s.uni_path);
+    free(s.ids);
+    kvq_grid_free(s.grid);
+    kvq_model_close(s.m);
+    kvq_calib_close(s.cal);
     return rc;
 }
 
