@@ -113,7 +113,39 @@ static int add_spec(kvq_spec **specs, int *n, const char *text)
     return cli_push_spec(prog, specs, n, &none);
 }
 
-static int run(int argc, char **argv, cli_meta *meta)
+/* One run: its options as parsed, then what its steps share. */
+typedef struct eval_state {
+    /* the options */
+    const char *output, *format, *calib;
+    int progress_mode; /* cli_progress_option's; -1 until --progress or "auto" sets it */
+    long stride, chunk, chunks, context, shard_i, shard_n;
+    int resume, merge, per_layer, policies[2];
+    uint64_t seed;
+    cli_model mo;
+    kvq_spec *specs; /* -q's, or the default set */
+    int nspecs, defaults;
+    char **argv; /* the model is argv[optind] (a merge's shards from there) */
+    int argc, optind;
+    cli_meta *meta;
+    /* the run */
+    kvq_calib *cal;
+    kvq_model *m;
+    const kvq_model_info *in;
+    int *ids, T, nwin;
+    kvq_eval_item *items; /* [nitems]: spec × policy × layer */
+    cli_eval_row *rows;   /* [nitems]: each item's row identity */
+    kvq_spec *owns;       /* [nitems]: a mix's spec of the row's layer */
+    int nitems;
+    char policy_name[2][40];
+    kvq_format fmt;
+    int w0, w1, wdone; /* a shard's windows, and those already in OUT */
+    cli_eval_shard *shard;
+    cli_out out;
+    kvq_report *rep;
+} eval_state;
+
+/* The options into s; *stop: --help or --version answered (rc as they end). */
+static int parse_options(int argc, char **argv, eval_state *s, int *stop)
 {
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
@@ -126,304 +158,340 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    const char *output = NULL, *format = NULL, *calib = NULL;
-    int progress_mode = -1; /* cli_progress_option's; -1 until --progress or "auto" sets it */
-    long stride = 1, chunk = 0, chunks = 0, context = 0, shard_i = 0, shard_n = 0;
-    int resume = 0, merge = 0;
-    cli_eval_shard *shard = NULL;
-    cli_eval_row *rows = NULL;
-    cli_model mo = {0};
-    uint64_t seed = 0;
-    int per_layer = 0, policies[2] = {1, 0}, *ids = NULL, T = 0, rc = CLI_OK, c, nspecs = 0;
-    kvq_spec *specs = NULL, *owns = NULL;
-    kvq_eval_item *items = NULL;
-    kvq_model *m = NULL;
-    kvq_calib *cal = NULL;
-    kvq_report *rep = NULL;
-    cli_out out = {0};
-    kvq_error err = {0};
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &mo, .meta = meta};
+    int rc = CLI_OK, c;
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &s->mo, .meta = s->meta};
     while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) goto done;
+        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
         switch (c) {
         case 'q':
-            if ((rc = add_spec(&specs, &nspecs, optarg))) goto done;
+            if ((rc = add_spec(&s->specs, &s->nspecs, optarg))) return rc;
             break;
-        case OPT_CALIB: calib = optarg; break;
+        case OPT_CALIB: s->calib = optarg; break;
         case OPT_POLICY:
-            if (!strcmp(optarg, "prefill")) policies[0] = 1, policies[1] = 0;
-            else if (!strcmp(optarg, "decode")) policies[0] = 0, policies[1] = 1;
+            if (!strcmp(optarg, "prefill")) s->policies[0] = 1, s->policies[1] = 0;
+            else if (!strcmp(optarg, "decode")) s->policies[0] = 0, s->policies[1] = 1;
             else if (!strcmp(optarg, "prefill,decode") || !strcmp(optarg, "decode,prefill"))
-                policies[0] = policies[1] = 1;
+                s->policies[0] = s->policies[1] = 1;
             else {
                 cli_error(prog, "--policy %s: expected prefill, decode or prefill,decode", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         case OPT_STRIDE:
-            if (cli_parse_long(optarg, 1, 1L << 30, &stride)) {
+            if (cli_parse_long(optarg, 1, 1L << 30, &s->stride)) {
                 cli_error(prog, "--stride %s: expected a positive integer", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
-        case OPT_PER_LAYER: per_layer = 1; break;
+        case OPT_PER_LAYER: s->per_layer = 1; break;
         case OPT_CHUNK:
         case OPT_CHUNKS:
-            if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, c == OPT_CHUNK ? &chunk : &chunks)) {
+            if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, c == OPT_CHUNK ? &s->chunk : &s->chunks)) {
                 cli_error(prog, "--%s %s: expected an integer %s", c == OPT_CHUNK ? "chunk" : "chunks", optarg,
                           c == OPT_CHUNK ? "4..2^30" : "1..2^30");
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         case OPT_CONTEXT:
-            if (cli_parse_long(optarg, 1, 1L << 30, &context)) {
+            if (cli_parse_long(optarg, 1, 1L << 30, &s->context)) {
                 cli_error(prog, "--context %s: expected a positive integer (tokens)", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
         case OPT_SHARD:
-            if (cli_parse_shard(optarg, &shard_i, &shard_n)) {
+            if (cli_parse_shard(optarg, &s->shard_i, &s->shard_n)) {
                 cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
-        case OPT_RESUME: resume = 1; break;
-        case OPT_MERGE: merge = 1; break;
+        case OPT_RESUME: s->resume = 1; break;
+        case OPT_MERGE: s->merge = 1; break;
         case OPT_FORMAT:
-            if ((rc = cli_format_option(prog, optarg, &format))) goto done;
+            if ((rc = cli_format_option(prog, optarg, &s->format))) return rc;
             break;
         case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
+            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
             break;
         case OPT_SEED:
-            if (cli_parse_u64(optarg, &seed)) {
+            if (cli_parse_u64(optarg, &s->seed)) {
                 cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                rc = CLI_USAGE; goto done;
+                return CLI_USAGE;
             }
             break;
-        case 'o': output = optarg; break;
+        case 'o': s->output = optarg; break;
         }
     }
-    if (merge) { /* the shards' rows pooled: no model to run */
-        if (shard_n || resume || nspecs || chunk || chunks || context || calib || per_layer || mo.text || mo.tokens) {
-            cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format and "
-                      "--meta apply)");
-            rc = CLI_USAGE; goto done;
-        }
-        if (optind >= argc) { cli_error(prog, "--merge: no shard files given"); rc = CLI_USAGE; goto done; }
-        if ((rc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind))) goto done;
-        kvq_format mfmt = cli_pick_format(format, output);
-        cli_meta_str(meta, "options", "output", output);
-        rc = cli_eval_merge(prog, argv + optind, argc - optind, output, mfmt, meta);
-        goto done;
+    s->argc = argc, s->argv = argv, s->optind = optind;
+    return CLI_OK;
+}
+
+/* --merge: the shards' rows pooled; no model to run. */
+static int merge(eval_state *s)
+{
+    if (s->shard_n || s->resume || s->nspecs || s->chunk || s->chunks || s->context || s->calib || s->per_layer ||
+        s->mo.text || s->mo.tokens) {
+        cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format and "
+                  "--meta apply)");
+        return CLI_USAGE;
     }
-    if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
-        goto done;
-    if (shard_n && (!chunk || !output || !strcmp(output, "-"))) {
-        cli_error(prog, "--shard %ld/%ld: needs --chunk N and -o OUT (its windows' rows are appended to OUT)", shard_i,
-                  shard_n);
-        rc = CLI_USAGE; goto done;
+    if (s->optind >= s->argc) return cli_error(prog, "--merge: no shard files given"), CLI_USAGE;
+    char **shards = s->argv + s->optind;
+    int nshards = s->argc - s->optind, rc = cli_check_output(prog, s->output, (const char *const *)shards, nshards);
+    if (rc) return rc;
+    kvq_format mfmt = cli_pick_format(s->format, s->output);
+    cli_meta_str(s->meta, "options", "output", s->output);
+    return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
+}
+
+/* The options' checks, the calibration dump, the specs (the default set
+ * when none is given), the model and its tokens, the windows. */
+static int open_inputs(eval_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    if ((rc = cli_model_check(prog, s->argc, s->optind, &s->mo,
+                              "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
+        return rc;
+    if (s->shard_n && (!s->chunk || !s->output || !strcmp(s->output, "-"))) {
+        cli_error(prog, "--shard %ld/%ld: needs --chunk N and -o OUT (its windows' rows are appended to OUT)",
+                  s->shard_i, s->shard_n);
+        return CLI_USAGE;
     }
-    if (resume && !shard_n) {
+    if (s->resume && !s->shard_n) {
         cli_error(prog, "--resume continues a shard (--shard I/N; --shard 0/1 for a whole corpus run)");
-        rc = CLI_USAGE; goto done;
+        return CLI_USAGE;
     }
-    if (shard_n && format && strcmp(format, "csv")) {
-        cli_error(prog, "--format %s: a shard is written as CSV (--merge writes any format)", format);
-        rc = CLI_USAGE; goto done;
+    if (s->shard_n && s->format && strcmp(s->format, "csv")) {
+        cli_error(prog, "--format %s: a shard is written as CSV (--merge writes any format)", s->format);
+        return CLI_USAGE;
     }
-    {
-        const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer, calib};
-        if ((rc = cli_check_output(prog, output, in, 5))) goto done;
-    }
-    if (calib && kvq_calib_open(calib, &cal, &err)) { rc = cli_fail(prog, &err); goto done; }
-    int defaults = nspecs == 0;
-    if (defaults && (rc = cli_add_default_specs(prog, cal != NULL, &specs, &nspecs, NULL, 0))) goto done;
-    for (int s = 0; s < nspecs; s++)
-        if (specs[s].q && (rc = cli_check_calib(prog, &specs[s], cal != NULL))) goto done;
-    if (chunks && !chunk) {
-        cli_error(prog, "--chunks needs --chunk N");
-        rc = CLI_USAGE; goto done;
-    }
-    mo.no_context_cut = chunk > 0;
-    mo.uses = chunk > 0 && chunks > 0 ? chunk * chunks : 0; /* --chunks K: the first K windows alone */
-    if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
-    const kvq_model_info *in = kvq_model_get_info(m);
+    const char *inputs[] = {s->argv[s->optind], s->mo.text, s->mo.tokens, s->mo.tokenizer, s->calib};
+    if ((rc = cli_check_output(prog, s->output, inputs, 5))) return rc;
+    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
+    s->defaults = s->nspecs == 0;
+    if (s->defaults && (rc = cli_add_default_specs(prog, s->cal != NULL, &s->specs, &s->nspecs, NULL, 0))) return rc;
+    for (int i = 0; i < s->nspecs; i++)
+        if (s->specs[i].q && (rc = cli_check_calib(prog, &s->specs[i], s->cal != NULL))) return rc;
+    if (s->chunks && !s->chunk) return cli_error(prog, "--chunks needs --chunk N"), CLI_USAGE;
+    s->mo.no_context_cut = s->chunk > 0;
+    s->mo.uses = s->chunk > 0 && s->chunks > 0 ? s->chunk * s->chunks : 0; /* --chunks K: the first K windows alone */
+    if ((rc = cli_model_load(prog, s->argv, s->optind, &s->mo, &s->m, &s->ids, &s->T))) return rc;
+    s->in = kvq_model_get_info(s->m);
     { /* llama.cpp's block rule (ggml, fp4): as kvq-analyze */
         char skipped[256] = "";
-        if ((rc = cli_fit_specs_to_head_dim(prog, argv[optind], defaults, specs, &nspecs, in->head_dim, skipped,
-                                            sizeof skipped)))
-            goto done;
+        if ((rc = cli_fit_specs_to_head_dim(prog, s->argv[s->optind], s->defaults, s->specs, &s->nspecs,
+                                            s->in->head_dim, skipped, sizeof skipped)))
+            return rc;
         if (skipped[0])
             fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
-                    "(llama.cpp refuses such a KV cache)\n", prog, skipped, in->head_dim);
+                    "(llama.cpp refuses such a KV cache)\n", prog, skipped, s->in->head_dim);
     }
-    if (chunk > in->context_length) {
-        cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, in->context_length);
-        rc = CLI_USAGE; goto done;
+    long chunk = s->chunk, T = s->T;
+    if (chunk > s->in->context_length) {
+        cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, s->in->context_length);
+        return CLI_USAGE;
     }
     if (chunk && T < chunk) {
-        cli_error(prog, "%s: %d tokens: fewer than one window of --chunk %ld", mo.text ? mo.text : mo.tokens, T, chunk);
-        rc = CLI_RUNTIME; goto done;
+        cli_error(prog, "%s: %ld tokens: fewer than one window of --chunk %ld", s->mo.text ? s->mo.text : s->mo.tokens,
+                  T, chunk);
+        return CLI_RUNTIME;
     }
-    if (context && context > (chunk ? chunk : T) - 2) {
+    if (s->context && s->context > (chunk ? chunk : T) - 2) {
         cli_error(prog, "--context %ld: expected at most %ld (a context and at least one scored position in %s of %ld "
-                  "tokens)", context, (chunk ? chunk : T) - 2L, chunk ? "each window" : "the text", chunk ? chunk : (long)T);
-        rc = CLI_USAGE; goto done;
+                  "tokens)", s->context, (chunk ? chunk : T) - 2L, chunk ? "each window" : "the text", chunk ? chunk : T);
+        return CLI_USAGE;
     }
-    int nwin = chunk ? (int)(T / chunk) : 1;
-    if (chunks && nwin > chunks) nwin = (int)chunks;
+    s->nwin = chunk ? (int)(T / chunk) : 1;
+    if (s->chunks && s->nwin > s->chunks) s->nwin = (int)s->chunks;
+    return CLI_OK;
+}
 
-    int nlay = per_layer ? in->n_layers : 1, npol = policies[0] + policies[1];
-    int nitems = nspecs * npol * nlay, k = 0;
-    if (!(items = calloc((size_t)nitems + 1, sizeof *items))) {
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    for (int s = 0; s < nspecs; s++)
+/* The evaluation's items (spec × policy × layer) and each one's row
+ * identity: a mix's --per-layer row names that layer's spec (and mix as
+ * its quantizer); with --context the policy cell names the protocol too. */
+static int make_items(eval_state *s)
+{
+    int nlay = s->per_layer ? s->in->n_layers : 1, npol = s->policies[0] + s->policies[1], k = 0;
+    s->nitems = s->nspecs * npol * nlay;
+    if (!(s->items = calloc((size_t)s->nitems + 1, sizeof *s->items)) ||
+        !(s->rows = calloc((size_t)s->nitems + 1, sizeof *s->rows)) ||
+        !(s->owns = calloc((size_t)s->nitems + 1, sizeof *s->owns)))
+        return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    for (int i = 0; i < s->nspecs; i++)
         for (int p = 0; p < 2; p++)
-            for (int l = 0; policies[p] && l < nlay; l++)
-                items[k++] = (kvq_eval_item){.spec = specs[s].q ? &specs[s] : NULL, .layer = per_layer ? l : -1,
-                                             .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
-    /* each row's identity: a mix's --per-layer row names that layer's spec (and mix as its quantizer) */
-    if (!(rows = calloc((size_t)nitems + 1, sizeof *rows)) || !(owns = calloc((size_t)nitems + 1, sizeof *owns))) {
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    /* the policy cell: with --context, the protocol too (prefill/context=N) */
-    char policy_name[2][40] = {"prefill", "decode"};
-    for (int p = 0; context && p < 2; p++)
-        snprintf(policy_name[p], sizeof policy_name[p], "%s/context=%ld", p ? "decode" : "prefill", context);
-    for (int i = 0; i < nitems; i++) {
-        const kvq_eval_item *it = &items[i];
+            for (int l = 0; s->policies[p] && l < nlay; l++)
+                s->items[k++] = (kvq_eval_item){.spec = s->specs[i].q ? &s->specs[i] : NULL,
+                                                .layer = s->per_layer ? l : -1,
+                                                .policy = p ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
+    snprintf(s->policy_name[0], sizeof s->policy_name[0], "prefill");
+    snprintf(s->policy_name[1], sizeof s->policy_name[1], "decode");
+    for (int p = 0; s->context && p < 2; p++)
+        snprintf(s->policy_name[p], sizeof s->policy_name[p], "%s/context=%ld", p ? "decode" : "prefill", s->context);
+    for (int i = 0; i < s->nitems; i++) {
+        const kvq_eval_item *it = &s->items[i];
         const kvq_spec *sp = it->spec, *text = sp;
-        if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &owns[i], NULL))
-            text = &owns[i];
-        rows[i] = (cli_eval_row){.model = in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
-                                 .spec = sp ? text->text : "none",
-                                 .policy = policy_name[it->policy == KVQ_POLICY_DECODE]};
-        if (it->layer < 0) snprintf(rows[i].layer, sizeof rows[i].layer, "all");
-        else snprintf(rows[i].layer, sizeof rows[i].layer, "%d", it->layer);
+        if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &s->owns[i], NULL))
+            text = &s->owns[i];
+        s->rows[i] = (cli_eval_row){.model = s->in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
+                                    .spec = sp ? text->text : "none",
+                                    .policy = s->policy_name[it->policy == KVQ_POLICY_DECODE]};
+        if (it->layer < 0) snprintf(s->rows[i].layer, sizeof s->rows[i].layer, "all");
+        else snprintf(s->rows[i].layer, sizeof s->rows[i].layer, "%d", it->layer);
     }
+    return CLI_OK;
+}
 
-    kvq_format fmt = cli_pick_format(format, output);
-    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
-    /* provenance: the inputs and every option's effective value */
-    cli_meta_operands(meta, argv + optind, argc - optind);
-    cli_meta_model(meta, argv[optind], &mo, in, T);
-    cli_meta_input(meta, "calib", calib);
-    for (int s = 0; s < nspecs; s++) cli_meta_list(meta, "options", "quant", specs[s].text);
-    cli_meta_str(meta, "options", "calib", calib);
-    cli_meta_str(meta, "options", "policy", policies[0] && policies[1] ? "prefill,decode" : policies[0] ? "prefill" : "decode");
-    cli_meta_int(meta, "options", "stride", stride);
-    cli_meta_bool(meta, "options", "per-layer", per_layer);
-    cli_meta_int_set(meta, "options", "chunk", chunk);
-    cli_meta_int_set(meta, "options", "chunks", chunks);
-    cli_meta_int_set(meta, "options", "context", context);
-    cli_meta_u64(meta, "options", "seed", seed);
-    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
-    int ncol;
-    const char *const *cols = cli_eval_columns(0, &ncol);
-    /* a shard: its share of the windows, appended to OUT window by window */
-    int w0 = 0, w1 = nwin, wdone = 0;
-    if (shard_n) {
-        w0 = (int)(nwin * shard_i / shard_n), w1 = (int)(nwin * (shard_i + 1) / shard_n);
-        char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", shard_i, shard_n);
-        cli_meta_str(meta, "options", "shard", sh);
-        cli_meta_bool(meta, "options", "resume", resume);
-        cli_meta_int(meta, "result", "windows", nwin);
-        cli_meta_int(meta, "result", "window_begin", w0);
-        cli_meta_int(meta, "result", "window_end", w1);
-        if ((rc = cli_eval_shard_open(prog, output, resume, rows, nitems, (int)chunk, nwin, w0, w1, &wdone, &shard)))
-            goto done;
-        if (wdone) { /* the runs that wrote those windows stay in the record */
-            char *mp = cli_meta_path(output), *runs = NULL;
-            if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-            rc = cli_meta_read_runs(prog, mp, &runs);
-            free(mp);
-            if (!rc) cli_meta_prior_runs(meta, runs);
-            free(runs);
-            if (rc) goto done;
-            fprintf(stderr, "%s: resuming: %d of this shard's %d windows already in %s\n", prog, wdone, w1 - w0,
-                    output);
-        }
-        cli_meta_int(meta, "result", "windows_resumed", wdone);
-        static char note_head[1024], note_tail[256];
-        snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", output);
-        snprintf(note_tail, sizeof note_tail, " of shard %ld/%ld's %d windows; the same command with --resume "
-                 "continues\n", shard_i, shard_n, w1 - w0);
-        cli_interrupt_note(note_head, note_tail);
-        cli_interrupt_count(wdone);
-    } else {
-        if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
-        if (!(rep = kvq_rows_new(out.f, fmt, cols, ncol, 6))) {
-            cli_error(prog, "out of memory");
-            rc = CLI_RUNTIME;
-            goto done;
-        }
+/* Provenance: the inputs and every option's effective value. */
+static void record_options(const eval_state *s)
+{
+    cli_meta *meta = s->meta;
+    cli_meta_operands(meta, s->argv + s->optind, s->argc - s->optind);
+    cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, s->T);
+    cli_meta_input(meta, "calib", s->calib);
+    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
+    cli_meta_str(meta, "options", "calib", s->calib);
+    cli_meta_str(meta, "options", "policy",
+                 s->policies[0] && s->policies[1] ? "prefill,decode" : s->policies[0] ? "prefill" : "decode");
+    cli_meta_int(meta, "options", "stride", s->stride);
+    cli_meta_bool(meta, "options", "per-layer", s->per_layer);
+    cli_meta_int_set(meta, "options", "chunk", s->chunk);
+    cli_meta_int_set(meta, "options", "chunks", s->chunks);
+    cli_meta_int_set(meta, "options", "context", s->context);
+    cli_meta_u64(meta, "options", "seed", s->seed);
+    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
+}
+
+/* Where the rows go: a shard's share of the windows, appended to OUT
+ * window by window (continued with --resume), or OUT written whole. */
+static int open_out(eval_state *s)
+{
+    cli_meta *meta = s->meta;
+    int rc;
+    s->w0 = 0, s->w1 = s->nwin;
+    if (!s->shard_n) {
+        int ncol;
+        const char *const *cols = cli_eval_columns(0, &ncol);
+        if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) return CLI_RUNTIME;
+        if (!(s->rep = kvq_rows_new(s->out.f, s->fmt, cols, ncol, 6)))
+            return cli_error(prog, "out of memory"), CLI_RUNTIME;
+        return CLI_OK;
     }
+    s->w0 = (int)(s->nwin * s->shard_i / s->shard_n), s->w1 = (int)(s->nwin * (s->shard_i + 1) / s->shard_n);
+    char sh[48];
+    snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
+    cli_meta_str(meta, "options", "shard", sh);
+    cli_meta_bool(meta, "options", "resume", s->resume);
+    cli_meta_int(meta, "result", "windows", s->nwin);
+    cli_meta_int(meta, "result", "window_begin", s->w0);
+    cli_meta_int(meta, "result", "window_end", s->w1);
+    if ((rc = cli_eval_shard_open(prog, s->output, s->resume, s->rows, s->nitems, (int)s->chunk, s->nwin, s->w0,
+                                  s->w1, &s->wdone, &s->shard)))
+        return rc;
+    if (s->wdone) { /* the runs that wrote those windows stay in the record */
+        char *mp = cli_meta_path(s->output), *runs = NULL;
+        if (!mp) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+        rc = cli_meta_read_runs(prog, mp, &runs);
+        free(mp);
+        if (!rc) cli_meta_prior_runs(meta, runs);
+        free(runs);
+        if (rc) return rc;
+        fprintf(stderr, "%s: resuming: %d of this shard's %d windows already in %s\n", prog, s->wdone, s->w1 - s->w0,
+                s->output);
+    }
+    cli_meta_int(meta, "result", "windows_resumed", s->wdone);
+    static char note_head[1024], note_tail[256];
+    snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", s->output);
+    snprintf(note_tail, sizeof note_tail, " of shard %ld/%ld's %d windows; the same command with --resume "
+             "continues\n", s->shard_i, s->shard_n, s->w1 - s->w0);
+    cli_interrupt_note(note_head, note_tail);
+    cli_interrupt_count(s->wdone);
+    return CLI_OK;
+}
 
-    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
+static void say_complete(const eval_state *s)
+{
+    fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, s->output, s->shard_i, s->shard_n,
+            s->w0, s->w1 - 1, s->nwin);
+}
+
+/* A shard whose windows are all in OUT: closed, its record written with
+ * OUT's checksum; said before (it was complete when the run began) or after. */
+static int finish_shard(eval_state *s, int say_first)
+{
+    if (say_first) say_complete(s);
+    int rc = cli_eval_shard_close(s->shard);
+    s->shard = NULL;
+    if (!rc) rc = cli_meta_write_hashed(s->meta, prog, s->output);
+    if (!rc && !say_first) say_complete(s);
+    return rc;
+}
+
+/* Every item through the model (a shard: its windows still to run), then
+ * the rows. */
+static int evaluate(eval_state *s)
+{
+    kvq_error err = {0};
+    if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
     /* auto: on a terminal from the start (a pass is long), always, or never */
-    progress_state ps = {progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
-    kvq_eval_opts eo = {.stride = (int)stride, .seed = seed, .nthreads = (int)mo.threads, .calib = cal,
-                        .progress = chunk ? NULL : progress, .ud = &ps, .chunk = (int)chunk, .chunks = (int)chunks,
-                        .window_progress = window_progress, .context = (int)context};
-    if (shard_n) {
-        if (w0 + wdone == w1) { /* every window of the shard is in OUT */
-            fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, output, shard_i, shard_n,
-                    w0, w1 - 1, nwin);
-            rc = cli_eval_shard_close(shard);
-            shard = NULL;
-            if (!rc) rc = cli_meta_write_hashed(meta, prog, output);
-            goto done;
-        }
-        eo.window_begin = w0 + wdone, eo.window_end = w1;
+    progress_state ps = {s->progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
+    kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
+                        .progress = s->chunk ? NULL : progress, .ud = &ps, .chunk = (int)s->chunk,
+                        .chunks = (int)s->chunks, .window_progress = window_progress, .context = (int)s->context};
+    if (s->shard_n) {
+        if (s->w0 + s->wdone == s->w1) return finish_shard(s, 1); /* every window of the shard is in OUT */
+        eo.window_begin = s->w0 + s->wdone, eo.window_end = s->w1;
         eo.window_done = cli_eval_shard_window;
-        eo.window_ud = shard;
+        eo.window_ud = s->shard;
     }
-    if (fmt == KVQ_FMT_TABLE)
+    const kvq_model_info *in = s->in;
+    if (s->fmt == KVQ_FMT_TABLE)
         fprintf(stderr, "%s: %s: %s %s, %d layers, %d query / %d KV heads, head_dim %d; %d tokens%s\n", prog,
-                argv[optind], in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim, T,
-                chunk ? " (in windows)" : "");
+                s->argv[s->optind], in->format, in->name, in->n_layers, in->n_heads, in->n_kv_heads, in->head_dim,
+                s->T, s->chunk ? " (in windows)" : "");
     double nll_ref = NAN;
-    if (kvq_model_eval(m, ids, T, items, nitems, &eo, &nll_ref, &err)) {
+    if (kvq_model_eval(s->m, s->ids, s->T, s->items, s->nitems, &eo, &nll_ref, &err)) {
         if (ps.on) fputc('\n', stderr);
-        rc = cli_fail(prog, &err);
-        goto done;
+        return cli_fail(prog, &err);
     }
-    if (shard) { /* every window's rows are in OUT: its record, with OUT's checksum */
-        rc = cli_eval_shard_close(shard);
-        shard = NULL;
-        if (!rc) rc = cli_meta_write_hashed(meta, prog, output);
-        if (!rc) fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, output, shard_i,
-                         shard_n, w0, w1 - 1, nwin);
-        goto done;
-    }
+    if (s->shard) return finish_shard(s, 0); /* every window's rows are in OUT */
     char toks[16], npos[16];
-    snprintf(toks, sizeof toks, "%ld", chunk ? (long)nwin * chunk : (long)T);
-    for (int i = 0; i < nitems; i++) {
+    snprintf(toks, sizeof toks, "%ld", s->chunk ? (long)s->nwin * s->chunk : (long)s->T);
+    for (int i = 0; i < s->nitems; i++) {
         kvq_cell row[16];
-        cli_eval_cells(&rows[i], &items[i], nll_ref, toks, npos, row);
+        cli_eval_cells(&s->rows[i], &s->items[i], nll_ref, toks, npos, row);
         errno = 0;
-        kvq_status wst = kvq_rows_add(rep, row);
-        if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }
+        kvq_status wst = kvq_rows_add(s->rep, row);
+        if (wst) return cli_write_error(prog, s->output, wst, errno);
     }
     errno = 0;
-    kvq_status st = kvq_report_finish(rep);
-    rep = NULL;
-    if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
-    if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+    kvq_status st = kvq_report_finish(s->rep);
+    s->rep = NULL;
+    if (st) return cli_write_error(prog, s->output, st, errno);
+    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+}
+
+static int run(int argc, char **argv, cli_meta *meta)
+{
+    eval_state s = {.progress_mode = -1, .stride = 1, .policies = {1, 0}, .meta = meta};
+    int stop = 0, rc = parse_options(argc, argv, &s, &stop);
+    if (rc || stop) goto done;
+    if (s.merge) {
+        rc = merge(&s);
+        goto done;
+    }
+    if ((rc = open_inputs(&s)) || (rc = make_items(&s))) goto done;
+    s.fmt = cli_pick_format(s.format, s.output);
+    if ((rc = cli_meta_check_format(prog, meta, s.fmt))) goto done;
+    record_options(&s);
+    if ((rc = open_out(&s))) goto done;
+    rc = evaluate(&s);
 done:
-    kvq_report_discard(rep);
-    if (out.f) cli_out_abort(&out);
-    kvq_model_close(m);
-    kvq_calib_close(cal);
-    cli_eval_shard_close(shard);
-    free(specs), free(owns), free(rows), free(items), free(ids);
+    kvq_report_discard(s.rep);
+    if (s.out.f) cli_out_abort(&s.out);
+    kvq_model_close(s.m);
+    kvq_calib_close(s.cal);
+    cli_eval_shard_close(s.shard);
+    free(s.specs), free(s.owns), free(s.rows), free(s.items), free(s.ids);
     return rc;
 }
 
