@@ -45,7 +45,29 @@ static void usage(FILE *f)
 
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
-static int run(int argc, char **argv, cli_meta *meta)
+/* One run: its options as parsed, then what its steps share. */
+typedef struct analyze_state {
+    /* the options */
+    cli_analysis an;
+    const char *calib, *output, *format;
+    int progress_mode;
+    kvq_spec *specs; /* -q's, or the default set */
+    int nspecs;
+    char **dumps; /* the DUMP operands */
+    int ndumps;
+    cli_meta *meta;
+    /* the run */
+    kvq_calib *calib_dump;
+    char skipped[256], skipped_shape[256]; /* default families left out: for want of --calib, of a head_dim */
+    int shape_dim;                         /* the head_dim that left families out */
+    kvq_format fmt;
+    cli_out out;
+    kvq_report *report;
+    kvq_dump *dump;
+} analyze_state;
+
+/* The options into s; *stop: --help, --version or --list-quantizers answered (rc as they end). */
+static int parse_options(int argc, char **argv, analyze_state *s, int *stop)
 {
     static const struct option longopts[] = {
         {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
@@ -54,142 +76,154 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"list-quantizers", no_argument, 0, OPT_LIST}, {"progress", required_argument, 0, OPT_PROGRESS},
         CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-
-    int rc = CLI_OK;
-    kvq_error err = {0};
-    kvq_spec *specs = NULL;
-    int nspecs = 0;
-    cli_analysis an;
-    const char *calib = NULL, *output = NULL, *format = NULL;
-    char skipped[256] = "", skipped_shape[256] = "";
-    int shape_dim = 0; /* the head_dim that left families out */
-    kvq_dump *dump = NULL;
-    kvq_calib *calib_dump = NULL;
-    kvq_report *report = NULL;
-    cli_out out = {0};
-    cli_progress progress = {0};
-    int c, progress_mode = -1;
-
-    cli_analysis_init(&an);
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &an, .model = NULL, .meta = meta};
+    int rc = CLI_OK, c;
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &s->an, .model = NULL, .meta = s->meta};
     while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) goto done;
+        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
         switch (c) {
         case 'q':
-            if ((rc = cli_add_spec(prog, &specs, &nspecs, optarg))) goto done;
+            if ((rc = cli_add_spec(prog, &s->specs, &s->nspecs, optarg))) return rc;
             break;
-        case OPT_CALIB: calib = optarg; break;
+        case OPT_CALIB: s->calib = optarg; break;
         case OPT_FORMAT:
-            if ((rc = cli_format_option(prog, optarg, &format))) goto done;
+            if ((rc = cli_format_option(prog, optarg, &s->format))) return rc;
             break;
-        case 'o': output = optarg; break;
+        case 'o': s->output = optarg; break;
         case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &progress_mode))) goto done;
+            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
             break;
-        case OPT_LIST: kvq_registry_describe(stdout); goto done;
+        case OPT_LIST: kvq_registry_describe(stdout); return *stop = 1, CLI_OK;
         }
     }
     if (optind >= argc) {
         cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)");
-        rc = CLI_USAGE;
-        goto done;
+        return CLI_USAGE;
     }
+    s->dumps = argv + optind, s->ndumps = argc - optind;
+    return CLI_OK;
+}
 
-    if ((rc = cli_analysis_device(prog, &an))) goto done;
-    if (calib) {
-        if (kvq_calib_open(calib, &calib_dump, &err)) { rc = cli_fail(prog, &err); goto done; }
+/* The device, the calibration dump and the specs: the default set
+ * (families left out for want of --calib are said at the end of a
+ * successful run) and llama.cpp's block rule (ggml, fp4): the default set
+ * leaves out what a dump's head_dim cannot take; a spec given explicitly
+ * is a usage error. */
+static int choose_specs(analyze_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    if ((rc = cli_analysis_device(prog, &s->an))) return rc;
+    if (s->calib && kvq_calib_open(s->calib, &s->calib_dump, &err)) return cli_fail(prog, &err);
+    int defaults = s->nspecs == 0;
+    if (defaults && (rc = cli_add_default_specs(prog, s->calib_dump != NULL, &s->specs, &s->nspecs, s->skipped,
+                                                sizeof s->skipped)))
+        return rc;
+    for (int i = 0; i < s->ndumps; i++) {
+        if (kvq_dump_open(s->dumps[i], &s->dump, &err)) return cli_fail(prog, &err);
+        int head_dim = kvq_dump_get_info(s->dump)->head_dim;
+        kvq_dump_close(s->dump);
+        s->dump = NULL;
+        if ((rc = cli_fit_specs_to_head_dim(prog, s->dumps[i], defaults, s->specs, &s->nspecs, head_dim,
+                                            s->skipped_shape, sizeof s->skipped_shape)))
+            return rc;
+        if (s->skipped_shape[0] && !s->shape_dim) s->shape_dim = head_dim;
     }
-    /* the default set; families left out for want of --calib are said at the end of a successful run */
-    int defaults = nspecs == 0;
-    if (defaults && (rc = cli_add_default_specs(prog, calib_dump != NULL, &specs, &nspecs, skipped, sizeof skipped)))
-        goto done;
-    /* llama.cpp's block rule (ggml, fp4): the default set leaves out what a
-     * dump's head_dim cannot take; a spec given explicitly is a usage error */
-    for (int i = optind; i < argc; i++) {
-        if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
-        int head_dim = kvq_dump_get_info(dump)->head_dim;
-        kvq_dump_close(dump);
-        dump = NULL;
-        if ((rc = cli_fit_specs_to_head_dim(prog, argv[i], defaults, specs, &nspecs, head_dim, skipped_shape,
-                                            sizeof skipped_shape)))
-            goto done;
-        if (skipped_shape[0] && !shape_dim) shape_dim = head_dim;
-    }
-    for (int s = 0; s < nspecs; s++)
-        if ((rc = cli_check_calib(prog, &specs[s], calib_dump != NULL))) goto done;
+    for (int i = 0; i < s->nspecs; i++)
+        if ((rc = cli_check_calib(prog, &s->specs[i], s->calib_dump != NULL))) return rc;
+    return CLI_OK;
+}
 
-    kvq_format fmt = cli_pick_format(format, output);
-    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
-    /* provenance: the inputs and every option's effective value */
-    cli_meta_operands(meta, argv + optind, argc - optind);
-    for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
-    cli_meta_input(meta, "calib", calib);
-    for (int s = 0; s < nspecs; s++) cli_meta_list(meta, "options", "quant", specs[s].text);
-    cli_meta_str(meta, "options", "calib", calib);
-    cli_meta_analysis(meta, &an);
-    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
+/* Provenance: the inputs and every option's effective value. */
+static void record_options(const analyze_state *s)
+{
+    cli_meta *meta = s->meta;
+    cli_meta_operands(meta, s->dumps, s->ndumps);
+    for (int i = 0; i < s->ndumps; i++) cli_meta_input(meta, "dump", s->dumps[i]);
+    cli_meta_input(meta, "calib", s->calib);
+    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
+    cli_meta_str(meta, "options", "calib", s->calib);
+    cli_meta_analysis(meta, &s->an);
+    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
+}
 
-    {
-        const char *in[] = {calib};
-        if ((rc = cli_check_output(prog, output, in, 1)) ||
-            (rc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind)))
-            goto done;
-    }
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) { rc = CLI_RUNTIME; goto done; }
-    if (!(report = kvq_report_new(out.f, fmt, NULL, 0))) {
-        cli_error(prog, "out of memory");
-        rc = CLI_RUNTIME;
-        goto done;
-    }
+/* OUT (never one of the inputs), written under a temporary name, and its report. */
+static int open_out(analyze_state *s)
+{
+    const char *in[] = {s->calib};
+    int rc;
+    if ((rc = cli_check_output(prog, s->output, in, 1)) ||
+        (rc = cli_check_output(prog, s->output, (const char *const *)s->dumps, s->ndumps)))
+        return rc;
+    if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, s->meta, prog)) return CLI_RUNTIME;
+    if (!(s->report = kvq_report_new(s->out.f, s->fmt, NULL, 0))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    return CLI_OK;
+}
 
+/* Each dump analysed and its rows reported, then OUT committed. */
+static int analyze_dumps(analyze_state *s)
+{
+    kvq_error err = {0};
+    cli_progress progress = {0};
+    const cli_analysis *an = &s->an;
     kvq_analysis_opts opts = {
-        .specs = specs, .nspecs = nspecs, .layers = an.layers, .nlayers = an.nlayers,
-        .heads = an.heads, .nheads = an.nheads, .queries = an.queries, .seed = an.seed, .nthreads = (int)an.threads,
-        .calib = calib_dump, .device = an.device, .progress = cli_progress_stage, .ud = &progress};
-    if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
-    if (an.device && fmt == KVQ_FMT_TABLE) fprintf(stderr, "%s: device: %s\n", prog, kvq_device_name(an.device));
-    for (int i = optind; i < argc; i++) {
+        .specs = s->specs, .nspecs = s->nspecs, .layers = an->layers, .nlayers = an->nlayers,
+        .heads = an->heads, .nheads = an->nheads, .queries = an->queries, .seed = an->seed, .nthreads = (int)an->threads,
+        .calib = s->calib_dump, .device = an->device, .progress = cli_progress_stage, .ud = &progress};
+    if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
+    if (an->device && s->fmt == KVQ_FMT_TABLE) fprintf(stderr, "%s: device: %s\n", prog, kvq_device_name(an->device));
+    for (int i = 0; i < s->ndumps; i++) {
         kvq_analysis a;
-        if (kvq_dump_open(argv[i], &dump, &err)) { rc = cli_fail(prog, &err); goto done; }
-        const kvq_dump_info *info = kvq_dump_get_info(dump);
-        if (fmt == KVQ_FMT_TABLE)
+        if (kvq_dump_open(s->dumps[i], &s->dump, &err)) return cli_fail(prog, &err);
+        const kvq_dump_info *info = kvq_dump_get_info(s->dump);
+        if (s->fmt == KVQ_FMT_TABLE)
             fprintf(stderr, "%s: %s: model %s, %d layers, %d KV heads (%d query heads), head_dim %d, %d tokens%s\n",
-                    prog, argv[i], info->model, info->num_layers, info->num_kv_heads, info->num_heads,
+                    prog, s->dumps[i], info->model, info->num_layers, info->num_kv_heads, info->num_heads,
                     info->head_dim, info->seq_len, info->has_query ? "" : "; no queries: attention columns empty");
-        cli_progress_start(&progress, prog, progress_mode, argv[i]);
-        kvq_status ast = kvq_analyze_dump(dump, &opts, &a, &err);
+        cli_progress_start(&progress, prog, s->progress_mode, s->dumps[i]);
+        kvq_status ast = kvq_analyze_dump(s->dump, &opts, &a, &err);
         cli_progress_end(&progress);
-        if (ast) { rc = cli_fail(prog, &err); goto done; }
-        char *pathcopy = strdup(argv[i]);
+        if (ast) return cli_fail(prog, &err);
+        char *pathcopy = strdup(s->dumps[i]);
         errno = 0;
         kvq_status st =
-            pathcopy ? kvq_report_analysis(report, basename(pathcopy), &a, specs, an.per, NULL) : KVQ_ERR_NOMEM;
+            pathcopy ? kvq_report_analysis(s->report, basename(pathcopy), &a, s->specs, an->per, NULL) : KVQ_ERR_NOMEM;
         int werr = errno;
         free(pathcopy);
         kvq_analysis_free(&a);
-        kvq_dump_close(dump);
-        dump = NULL;
-        if (st) { rc = cli_write_error(prog, output, st, werr); goto done; }
+        kvq_dump_close(s->dump);
+        s->dump = NULL;
+        if (st) return cli_write_error(prog, s->output, st, werr);
     }
     errno = 0;
-    kvq_status st = kvq_report_finish(report);
-    report = NULL;
-    if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
-    if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
-    if (!rc && skipped[0])
-        fprintf(stderr, "%s: note: default set without %s: needs --calib FILE (a calibration dump of the same model)\n",
-                prog, skipped);
-    if (!rc && skipped_shape[0])
-        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
-                "(llama.cpp refuses such a KV cache)\n", prog, skipped_shape, shape_dim);
+    kvq_status st = kvq_report_finish(s->report);
+    s->report = NULL;
+    if (st) return cli_write_error(prog, s->output, st, errno);
+    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+}
 
+static int run(int argc, char **argv, cli_meta *meta)
+{
+    analyze_state s = {.progress_mode = -1, .meta = meta};
+    cli_analysis_init(&s.an);
+    int stop = 0, rc = parse_options(argc, argv, &s, &stop);
+    if (rc || stop || (rc = choose_specs(&s))) goto done;
+    s.fmt = cli_pick_format(s.format, s.output);
+    if ((rc = cli_meta_check_format(prog, meta, s.fmt))) goto done;
+    record_options(&s);
+    if ((rc = open_out(&s)) || (rc = analyze_dumps(&s))) goto done;
+    if (s.skipped[0])
+        fprintf(stderr, "%s: note: default set without %s: needs --calib FILE (a calibration dump of the same model)\n",
+                prog, s.skipped);
+    if (s.skipped_shape[0])
+        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
+                "(llama.cpp refuses such a KV cache)\n", prog, s.skipped_shape, s.shape_dim);
 done:
-    kvq_report_discard(report); /* after an error: print no partial table */
-    if (out.f) cli_out_abort(&out);
-    kvq_dump_close(dump);
-    kvq_calib_close(calib_dump);
-    free(specs);
-    cli_analysis_free(&an);
+    kvq_report_discard(s.report); /* after an error: print no partial table */
+    if (s.out.f) cli_out_abort(&s.out);
+    kvq_dump_close(s.dump);
+    kvq_calib_close(s.calib_dump);
+    free(s.specs);
+    cli_analysis_free(&s.an);
     return rc;
 }
 
