@@ -202,7 +202,7 @@ for per, extra in (("head", ["--queries", "all", "--layers", "1-2"]), ("layer", 
     check(got == want, f"analyze per={per}: {len(got)} rows equal the CSV's {len(want)}")
 got = kvq.analyze(dumps[DUMP], "per-token:bits=4", per="model", label="stories260K.h5")
 want = kvq.parse_rows(tool("kvq-analyze", "--per", "model", "--format", "csv", "-q", "per-token:bits=4", DUMP))
-check(got == want, "analyze of read_dump's dict (written to a temporary dump) equals the file's rows")
+check(got == want, "analyze of read_dump's dict (read in memory) equals the file's rows")
 
 # ------------------- analyze in memory: read_dump's dict is read as the dump
 # A dump with what write_dump cannot write (a soft-cap, a sliding window on one
