@@ -287,19 +287,11 @@ static kvq_status check_finite(const char *path, const char *obj, const float *d
                     isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a, rows ? (size_t)rows[b] : b, c);
 }
 
-/* obj's values from a dump in memory (its name, /layer_NNN/TENSOR, to the
- * tensor of that layer), or their rows, copied and checked as a file's. */
-static kvq_status copy_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
-                              size_t nrows, kvq_error *err)
+/* obj's values from src, a tensor of a dump in memory, or their rows,
+ * copied and checked as a file's. */
+static kvq_status copy_floats(const kvq_dump *d, const char *obj, const float *src, float *dst, const int shape[3],
+                              const int *rows, size_t nrows, kvq_error *err)
 {
-    const char *slash = strchr(obj + 1, '/');
-    int layer = atoi(obj + strlen("/layer_"));
-    if (strncmp(obj, "/layer_", strlen("/layer_")) || !slash || layer < 0 || layer >= d->info.num_layers)
-        return kvq_fail(err, KVQ_ERR_INTERNAL, "%s: %s: not a layer's tensor", d->path, obj);
-    const char *name = slash + 1;
-    const kvq_layer *l = &d->mem[layer];
-    const float *src = !strcmp(name, "key") ? l->key : !strcmp(name, "value") ? l->value
-                       : !strcmp(name, "query") ? l->query : l->key_pre_rope;
     size_t B = (size_t)shape[1], C = (size_t)shape[2];
     if (!rows) {
         memcpy(dst, src, (size_t)shape[0] * B * C * sizeof *dst);
@@ -314,7 +306,6 @@ static kvq_status copy_floats(kvq_dump *d, const char *obj, float *dst, const in
 static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const int shape[3], const int *rows,
                               size_t nrows, kvq_error *err)
 {
-    if (d->mem) return copy_floats(d, obj, dst, shape, rows, nrows, err);
     const char *path = d->path;
     char det[256];
     kvq_status st = KVQ_OK;
@@ -745,17 +736,19 @@ static kvq_status read_into(kvq_dump *d, int layer, kvq_layer *out, kvq_error *e
     int H = in->num_kv_heads, Hq = in->num_heads, T = in->seq_len, D = in->head_dim;
     int skv[3] = {H, T, D}, sq[3] = {Hq, T, D};
     char obj[64];
-    struct { const char *name; float *dst; const int *shape; } items[] = {
-        {"key", out->key, skv},
-        {"value", out->value, skv},
-        {"query", out->query, sq},
-        {"key_pre_rope", out->key_pre_rope, skv},
+    const kvq_layer *mem = d->mem ? &d->mem[layer] : NULL; /* a dump in memory: its tensors */
+    struct { const char *name; float *dst; const int *shape; const float *src; } items[] = {
+        {"key", out->key, skv, mem ? mem->key : NULL},
+        {"value", out->value, skv, mem ? mem->value : NULL},
+        {"query", out->query, sq, mem ? mem->query : NULL},
+        {"key_pre_rope", out->key_pre_rope, skv, mem ? mem->key_pre_rope : NULL},
     };
     kvq_h5_quiet();
     for (size_t i = 0; i < sizeof items / sizeof items[0]; i++) {
         if (!items[i].dst) continue;
         snprintf(obj, sizeof obj, "/layer_%03d/%s", layer, items[i].name);
-        kvq_status st = read_floats(d, obj, items[i].dst, items[i].shape, NULL, 0, err);
+        kvq_status st = mem ? copy_floats(d, obj, items[i].src, items[i].dst, items[i].shape, NULL, 0, err)
+                            : read_floats(d, obj, items[i].dst, items[i].shape, NULL, 0, err);
         if (st) {
             kvq_layer_free(out);
             return st;
@@ -831,7 +824,8 @@ kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size
     int shape[3] = {in->num_heads, in->seq_len, in->head_dim};
     char obj[64];
     snprintf(obj, sizeof obj, "/layer_%03d/query", layer);
-    kvq_status st = read_floats(d, obj, *out, shape, pos, npos, err);
+    kvq_status st = d->mem ? copy_floats(d, obj, d->mem[layer].query, *out, shape, pos, npos, err)
+                           : read_floats(d, obj, *out, shape, pos, npos, err);
     if (st) free(*out), *out = NULL;
     return st;
 }
