@@ -257,8 +257,6 @@ static kvq_status tokens_parse(kvq_spec *out, kvq_error *err)
     return st;
 }
 
-
-
 kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err)
 {
     if (!kvq_spec_is_mix(spec)) {
@@ -306,8 +304,7 @@ kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *e
     return st;
 }
 
-/* Calls fn on every spec of a mix (or on the plain spec): for checks that
- * hold for each (shape, calibration, tensors read). */
+/* fn on spec and, for a tokens(...), on its HI and LO specs. */
 static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *), void *ud,
                             kvq_error *err);
 
@@ -404,13 +401,6 @@ struct kvq_spec_layers {
     kvq_tokens_parts **parts; /* [nitems]: a tokens(...) item taken apart, else NULL */
 };
 
-static kvq_status read_flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
-{
-    (void)err;
-    *(unsigned *)ud |= spec->q->read_flags;
-    return KVQ_OK;
-}
-
 /* fn on an item and, for a tokens(...), on its HI and LO specs (each_leaf's order). */
 static kvq_status item_walk(const kvq_spec_layers *r, int i, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *),
                             void *ud, kvq_error *err)
@@ -449,8 +439,7 @@ kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_spec_layers *
             if (m->span[k].lo <= l && l <= m->span[k].hi) r->item[l] = m->span[k].item;
     for (int i = 0; i < r->nitems && !st; i++) {
         item_walk(r, i, needs_calib_of, &r->needs_calib, NULL);
-        item_walk(r, i, read_flags_of, &r->flags, NULL);
-        if (r->parts[i] && kvq_token_selector_needs_queries(r->parts[i]->selector)) r->flags |= KVQ_READ_QUERY;
+        item_walk(r, i, flags_of, &r->flags, NULL); /* with a selector's queries */
     }
     if (st) goto fail;
     free(m);

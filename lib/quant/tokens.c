@@ -329,7 +329,6 @@ done:
 
 /* ------------------------------------------------------- HI and LO */
 
-
 static const kvq_spec *part_spec(const kvq_tokens_parts *tp, int lo)
 {
     return (lo ? tp->lo_kind : tp->hi_kind) == KVQ_PART_SPEC ? (lo ? &tp->lo : &tp->hi) : NULL;
@@ -468,7 +467,7 @@ kvq_status kvq_tokens_quantize(const kvq_spec *spec, const kvq_tokens_parts *tp,
         goto done;
     /* where the tokens are: a mask bit per token when both parts are stored,
      * a 32-bit position per kept token when LO is dropped; shared by K and V */
-    double where = n == T ? 0.0 : drops ? 32.0 * n : (double)T;
+    double where = drops ? 32.0 * n : (double)T; /* n < T here: all kept returned above */
     for (int h = 0; h < H; h++) out->k_bits[h] += where / 2, out->v_bits[h] += where / 2;
     if (out->keep) memcpy(out->keep, keep, (size_t)H * T);
     out->dropped = drops;
