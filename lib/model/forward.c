@@ -588,6 +588,16 @@ static kvq_status layer_qkv(fw_ctx *c, const float *x, int l, int r0, kvq_error 
     return KVQ_OK;
 }
 
+/* Attention rows [r0, r1) over the exact cache (Kh, Vh: all T keys). */
+static void attend_exact(fw_ctx *c, int W, float scale, int r0, int r1)
+{
+    const kvq_model_info *in = &c->m->info;
+    fw_scratch *s = &c->s;
+    int T = c->o->T;
+    attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, in->n_heads, in->n_kv_heads, in->head_dim, W, scale, r0, r1, s->att,
+           s->ab, c->nt);
+}
+
 /* Rows [t0, t1) of the quantizer's output (kq, vq [H][t1−t0][D], keep
  * [H][t1−t0] or every token when none was dropped) into the --context cache
  * ck, cv [H][T][D], ckeep [H][T]. */
@@ -638,13 +648,13 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
             memset(s->ckeep + at, 1, n);
         }
         *same = 0;
-        if (r0 < N) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, N, s->att, s->ab, nt);
+        if (r0 < N) attend_exact(c, W, scale, r0, N);
         attend(s->Qh, s->ck, s->cv, dropped ? s->ckeep : NULL, T, T, T, Hq, H, D, W, scale, r0 > N ? r0 : N, T,
                s->att, s->ab, nt);
         return KVQ_OK;
     }
     int stride = c->o->stride > 0 ? c->o->stride : 1;
-    if (!*same && r0 < N) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, N, s->att, s->ab, nt);
+    if (!*same && r0 < N) attend_exact(c, W, scale, r0, N);
     for (int p0 = N; p0 < T; p0 += stride) {
         int p1 = p0 + stride < T ? p0 + stride : T, d = 0;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
@@ -654,7 +664,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
         if (*same) {
             if (exact && cache_is_exact(c, N, p1)) continue;
             *same = 0;
-            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+            if (p0 > r0) attend_exact(c, W, scale, r0, p0);
         }
         context_put(s, H, T, D, N, p1, 0);
         if (p1 > r0)
@@ -687,7 +697,7 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     if (!applies || !it->spec) {
         if (applies) /* -q none: the exact cache, 16 bits */
             st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd;
-        if (!*same) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, T, s->att, s->ab, nt);
+        if (!*same) attend_exact(c, W, scale, r0, T);
         return KVQ_OK;
     }
     if (c->o->context > 0) return context_attention(c, st, l, r0, same, err);
@@ -703,7 +713,7 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
         if (*same) {
             if (!dropped && cache_is_exact(c, 0, p1)) continue;
             *same = 0;
-            if (p0 > r0) attend(s->Qh, s->Kh, s->Vh, NULL, T, T, T, Hq, H, D, W, scale, r0, p0, s->att, s->ab, nt);
+            if (p0 > r0) attend_exact(c, W, scale, r0, p0);
         }
         if (p1 > r0)
             attend(s->Qh, s->kq, s->vq, dropped ? s->keep : NULL, p1, p1, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
