@@ -353,7 +353,7 @@ done:
 }
 
 /* One run: its options as parsed, then what its steps share. */
-typedef struct alloc_state {
+typedef struct alloc_job {
     /* the options */
     const char *family, *output, *calib, *grids[MAX_ARGS], *fixed[MAX_ARGS];
     int ngrids, nfixed, nbudgets, resume, merge, decode, progress_mode;
@@ -379,10 +379,10 @@ typedef struct alloc_state {
     sens_ctx sc;
     int mine, ndone; /* this run's points (a shard's share), and those already measured */
     progress_state ps;
-} alloc_state;
+} alloc_job;
 
 /* The options into s; *stop: --help or --version answered (rc as they end). */
-static int parse_options(int argc, char **argv, alloc_state *s, int *stop)
+static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
 {
     static const struct option longopts[] = {
         {"family", required_argument, 0, OPT_FAMILY}, {"grid", required_argument, 0, 'g'},
@@ -484,7 +484,7 @@ static int parse_options(int argc, char **argv, alloc_state *s, int *stop)
 
 /* The grid's valid points, the files (checked against the inputs), the
  * calibration dump and the model; each point's stored bits. */
-static int open_inputs(alloc_state *s)
+static int open_inputs(alloc_job *s)
 {
     kvq_error err = {0};
     int rc;
@@ -551,7 +551,7 @@ static int open_inputs(alloc_state *s)
 }
 
 /* Provenance: the inputs and every option's effective value. */
-static void record_options(const alloc_state *s)
+static void record_options(const alloc_job *s)
 {
     cli_meta *meta = s->meta;
     cli_meta_operands(meta, s->argv + s->optind, 1);
@@ -588,7 +588,7 @@ static void record_options(const alloc_state *s)
 
 /* --merge: the shards' passes, every point in one of them, into
  * OUT.sensitivity.csv in point order, as one run writes them. */
-static int merge_shards(alloc_state *s)
+static int merge_shards(alloc_job *s)
 {
     int rc;
     if (!(s->shard_data = calloc((size_t)s->nshards, sizeof *s->shard_data)))
@@ -632,7 +632,7 @@ static int merge_shards(alloc_state *s)
 
 /* One --per-layer pass per point of this run not yet in the table, each
  * appended to it as it lands. */
-static int measure(alloc_state *s)
+static int measure(alloc_job *s)
 {
     kvq_error err = {0};
     int rc;
@@ -688,7 +688,7 @@ static int measure(alloc_state *s)
 
 static int run(int argc, char **argv, cli_meta *meta)
 {
-    alloc_state s = {.stride = 1, .progress_mode = -1, .fd = -1, .meta = meta};
+    alloc_job s = {.stride = 1, .progress_mode = -1, .fd = -1, .meta = meta};
     int stop = 0, rc = parse_options(argc, argv, &s, &stop);
     if (rc || stop || (rc = open_inputs(&s))) goto done;
     record_options(&s);
