@@ -81,7 +81,8 @@ enum {
     KVQ_STREAM_KMEANS = 8,  /* k-means++ seeding of (layer, head, K/V): 8, 9 */
     KVQ_STREAM_QJL = 10,    /* TurboQuant's QJL matrix S of (layer, head, K/V): 10, 11 */
     KVQ_STREAM_VQ = 12,     /* vq's codebooks of (layer, head, K/V, group g): 12 + K/V + 2·g */
-    KVQ_STREAM_TOKENS = 0x7fffffff /* tokens(random...)'s scores of (layer, KV head): past vq's tags */
+    KVQ_STREAM_TOKENS = 0x7fffffff, /* tokens(random...)'s scores of (layer, KV head): past vq's tags */
+    KVQ_STREAM_TASKS = 0x7ffffffe   /* kvq-gen --task's words of (kind, task) */
 };
 
 /* ----------------------------- group quantization (docs/building-blocks.md) */

@@ -56,6 +56,11 @@ void kvq_model_close(kvq_model *m);
  * malloc'ed).  KVQ_ERR_UNSUPPORTED naming --tokens if the model has none. */
 kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t len, int **ids, size_t *n,
                               kvq_error *err);
+/* One part of a prompt (a task's context, question or answer) as the
+ * tokenizer gives it on its own: no BOS or EOS, the space prefix of a text's
+ * start; an empty text gives no tokens (*ids may then be NULL). */
+kvq_status kvq_model_tokenize_part(const kvq_model *m, const char *text, size_t len, int **ids, size_t *n,
+                                   kvq_error *err);
 /* The text file at `path`, tokenized as kvq_model_tokenize does, read and
  * tokenized in segments so that with max_tokens > 0 only as much of the file
  * is read as that many tokens need (cut after a newline followed by
@@ -106,6 +111,7 @@ typedef struct kvq_eval_sums {
     double nll, kl, top1, positions;
     double k_bits, v_bits, elements;
     double d_n, d_mean, d_m2;
+    double ctx_k_bits, ctx_v_bits, ctx_elements; /* with a context: its compressed cache's bits and elements */
 } kvq_eval_sums;
 void kvq_eval_sums_add(kvq_eval_sums *acc, const kvq_eval_sums *w);
 /* The item's results (nll, kl, top1 as means; bits per element; positions;
@@ -155,6 +161,12 @@ typedef struct kvq_eval_opts {
      * KVQ_POLICY_DECODE) and only positions t >= context are scored (with
      * chunk too, in place of the second half) */
     int context;
+    /* > 0: the first scored position, in place of `context` or the second
+     * half (at least `context`): a task scores only its answer */
+    int score_from;
+    /* optional: whether each scored position's arg-max is its target token,
+     * [nitems + 1][positions] laid out as position_nll */
+    unsigned char *position_hit;
 } kvq_eval_opts;
 
 /* What an evaluation's numbers depend on, as 64 bits (FNV-1a): the model
@@ -172,6 +184,75 @@ uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_
  * positions (pooled over the windows with o->chunk). */
 kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
                           const kvq_eval_opts *o, double *nll_ref, kvq_error *err);
+
+/* ------------------------------------------- retrieval tasks (SPEC §8) */
+
+/* What kvq-gen --task writes (docs/models.md#tasks): needle (one fact "The
+ * special magic number for W is D." in filler text), multikey (four such
+ * facts, one asked), kv ("key: value." pairs, one key asked), mqar
+ * ("key value" pairs, the question a key). */
+typedef enum kvq_task_kind { KVQ_TASK_NEEDLE = 0, KVQ_TASK_MULTIKEY, KVQ_TASK_KV, KVQ_TASK_MQAR } kvq_task_kind;
+
+/* One task: the prompt is BOS + context + question, the answer teacher-forced after it. */
+typedef struct kvq_task {
+    char *id;        /* NULL: none given */
+    char *context, *question, *answer;
+    double depth;    /* the fact's relative position in the context, 0..1; NAN: none */
+    size_t line;     /* its line in the file (1-based); 0 when generated */
+} kvq_task;
+
+const char *kvq_task_kind_name(kvq_task_kind k);
+int kvq_task_kind_parse(const char *name, kvq_task_kind *k); /* 0, or -1 for an unknown name */
+/* Tokens of a text (without BOS); NULL in kvq_tasks_generate: kvq_task_approx_tokens. */
+typedef size_t (*kvq_token_count_fn)(void *ud, const char *text, size_t len);
+/* One token per run of letters, per digit and per other visible character:
+ * the bundled model's tokenizer on generated text, an approximation elsewhere. */
+size_t kvq_task_approx_tokens(const char *text, size_t len);
+/* `count` seeded tasks of `kind` whose contexts hold as many units
+ * (sentences or pairs) as fit in context_tokens tokens; depths spread evenly
+ * over 0..1 (one task: 0.5).  *out: kvq_tasks_free(*out, count). */
+kvq_status kvq_tasks_generate(kvq_task_kind kind, size_t count, int context_tokens, uint64_t seed,
+                              kvq_token_count_fn count_fn, void *ud, kvq_task **out, kvq_error *err);
+/* A task as one JSON object (no newline), with "task": kind when kind != NULL; malloc'ed, NULL: no memory. */
+char *kvq_task_json(const kvq_task *t, const char *kind);
+/* A JSON-lines task file's bytes (path names it in errors): one object per
+ * non-blank line with string fields context, question, answer (not empty),
+ * optional id (string) and depth (number in 0..1 or null); other fields are
+ * ignored.  KVQ_ERR_FORMAT naming the file, the line and what is wrong. */
+kvq_status kvq_tasks_parse(const char *path, const char *data, size_t size, kvq_task **out, size_t *n,
+                           kvq_error *err);
+void kvq_tasks_free(kvq_task *t, size_t n);
+
+/* One task's result under one configuration (kvq_model_eval_tasks). */
+typedef struct kvq_task_result {
+    double nll;          /* −log p(answer | prompt): the answer tokens' NLL, summed */
+    int exact;           /* 1: every answer token is the arg-max (greedy decoding gives the answer) */
+    double k_bits, v_bits, elements; /* the context's compressed cache: stored bits, elements */
+    int answer_tokens, context_tokens;
+} kvq_task_result;
+
+/* "task ID (line N)", "the task of line N" or "task I": how errors name a task. */
+void kvq_task_name(const kvq_task *t, size_t index, char *buf, size_t len);
+/* Every task tokenizes and fits the model's context: KVQ_ERR_FORMAT naming
+ * the first that does not (an answer without tokens, too long a prompt). */
+kvq_status kvq_model_check_tasks(const kvq_model *m, const kvq_task *tasks, size_t ntasks, kvq_error *err);
+/* Tasks [t0, t1) (SPEC §8): each through kvq_model_eval with the context
+ * protocol (context = BOS + the task's context, scored: the answer alone);
+ * opts as for kvq_model_eval (its chunking, context and outputs are set
+ * per task; window_progress, if set, is called after each task).  res:
+ * [t1 − t0][nitems + 1], row 0 the exact model. */
+kvq_status kvq_model_eval_tasks(kvq_model *m, const kvq_task *tasks, size_t t0, size_t t1, kvq_eval_item *items,
+                                int nitems, const kvq_eval_opts *opts, kvq_task_result *res, kvq_error *err);
+
+/* What one row reports: item `item` over the selected tasks (select NULL: all). */
+typedef struct kvq_task_summary {
+    int tasks;
+    double nll_ref, nll, dnll, dnll_se; /* answer NLL (nats per answer); dnll_se over tasks */
+    double exact_ref, exact, recall_drop;
+    double k_bits, v_bits;              /* the contexts' caches, pooled by elements */
+} kvq_task_summary;
+void kvq_task_pool(const kvq_task_result *res, size_t ntasks, int nitems, int item, const unsigned char *select,
+                   kvq_task_summary *out);
 
 #ifdef __cplusplus
 }

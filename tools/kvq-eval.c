@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *prog = "kvq-eval";
 
@@ -18,6 +19,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvq-eval MODEL (--text FILE | --tokens FILE) [-q SPEC]... [options]\n"
+        "       kvq-eval MODEL --tasks FILE.jsonl [-q SPEC]... [--per-depth B] [options]\n"
         "Teacher-forced loss of a model (GGUF llama/qwen2/qwen3/gemma3/phi3, or llama2.c) with each\n"
         "quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio, KL, top-1.\n\n"
         "  -q, --quant SPEC      quantizer spec NAME[:key=value,...], or none (the exact\n"
@@ -37,6 +39,11 @@ static void usage(FILE *f)
         "                        rest teacher-forced on top (their own entries exact with\n"
         "                        prefill, stored by the spec or a tokens(...)'s HI with\n"
         "                        decode); only positions >= N are scored\n"
+        "      --tasks FILE      retrieval tasks (JSON lines, kvq-gen --task): each context's\n"
+        "                        cache compressed as --context does, the question and the\n"
+        "                        answer on top; the answer scored: answer_nll, exact (every\n"
+        "                        answer token the arg-max), recall_drop\n"
+        "      --per-depth B     with --tasks: also a row per depth bucket of width B\n"
         "      --shard I/N       with --chunk: only the I-th of N contiguous shares of the\n"
         "                        windows, each window's rows appended to -o OUT as it ends\n"
         "                        (with the sums --merge pools)\n"
@@ -75,7 +82,9 @@ enum {
     OPT_CONTEXT,
     OPT_SHARD,
     OPT_RESUME,
-    OPT_MERGE
+    OPT_MERGE,
+    OPT_TASKS,
+    OPT_PER_DEPTH
 };
 
 typedef struct progress_state {
@@ -116,7 +125,8 @@ static int add_spec(kvq_spec **specs, int *n, const char *text)
 /* One run: its options as parsed, then what its steps share. */
 typedef struct eval_state {
     /* the options */
-    const char *output, *format, *calib;
+    const char *output, *format, *calib, *tasks_path;
+    double per_depth; /* --per-depth B (0: none) */
     int progress_mode; /* cli_progress_option's; -1 until --progress or "auto" sets it */
     long stride, chunk, chunks, context, shard_i, shard_n;
     int resume, merge, per_layer, policies[2];
@@ -142,6 +152,8 @@ typedef struct eval_state {
     cli_eval_shard *shard;
     cli_out out;
     kvq_report *rep;
+    kvq_task *tasks; /* --tasks */
+    size_t ntasks;
 } eval_state;
 
 /* The options into s; *stop: --help or --version answered (rc as they end). */
@@ -154,6 +166,7 @@ static int parse_options(int argc, char **argv, eval_state *s, int *stop)
         {"chunks", required_argument, 0, OPT_CHUNKS}, {"context", required_argument, 0, OPT_CONTEXT},
         {"shard", required_argument, 0, OPT_SHARD},
         {"resume", no_argument, 0, OPT_RESUME}, {"merge", no_argument, 0, OPT_MERGE}, CLI_MODEL_LONGOPTS,
+        {"tasks", required_argument, 0, OPT_TASKS}, {"per-depth", required_argument, 0, OPT_PER_DEPTH},
         {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
         {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
         CLI_META_LONGOPTS,
@@ -218,6 +231,17 @@ static int parse_options(int argc, char **argv, eval_state *s, int *stop)
                 return CLI_USAGE;
             }
             break;
+        case OPT_TASKS: s->tasks_path = optarg; break;
+        case OPT_PER_DEPTH: {
+            char *end;
+            double b = strtod(optarg, &end);
+            if (end == optarg || *end || !(b > 0 && b <= 1)) {
+                cli_error(prog, "--per-depth %s: expected a bucket width in (0, 1], e.g. 0.25", optarg);
+                return CLI_USAGE;
+            }
+            s->per_depth = b;
+            break;
+        }
         case 'o': s->output = optarg; break;
         }
     }
@@ -470,6 +494,181 @@ static int evaluate(eval_state *s)
     return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
 }
 
+/* ------------------------------------------------------------ --tasks */
+
+static const char *const TASK_COLS[] = {"model", "tasks", "quantizer", "spec", "policy", "layer", "depth",
+                                        "k_bits", "v_bits", "answer_nll_ref", "answer_nll", "answer_dnll",
+                                        "answer_dnll_se", "exact_ref", "exact", "recall_drop"};
+enum { TASK_TEXT_COLS = 7, TASK_NCOLS = sizeof TASK_COLS / sizeof *TASK_COLS };
+
+static void task_progress(void *ud, int done, int total)
+{
+    progress_state *p = ud;
+    if (!p->on) return;
+    long el = (long)(time(NULL) - p->start);
+    fprintf(stderr, "\r%s: task %d/%d, %lds, about %lds left      %s", prog, done, total, el,
+            (long)((double)el / done * (total - done) + 0.5), done == total ? "\n" : "");
+    fflush(stderr);
+}
+
+/* --tasks: its options' checks, the task file, the specs, the model (with a
+ * tokenizer), and every task tokenized and checked against its context
+ * before any work. */
+static int open_tasks(eval_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    if (s->mo.text || s->mo.tokens) {
+        cli_error(prog, "--tasks: the prompts come from the task file (no --text or --tokens)");
+        return CLI_USAGE;
+    }
+    if (s->chunk || s->chunks || s->context) {
+        cli_error(prog, "--tasks: each task is its own window whose context is compressed (no --chunk, --chunks or "
+                  "--context)");
+        return CLI_USAGE;
+    }
+    if (s->shard_n || s->resume) {
+        cli_error(prog, "--tasks: --shard and --resume split corpus windows; run a share of the tasks as a task file "
+                  "of its own");
+        return CLI_USAGE;
+    }
+    if (s->optind != s->argc - 1) {
+        cli_error(prog, s->optind >= s->argc ? "no model given (kvq-eval MODEL --tasks FILE.jsonl)"
+                                             : "unexpected argument %s (one MODEL)", s->argv[s->optind + 1]);
+        return CLI_USAGE;
+    }
+    const char *inputs[] = {s->argv[s->optind], s->tasks_path, s->mo.tokenizer, s->calib};
+    if ((rc = cli_check_output(prog, s->output, inputs, 4))) return rc;
+    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
+    s->defaults = s->nspecs == 0;
+    if (s->defaults && (rc = cli_add_default_specs(prog, s->cal != NULL, &s->specs, &s->nspecs, NULL, 0))) return rc;
+    for (int i = 0; i < s->nspecs; i++)
+        if (s->specs[i].q && (rc = cli_check_calib(prog, &s->specs[i], s->cal != NULL))) return rc;
+    char *buf = NULL;
+    size_t len = 0;
+    if ((rc = cli_read_file(prog, s->tasks_path, &buf, &len))) return rc;
+    kvq_status st = kvq_tasks_parse(s->tasks_path, buf, len, &s->tasks, &s->ntasks, &err);
+    free(buf);
+    if (st) return cli_fail(prog, &err);
+    if (kvq_model_open(s->argv[s->optind], s->mo.tokenizer, &s->m, &err)) return cli_fail(prog, &err);
+    s->in = kvq_model_get_info(s->m);
+    if (!s->in->has_tokenizer) {
+        cli_error(prog, "%s: the model has no tokenizer: --tasks needs one to read the task texts",
+                  s->argv[s->optind]);
+        return CLI_RUNTIME;
+    }
+    char skipped[256] = "";
+    if ((rc = cli_fit_specs_to_head_dim(prog, s->argv[s->optind], s->defaults, s->specs, &s->nspecs,
+                                        s->in->head_dim, skipped, sizeof skipped)))
+        return rc;
+    if (skipped[0])
+        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
+                "(llama.cpp refuses such a KV cache)\n", prog, skipped, s->in->head_dim);
+    if (kvq_model_check_tasks(s->m, s->tasks, s->ntasks, &err)) {
+        char tmp[sizeof err.msg];
+        snprintf(tmp, sizeof tmp, "%s", err.msg);
+        cli_error(prog, "%s: %s", s->tasks_path, tmp);
+        return CLI_RUNTIME;
+    }
+    return CLI_OK;
+}
+
+/* One row: item i over the selected tasks; depth names the bucket ("all"). */
+static int task_row(eval_state *s, const kvq_task_result *res, int i, const unsigned char *select, const char *depth)
+{
+    kvq_task_summary sum;
+    kvq_task_pool(res, s->ntasks, s->nitems, i, select, &sum);
+    if (!sum.tasks) return CLI_OK;
+    char ntask[24];
+    snprintf(ntask, sizeof ntask, "%d", sum.tasks);
+    const cli_eval_row *r = &s->rows[i];
+    kvq_cell row[TASK_NCOLS] = {{.text = r->model},
+                                {.text = ntask},
+                                {.text = r->quantizer},
+                                {.text = r->spec},
+                                {.text = r->policy},
+                                {.text = r->layer},
+                                {.text = depth},
+                                {.num = sum.k_bits, .is_num = 1},
+                                {.num = sum.v_bits, .is_num = 1},
+                                {.num = sum.nll_ref, .is_num = 1},
+                                {.num = sum.nll, .is_num = 1},
+                                {.num = sum.dnll, .is_num = 1},
+                                {.num = sum.dnll_se, .is_num = 1},
+                                {.num = sum.exact_ref, .is_num = 1},
+                                {.num = sum.exact, .is_num = 1},
+                                {.num = sum.recall_drop, .is_num = 1}};
+    errno = 0;
+    kvq_status wst = kvq_rows_add(s->rep, row);
+    return wst ? cli_write_error(prog, s->output, wst, errno) : CLI_OK;
+}
+
+/* Every task through the model with every item, then per item a row over
+ * all tasks and, with --per-depth B, one per depth bucket [kB, (k+1)B)
+ * (depth 1 in the last). */
+static int evaluate_tasks(eval_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    cli_meta *meta = s->meta;
+    cli_meta_operands(meta, s->argv + s->optind, s->argc - s->optind);
+    cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, 0);
+    cli_meta_input(meta, "tasks", s->tasks_path);
+    cli_meta_input(meta, "calib", s->calib);
+    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
+    cli_meta_str(meta, "options", "tasks", s->tasks_path);
+    cli_meta_double(meta, "options", "per-depth", s->per_depth);
+    cli_meta_str(meta, "options", "calib", s->calib);
+    cli_meta_str(meta, "options", "policy",
+                 s->policies[0] && s->policies[1] ? "prefill,decode" : s->policies[0] ? "prefill" : "decode");
+    cli_meta_int(meta, "options", "stride", s->stride);
+    cli_meta_bool(meta, "options", "per-layer", s->per_layer);
+    cli_meta_u64(meta, "options", "seed", s->seed);
+    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
+    cli_meta_int(meta, "result", "tasks", (long long)s->ntasks);
+    if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
+    progress_state ps = {s->progress_mode == CLI_PROGRESS_ALWAYS ||
+                         (s->progress_mode != CLI_PROGRESS_NEVER && isatty(2)), time(NULL)};
+    kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
+                        .window_progress = task_progress, .ud = &ps};
+    kvq_task_result *res = calloc(s->ntasks * (size_t)(s->nitems + 1), sizeof *res);
+    unsigned char *sel = calloc(s->ntasks ? s->ntasks : 1, 1);
+    if (!res || !sel) {
+        free(res), free(sel);
+        return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    }
+    if (kvq_model_eval_tasks(s->m, s->tasks, 0, s->ntasks, s->items, s->nitems, &eo, res, &err)) {
+        free(res), free(sel);
+        if (ps.on) fputc('\n', stderr);
+        return cli_fail(prog, &err);
+    }
+    rc = CLI_OK;
+    if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) rc = CLI_RUNTIME;
+    else if (!(s->rep = kvq_rows_new(s->out.f, s->fmt, TASK_COLS, TASK_NCOLS, TASK_TEXT_COLS)))
+        rc = (cli_error(prog, "out of memory"), CLI_RUNTIME);
+    int nb = s->per_depth > 0 ? (int)ceil(1.0 / s->per_depth - 1e-9) : 0;
+    for (int i = 0; i < s->nitems && !rc; i++) {
+        rc = task_row(s, res, i, NULL, "all");
+        for (int b = 0; b < nb && !rc; b++) {
+            double lo = b * s->per_depth, hi = b + 1 == nb ? 1.0 : (b + 1) * s->per_depth;
+            for (size_t t = 0; t < s->ntasks; t++) {
+                double d = s->tasks[t].depth;
+                sel[t] = !isnan(d) && d >= lo && (d < hi || (b + 1 == nb && d <= 1.0));
+            }
+            char name[48];
+            snprintf(name, sizeof name, "%.4g-%.4g", lo, hi);
+            rc = task_row(s, res, i, sel, name);
+        }
+    }
+    free(res), free(sel);
+    if (rc) return rc;
+    errno = 0;
+    kvq_status st = kvq_report_finish(s->rep);
+    s->rep = NULL;
+    if (st) return cli_write_error(prog, s->output, st, errno);
+    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+}
+
 static int run(int argc, char **argv, cli_meta *meta)
 {
     eval_state s = {.progress_mode = -1, .stride = 1, .policies = {1, 0}, .meta = meta};
@@ -477,6 +676,17 @@ static int run(int argc, char **argv, cli_meta *meta)
     if (rc || stop) goto done;
     if (s.merge) {
         rc = merge(&s);
+        goto done;
+    }
+    if (s.per_depth && !s.tasks_path) {
+        cli_error(prog, "--per-depth B needs --tasks FILE");
+        rc = CLI_USAGE;
+        goto done;
+    }
+    if (s.tasks_path) {
+        if ((rc = open_tasks(&s)) || (rc = make_items(&s))) goto done;
+        s.fmt = cli_pick_format(s.format, s.output);
+        if (!(rc = cli_meta_check_format(prog, meta, s.fmt))) rc = evaluate_tasks(&s);
         goto done;
     }
     if ((rc = open_inputs(&s)) || (rc = make_items(&s))) goto done;
@@ -492,6 +702,7 @@ done:
     kvq_calib_close(s.cal);
     cli_eval_shard_close(s.shard);
     free(s.specs), free(s.owns), free(s.rows), free(s.items), free(s.ids);
+    kvq_tasks_free(s.tasks, s.ntasks);
     return rc;
 }
 

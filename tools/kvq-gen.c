@@ -1,5 +1,6 @@
 /* kvq-gen — write seeded synthetic kvq dumps of any shape (docs/tools.md): outlier
- * key channels, RoPE, peaked attention; for tests, demos and benchmarks. */
+ * key channels, RoPE, peaked attention; for tests, demos and benchmarks.  With
+ * --task, seeded retrieval task files instead (SPEC §8, docs/models.md#tasks). */
 #include "cli.h"
 
 #include <getopt.h>
@@ -12,7 +13,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: kvq-gen [options] -o OUT.h5\n"
-        "Write a synthetic kvq-dump/1 file with the structure of real KV caches.\n\n"
+        "       kvq-gen --task KIND --count N --context-tokens L [--model M] [--seed S] -o OUT.jsonl\n"
+        "Write a synthetic kvq-dump/1 file with the structure of real KV caches, or\n"
+        "retrieval tasks (one JSON object per line) for kvq-eval --tasks.\n\n"
         "      --preset NAME     tiny (default) or llama3-8b (32 query heads, 8 KV heads,\n"
         "                        head_dim 128, 4096 tokens, 4 layers); options below override\n"
         "      --layers N        layers\n"
@@ -29,6 +32,13 @@ static void usage(FILE *f)
         "      --no-query        omit queries\n"
         "      --no-key-pre-rope omit pre-RoPE keys\n"
         "      --seed N          seed (default 0)\n"
+        "      --task KIND       needle, multikey, kv or mqar: write tasks, not a dump\n"
+        "      --count N         tasks (default 100)\n"
+        "      --context-tokens L  tokens of each task's context (as many sentences\n"
+        "                        or pairs as fit)\n"
+        "      --model FILE      count tokens with this model's tokenizer (default: one\n"
+        "                        per word, digit and punctuation mark, exact for\n"
+        "                        data/kvq-retrieval.gguf)\n"
         "      --progress WHEN   auto (default: a line on a terminal once a run takes\n"
         "                        more than a second), always or never\n"
         "  -o, --output FILE     output dump (written atomically), and its provenance to\n"
@@ -40,7 +50,7 @@ static void usage(FILE *f)
 
 enum { OPT_PRESET = 256, OPT_LAYERS, OPT_HEADS, OPT_KV, OPT_DIM, OPT_TOKENS, OPT_DTYPE,
        OPT_STYLE, OPT_THETA, OPT_OUTLIERS, OPT_OSCALE, OPT_PEAK, OPT_NOQ, OPT_NOPRE, OPT_SEED,
-       OPT_PROGRESS };
+       OPT_PROGRESS, OPT_TASK, OPT_COUNT, OPT_CONTEXT_TOKENS, OPT_MODEL };
 
 static int parse_pos_double(const char *s, double *out)
 {
@@ -49,6 +59,73 @@ static int parse_pos_double(const char *s, double *out)
     if (end == s || *end || !(v > 0) || v > 1e30) return -1;
     *out = v;
     return 0;
+}
+
+/* Task mode's settings (--task, --count, --context-tokens, --model). */
+typedef struct task_opts {
+    int on;
+    kvq_task_kind kind;
+    long count, context_tokens;
+    const char *model;
+} task_opts;
+
+static size_t count_model_tokens(void *ud, const char *text, size_t len)
+{
+    int *ids;
+    size_t n;
+    kvq_error err;
+    if (kvq_model_tokenize_part(ud, text, len, &ids, &n, &err)) return (size_t)-1 / 2; /* too many: never fits */
+    free(ids);
+    return n;
+}
+
+/* kvq-gen --task: the tasks as JSON lines, atomically, with their record. */
+static int write_tasks(const task_opts *t, uint64_t seed, const char *output, cli_meta *meta)
+{
+    kvq_error err = {0};
+    kvq_model *m = NULL;
+    kvq_task *tasks = NULL;
+    cli_out out = {0};
+    int rc = CLI_RUNTIME;
+    if (!t->context_tokens) {
+        cli_error(prog, "--task needs --context-tokens L");
+        return CLI_USAGE;
+    }
+    if (t->model) {
+        if (kvq_model_open(t->model, NULL, &m, &err)) return cli_fail(prog, &err);
+        if (!kvq_model_get_info(m)->has_tokenizer) {
+            cli_error(prog, "%s: the model has no tokenizer to count tokens with", t->model);
+            goto done;
+        }
+    }
+    cli_meta_str(meta, "options", "task", kvq_task_kind_name(t->kind));
+    cli_meta_int(meta, "options", "count", t->count);
+    cli_meta_int(meta, "options", "context-tokens", t->context_tokens);
+    cli_meta_u64(meta, "options", "seed", seed);
+    cli_meta_str(meta, "options", "token-count", m ? "model" : "approximate");
+    cli_meta_input(meta, "model", t->model);
+    if (kvq_tasks_generate(t->kind, (size_t)t->count, (int)t->context_tokens, seed, m ? count_model_tokens : NULL, m,
+                           &tasks, &err)) {
+        rc = cli_fail(prog, &err);
+        goto done;
+    }
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
+    for (long i = 0; i < t->count; i++) {
+        char *line = kvq_task_json(&tasks[i], kvq_task_kind_name(t->kind));
+        if (!line) {
+            cli_error(prog, "out of memory writing %s", output);
+            cli_out_abort(&out);
+            goto done;
+        }
+        fputs(line, out.f);
+        fputc('\n', out.f);
+        free(line);
+    }
+    rc = cli_out_commit(&out, prog);
+done:
+    kvq_tasks_free(tasks, tasks ? (size_t)t->count : 0);
+    kvq_model_close(m);
+    return rc;
 }
 
 static int run(int argc, char **argv, cli_meta *meta)
@@ -62,12 +139,15 @@ static int run(int argc, char **argv, cli_meta *meta)
         {"outlier-scale", required_argument, 0, OPT_OSCALE}, {"peak", required_argument, 0, OPT_PEAK},
         {"no-query", no_argument, 0, OPT_NOQ}, {"no-key-pre-rope", no_argument, 0, OPT_NOPRE},
         {"seed", required_argument, 0, OPT_SEED}, {"progress", required_argument, 0, OPT_PROGRESS},
+        {"task", required_argument, 0, OPT_TASK}, {"count", required_argument, 0, OPT_COUNT},
+        {"context-tokens", required_argument, 0, OPT_CONTEXT_TOKENS}, {"model", required_argument, 0, OPT_MODEL},
         {"output", required_argument, 0, 'o'}, CLI_META_LONGOPTS,
         {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     kvq_gen_opts o;
     kvq_gen_defaults(&o);
     const char *output = NULL;
     int c, progress_mode = -1;
+    task_opts task = {.count = 100};
     cli_progress progress = {0};
     long v;
     /* presets first, so that explicit options override them in any order */
@@ -141,6 +221,26 @@ static int run(int argc, char **argv, cli_meta *meta)
         case OPT_PROGRESS:
             if ((c = cli_progress_option(prog, optarg, &progress_mode))) return c;
             break;
+        case OPT_TASK:
+            if (kvq_task_kind_parse(optarg, &task.kind)) {
+                cli_error(prog, "--task %s: expected needle, multikey, kv or mqar", optarg);
+                return CLI_USAGE;
+            }
+            task.on = 1;
+            break;
+        case OPT_COUNT:
+            if (cli_parse_long(optarg, 1, 1000000, &task.count)) {
+                cli_error(prog, "--count %s: expected an integer 1..1000000", optarg);
+                return CLI_USAGE;
+            }
+            break;
+        case OPT_CONTEXT_TOKENS:
+            if (cli_parse_long(optarg, 1, 1 << 24, &task.context_tokens)) {
+                cli_error(prog, "--context-tokens %s: expected an integer 1..16777216", optarg);
+                return CLI_USAGE;
+            }
+            break;
+        case OPT_MODEL: task.model = optarg; break;
         case 'o': output = optarg; break;
         }
     }
@@ -149,12 +249,14 @@ static int run(int argc, char **argv, cli_meta *meta)
         return CLI_USAGE;
     }
     if (!output) {
-        cli_error(prog, "no output given (-o OUT.h5)");
+        cli_error(prog, task.on ? "no output given (-o OUT.jsonl)" : "no output given (-o OUT.h5)");
         return CLI_USAGE;
     }
     kvq_error err = {0};
-    int crc = cli_check_output(prog, output, NULL, 0);
+    const char *inputs[] = {task.model};
+    int crc = cli_check_output(prog, output, inputs, 1);
     if (crc) return crc;
+    if (task.on) return write_tasks(&task, o.seed, output, meta);
     if (cli_meta_inline(meta)) {
         cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json");
         return CLI_USAGE;

@@ -634,6 +634,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     kvq_status rc;
     if ((rc = quantize_cache(c, st->spec, NULL, l, 0, N, &dropped, err))) return rc;
     for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
+    for (int h = 0; h < H; h++) st->ctx_k_bits += s->kb[h], st->ctx_v_bits += s->vb[h];
     int exact = !dropped && cache_is_exact(c, 0, N); /* the compressed context is the exact one */
     context_put(s, H, T, D, 0, N, dropped);
     const kvq_spec *hi = kvq_spec_layers_continuation(st->spec, l); /* NULL: exact */
@@ -693,10 +694,12 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
     const kvq_eval_item *it = st->item;
     int applies = it && (it->layer < 0 || it->layer == l);
-    if (applies) st->n_elem += (double)T * kd;
+    int N = c->o->context > 0 ? c->o->context : 0;
+    if (applies) st->n_elem += (double)T * kd, st->ctx_elem += (double)N * kd;
     if (!applies || !it->spec) {
         if (applies) /* -q none: the exact cache, 16 bits */
-            st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd;
+            st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd, st->ctx_k_bits += 16.0 * N * kd,
+            st->ctx_v_bits += 16.0 * N * kd;
         if (!*same) attend_exact(c, W, scale, r0, T);
         return KVQ_OK;
     }
@@ -931,6 +934,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
             double lse = src->lmax[t] + log(src->lsum[t]), nll = lse - src->ltgt[t];
             st->nll += nll;
             if (st->pos_nll) st->pos_nll[t - from] = nll;
+            if (st->pos_hit) st->pos_hit[t - from] = src->arg[t] == o->tokens[t + 1];
             st->top1 += 1;
             if (!i) continue;
             double d = 0;

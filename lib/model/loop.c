@@ -144,6 +144,7 @@ void kvq_eval_sums_add(kvq_eval_sums *a, const kvq_eval_sums *w)
 {
     a->nll += w->nll, a->kl += w->kl, a->top1 += w->top1, a->positions += w->positions;
     a->k_bits += w->k_bits, a->v_bits += w->v_bits, a->elements += w->elements;
+    a->ctx_k_bits += w->ctx_k_bits, a->ctx_v_bits += w->ctx_v_bits, a->ctx_elements += w->ctx_elements;
     double n = a->d_n + w->d_n;
     if (n > 0) {
         double delta = w->d_mean - a->d_mean;
@@ -167,7 +168,8 @@ static kvq_eval_sums stream_sums(const kvq_fw_stream *s, double npos)
 {
     return (kvq_eval_sums){.nll = s->nll, .kl = s->kl, .top1 = s->top1, .positions = npos, .k_bits = s->k_bits,
                            .v_bits = s->v_bits, .elements = s->n_elem, .d_n = s->d_n, .d_mean = s->d_mean,
-                           .d_m2 = s->d_m2};
+                           .d_m2 = s->d_m2, .ctx_k_bits = s->ctx_k_bits, .ctx_v_bits = s->ctx_v_bits,
+                           .ctx_elements = s->ctx_elem};
 }
 
 /* One window: the exact model and the items, in passes bounded by memory. */
@@ -192,9 +194,11 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
         st = stream_alloc(&s[ns++], NULL, NULL, T, in->dim, err); /* the exact model */
         for (int i = 0; i < n && !st; i++) st = stream_alloc(&s[ns++], &items[i0 + i], res[i0 + i], T, in->dim, err);
         ep.pass = pass;
-        for (int i = 0; o->position_nll && i < ns; i++) /* row 0: the exact model (once), row 1 + k: item k */
-            s[i].pos_nll =
-                i == 0 && pass ? NULL : o->position_nll + (size_t)(i ? i0 + i : 0) * total + (size_t)wi * per_win;
+        for (int i = 0; i < ns; i++) { /* row 0: the exact model (once), row 1 + k: item k */
+            size_t at = (size_t)(i ? i0 + i : 0) * total + (size_t)wi * per_win;
+            if (o->position_nll) s[i].pos_nll = i == 0 && pass ? NULL : o->position_nll + at;
+            if (o->position_hit) s[i].pos_hit = i == 0 && pass ? NULL : o->position_hit + at;
+        }
         kvq_fw_opts fo = {.tokens = tokens, .T = T, .s = s, .ns = ns, .nthreads = o->nthreads, .stride = o->stride,
                           .score_from = score_from, .context = o->context, .seed = o->seed, .calib = o->calib,
                           .progress = o->progress ? eval_tick : NULL, .progress_ud = &ep, .logit_pos = o->logit_pos,
@@ -245,6 +249,9 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
                  !(st = kvq_spec_check_calib(sp, o->calib != NULL, err)))
             st = kvq_calib_check(o->calib, m->path, &shape, err);
     }
+    if (!st && o->score_from && (o->score_from < (o->context > 0 ? o->context : 1) || o->score_from > N - 2))
+        st = kvq_fail(err, KVQ_ERR_USAGE, "scoring from position %d: expected %d..%d", o->score_from,
+                      o->context > 0 ? o->context : 1, N - 2);
     if (!st && o->context && (o->context < 1 || o->context > N - 2))
         st = kvq_fail(err, KVQ_ERR_USAGE, "a context of %d tokens: expected 1..%d (a context and at least one "
                       "scored position in %s of %d tokens)", o->context, N - 2, o->chunk > 0 ? "each window" : "the text", N);
@@ -262,7 +269,7 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     }
     /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
     int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos;
-    int from = o->context > 0 ? o->context : o->chunk > 0 ? N / 2 : 0; /* the first scored position */
+    int from = o->score_from > 0 ? o->score_from : o->context > 0 ? o->context : o->chunk > 0 ? N / 2 : 0; /* the first scored position */
     kvq_eval_sums ref = {0}, wref = {0};
     for (int w = w0; w < w1 && !st; w++) {
         memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);

@@ -209,9 +209,11 @@ typedef struct kvq_fw_stream {
     float *x;            /* [T][dim] hidden state (once the stream has left the exact one) */
     int follows;         /* 1: the hidden state is still the exact stream's */
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
+    double ctx_k_bits, ctx_v_bits, ctx_elem; /* --context: those of the context's compressed cache */
     double nll, kl, top1;          /* sums over the scored positions */
     double d_n, d_mean, d_m2;      /* Welford state of d_t = nll'_t − nll_t over them (not for s[0]) */
     double *pos_nll;               /* NULL or the NLL of each scored position t at [t − score_from] */
+    unsigned char *pos_hit;        /* NULL or whether its arg-max is the target, at [t − score_from] */
     /* online log-softmax state of each position over the vocabulary chunks */
     double *lmax, *lsum, *ltgt, *lw; /* max, Σexp(z − max), target logit, KL cross term */
     float *amax;

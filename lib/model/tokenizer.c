@@ -223,6 +223,22 @@ kvq_status kvq_model_tokenize(const kvq_model *m, const char *text, size_t n, in
     return st;
 }
 
+kvq_status kvq_model_tokenize_part(const kvq_model *m, const char *text, size_t n, int **ids, size_t *nids,
+                                   kvq_error *err)
+{
+    tok_state ts;
+    *ids = NULL, *nids = 0;
+    kvq_status st = tok_begin(m, &ts, err);
+    if (!st) st = tok_segment(m, &ts, text, n, err);
+    if (!st) {
+        size_t skip = m->vocab.add_bos ? 1 : 0; /* tok_begin's BOS */
+        if (skip) memmove(ts.out.id, ts.out.id + skip, (ts.out.n - skip) * sizeof *ts.out.id);
+        *nids = ts.out.n - skip, *ids = ts.out.id, ts.out.id = NULL;
+    }
+    free(ts.out.id);
+    return st;
+}
+
 /* A cut before text[p] is safe (no pre-tokenizer word, SentencePiece merge
  * or user-defined token crosses it) when text[p − 1] is a newline and
  * text[p] printable ASCII other than space, unless a piece holds such a pair
