@@ -7,6 +7,7 @@ input raises kvq.Error (each case in its own interpreter: no crash).
     PYTHONPATH=BUILD/python python3 test_python.py BUILD_DIR SOURCE_DIR"""
 import csv
 import io
+import json
 import math
 import os
 import subprocess
@@ -540,6 +541,36 @@ check(c.seq_length(0) == 200, f"DecodeCache from two threads: {c.seq_length(0)} 
 longname = "m" * 300
 kvq.write_dump(os.path.join(tmp, "long.h5"), [dict(key=np.ones((2, 4, 8)), value=np.ones((2, 4, 8)))], model=longname)
 check(kvq.read_dump(os.path.join(tmp, "long.h5"))["model"] == longname, "read_dump: a 300-character model name whole")
+
+# ------------------------------------------------ retrieval tasks (docs/models.md#tasks)
+gen_tasks = os.path.join(tmp, "kv-gen.jsonl")
+r = tool("kvq-gen", "--task", "kv", "--count", "5", "--context-tokens", "60", "--seed", "9", "-o", gen_tasks)
+with open(gen_tasks) as f:
+    from_tool = [json.loads(line) for line in f]
+ts = kvq.tasks("kv", 5, 60, seed=9)
+check(ts == from_tool, "kvq.tasks equals kvq-gen --task's lines")
+kvq.write_tasks(os.path.join(tmp, "rt.jsonl"), ts)
+back = kvq.read_tasks(os.path.join(tmp, "rt.jsonl"))
+check([{k: t[k] for k in ("id", "depth", "context", "question", "answer")} for t in ts] == back,
+      "write_tasks then read_tasks gives the tasks back")
+with open(os.path.join(tmp, "bad-task.jsonl"), "w") as f:
+    f.write('{"context": "a", "question": "b", "answer": "c"}\n{"context": "a", "question": "b"}\n')
+try:
+    kvq.read_tasks(os.path.join(tmp, "bad-task.jsonl"))
+    check(False, "read_tasks refuses a line without an answer")
+except kvq.FormatError as e:
+    check("bad-task.jsonl: line 2: no \"answer\" field" in str(e), f"read_tasks names the line: {e}")
+for bad in (("haystack", 5, 60), ("kv", 0, 60), ("kv", 5, True)):
+    try:
+        kvq.tasks(*bad)
+        check(False, f"tasks{bad} refused")
+    except kvq.UsageError:
+        check(True, "")
+try:
+    kvq.tasks("multikey", 1, 20)
+    check(False, "a multikey task in 20 tokens refused")
+except kvq.UsageError as e:
+    check("too few" in str(e), f"too small a context: {e}")
 
 # ------------------------------------------------ OpenBLAS's kernels (docs/performance.md#blas-kernels)
 def py_blas(code, **env):

@@ -61,6 +61,22 @@ for i in 1 2; do sed -n ${i}p "$tmp/needle.jsonl" >"$tmp/one$i.jsonl"; done
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a task's result depends on the other tasks"; }
 expect 0 '"answer_nll_ref"' -- "$eval" "$model" --tasks "$tmp/two.jsonl" -q none --format jsonl
 
+# --- shards by task: 9 shares of 7 tasks (two of them empty), merged in any order, give the
+# unsharded run's rows byte for byte; a missing, a doubled or an edited shard is refused
+sspecs=(-q none -q kivi:bits=2 --policy prefill,decode)
+"$gen" --task needle --count 7 --context-tokens 100 --seed 5 -o "$tmp/seven.jsonl" 2>/dev/null
+"$eval" "$model" --tasks "$tmp/seven.jsonl" "${sspecs[@]}" --per-depth 0.5 -o "$tmp/full7.csv" 2>/dev/null
+for i in 0 1 2 3 4 5 6 7 8; do
+    "$eval" "$model" --tasks "$tmp/seven.jsonl" "${sspecs[@]}" --shard $i/9 -o "$tmp/sh$i.csv" 2>/dev/null || echo "shard $i failed"
+done
+expect 0 -- "$eval" --merge "$tmp"/sh{4,8,1,2,3,5,6,7,0}.csv --per-depth 0.5 -o "$tmp/merged.csv"
+cmp -s "$tmp/full7.csv" "$tmp/merged.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: merged task shards differ from one run"; }
+expect 1 "task 5 of 7 of none (prefill) is in none of the shards" -- "$eval" --merge "$tmp"/sh{0,1,2,3,4,5,6,8}.csv -o "$tmp/m.csv"
+expect 1 "is in the shards twice" -- "$eval" --merge "$tmp"/sh{0,1,1,2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
+awk -F, -v OFS=, 'NR == 2 {$12 = 7} 1' "$tmp/sh1.csv" >"$tmp/bad-sh1.csv" # exact 7: no run writes that
+expect 1 "bad-sh1.csv: line 2: expected a task index" "exact 0 or 1" -- "$eval" --merge "$tmp"/sh0.csv "$tmp/bad-sh1.csv" "$tmp"/sh{2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
+[ ! -e "$tmp/m.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge wrote its output"; }
+
 # --- the bundled model retrieves: kv tasks of 256 context tokens, a seed it was not trained on
 "$gen" --task kv --count 50 --context-tokens 256 --seed 424242 -o "$tmp/kv256.jsonl" 2>/dev/null
 "$eval" "$model" --tasks "$tmp/kv256.jsonl" -q none --format csv 2>/dev/null >"$tmp/kv256.csv"
@@ -101,7 +117,9 @@ expect 1 "missing.jsonl: cannot open" -- "$eval" "$model" --tasks "$tmp/missing.
 expect 2 "--tasks: the prompts come from the task file" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --text "$tmp/two.jsonl" -q none
 expect 2 "--tasks: each task is its own window" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --chunk 64 -q none
 expect 2 "--tasks: each task is its own window" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --context 8 -q none
-expect 2 "--tasks: --shard and --resume" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --shard 0/2 -o "$tmp/o.csv" -q none
+expect 2 "--tasks --shard writes its share whole: no --resume" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --shard 0/2 --resume -o "$tmp/o.csv" -q none
+expect 2 "--tasks --shard 0/2: needs -o OUT" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --shard 0/2 -q none
+expect 2 "and no --per-depth (give it to --merge)" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --shard 0/2 --per-depth 0.5 -o "$tmp/o.csv" -q none
 expect 2 "--per-depth B needs --tasks FILE" -- "$eval" "$model" --text "$tmp/two.jsonl" --per-depth 0.5 -q none
 expect 2 "--per-depth 0: expected a bucket width" -- "$eval" "$model" --tasks "$tmp/two.jsonl" --per-depth 0 -q none
 expect 2 "no model given" -- "$eval" --tasks "$tmp/two.jsonl" -q none

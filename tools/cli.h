@@ -167,6 +167,18 @@ int cli_eval_shard_close(cli_eval_shard *s);
  * rows of one run (to output, atomically, with the shards' runs in its meta). */
 int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta);
 
+/* kvq-eval --tasks's rows (eval_tasks.c): per configuration a row over all
+ * tasks and, with per_depth B > 0, one per depth bucket; a shard's rows
+ * (one per task and configuration, tasks [t0, t1) of ntasks; res holds
+ * only those); --merge of such shards into the rows of one run. */
+int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const cli_eval_row *rows, int nitems,
+                  const kvq_task_result *res, const double *depth, size_t ntasks, double per_depth);
+int cli_task_shard_rows(const char *prog, cli_out *out, const cli_eval_row *rows, int nitems,
+                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks);
+int cli_is_task_shard(const char *path); /* 1: the file starts with a task shard's header */
+int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
+                   cli_meta *meta);
+
 /* Every tool calls this first (docs/performance.md#blas-kernels): when
  * OpenBLAS chose kernels below what this CPU runs and the user set no
  * OPENBLAS_CORETYPE, the tool restarts itself once with it set to the

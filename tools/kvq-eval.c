@@ -46,10 +46,12 @@ static void usage(FILE *f)
         "      --per-depth B     with --tasks: also a row per depth bucket of width B\n"
         "      --shard I/N       with --chunk: only the I-th of N contiguous shares of the\n"
         "                        windows, each window's rows appended to -o OUT as it ends\n"
-        "                        (with the sums --merge pools)\n"
+        "                        (with the sums --merge pools); with --tasks: of the tasks,\n"
+        "                        a row per task written to -o OUT at the end\n"
         "      --resume          continue a shard's OUT after its last whole window\n"
         "      --merge           kvq-eval --merge SHARD... [-o OUT]: pool the shards' windows\n"
-        "                        into the rows of one run (bit for bit)\n"
+        "                        (or tasks, with --per-depth B as the run's) into the rows of\n"
+        "                        one run (bit for bit)\n"
         "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds one)\n"
         "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
         "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
@@ -254,8 +256,8 @@ static int merge(eval_state *s)
 {
     if (s->shard_n || s->resume || s->nspecs || s->chunk || s->chunks || s->context || s->calib || s->per_layer ||
         s->mo.text || s->mo.tokens) {
-        cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format and "
-                  "--meta apply)");
+        cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format, --meta "
+                  "and, for task shards, --per-depth apply)");
         return CLI_USAGE;
     }
     if (s->optind >= s->argc) return cli_error(prog, "--merge: no shard files given"), CLI_USAGE;
@@ -264,6 +266,8 @@ static int merge(eval_state *s)
     if (rc) return rc;
     kvq_format mfmt = cli_pick_format(s->format, s->output);
     cli_meta_str(s->meta, "options", "output", s->output);
+    if (cli_is_task_shard(shards[0])) return cli_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
+    if (s->per_depth) return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
     return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
 }
 
@@ -496,11 +500,6 @@ static int evaluate(eval_state *s)
 
 /* ------------------------------------------------------------ --tasks */
 
-static const char *const TASK_COLS[] = {"model", "tasks", "quantizer", "spec", "policy", "layer", "depth",
-                                        "k_bits", "v_bits", "answer_nll_ref", "answer_nll", "answer_dnll",
-                                        "answer_dnll_se", "exact_ref", "exact", "recall_drop"};
-enum { TASK_TEXT_COLS = 7, TASK_NCOLS = sizeof TASK_COLS / sizeof *TASK_COLS };
-
 static void task_progress(void *ud, int done, int total)
 {
     progress_state *p = ud;
@@ -527,9 +526,14 @@ static int open_tasks(eval_state *s)
                   "--context)");
         return CLI_USAGE;
     }
-    if (s->shard_n || s->resume) {
-        cli_error(prog, "--tasks: --shard and --resume split corpus windows; run a share of the tasks as a task file "
-                  "of its own");
+    if (s->resume) {
+        cli_error(prog, "--tasks --shard writes its share whole: no --resume (rerun the shard)");
+        return CLI_USAGE;
+    }
+    if (s->shard_n && (!s->output || !strcmp(s->output, "-") || s->per_depth ||
+                       (s->format && strcmp(s->format, "csv")))) {
+        cli_error(prog, "--tasks --shard %ld/%ld: needs -o OUT, written as CSV, and no --per-depth (give it to "
+                  "--merge)", s->shard_i, s->shard_n);
         return CLI_USAGE;
     }
     if (s->optind != s->argc - 1) {
@@ -573,36 +577,6 @@ static int open_tasks(eval_state *s)
     return CLI_OK;
 }
 
-/* One row: item i over the selected tasks; depth names the bucket ("all"). */
-static int task_row(eval_state *s, const kvq_task_result *res, int i, const unsigned char *select, const char *depth)
-{
-    kvq_task_summary sum;
-    kvq_task_pool(res, s->ntasks, s->nitems, i, select, &sum);
-    if (!sum.tasks) return CLI_OK;
-    char ntask[24];
-    snprintf(ntask, sizeof ntask, "%d", sum.tasks);
-    const cli_eval_row *r = &s->rows[i];
-    kvq_cell row[TASK_NCOLS] = {{.text = r->model},
-                                {.text = ntask},
-                                {.text = r->quantizer},
-                                {.text = r->spec},
-                                {.text = r->policy},
-                                {.text = r->layer},
-                                {.text = depth},
-                                {.num = sum.k_bits, .is_num = 1},
-                                {.num = sum.v_bits, .is_num = 1},
-                                {.num = sum.nll_ref, .is_num = 1},
-                                {.num = sum.nll, .is_num = 1},
-                                {.num = sum.dnll, .is_num = 1},
-                                {.num = sum.dnll_se, .is_num = 1},
-                                {.num = sum.exact_ref, .is_num = 1},
-                                {.num = sum.exact, .is_num = 1},
-                                {.num = sum.recall_drop, .is_num = 1}};
-    errno = 0;
-    kvq_status wst = kvq_rows_add(s->rep, row);
-    return wst ? cli_write_error(prog, s->output, wst, errno) : CLI_OK;
-}
-
 /* Every task through the model with every item, then per item a row over
  * all tasks and, with --per-depth B, one per depth bucket [kB, (k+1)B)
  * (depth 1 in the last). */
@@ -631,41 +605,36 @@ static int evaluate_tasks(eval_state *s)
                          (s->progress_mode != CLI_PROGRESS_NEVER && isatty(2)), time(NULL)};
     kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
                         .window_progress = task_progress, .ud = &ps};
-    kvq_task_result *res = calloc(s->ntasks * (size_t)(s->nitems + 1), sizeof *res);
-    unsigned char *sel = calloc(s->ntasks ? s->ntasks : 1, 1);
-    if (!res || !sel) {
-        free(res), free(sel);
+    /* a shard: its contiguous share of the tasks */
+    size_t t0 = 0, t1 = s->ntasks;
+    if (s->shard_n) {
+        t0 = (size_t)(s->ntasks * (size_t)s->shard_i / (size_t)s->shard_n);
+        t1 = (size_t)(s->ntasks * (size_t)(s->shard_i + 1) / (size_t)s->shard_n);
+        char sh[48];
+        snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
+        cli_meta_str(meta, "options", "shard", sh);
+        cli_meta_int(meta, "result", "task_begin", (long long)t0);
+        cli_meta_int(meta, "result", "task_end", (long long)t1);
+    }
+    kvq_task_result *res = calloc((t1 - t0 ? t1 - t0 : 1) * (size_t)(s->nitems + 1), sizeof *res);
+    double *depth = malloc((s->ntasks ? s->ntasks : 1) * sizeof *depth);
+    if (!res || !depth) {
+        free(res), free(depth);
         return cli_error(prog, "out of memory"), CLI_RUNTIME;
     }
-    if (kvq_model_eval_tasks(s->m, s->tasks, 0, s->ntasks, s->items, s->nitems, &eo, res, &err)) {
-        free(res), free(sel);
+    for (size_t t = 0; t < s->ntasks; t++) depth[t] = s->tasks[t].depth;
+    if (kvq_model_eval_tasks(s->m, s->tasks, t0, t1, s->items, s->nitems, &eo, res, &err)) {
+        free(res), free(depth);
         if (ps.on) fputc('\n', stderr);
         return cli_fail(prog, &err);
     }
-    rc = CLI_OK;
     if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) rc = CLI_RUNTIME;
-    else if (!(s->rep = kvq_rows_new(s->out.f, s->fmt, TASK_COLS, TASK_NCOLS, TASK_TEXT_COLS)))
-        rc = (cli_error(prog, "out of memory"), CLI_RUNTIME);
-    int nb = s->per_depth > 0 ? (int)ceil(1.0 / s->per_depth - 1e-9) : 0;
-    for (int i = 0; i < s->nitems && !rc; i++) {
-        rc = task_row(s, res, i, NULL, "all");
-        for (int b = 0; b < nb && !rc; b++) {
-            double lo = b * s->per_depth, hi = b + 1 == nb ? 1.0 : (b + 1) * s->per_depth;
-            for (size_t t = 0; t < s->ntasks; t++) {
-                double d = s->tasks[t].depth;
-                sel[t] = !isnan(d) && d >= lo && (d < hi || (b + 1 == nb && d <= 1.0));
-            }
-            char name[48];
-            snprintf(name, sizeof name, "%.4g-%.4g", lo, hi);
-            rc = task_row(s, res, i, sel, name);
-        }
-    }
-    free(res), free(sel);
+    else if (s->shard_n)
+        rc = cli_task_shard_rows(prog, &s->out, s->rows, s->nitems, res, depth, t0, t1, s->ntasks);
+    else
+        rc = cli_task_rows(prog, &s->out, s->fmt, s->rows, s->nitems, res, depth, s->ntasks, s->per_depth);
+    free(res), free(depth);
     if (rc) return rc;
-    errno = 0;
-    kvq_status st = kvq_report_finish(s->rep);
-    s->rep = NULL;
-    if (st) return cli_write_error(prog, s->output, st, errno);
     return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
 }
 
@@ -678,7 +647,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         rc = merge(&s);
         goto done;
     }
-    if (s.per_depth && !s.tasks_path) {
+    if (s.per_depth && !s.tasks_path && !s.merge) {
         cli_error(prog, "--per-depth B needs --tasks FILE");
         rc = CLI_USAGE;
         goto done;

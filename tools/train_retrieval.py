@@ -9,12 +9,14 @@ that text (every word one piece, with byte fallback), so kvq's and
 llama.cpp's tokenizers both read it.  Written as GGUF the way llama.cpp's
 converter writes a Llama (float32 tensors, tied output embedding).
 
-Layer 0's two heads start as previous-token heads (offsets 1 and 2, set
-through RoPE from a constant embedding channel); everything is then trained.
-A model trained from a random start on CPU stays for hours on the plateau
-"answer with any listed value" (data/README.md lists the tries); with the
-previous tokens already in the residual stream, the heads that match keys
-form within minutes.
+Key matching (the induction heads retrieval needs) appears suddenly and
+late when a model starts on long contexts; on contexts of 4 to 12 pairs it
+appears within about a thousand steps, so the first --short-steps steps
+train on those (mostly kv and mqar, the loss on the answers), then every
+length up to the context.  data/README.md records the command, the seed,
+the time and the curve.  --previous-token-init starts layer 0's first head
+as a previous-token head through RoPE (tried: it slowed the first plateau,
+"answer with any listed value", about twofold, and is off by default).
 
     python3 tools/train_retrieval.py --kvq-gen build/tools/kvq-gen \\
         --out data/kvq-retrieval.gguf --seed 1 --minutes 60
@@ -142,7 +144,7 @@ class Config:
         self.head_dim = 64
         self.ffn = 384
         self.ctx = 1024
-        self.theta = 10000.0
+        self.theta = 500000.0  # Llama 3's base: the slow pairs stay still over the context, free for matching
         self.eps = 1e-5
 
 
@@ -211,43 +213,43 @@ class Model(torch.nn.Module):
         return rmsnorm(x, self.norm, cfg.eps) @ self.tok.T
 
 
-def init_previous_token_heads(model):
-    """Layer 0's heads attend to offsets 1 and 2.  Channel 0 of every token
-    embedding is a constant (its rows rescaled to one norm), so after
-    RMSNorm it is the same for every token; the keys are that channel times
-    a_i on the first of each rotary pair, head h's query the same rotated
-    back by δ_h positions, so q·k = Σ a_i² cos((m − n − δ_h)θ_i) peaks at
-    n = m − δ_h."""
+def init_previous_token_heads(model, offsets=(1,), npair=8):
+    """Layer 0's first heads attend to the given offsets (head h to offset
+    offsets[h]).  Channel 0 of every token embedding is a constant (the rows
+    rescaled to one norm), so after RMSNorm it is the same for every token;
+    the shared key's first `npair` rotary pairs are that channel times a_i on
+    the pair's first element, head h's query the same rotated back by δ_h
+    positions, so q·k = Σ a_i² cos((m − n − δ_h)θ_i) peaks at n = m − δ_h.
+    The key's other pairs and the other heads keep their random start (a
+    layer 0 without a content head learned to copy far more slowly)."""
     cfg = model.cfg
     d, hd = cfg.dim, cfg.head_dim
     with torch.no_grad():
         E = model.tok
+        scale = float(E[:, 1:].norm(dim=1).mean())  # keep the embedding's scale (RMSNorm does not see it)
         E[:, 0] = 0
-        E.mul_(1.0 / E.norm(dim=1, keepdim=True))  # unit rows in channels 1..d-1
-        E[:, 0] = 1.0                              # then x̂_0 = sqrt(d / 2) after RMSNorm
+        E.mul_(scale / E.norm(dim=1, keepdim=True))  # rows of one norm in channels 1..d-1
+        E[:, 0] = scale                              # then x̂_0 = sqrt(d / 2) after RMSNorm
         xhat0 = math.sqrt(d / 2.0)
         L = model.layers[0]
-        npair = hd // 2
         theta = cfg.theta ** (-2.0 * np.arange(npair) / hd)
-        # weights of the pairs: the fast ones tell neighbours apart
-        w = np.exp(-np.arange(npair) / 6.0)
+        w = np.exp(-np.arange(npair) / 4.0)  # the fast pairs tell neighbours apart
         # scale so that the target beats every other offset up to the context by 12 (logits)
         deltas = np.arange(0, cfg.ctx)
-        best = []
-        for delta in (1, 2):
-            sc = (w[None, :] * np.cos((deltas[:, None] - delta) * theta[None, :])).sum(1)
-            best.append(sc[delta] - np.max(np.delete(sc, delta)))
-        gap = min(best)
-        amp2 = 12.0 * math.sqrt(hd) / gap  # a_i² = amp2 · w_i
-        a = np.sqrt(amp2 * w)
-        L.wk.zero_()
+        gap = min((w * np.cos((0) * theta)).sum() - np.max(np.delete(
+            (w[None, :] * np.cos((deltas[:, None] - dl) * theta[None, :])).sum(1), dl)) for dl in offsets)
+        a = np.sqrt(12.0 * math.sqrt(hd) / gap * w)  # a_i² = amplitude · w_i
+        L.wk[:2 * npair, :] = 0
+        L.wk[:, 0] = 0
         for i in range(npair):
             L.wk[2 * i, 0] = float(a[i]) / xhat0
-        L.wq.zero_()
-        for h, delta in enumerate((1, 2)):
+        for h in range(len(offsets), cfg.n_heads):  # the other heads: blind to the positional pairs
+            L.wq[h * hd:h * hd + 2 * npair, :] = 0
+        for h, dl in enumerate(offsets):
+            L.wq[h * hd:(h + 1) * hd, :] = 0
             for i in range(npair):
-                L.wq[h * hd + 2 * i, 0] = float(a[i] * math.cos(theta[i] * delta)) / xhat0
-                L.wq[h * hd + 2 * i + 1, 0] = float(-a[i] * math.sin(theta[i] * delta)) / xhat0
+                L.wq[h * hd + 2 * i, 0] = float(a[i] * math.cos(theta[i] * dl)) / xhat0
+                L.wq[h * hd + 2 * i + 1, 0] = float(-a[i] * math.sin(theta[i] * dl)) / xhat0
         return gap
 
 
@@ -358,10 +360,14 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=60.0, help="training time budget (wall clock)")
     ap.add_argument("--max-steps", type=int, default=100000)
-    ap.add_argument("--batch-tokens", type=int, default=6144)
+    ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-init", action="store_true", help="no previous-token heads at the start")
+    ap.add_argument("--previous-token-init", action="store_true",
+                    help="start layer 0's first head as a previous-token head (slowed the first plateau)")
+    ap.add_argument("--first-steps", type=int, default=1000, help="steps on 4 to 8 pairs (kv, mqar) only")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--text-weight", type=float, default=0.05, help="loss weight of the non-answer tokens at the end")
     ap.add_argument("--target", type=float, default=0.98, help="stop once kv and mqar exact reach this at 256 and 768")
     args = ap.parse_args()
 
@@ -372,25 +378,35 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     log_path = os.path.join(args.work, "log.jsonl")
 
-    # training tasks: every kind at several context lengths, from seeds of their own
+    # training tasks: every kind at several context lengths, from seeds of their own;
+    # the short ones (a few pairs) first, where the matching key stands out most
+    short = {"needle": (32, 48), "multikey": (64,), "kv": (16, 24, 32, 48), "mqar": (16, 24, 32, 48)}
     lengths = (64, 128, 192, 384, 768, 960)
+    # the curriculum: (until step, {kind: context lengths}, weight of the non-answer tokens);
+    # key matching appears on 4 to 8 pairs, and the text's loss, let in too early, undid it
+    stages = [(args.first_steps, {"kv": (16, 24), "mqar": (16,)}, 0.0),
+              (args.first_steps + 1500, {"kv": (16, 24, 32, 48), "mqar": (16, 24, 32)}, 0.0),
+              (args.first_steps + 3000, {"kv": (32, 48, 64, 128), "mqar": (32, 48, 64), "needle": (32, 48, 64),
+                                         "multikey": (64,)}, args.text_weight / 4),
+              (1 << 30, {k: lengths for k in KINDS}, args.text_weight)]
     count = 1500
     train = {}
     for ki, kind in enumerate(KINDS):
-        for li, L in enumerate(lengths):
+        for li, L in enumerate(sorted(set(short[kind] + lengths))):
             seed = 1000 * args.seed + 10 * ki + li
             train[kind, L] = gen_tasks(args.kvq_gen, kind, count, L, seed,
                                        os.path.join(args.work, "train-%s-%d.jsonl" % (kind, L)))
     held = {(kind, L): gen_tasks(args.kvq_gen, kind, 64, L, 999 + args.seed,
                                  os.path.join(args.work, "held-%s-%d.jsonl" % (kind, L)))
-            for kind in KINDS for L in (256, 768)}
+            for kind in KINDS for L in (64, 256, 768)}
     texts = [t["context"] + " " + t["question"] + " " + t["answer"] for v in train.values() for t in v]
     texts += [t["context"] + " " + t["question"] + " " + t["answer"] for v in held.values() for t in v]
     pieces = build_vocab(texts)
     tok = Tokenizer(pieces)
     cfg = Config(3 + 256 + len(pieces))
+    cfg.n_layers = args.layers
     model = Model(cfg)
-    gap = None if args.no_init else init_previous_token_heads(model)
+    gap = init_previous_token_heads(model) if args.previous_token_init else None
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     cos, sin = rope_tables(cfg, cfg.ctx)
     ckpt = os.path.join(args.work, "ckpt.pt")
@@ -412,9 +428,10 @@ def main():
     while step < args.max_steps and time.time() - t0 < args.minutes * 60:
         # a curriculum: short contexts first, then all lengths
         frac = (time.time() - t0) / (args.minutes * 60)
-        choices = lengths[:3] if step < 600 else lengths
-        L = rng.choice(choices)
-        kind = rng.choice(KINDS)
+        _, menu, tw = next(st for st in stages if step < st[0])
+        kinds = sorted(menu)
+        kind = rng.choices(kinds, weights=[2 if k == "kv" else 1 for k in kinds])[0]
+        L = rng.choice(menu[kind])
         seqs = []
         ntok = 0
         while ntok < args.batch_tokens:
@@ -428,8 +445,9 @@ def main():
         w = torch.zeros(len(seqs), T)
         for i, (a, m) in enumerate(seqs):
             ids[i, :len(a)] = torch.tensor(a)
-            # predict token t+1 from t: weight 1 for text, 5 for answer tokens, 0 for padding
-            w[i, :len(a) - 1] = 1.0 + 4.0 * torch.tensor(m[1:], dtype=torch.float)
+            # predict token t+1 from t: the answers weigh 1, the other text --text-weight, padding 0
+            mt = torch.tensor(m[1:], dtype=torch.float)
+            w[i, :len(a) - 1] = tw + (1.0 - tw) * mt
         lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
         for g in opt.param_groups:
             g["lr"] = lr
@@ -443,7 +461,7 @@ def main():
         opt.step()
         step += 1
         tokens_seen += int(ntok)
-        am = (wf > 1.5)
+        am = (wf > 0.99)
         if step % 20 == 0:
             print("step %d  %.1f min  L=%d %s  loss %.3f  answer nll %.3f  lr %.2e" %
                   (step, (time.time() - t0) / 60, L, kind, loss.item(), (nll[am].mean().item() if am.any() else 0), lr),

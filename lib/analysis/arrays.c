@@ -60,6 +60,8 @@ static const struct abi_field {
     ABI(kvq_dump_mem, windows), ABI(kvq_dump_mem, rope_theta), ABI(kvq_dump_mem, rope_style),
     ABI(kvq_dump_mem, rope_cos), ABI(kvq_dump_mem, rope_sin), ABI(kvq_dump_mem, query_prescaled),
     ABI(kvq_dump_mem, attn_scale), ABI(kvq_dump_mem, attn_softcap),
+    ABI(kvq_task, id), ABI(kvq_task, context), ABI(kvq_task, question), ABI(kvq_task, answer), ABI(kvq_task, depth),
+    ABI(kvq_task, line),
 };
 #undef ABI
 

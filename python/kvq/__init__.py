@@ -8,6 +8,7 @@ dependency; torch tensors are accepted (moved to the CPU; bfloat16 widened).
     r.key, r.value, r.k_bits, r.metrics["k_rel_fro"]
     rows = kvq.analyze("dump.h5", ["kivi:bits=2", "fp8"], per="model")
     rows, columns, meta = kvq.read_output("sweep.csv")    # any kvq tool's OUT
+    tasks = kvq.tasks("kv", 100, 256, seed=1)            # retrieval tasks, as kvq-gen --task
     cache = kvq.DecodeCache("kivi:bits=2")                # in a model's own loop
     k_hat, v_hat = cache.update(layer, new_key, new_value)
 
@@ -22,11 +23,12 @@ from .cache import DecodeCache  # noqa: E402
 from .dump import DumpError, read_dump, write_dump  # noqa: E402
 from .output import parse_output, parse_rows, read_meta, read_output  # noqa: E402
 from .quant import Calibration, Quantized, analyze, check_spec, quantize, quantizers, spec_full  # noqa: E402
+from .tasks import read_tasks, tasks, write_tasks  # noqa: E402
 
 __all__ = ["Error", "UsageError", "FileError", "FormatError", "NumericError", "OutOfMemoryError", "UnsupportedError",
            "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
            "read_dump", "write_dump", "parse_rows", "parse_output", "read_output", "read_meta", "spec_full",
-           "check_spec", "version", "blas"]
+           "check_spec", "tasks", "read_tasks", "write_tasks", "version", "blas"]
 
 
 def version():

@@ -171,6 +171,12 @@ class AnalyzeCsvOpts(ctypes.Structure):  # kvq_analyze_csv_opts
                 ("nthreads", c_int)]
 
 
+class Task(ctypes.Structure):  # kvq_task
+    _c_name = "kvq_task"
+    _fields_ = [("id", c_char_p), ("context", c_char_p), ("question", c_char_p), ("answer", c_char_p),
+                ("depth", ctypes.c_double), ("line", ctypes.c_size_t)]
+
+
 class DumpMem(ctypes.Structure):  # kvq_dump_mem
     _c_name = "kvq_dump_mem"
     _fields_ = [("name", c_char_p), ("model", c_char_p), ("layers", ctypes.POINTER(Layer)), ("nlayers", c_int),
@@ -222,11 +228,17 @@ _SIGNATURES = {
     "kvq_rope_free": (None, [ctypes.POINTER(Rope)]),
     "kvq_layer_free": (None, [ctypes.POINTER(Layer)]),
     "kvq_dump_close": (None, [_P]),
+    "kvq_tasks_generate": (c_int, [c_int, ctypes.c_size_t, c_int, ctypes.c_uint64, _P, _P,
+                                   ctypes.POINTER(ctypes.POINTER(Task)), ctypes.POINTER(_Err)]),
+    "kvq_tasks_parse": (c_int, [c_char_p, c_char_p, ctypes.c_size_t, ctypes.POINTER(ctypes.POINTER(Task)),
+                                ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_Err)]),
+    "kvq_task_json": (_P, [ctypes.POINTER(Task), c_char_p]),
+    "kvq_tasks_free": (None, [ctypes.POINTER(Task), ctypes.c_size_t]),
 }
 
 _lib = None
 _MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope, ArraysOpts,
-             AnalyzeCsvOpts, DumpMem)
+             AnalyzeCsvOpts, DumpMem, Task)
 
 
 def abi_mismatches(handle, classes=_MIRRORED):
