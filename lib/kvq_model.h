@@ -187,7 +187,7 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
 
 /* ------------------------------------------- retrieval tasks (SPEC §8) */
 
-/* What kvq-gen --task writes (docs/models.md#tasks): needle (one fact "The
+/* What kvq-gen --task writes (docs/models.md#retrieval-tasks): needle (one fact "The
  * special magic number for W is D." in filler text), multikey (four such
  * facts, one asked), kv ("key: value." pairs, one key asked), mqar
  * ("key value" pairs, the question a key). */

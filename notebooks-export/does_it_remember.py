@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Does the cache still remember? Exact recall against the context's bytes
 #
-# `kvq-eval MODEL --tasks FILE --per-depth B` (docs/models.md#tasks) compresses each
+# `kvq-eval MODEL --tasks FILE --per-depth B` (docs/models.md#retrieval-tasks) compresses each
 # task's context once by the spec (as `--context` does), puts the question and the
 # answer on top and asks whether every answer token is still the arg-max — whether
 # greedy decoding still retrieves the fact. Left: `exact` (± its binomial standard error

@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
     *) out=$1; shift ;;
     esac
 done
-for t in kvq-analyze kvq-sweep kvq-info; do
+for t in kvq-analyze kvq-sweep kvq-info kvq-gen kvq-eval; do
     [ -x "$build/tools/$t" ] || { echo "make_figures: error: $build/tools/$t: not built (run tools/setup.sh build)" >&2; exit 1; }
 done
 # a Python 3 with matplotlib: Debian's (python3-matplotlib) even when another python3 comes first on PATH
@@ -99,6 +99,31 @@ rm -f "$data/sweep-kivi.csv"
 "$bin/kvq-sweep" "$dump" --quant kivi --grid bits=2,4 --grid group=16,32,64,128 --grid residual=0,32,64,128 \
     --per model --progress never -o "$data/sweep-kivi.csv"
 
+# does the cache still remember? The project's own model (data/kvq-retrieval.gguf) on kv
+# tasks of 256 context tokens: every compressed cache against the exact one
+rmodel=$root/data/kvq-retrieval.gguf
+if [ -r "$rmodel" ] && [ -x "$bin/kvq-gen" ] && [ -x "$bin/kvq-eval" ]; then
+    say "kvq-gen --task kv + kvq-eval --tasks: recall under quantization and eviction"
+    "$bin/kvq-gen" --task kv --count 120 --context-tokens 256 --seed 11 -o "$data/tasks-kv.jsonl"
+    tspecs=(-q none)
+    for b in 2 4; do tspecs+=(-q "kivi:bits=$b"); done
+    for b in 2 3 4 8; do tspecs+=(-q "per-token:bits=$b"); done
+    tspecs+=(-q fp8 -q ggml:ktype=q4_0,vtype=q4_0 -q vq:dims=2,bits=4)
+    for kr in 0.125:28 0.25:60 0.5:124 0.75:188; do # each selector keeping a fraction; a window of that size
+        k=${kr%:*}
+        tspecs+=(-q "tokens(snapkv:keep=$k; none; drop)" -q "tokens(h2o:keep=$k; none; drop)" \
+                 -q "tokens(knorm:keep=$k; none; drop)" -q "tokens(window:sinks=4,recent=${kr#*:}; none; drop)")
+    done
+    tspecs+=(-q "tokens(snapkv:keep=0.5; kivi:bits=4; drop)" -q "tokens(snapkv:keep=0.25; kivi:bits=2; drop)" \
+             -q "tokens(h2o:keep=0.25; none; kivi:bits=2)")
+    "$bin/kvq-eval" "$rmodel" --tasks "$data/tasks-kv.jsonl" "${tspecs[@]}" --calib "$root/data/kvq-retrieval-calib.h5" \
+        --per-depth 0.2 -o "$data/eval-tasks.csv"
+    with_tasks=1
+else
+    say "does_it_remember skipped: $rmodel or the model tools absent"
+    with_tasks=0
+fi
+
 # models in the loop: the bundled model when ../shared/data/model is present (never committed)
 shared=${KVQ_MODEL_DIR:-$root/../shared/data}
 model=$shared/model/stories260K.gguf
@@ -157,6 +182,7 @@ if [ $with_model = 1 ]; then
     [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --width "$width" --input "$data/alloc.csv" --out "$out"
     "$python" "$here/quantize_or_evict.py" --width "$width" --input "$data/eval-context.csv" --out "$out"
 fi
+[ $with_tasks = 1 ] && "$python" "$here/does_it_remember.py" --width "$width" --input "$data/eval-tasks.csv" --out "$out"
 if [ -n "${KVQ_SANITIZED:-}" ]; then
     say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
 elif [ -r "$build/python/kvq/__init__.py" ]; then  # the Python API (python/kvq), from the build
@@ -169,6 +195,7 @@ if [ $readme = 1 ]; then
     cp "$out/error_vs_bits.png" "$out/sweep_heatmap.png" "$out/vq_coupling.png" "$here/img/"
     [ -r "$out/alloc_vs_bits.png" ] && cp "$out/alloc_vs_bits.png" "$here/img/"
     [ -r "$out/quantize_or_evict.png" ] && cp "$out/quantize_or_evict.png" "$here/img/"
+    [ -r "$out/does_it_remember.png" ] && cp "$out/does_it_remember.png" "$here/img/"
     say "refreshed notebooks-export/img/"
 fi
 say "done: $(cd "$out" && ls -- *.png | tr '\n' ' ')in $out/"

@@ -47,6 +47,7 @@ if os.path.exists(d("alloc.csv")):
     SCRIPTS.append(("alloc_vs_bits", ["--input", d("alloc.csv")]))
 if os.path.exists(d("eval-context.csv")):
     SCRIPTS.append(("quantize_or_evict", ["--input", d("eval-context.csv")]))
+SCRIPTS.append(("does_it_remember", ["--input", d("eval-tasks.csv")]))
 
 if build and os.path.exists(os.path.join(build, "python", "kvq", "__init__.py")) and not os.environ.get("KVQ_SANITIZED"):
     sys.path.insert(0, os.path.join(build, "python"))  # the Python API, from the build

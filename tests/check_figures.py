@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 WIDTH_PX = 1400
 HEIGHT_PX = (300, 1800)
 EXPECTED = ["channel_magnitudes", "error_vs_bits", "error_vs_bits_formats", "layer_profile", "sweep_heatmap",
-            "sweep_heatmap_bits", "vq_coupling"]
+            "sweep_heatmap_bits", "vq_coupling", "does_it_remember"]
 OPTIONAL = ["proxy_vs_loss",  # made when the bundled model (../shared/data/model) is present
             "alloc_vs_bits",  # the same
             "quantize_or_evict",  # the same

@@ -48,6 +48,14 @@ for row in ',fp8,fp8:format=e5m2,8.000030517578125,' ',fp4,fp4:format=mxfp4,4.25
            ',ggml,"ggml:ktype=q4_0,vtype=q4_0",4.5,4.5,'; do
     grep -qF "$row" "$d/analyze-formats.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $row not in analyze-formats.csv"; }
 done
+# does the cache still remember: every spec's row over the 120 tasks and its 5 depth rows
+[ -s "$out/does_it_remember.png" ] && [ "$(grep -c '^kvq-retrieval,120,' "$d/eval-tasks.csv")" = 29 ] \
+    && [ "$(grep -c ',prefill,all,0.8-1,' "$d/eval-tasks.csv")" = 29 ] \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: does_it_remember or its rows missing"; }
+sed 's/,exact_ref,/,exactref,/' "$d/eval-tasks.csv" >"$tmp/no-exact.csv"
+grep -v ',all,all,' "$d/eval-tasks.csv" >"$tmp/no-all.csv"
+expect 1 "no-exact.csv: missing column exact_ref" -- "$python" "$nb/does_it_remember.py" --input "$tmp/no-exact.csv" --out "$tmp/bad"
+expect 1 "no-all.csv" "expected compressed specs" -- "$python" "$nb/does_it_remember.py" --input "$tmp/no-all.csv" --out "$tmp/bad"
 sed 's/,attn_rel,/,attn_relx,/' "$d/analyze-model.csv" >"$tmp/no-attn.csv"
 sed 's/,point$/,pt/' "$d/sweep-kivi.csv" >"$tmp/no-point.csv"
 sed 's/,abs_max,/,absmax,/' "$d/channels.csv" >"$tmp/no-absmax.csv"

@@ -542,7 +542,7 @@ longname = "m" * 300
 kvq.write_dump(os.path.join(tmp, "long.h5"), [dict(key=np.ones((2, 4, 8)), value=np.ones((2, 4, 8)))], model=longname)
 check(kvq.read_dump(os.path.join(tmp, "long.h5"))["model"] == longname, "read_dump: a 300-character model name whole")
 
-# ------------------------------------------------ retrieval tasks (docs/models.md#tasks)
+# ------------------------------------------------ retrieval tasks (docs/models.md#retrieval-tasks)
 gen_tasks = os.path.join(tmp, "kv-gen.jsonl")
 r = tool("kvq-gen", "--task", "kv", "--count", "5", "--context-tokens", "60", "--seed", "9", "-o", gen_tasks)
 with open(gen_tasks) as f:

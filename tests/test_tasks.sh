@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_tasks.sh — retrieval tasks end to end (docs/models.md#tasks): kvq-gen
+# test_tasks.sh — retrieval tasks end to end (docs/models.md#retrieval-tasks): kvq-gen
 # --task files, kvq-eval --tasks on the bundled model data/kvq-retrieval.gguf
 # (the rows, -q none exactly unchanged, depth rows, independence of the
 # thread count, a spec of every kind), the model's own recall (it must

@@ -1,4 +1,4 @@
-/* eval_tasks.c — kvq-eval --tasks's rows (docs/models.md#tasks), and task
+/* eval_tasks.c — kvq-eval --tasks's rows (docs/models.md#retrieval-tasks), and task
  * runs across machines: `--tasks F --shard I/N` evaluates the I-th of N
  * contiguous shares of the tasks and writes one row per task and
  * configuration with what the pooling needs; `--merge` puts the shards'

@@ -1,6 +1,6 @@
 /* kvq-gen — write seeded synthetic kvq dumps of any shape (docs/tools.md): outlier
  * key channels, RoPE, peaked attention; for tests, demos and benchmarks.  With
- * --task, seeded retrieval task files instead (SPEC §8, docs/models.md#tasks). */
+ * --task, seeded retrieval task files instead (SPEC §8, docs/models.md#retrieval-tasks). */
 #include "cli.h"
 
 #include <getopt.h>

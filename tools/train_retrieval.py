@@ -321,6 +321,72 @@ def write_gguf(path, model, pieces, name):
     os.replace(tmp, path)
 
 
+def read_gguf(path):
+    """(metadata, {tensor name: float32 numpy array}) of a GGUF file this script wrote."""
+    data = open(path, "rb").read()
+    if data[:4] != b"GGUF":
+        raise SystemExit(f"{path}: not a GGUF file")
+    _, nt, nkv = struct.unpack_from("<IQQ", data, 4)
+    o = 24
+
+    def string(o):
+        (n,) = struct.unpack_from("<Q", data, o)
+        return data[o + 8:o + 8 + n].decode("utf-8"), o + 8 + n
+
+    sizes = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "B", 10: "Q", 11: "q", 12: "d"}
+
+    def value(t, o):
+        if t == 8:
+            return string(o)
+        if t == 9:
+            at, n = struct.unpack_from("<IQ", data, o)
+            o += 12
+            out = []
+            for _ in range(n):
+                v, o = value(at, o)
+                out.append(v)
+            return out, o
+        v = struct.unpack_from("<" + sizes[t], data, o)[0]
+        return v, o + struct.calcsize(sizes[t])
+    meta = {}
+    for _ in range(nkv):
+        k, o = string(o)
+        (t,) = struct.unpack_from("<I", data, o)
+        meta[k], o = value(t, o + 4)
+    info = []
+    for _ in range(nt):
+        name, o = string(o)
+        (nd,) = struct.unpack_from("<I", data, o)
+        ne = struct.unpack_from("<%dQ" % nd, data, o + 4)
+        typ, off = struct.unpack_from("<IQ", data, o + 4 + 8 * nd)
+        o += 4 + 8 * nd + 12
+        info.append((name, ne, typ, off))
+    base = o + (-o) % meta.get("general.alignment", 32)
+    tensors = {}
+    for name, ne, typ, off in info:
+        if typ != 0:
+            raise SystemExit(f"{path}: {name}: type {typ}, expected float32")
+        n = int(np.prod(ne))
+        tensors[name] = np.frombuffer(data, "<f4", n, base + off).reshape(tuple(reversed(ne))).copy()
+    return meta, tensors
+
+
+def load_gguf_weights(model, path):
+    """The weights of a GGUF file this script wrote (data/kvq-retrieval.gguf) into model: to go on training it."""
+    _, t = read_gguf(path)
+    names = {"token_embd.weight": model.tok, "output_norm.weight": model.norm}
+    for i, L in enumerate(model.layers):
+        for gg, p in (("attn_norm", L.attn_norm), ("attn_q", L.wq), ("attn_k", L.wk), ("attn_v", L.wv),
+                      ("attn_output", L.wo), ("ffn_norm", L.ffn_norm), ("ffn_gate", L.w1), ("ffn_up", L.w3),
+                      ("ffn_down", L.w2)):
+            names["blk.%d.%s.weight" % (i, gg)] = p
+    with torch.no_grad():
+        for n, p in names.items():
+            if n not in t or tuple(t[n].shape) != tuple(p.shape):
+                raise SystemExit(f"{path}: {n}: absent or not of shape {tuple(p.shape)}")
+            p.copy_(torch.from_numpy(t[n]))
+
+
 # --------------------------------------------------------------- training
 
 def task_sequence(tok, task, extra, bos=1):
@@ -367,6 +433,9 @@ def main():
                     help="start layer 0's first head as a previous-token head (slowed the first plateau)")
     ap.add_argument("--first-steps", type=int, default=1000, help="steps on 4 to 8 pairs (kv, mqar) only")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--init-from", help="start from this GGUF's weights (one this script wrote), e.g. to train on; "
+                                        "the step count and the curriculum start from --start-step")
+    ap.add_argument("--start-step", type=int, default=0)
     ap.add_argument("--text-weight", type=float, default=0.05, help="loss weight of the non-answer tokens at the end")
     ap.add_argument("--target", type=float, default=0.98, help="stop once kv and mqar exact reach this at 256 and 768")
     args = ap.parse_args()
@@ -402,15 +471,19 @@ def main():
     texts = [t["context"] + " " + t["question"] + " " + t["answer"] for v in train.values() for t in v]
     texts += [t["context"] + " " + t["question"] + " " + t["answer"] for v in held.values() for t in v]
     pieces = build_vocab(texts)
+    if args.init_from:  # the model's own vocabulary
+        pieces = read_gguf(args.init_from)[0]["tokenizer.ggml.tokens"][3 + 256:]
     tok = Tokenizer(pieces)
     cfg = Config(3 + 256 + len(pieces))
     cfg.n_layers = args.layers
     model = Model(cfg)
     gap = init_previous_token_heads(model) if args.previous_token_init else None
+    if args.init_from:
+        load_gguf_weights(model, args.init_from)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     cos, sin = rope_tables(cfg, cfg.ctx)
     ckpt = os.path.join(args.work, "ckpt.pt")
-    step, elapsed = 0, 0.0
+    step, elapsed = args.start_step, 0.0
     if os.path.exists(ckpt):
         st = torch.load(ckpt)
         model.load_state_dict(st["model"])

@@ -1,4 +1,4 @@
-/* tasks.c — retrieval tasks (SPEC §8 "Retrieval tasks", docs/models.md#tasks):
+/* tasks.c — retrieval tasks (SPEC §8 "Retrieval tasks", docs/models.md#retrieval-tasks):
  * seeded task files that kvq-gen writes (needle, multikey, kv, mqar, over
  * filler text generated here from a small grammar: no third-party text) and
  * the JSON-lines reader kvq-eval --tasks uses.  The word lists are the

@@ -1,5 +1,5 @@
 /* tasks.c — retrieval tasks in the loop (SPEC §8 "Retrieval tasks",
- * docs/models.md#tasks): each task's prompt (BOS + context + question) and
+ * docs/models.md#retrieval-tasks): each task's prompt (BOS + context + question) and
  * answer through kvq_model_eval's context protocol (the context's cache
  * compressed once by each spec, the question and answer on top, only the
  * answer scored), and the per-task results pooled into rows. */

@@ -1,4 +1,4 @@
-"""Retrieval tasks (docs/models.md#tasks): the task files kvq-gen --task
+"""Retrieval tasks (docs/models.md#retrieval-tasks): the task files kvq-gen --task
 writes and kvq-eval --tasks reads, generated and read by libkvq itself, so a
 Python pipeline gets exactly the tasks and the checks the tools use.
 
