@@ -255,7 +255,7 @@ static int parse_options(int argc, char **argv, eval_state *s, int *stop)
 static int merge(eval_state *s)
 {
     if (s->shard_n || s->resume || s->nspecs || s->chunk || s->chunks || s->context || s->calib || s->per_layer ||
-        s->mo.text || s->mo.tokens) {
+        s->mo.text || s->mo.tokens || s->tasks_path) {
         cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format, --meta "
                   "and, for task shards, --per-depth apply)");
         return CLI_USAGE;
@@ -266,7 +266,8 @@ static int merge(eval_state *s)
     if (rc) return rc;
     kvq_format mfmt = cli_pick_format(s->format, s->output);
     cli_meta_str(s->meta, "options", "output", s->output);
-    if (cli_is_task_shard(shards[0])) return cli_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
+    if (cli_is_task_shard(shards[0])) /* kvq-eval --tasks --shard's */
+        return cli_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
     if (s->per_depth) return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
     return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
 }

@@ -72,7 +72,8 @@ def extra_questions(task, rng, k):
     else:
         w = ctx.split()
         qa = [(w[i], w[i + 1]) for i in range(0, len(w) - 1, 2)]
-    rng.shuffle(qa)
+    qa = [p for p in qa if p[0] != task["question"]]  # never the task's own question again: a repeated
+    rng.shuffle(qa)                                    # question is answered by copying the earlier answer
     return qa[:k]
 
 
@@ -436,6 +437,10 @@ def main():
     ap.add_argument("--init-from", help="start from this GGUF's weights (one this script wrote), e.g. to train on; "
                                         "the step count and the curriculum start from --start-step")
     ap.add_argument("--start-step", type=int, default=0)
+    ap.add_argument("--language", action="store_true",
+                    help="train on every kind and length with every token weighing 1 (the text as a language model)")
+    ap.add_argument("--short-only", action="store_true",
+                    help="train on kv and mqar of 16 to 64 context tokens only (what a CPU session reached)")
     ap.add_argument("--text-weight", type=float, default=0.05, help="loss weight of the non-answer tokens at the end")
     ap.add_argument("--target", type=float, default=0.98, help="stop once kv and mqar exact reach this at 256 and 768")
     args = ap.parse_args()
@@ -458,6 +463,10 @@ def main():
               (args.first_steps + 3000, {"kv": (32, 48, 64, 128), "mqar": (32, 48, 64), "needle": (32, 48, 64),
                                          "multikey": (64,)}, args.text_weight / 4),
               (1 << 30, {k: lengths for k in KINDS}, args.text_weight)]
+    if args.language:  # every kind and length, every token scored alike: the language model
+        stages = [(1 << 30, {k: lengths for k in KINDS}, 1.0)]
+    if args.short_only:  # from here on the pairs of short contexts alone, the answers alone scored
+        stages = [(1 << 30, {"kv": (16, 24, 32, 48, 64), "mqar": (16, 24, 32, 48, 64)}, 0.0)]
     count = 1500
     train = {}
     for ki, kind in enumerate(KINDS):

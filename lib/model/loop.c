@@ -269,7 +269,8 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
     }
     /* llama.cpp's perplexity: each window starts with BOS when the tokenizer adds one */
     int bos = o->chunk > 0 && m->vocab.n && m->vocab.add_bos;
-    int from = o->score_from > 0 ? o->score_from : o->context > 0 ? o->context : o->chunk > 0 ? N / 2 : 0; /* the first scored position */
+    /* the first scored position */
+    int from = o->score_from > 0 ? o->score_from : o->context > 0 ? o->context : o->chunk > 0 ? N / 2 : 0;
     kvq_eval_sums ref = {0}, wref = {0};
     for (int w = w0; w < w1 && !st; w++) {
         memcpy(win, tokens + (size_t)w * N, (size_t)N * sizeof *win);
