@@ -46,18 +46,10 @@ def parse_args(argv=None):
 # ## Series: how the bytes are spent
 
 # %%
-def split_tokens(spec):
-    """(selector, HI, LO) of a tokens(SELECT; HI; LO) spec, or None."""
-    if not spec.startswith("tokens(") or not spec.endswith(")"):
-        return None
-    parts = [p.strip() for p in spec[7:-1].split(";")]
-    return (parts[0].split(":")[0], parts[1], parts[2]) if len(parts) == 3 else None
-
-
 def series_of(row):
     """(label, kind) of a row's series."""
     spec, fam = str(row["spec"]), str(row["quantizer"])
-    t = split_tokens(spec)
+    t = kvqplot.split_tokens(spec)
     if t is None:
         return fam, "quantize"
     sel, hi, lo = t
@@ -114,10 +106,13 @@ def plot(model, ntask, ref, series, heat, a):
                                     longest=max(map(len, labels)))
     ax = axes.flat[0]
     palette = kvqplot.OKABE_ITO + ["#000000"]
-    markers = "osD^v<>ph*"
+    marker = {"evict": "o", "quantize": "s", "both": "D"}  # the kind by marker and line, the series by colour
     for i, ((kind, label), pts) in enumerate(series.items()):
+        colour = palette[i % len(palette)]
+        if i >= len(palette):  # past the palette: its colours lightened, each series its own
+            colour = kvqplot.shade(colour, 0.5 * (i // len(palette)))
         xs, ys, es = zip(*pts)
-        ax.errorbar(xs, ys, yerr=es, capsize=1.5, color=palette[i % len(palette)], marker=markers[i % len(markers)],
+        ax.errorbar(xs, ys, yerr=es, capsize=1.5, color=colour, marker=marker[kind],
                     markersize=3.5, linestyle=KIND_LINE[kind], linewidth=1, label=label)
     ax.axhline(ref, color="0.4", linewidth=0.8, linestyle="--")
     ax.set_ylim(-0.03, 1.03)
@@ -136,11 +131,6 @@ def plot(model, ntask, ref, series, heat, a):
         hx.set_yticklabels(depths)
         hx.set_xlabel(f"{a.heatmap}: fraction kept")
         hx.set_ylabel("depth of the fact")
-        for i, row in enumerate(grid):
-            for j, v in enumerate(row):
-                if math.isfinite(v):
-                    hx.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6,
-                            color="white" if v < 0.6 else "black")
         fig.colorbar(im, ax=hx, label="exact recall")
     kvqplot.legend(lax, *kvqplot.legend_entries([axes.flat[0]]))
     if not single:

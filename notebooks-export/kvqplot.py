@@ -150,6 +150,14 @@ METRIC_SHORT = {"k_rel_fro": "key error", "v_rel_fro": "value error", "score_rel
                 "v_bits": "value bits"}
 
 
+def split_tokens(spec):
+    """(selector, HI, LO) of a tokens(SELECT; HI; LO) spec, or None."""
+    if not spec.startswith("tokens(") or not spec.endswith(")"):
+        return None
+    parts = [p.strip() for p in spec[7:-1].split(";")]
+    return (parts[0].split(":")[0], parts[1], parts[2]) if len(parts) == 3 else None
+
+
 def metric_label(col, short=False):
     """An axis label for a kvq column, with its definition (or, short, without)."""
     return (METRIC_SHORT if short else METRIC_LABEL).get(col, col)

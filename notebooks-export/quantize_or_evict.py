@@ -52,14 +52,6 @@ def parse_args(argv=None):
 # ## One series per way of spending the bytes
 
 # %%
-def split_tokens(spec):
-    """(selector, HI, LO) of a tokens(SELECT; HI; LO) spec, or None."""
-    if not spec.startswith("tokens(") or not spec.endswith(")"):
-        return None
-    parts = [p.strip() for p in spec[7:-1].split(";")]
-    return (parts[0].split(":")[0], parts[1], parts[2]) if len(parts) == 3 else None
-
-
 def bits_of(spec):
     m = re.search(r"(?:^|[:,])bits=(\d+)", spec)
     return f" {m.group(1)}-bit" if m else ""
@@ -68,7 +60,7 @@ def bits_of(spec):
 def series_of(row):
     """(label, kind) of a row's series: kind evict, quantize or both."""
     spec, fam = str(row["spec"]), str(row["quantizer"])
-    t = split_tokens(spec)
+    t = kvqplot.split_tokens(spec)
     if t is None:
         return fam, "quantize"
     sel, hi, lo = t

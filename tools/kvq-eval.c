@@ -92,16 +92,17 @@ enum {
 typedef struct progress_state {
     int on;
     time_t start;
+    const char *unit; /* "window" (NULL), "task" */
 } progress_state;
 
-/* After each corpus window: windows done, elapsed, and the time left at this pace. */
+/* After each corpus window (or task): those done, elapsed, and the time left at this pace. */
 static void window_progress(void *ud, int done, int total)
 {
     progress_state *p = ud;
     if (!p->on) return;
     long el = (long)(time(NULL) - p->start);
-    fprintf(stderr, "\r%s: window %d/%d, %lds, about %lds left      %s", prog, done, total, el,
-            (long)((double)el / done * (total - done) + 0.5), done == total ? "\n" : "");
+    fprintf(stderr, "\r%s: %s %d/%d, %lds, about %lds left      %s", prog, p->unit ? p->unit : "window", done,
+            total, el, (long)((double)el / done * (total - done) + 0.5), done == total ? "\n" : "");
     fflush(stderr);
 }
 
@@ -501,16 +502,6 @@ static int evaluate(eval_state *s)
 
 /* ------------------------------------------------------------ --tasks */
 
-static void task_progress(void *ud, int done, int total)
-{
-    progress_state *p = ud;
-    if (!p->on) return;
-    long el = (long)(time(NULL) - p->start);
-    fprintf(stderr, "\r%s: task %d/%d, %lds, about %lds left      %s", prog, done, total, el,
-            (long)((double)el / done * (total - done) + 0.5), done == total ? "\n" : "");
-    fflush(stderr);
-}
-
 /* --tasks: its options' checks, the task file, the specs, the model (with a
  * tokenizer), and every task tokenized and checked against its context
  * before any work. */
@@ -603,9 +594,9 @@ static int evaluate_tasks(eval_state *s)
     cli_meta_int(meta, "result", "tasks", (long long)s->ntasks);
     if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
     progress_state ps = {s->progress_mode == CLI_PROGRESS_ALWAYS ||
-                         (s->progress_mode != CLI_PROGRESS_NEVER && isatty(2)), time(NULL)};
+                         (s->progress_mode != CLI_PROGRESS_NEVER && isatty(2)), time(NULL), "task"};
     kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
-                        .window_progress = task_progress, .ud = &ps};
+                        .window_progress = window_progress, .ud = &ps};
     /* a shard: its contiguous share of the tasks */
     size_t t0 = 0, t1 = s->ntasks;
     if (s->shard_n) {
