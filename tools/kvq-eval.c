@@ -273,11 +273,37 @@ static int merge(eval_state *s)
     return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
 }
 
+/* The calibration dump, the specs (the default set when none is given) and
+ * the calibration each needs: what both kinds of run set up first. */
+static int open_specs(eval_state *s)
+{
+    kvq_error err = {0};
+    int rc;
+    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
+    s->defaults = s->nspecs == 0;
+    if (s->defaults && (rc = cli_add_default_specs(prog, s->cal != NULL, &s->specs, &s->nspecs, NULL, 0))) return rc;
+    for (int i = 0; i < s->nspecs; i++)
+        if (s->specs[i].q && (rc = cli_check_calib(prog, &s->specs[i], s->cal != NULL))) return rc;
+    return CLI_OK;
+}
+
+/* llama.cpp's block rule (ggml, fp4), as kvq-analyze: the default set
+ * without what the model's head_dim cannot run, with a note. */
+static int fit_specs(eval_state *s)
+{
+    char skipped[256] = "";
+    int rc = cli_fit_specs_to_head_dim(prog, s->argv[s->optind], s->defaults, s->specs, &s->nspecs, s->in->head_dim,
+                                       skipped, sizeof skipped);
+    if (!rc && skipped[0])
+        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
+                "(llama.cpp refuses such a KV cache)\n", prog, skipped, s->in->head_dim);
+    return rc;
+}
+
 /* The options' checks, the calibration dump, the specs (the default set
  * when none is given), the model and its tokens, the windows. */
 static int open_inputs(eval_state *s)
 {
-    kvq_error err = {0};
     int rc;
     if ((rc = cli_model_check(prog, s->argc, s->optind, &s->mo,
                               "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
@@ -296,26 +322,13 @@ static int open_inputs(eval_state *s)
         return CLI_USAGE;
     }
     const char *inputs[] = {s->argv[s->optind], s->mo.text, s->mo.tokens, s->mo.tokenizer, s->calib};
-    if ((rc = cli_check_output(prog, s->output, inputs, 5))) return rc;
-    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
-    s->defaults = s->nspecs == 0;
-    if (s->defaults && (rc = cli_add_default_specs(prog, s->cal != NULL, &s->specs, &s->nspecs, NULL, 0))) return rc;
-    for (int i = 0; i < s->nspecs; i++)
-        if (s->specs[i].q && (rc = cli_check_calib(prog, &s->specs[i], s->cal != NULL))) return rc;
+    if ((rc = cli_check_output(prog, s->output, inputs, 5)) || (rc = open_specs(s))) return rc;
     if (s->chunks && !s->chunk) return cli_error(prog, "--chunks needs --chunk N"), CLI_USAGE;
     s->mo.no_context_cut = s->chunk > 0;
     s->mo.uses = s->chunk > 0 && s->chunks > 0 ? s->chunk * s->chunks : 0; /* --chunks K: the first K windows alone */
     if ((rc = cli_model_load(prog, s->argv, s->optind, &s->mo, &s->m, &s->ids, &s->T))) return rc;
     s->in = kvq_model_get_info(s->m);
-    { /* llama.cpp's block rule (ggml, fp4): as kvq-analyze */
-        char skipped[256] = "";
-        if ((rc = cli_fit_specs_to_head_dim(prog, s->argv[s->optind], s->defaults, s->specs, &s->nspecs,
-                                            s->in->head_dim, skipped, sizeof skipped)))
-            return rc;
-        if (skipped[0])
-            fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
-                    "(llama.cpp refuses such a KV cache)\n", prog, skipped, s->in->head_dim);
-    }
+    if ((rc = fit_specs(s))) return rc;
     long chunk = s->chunk, T = s->T;
     if (chunk > s->in->context_length) {
         cli_error(prog, "--chunk %ld: the model's context length is %d", chunk, s->in->context_length);
@@ -463,7 +476,7 @@ static int evaluate(eval_state *s)
     kvq_error err = {0};
     if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
     /* auto: on a terminal from the start (a pass is long), always, or never */
-    progress_state ps = {s->progress_mode != CLI_PROGRESS_NEVER, time(NULL)};
+    progress_state ps = {s->progress_mode != CLI_PROGRESS_NEVER, time(NULL), NULL};
     kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
                         .progress = s->chunk ? NULL : progress, .ud = &ps, .chunk = (int)s->chunk,
                         .chunks = (int)s->chunks, .window_progress = window_progress, .context = (int)s->context};
@@ -534,12 +547,7 @@ static int open_tasks(eval_state *s)
         return CLI_USAGE;
     }
     const char *inputs[] = {s->argv[s->optind], s->tasks_path, s->mo.tokenizer, s->calib};
-    if ((rc = cli_check_output(prog, s->output, inputs, 4))) return rc;
-    if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
-    s->defaults = s->nspecs == 0;
-    if (s->defaults && (rc = cli_add_default_specs(prog, s->cal != NULL, &s->specs, &s->nspecs, NULL, 0))) return rc;
-    for (int i = 0; i < s->nspecs; i++)
-        if (s->specs[i].q && (rc = cli_check_calib(prog, &s->specs[i], s->cal != NULL))) return rc;
+    if ((rc = cli_check_output(prog, s->output, inputs, 4)) || (rc = open_specs(s))) return rc;
     char *buf = NULL;
     size_t len = 0;
     if ((rc = cli_read_file(prog, s->tasks_path, &buf, &len))) return rc;
@@ -553,13 +561,7 @@ static int open_tasks(eval_state *s)
                   s->argv[s->optind]);
         return CLI_RUNTIME;
     }
-    char skipped[256] = "";
-    if ((rc = cli_fit_specs_to_head_dim(prog, s->argv[s->optind], s->defaults, s->specs, &s->nspecs,
-                                        s->in->head_dim, skipped, sizeof skipped)))
-        return rc;
-    if (skipped[0])
-        fprintf(stderr, "%s: note: default set without %s: head_dim %d is not a multiple of their blocks "
-                "(llama.cpp refuses such a KV cache)\n", prog, skipped, s->in->head_dim);
+    if ((rc = fit_specs(s))) return rc;
     if (kvq_model_check_tasks(s->m, s->tasks, s->ntasks, &err)) {
         char tmp[sizeof err.msg];
         snprintf(tmp, sizeof tmp, "%s", err.msg);
@@ -577,20 +579,10 @@ static int evaluate_tasks(eval_state *s)
     kvq_error err = {0};
     int rc;
     cli_meta *meta = s->meta;
-    cli_meta_operands(meta, s->argv + s->optind, s->argc - s->optind);
-    cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, 0);
+    record_options(s); /* T 0: the tasks' own tokens */
     cli_meta_input(meta, "tasks", s->tasks_path);
-    cli_meta_input(meta, "calib", s->calib);
-    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
     cli_meta_str(meta, "options", "tasks", s->tasks_path);
     cli_meta_double(meta, "options", "per-depth", s->per_depth);
-    cli_meta_str(meta, "options", "calib", s->calib);
-    cli_meta_str(meta, "options", "policy",
-                 s->policies[0] && s->policies[1] ? "prefill,decode" : s->policies[0] ? "prefill" : "decode");
-    cli_meta_int(meta, "options", "stride", s->stride);
-    cli_meta_bool(meta, "options", "per-layer", s->per_layer);
-    cli_meta_u64(meta, "options", "seed", s->seed);
-    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
     cli_meta_int(meta, "result", "tasks", (long long)s->ntasks);
     if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
     progress_state ps = {s->progress_mode == CLI_PROGRESS_ALWAYS ||

@@ -633,8 +633,8 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     int dropped = 0;
     kvq_status rc;
     if ((rc = quantize_cache(c, st->spec, NULL, l, 0, N, &dropped, err))) return rc;
-    for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
-    for (int h = 0; h < H; h++) st->ctx_k_bits += s->kb[h], st->ctx_v_bits += s->vb[h];
+    for (int h = 0; h < H; h++) /* the cache's bits, and the context's own */
+        st->k_bits += s->kb[h], st->v_bits += s->vb[h], st->ctx_k_bits += s->kb[h], st->ctx_v_bits += s->vb[h];
     int exact = !dropped && cache_is_exact(c, 0, N); /* the compressed context is the exact one */
     context_put(s, H, T, D, 0, N, dropped);
     const kvq_spec *hi = kvq_spec_layers_continuation(st->spec, l); /* NULL: exact */
