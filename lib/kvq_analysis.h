@@ -207,6 +207,11 @@ const char *kvq_csv_at(const kvq_csv *t, size_t rec, int col); /* NULL outside t
 int kvq_csv_column(const kvq_csv *t, const char *name);         /* its index in the header, or -1 */
 /* A whole finite decimal number: 0, else -1. */
 int kvq_csv_number(const char *s, double *v);
+/* Whether data[0..size) is one JSON value with blanks around it (no line
+ * break; nested at most 64 deep): 0, else -1 with why (at most whylen bytes,
+ * NUL-terminated) saying what was expected and at which byte.  A line of a
+ * JSON-lines file, or a run of a kvq meta file, checked before it is copied. */
+int kvq_json_check(const char *data, size_t size, char *why, size_t whylen);
 
 /* ------------------------------------------------------ bit allocation */
 

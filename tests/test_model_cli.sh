@@ -83,9 +83,10 @@ expect 1 "sh2.csv: exists; continue its windows with --resume" -- "$eval" "$tiny
 expect 1 "ends in an unfinished row" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
 expect 0 "resuming: 1 of this shard's 2 windows" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 2/3 --resume -o "$tmp/sh2.csv"
 cmp -s "$tmp/sh2.csv" "$tmp/whole2.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a resumed shard differs"; }
-expect 1 "line 3 is not window 3 of this run's shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 2/3 --resume -o "$tmp/sh2.csv"
+expect 1 "line 4 is not window 3 of this run's shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --policy prefill,decode --chunk 8 --shard 2/3 --resume -o "$tmp/sh2.csv"
+expect 1 "sh2.csv: line 2: of another run (fingerprint" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 2/3 --resume -o "$tmp/sh2.csv"
 expect 1 "windows 2..3 of 4 are in no shard" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" -o "$tmp/m2.csv"
-expect 1 "window 2 is in" "duplicated" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" "$tmp/whole2.csv" -o "$tmp/m2.csv"
+expect 1 "shard 2/3 is in" "duplicated" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" "$tmp/whole2.csv" -o "$tmp/m2.csv"
 expect 1 "un.csv: not a kvq-eval shard" -- "$eval" --merge "$tmp/un.csv" -o "$tmp/m2.csv"
 "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 1/3 --progress never -o "$tmp/other1.csv" 2>/dev/null
 expect 1 "not shards of one run" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/other1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
@@ -95,13 +96,52 @@ expect 2 "--shard 3/3: expected I/N" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt
 expect 2 "a shard is written as CSV" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --shard 0/2 --format jsonl -o "$tmp/x.csv"
 expect 2 "--resume continues a shard" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --chunk 8 --resume -o "$tmp/x.csv"
 expect 2 "--merge pools finished shards" -- "$eval" --merge --chunk 8 "$tmp/sh0.csv"
-# the Slurm array script runs the same shards and merge (as tasks 0..2 of an array of 3)
-export TOOL=kvq-eval MODEL=$tiny TOKENS=$tmp/ids40.txt OUTDIR=$tmp/slurm KVQ_BIN=$build/tools
-export ARGS="${sq[*]}"
-for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" 2>/dev/null; done
-bash "$src/tools/kvq-shards.slurm" merge 2>/dev/null
+# more shards than windows: empty shards anywhere in the list (first included) merge as one run
+for i in 0 1 2 3 4 5 6; do "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard $i/7 -o "$tmp/e7-$i.csv" 2>/dev/null; done
+[ "$(wc -l <"$tmp/e7-0.csv")" = 1 ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: shard 0/7 of 4 windows is not empty"; }
+expect 0 "merged 4 windows of 6 configurations from 7 shards" -- "$eval" --merge "$tmp"/e7-{0,1,2,3,4,5,6}.csv -o "$tmp/m7.csv"
+cmp -s "$tmp/un.csv" "$tmp/m7.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: 7 shards (3 empty) merged differ from one run"; }
+# what cannot come from one run: another text, another shard count, tampered sums, a shard twice
+printf '%s ' 1 $(seq 6 41) >"$tmp/ids40b.txt"
+"$eval" "$tiny" --tokens "$tmp/ids40b.txt" "${sq[@]}" --shard 1/3 -o "$tmp/b1.csv" 2>/dev/null
+expect 1 "b1.csv: line 2: of another run than" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/b1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+cp "$tmp/b1.csv" "$tmp/b1r.csv"
+expect 1 "b1r.csv: line 2: of another run (fingerprint" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 1/3 --resume -o "$tmp/b1r.csv"
+cp "$tmp/sh1.csv" "$tmp/s1r.csv"
+expect 1 "s1r.csv: line 2: a row of shard 1/3, this run is shard 0/3" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 0/3 --resume -o "$tmp/s1r.csv"
+expect 1 "e7-3.csv: line 2: shard 3/7 of a run in 7 shards" "has 3" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/e7-3.csv" -o "$tmp/m2.csv"
+cp "$tmp/sh1.csv" "$tmp/sh1copy.csv"
+expect 1 "shard 1/3 is in" "duplicated" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh1copy.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+# column 23 is kl_sum, 24 top1_sum, 28 d_n (a shard's columns: run and shard at 17 and 18)
+for edit in '23=-1e300:negative KL' '24=1e308:top1_sum is not a count' '28=-5:d_n is not a count' '22=nan:expected a finite number'; do
+    col=${edit%%=*} rest=${edit#*=}; val=${rest%%:*} why=${rest#*:}
+    awk -F, -v OFS=, -v c="$col" -v v="$val" 'NR == 3 {$c = v} {print}' "$tmp/sh1.csv" >"$tmp/tamper.csv"
+    expect 1 "tamper.csv: line 3:" "$why" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/tamper.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+done
+# a shard's meta file with a run that is not JSON is refused, not copied into the merged record
+mkdir -p "$tmp/bm" && cp "$tmp/sh0.csv" "$tmp/sh0.csv.meta.json" "$tmp/bm/"
+sed -i '1a {"tool": "kvq-eval", "broken' "$tmp/bm/sh0.csv.meta.json"
+expect 1 "sh0.csv.meta.json: line 2: a run that is not JSON" -- "$eval" --merge "$tmp/bm/sh0.csv" "$tmp/sh1.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
+[ ! -e "$tmp/m2.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge left a file"; }
+# a text read from a FIFO: recorded without size and SHA-256, with a note saying why
+mkfifo "$tmp/text.fifo"
+(cat "$tmp/text.txt" >"$tmp/text.fifo" &)
+expect 0 "text.fifo is not a regular file: its record has no size or SHA-256" -- "$eval" "$tiny" --text "$tmp/text.fifo" -q none -o "$tmp/fifo.csv"
+grep -q '"size": null, "note": "not a regular file (a FIFO)' "$tmp/fifo.csv.meta.json" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a FIFO's record"; }
+# the Slurm array script runs the same shards and merge (as tasks 0..2 of an array of 3; the
+# suite slurm submits it to a real Slurm); a rerun with another task count in the same OUTDIR
+# is refused, as is a merge over shards of two counts
+export OUTDIR=$tmp/slurm KVQ_BIN=$build/tools
+sargs=(kvq-eval "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}")
+for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" "${sargs[@]}" 2>/dev/null; done
+bash "$src/tools/kvq-shards.slurm" merge kvq-eval 2>/dev/null
 cmp -s "$tmp/slurm/eval.csv" "$tmp/un.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-shards.slurm (kvq-eval) differs from one run"; }
-unset TOOL MODEL TOKENS OUTDIR KVQ_BIN ARGS
+SLURM_ARRAY_TASK_ID=0 SLURM_ARRAY_TASK_COUNT=3 expect 0 "shard 0/3 complete" -- bash "$src/tools/kvq-shards.slurm" "${sargs[@]}"
+SLURM_ARRAY_TASK_ID=1 SLURM_ARRAY_TASK_COUNT=2 expect 1 "a shard of a run in 3 tasks; this array has 2" -- bash "$src/tools/kvq-shards.slurm" "${sargs[@]}"
+cp "$tmp/slurm/shard-0-of-3.csv" "$tmp/slurm/shard-0-of-2.csv"
+expect 1 "shards of runs in 2 and 3 tasks" -- bash "$src/tools/kvq-shards.slurm" merge kvq-eval
+expect 2 "expected [merge] kvq-eval|kvq-alloc|kvq-sweep" -- bash "$src/tools/kvq-shards.slurm" kvq-dump
+unset OUTDIR KVQ_BIN
 flock "$tmp/sh0.csv" sleep 3 &
 sleep 0.5
 expect 1 "another kvq-eval run is writing it" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" "${sq[@]}" --shard 0/3 --resume -o "$tmp/sh0.csv"
@@ -267,12 +307,14 @@ PY
     cmp -s "$tmp/al.csv" "$tmp/al-full.csv" && cmp -s "$tmp/al.csv.sensitivity.csv" "$tmp/al-sens-full.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-alloc --resume after a torn pass differs"; }
     expect 2 "--budget 4: below the cheapest allocation of this grid, 4.5" -- "$alloc" "${aargs[@]}" --budget 4 --resume -o "$tmp/al.csv"
+    expect 2 "--budget 4: below the cheapest allocation of this grid, 4.5" -- "$alloc" "${aargs[@]}" --budget 5,4 --progress always -o "$tmp/al3.csv"
+    ! grep -q "pass" "$tmp/err" && [ ! -e "$tmp/al3.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a budget below the grid's cheapest ran passes first"; }
     expect 2 "--budget abc: expected positive numbers" -- "$alloc" "${aargs[@]}" --budget abc -o "$tmp/al2.csv"
     expect 2 "--budget B required" -- "$alloc" "${aargs[@]}" -o "$tmp/al2.csv"
     expect 2 "-o OUT required" -- "$alloc" "${aargs[@]}" --budget 5
     expect 2 "kbits" -- "$alloc" "$m" --text "$t" --family kivi --grid kbits= --budget 5 -o "$tmp/al2.csv"
     expect 2 "unknown quantizer" -- "$alloc" "$m" --text "$t" --family nope --grid bits=2 --budget 5 -o "$tmp/al2.csv"
-    expect 2 "not a row of this run's grid" -- "$alloc" "$m" --text "$t" --max-tokens 64 --family kivi --grid bits=3 --budget 9 --resume -o "$tmp/al.csv"
+    expect 2 "not a row of this run's grid" -- "$alloc" "$m" --text "$t" --max-tokens 64 --family kivi --grid bits=3 --budget 99 --resume -o "$tmp/al.csv"
     [ ! -e "$tmp/al2.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused kvq-alloc left a file"; }
     # an edited or foreign sensitivity table is refused at --resume, naming the line (issue #36)
     sens=$tmp/al.csv.sensitivity.csv
@@ -284,6 +326,7 @@ csv.writer(open(sys.argv[5], "w"), lineterminator="\n").writerows(rows)' "$tmp/a
     }
     edit 3 6 inf; expect 1 "line 3: dnll 'inf': expected a finite number" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
     edit 3 6 -inf; expect 1 "line 3: dnll '-inf'" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
+    edit 3 7 -0.5; expect 1 "line 3: dnll_se -0.5: a standard error is not negative" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
     edit 2 1 2.5; expect 2 "line 2: not a row of this run's grid and model" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
     edit 2 1 -0.9; expect 2 "line 2: not a row of this run's grid and model" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
     edit 4 3 0; expect 1 "line 4: bits 0," "stores" -- "$alloc" "${aargs[@]}" --budget 5 --resume -o "$tmp/al.csv"
@@ -333,10 +376,11 @@ csv.writer(open(sys.argv[5], "w"), lineterminator="\n").writerows(rows)' "$tmp/a
     expect 2 "--shard 0/2 measures sensitivities only" -- "$alloc" "${aargs[@]}" --shard 0/2 --budget 5 -o "$tmp/as9.csv"
     [ ! -e "$tmp/am2.csv" ] && [ ! -e "$tmp/am2.csv.sensitivity.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge left a file"; }
     # the Slurm array script: kvq-alloc's passes in 3 tasks, then the merge allocates as one run
-    (export TOOL=kvq-alloc MODEL=$m TEXT=$t OUTDIR=$tmp/aslurm KVQ_BIN=$build/tools BUDGET=5,5.6,7
-     export ARGS="--max-tokens 192 --family kivi --grid kbits=2,4 --grid vbits=2,4 --fixed residual=0"
-     for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" 2>/dev/null; done
-     bash "$src/tools/kvq-shards.slurm" merge 2>/dev/null)
+    (export OUTDIR=$tmp/aslurm KVQ_BIN=$build/tools
+     a=(kvq-alloc "$m" --text "$t" --max-tokens 192 --family kivi --grid kbits=2,4 --grid vbits=2,4 --fixed residual=0
+        --budget 5,5.6,7)
+     for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" "${a[@]}" 2>/dev/null; done
+     bash "$src/tools/kvq-shards.slurm" merge "${a[@]}" 2>/dev/null)
     cmp -s "$tmp/aslurm/alloc.csv" "$tmp/al-full.csv" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-shards.slurm (kvq-alloc) differs from one run"; }
     # kvq-eval --shard on the bundled model: two shards of --chunk 64 merged are one run
     "$eval" "$m" --text "$t" --chunk 64 -q none -q kivi:bits=2 -q per-token:bits=4 --progress never -o "$tmp/ec.csv" 2>/dev/null

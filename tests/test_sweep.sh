@@ -205,9 +205,9 @@ expect 2 "--grid keep=0.1: key 'keep' is already fixed" -- "$sweep" "$real" --qu
 expect 2 "expected tokens(SELECT; HI; LO)" -- "$sweep" "$real" --quant 'tokens(h2o' --grid keep=0.1 -o "$tmp/x.csv"
 
 # --- the Slurm example: a 3-task array then the merge, run here without Slurm
-export DUMPS=$real OUTDIR=$tmp/slurm KVQ_SWEEP=$sweep SWEEP_ARGS="${kivi[*]}"
-for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-sweep.slurm" 2>/dev/null; done
-bash "$src/tools/kvq-sweep.slurm" merge 2>"$tmp/err"
+export OUTDIR=$tmp/slurm KVQ_BIN=$(dirname "$sweep")
+for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/tools/kvq-shards.slurm" kvq-sweep "$real" "${kivi[@]}" 2>/dev/null; done
+bash "$src/tools/kvq-shards.slurm" merge kvq-sweep "$real" "${kivi[@]}" 2>"$tmp/err"
 check "Slurm example: merged array equals the unsharded run" cmp -s "$tmp/slurm/sweep.csv" "$tmp/all.csv"
 
 # one run at a time on an OUT (its lock): a second --resume exits 1 at once instead of

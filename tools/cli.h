@@ -155,11 +155,14 @@ void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_r
                     kvq_cell *row);
 /* kvq-eval --shard (docs/models.md#shards): OUT created, or with resume
  * continued after its last whole window of this shard's windows [w0, w1)
- * (*done of them), locked for the run; cli_eval_shard_window is the
- * kvq_eval_opts.window_done that appends a window's rows and fsyncs. */
+ * (*done of them; rows of another run or shard refused), locked for the
+ * run; cli_eval_shard_window is the kvq_eval_opts.window_done that appends
+ * a window's rows and fsyncs.  run: the run's fingerprint (16 hex digits,
+ * kvq_eval_fingerprint), shard: "I/N"; both strings outlive the shard. */
 typedef struct cli_eval_shard cli_eval_shard;
-int cli_eval_shard_open(const char *prog, const char *path, int resume, const cli_eval_row *rows, int nitems,
-                        int chunk, int nwin, int w0, int w1, int *done, cli_eval_shard **out);
+int cli_eval_shard_open(const char *prog, const char *path, int resume, const char *run, const char *shard,
+                        const cli_eval_row *rows, int nitems, int chunk, int nwin, int w0, int w1, int *done,
+                        cli_eval_shard **out);
 kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
                                  kvq_error *err);
 int cli_eval_shard_close(cli_eval_shard *s);

@@ -2,9 +2,11 @@
  * (docs/models.md#shards): `--chunk N --shard I/S` evaluates a contiguous
  * share of the windows and appends each window's rows to OUT as it
  * finishes (locked, fsynced; --resume continues after the last whole
- * window), with the exact sums the run pools; `--merge` adds the shards'
- * sums in window order, as one run adds them (kvq_eval_sums_add), so the
- * merged rows are the unsharded run's, bit for bit. */
+ * window), with the exact sums the run pools, the run's fingerprint and
+ * the shard's I/N; `--merge` adds the shards' sums in window order, as one
+ * run adds them (kvq_eval_sums_add), so the merged rows are the unsharded
+ * run's, bit for bit.  Both refuse rows of another run (model, text,
+ * options), of another shard, duplicated, or with sums no run writes. */
 #include "cli.h"
 
 #include <errno.h>
@@ -19,10 +21,12 @@
 static const char *const EVAL_COLS[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
                                         "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se",
                                         /* a shard's rows: the window and what the run pools */
-                                        "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum", "top1_sum",
+                                        "run", "shard", "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum", "top1_sum",
                                         "k_bits_sum", "v_bits_sum", "elements", "d_n", "d_mean", "d_m2"};
-enum { NSTD = 16, NSHARD = 28, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER, C_POS = 14, C_WINDOW = 16,
-       C_WINDOWS, C_SUMS };
+enum { NSTD = 16, NSHARD = 30, NSUMS = 10, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER, C_POS = 14,
+       C_RUN = 16, C_SHARD, C_WINDOW, C_WINDOWS, C_SUMS };
+/* the sums' columns, from C_SUMS on */
+enum { S_NLL_REF, S_NLL, S_KL, S_TOP1, S_K_BITS, S_V_BITS, S_ELEMENTS, S_D_N, S_D_MEAN, S_D_M2 };
 
 const char *const *cli_eval_columns(int shard, int *ncols)
 {
@@ -57,7 +61,7 @@ void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_r
 /* ---------------------------------------------------------------- shards */
 
 struct cli_eval_shard {
-    const char *prog, *path;
+    const char *prog, *path, *run, *shard;
     int fd;
     const cli_eval_row *rows;
     int nitems, chunk, nwin;
@@ -73,14 +77,15 @@ static int same_item(const kvq_csv *t, size_t rec, const cli_eval_row *r, const 
     return 1;
 }
 
-int cli_eval_shard_open(const char *prog, const char *path, int resume, const cli_eval_row *rows, int nitems,
-                        int chunk, int nwin, int w0, int w1, int *done, cli_eval_shard **out)
+int cli_eval_shard_open(const char *prog, const char *path, int resume, const char *run, const char *shard,
+                        const cli_eval_row *rows, int nitems, int chunk, int nwin, int w0, int w1, int *done,
+                        cli_eval_shard **out)
 {
     *out = NULL, *done = 0;
     cli_eval_shard *s = calloc(1, sizeof *s);
     if (!s) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
-    *s = (cli_eval_shard){.prog = prog, .path = path, .fd = -1, .rows = rows, .nitems = nitems, .chunk = chunk,
-                          .nwin = nwin};
+    *s = (cli_eval_shard){.prog = prog, .path = path, .run = run, .shard = shard, .fd = -1, .rows = rows,
+                          .nitems = nitems, .chunk = chunk, .nwin = nwin};
     int rc = CLI_RUNTIME;
     kvq_csv t = {0};
     kvq_error err = {0};
@@ -125,6 +130,18 @@ int cli_eval_shard_open(const char *prog, const char *path, int resume, const cl
         for (; rec + (size_t)nitems <= t.nrec && w < w1; w++, rec += (size_t)nitems) {
             for (int i = 0; i < nitems; i++) {
                 double wv, nv;
+                size_t line = rec + 1 + (size_t)i;
+                if (strcmp(kvq_csv_at(&t, rec + (size_t)i, C_RUN), run)) {
+                    cli_error(prog, "%s: line %zu: of another run (fingerprint %s, this run's %s: another model, text, "
+                              "--chunk, --chunks, --context, --policy, --stride, --seed or --calib); remove it or "
+                              "choose another -o", path, line, kvq_csv_at(&t, rec + (size_t)i, C_RUN), run);
+                    goto fail;
+                }
+                if (strcmp(kvq_csv_at(&t, rec + (size_t)i, C_SHARD), shard)) {
+                    cli_error(prog, "%s: line %zu: a row of shard %s, this run is shard %s; remove it or choose "
+                              "another -o", path, line, kvq_csv_at(&t, rec + (size_t)i, C_SHARD), shard);
+                    goto fail;
+                }
                 if (!same_item(&t, rec + (size_t)i, &rows[i], cs) ||
                     kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOW), &wv) || wv != w ||
                     kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOWS), &nv) || nv != nwin) {
@@ -196,9 +213,11 @@ kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref,
         cli_eval_cells(&s->rows[i], &it, nll_ref, tokens, npos, row);
         const kvq_eval_sums *w = &sums[i];
         double v[] = {ref->nll, w->nll, w->kl, w->top1, w->k_bits, w->v_bits, w->elements, w->d_n, w->d_mean, w->d_m2};
+        row[C_RUN] = (kvq_cell){.text = s->run};
+        row[C_SHARD] = (kvq_cell){.text = s->shard};
         row[C_WINDOW] = (kvq_cell){.text = wi};
         row[C_WINDOWS] = (kvq_cell){.text = windows};
-        for (int k = 0; k < 10; k++) row[C_SUMS + k] = (kvq_cell){.num = v[k], .is_num = 1};
+        for (int k = 0; k < NSUMS; k++) row[C_SUMS + k] = (kvq_cell){.num = v[k], .is_num = 1};
         st = kvq_rows_add(r, row);
     }
     if (r) {
@@ -248,12 +267,29 @@ static int cmp_win(const void *a, const void *b)
     return x->window < y->window ? -1 : x->window > y->window;
 }
 
+/* Why a row's sums cannot come from a run (v: the NSUMS sums, pos: its
+ * positions), or NULL: counts are whole and within the positions, NLL, KL,
+ * bits and the squared deviations are not negative (every sum is finite:
+ * kvq_csv_number refuses the rest). */
+static const char *impossible_sums(const double v[NSUMS], double pos)
+{
+    if (v[S_NLL_REF] < 0 || v[S_NLL] < 0) return "a negative NLL sum";
+    if (v[S_KL] < 0) return "a negative KL sum (each position's KL is at least 0)";
+    if (v[S_TOP1] < 0 || v[S_TOP1] > pos || v[S_TOP1] != floor(v[S_TOP1]))
+        return "top1_sum is not a count of its positions";
+    if (v[S_K_BITS] < 0 || v[S_V_BITS] < 0 || v[S_ELEMENTS] < 0) return "negative bits or elements";
+    if (v[S_D_N] < 0 || v[S_D_N] > pos || v[S_D_N] != floor(v[S_D_N])) return "d_n is not a count of its positions";
+    if (v[S_D_M2] < 0) return "a negative d_m2 (a sum of squares)";
+    return NULL;
+}
+
 int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
 {
-    int rc = CLI_RUNTIME, nitems = 0;
-    long nwin = -1;
+    int rc = CLI_RUNTIME, nitems = 0, r0 = -1;
+    long nwin = -1, nshard = -1;
     kvq_error err = {0};
     kvq_csv *t = calloc((size_t)nfiles, sizeof *t);
+    int *holder = NULL; /* [nshard]: the file that holds shard I, or -1 */
     shard_win *win = NULL;
     size_t nw = 0;
     kvq_eval_sums *acc = NULL, ref = {0};
@@ -266,20 +302,63 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
         if (kvq_csv_read(files[f], &t[f], &err)) { rc = cli_fail(prog, &err); goto done; }
         int ok = t[f].nrec > 0 && t[f].ncols == NSHARD;
         for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(&t[f], 0, c), EVAL_COLS[c]);
-        if (!ok) { cli_error(prog, "%s: not a kvq-eval shard (kvq-eval --shard writes them)", files[f]); goto done; }
+        if (!ok) {
+            cli_error(prog, "%s: not a kvq-eval shard of this version (kvq-eval --shard writes them)", files[f]);
+            goto done;
+        }
         if (t[f].torn) {
             cli_error(prog, "%s: ends in an unfinished row: its run did not finish (continue it with --resume)",
                       files[f]);
             goto done;
         }
+        if (r0 < 0 && t[f].nrec > 1) r0 = f; /* the first shard with a window: the reference */
         total_recs += t[f].nrec;
     }
+    if (r0 < 0) { cli_error(prog, "%s: no window in the shards", files[0]); goto done; }
     if (!(win = calloc(total_recs + 1, sizeof *win))) { cli_error(prog, "out of memory"); goto done; }
-    /* each file: groups of rows of one window, each group the same items as the first file's first */
-    const kvq_csv *t0 = &t[0];
+    /* each file: groups of rows of one window, each group the same items as the reference's first;
+       every row of the reference's run, each file one shard of the same N, each shard in one file */
+    const kvq_csv *t0 = &t[r0];
+    const char *run0 = kvq_csv_at(t0, 1, C_RUN);
     for (int f = 0; f < nfiles; f++) {
+        long si = -1, sn = -1;
         for (size_t rec = 1; rec < t[f].nrec;) {
             double wv, nv;
+            const char *sh = kvq_csv_at(&t[f], rec, C_SHARD);
+            if (strcmp(kvq_csv_at(&t[f], rec, C_RUN), run0)) {
+                cli_error(prog, "%s: line %zu: of another run than %s's (fingerprint %s, not %s: another model, text "
+                          "or options): not shards of one run", files[f], rec + 1, files[r0],
+                          kvq_csv_at(&t[f], rec, C_RUN), run0);
+                goto done;
+            }
+            if (si < 0) {
+                if (cli_parse_shard(sh, &si, &sn)) {
+                    cli_error(prog, "%s: line %zu: shard '%s': expected I/N", files[f], rec + 1, sh);
+                    goto done;
+                }
+                if (nshard < 0) {
+                    nshard = sn;
+                    if (!(holder = malloc((size_t)nshard * sizeof *holder))) { cli_error(prog, "out of memory"); goto done; }
+                    for (long k = 0; k < nshard; k++) holder[k] = -1;
+                }
+                if (sn != nshard) {
+                    cli_error(prog, "%s: line %zu: shard %s of a run in %ld shards; %s's has %ld: not shards of one run",
+                              files[f], rec + 1, sh, sn, files[r0], nshard);
+                    goto done;
+                }
+                if (holder[si] >= 0) {
+                    cli_error(prog, "shard %s is in %s and %s: duplicated", sh, files[holder[si]], files[f]);
+                    goto done;
+                }
+                holder[si] = f;
+            }
+            char want[48];
+            snprintf(want, sizeof want, "%ld/%ld", si, sn);
+            if (strcmp(sh, want)) {
+                cli_error(prog, "%s: line %zu: shard '%s' in a file of shard %s: not one shard's output", files[f],
+                          rec + 1, sh, want);
+                goto done;
+            }
             if (kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOW), &wv) || wv < 0 || wv != floor(wv) ||
                 kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOWS), &nv) || nv < 1 || nv != floor(nv) || wv >= nv) {
                 cli_error(prog, "%s: line %zu: expected a window below the number of windows", files[f], rec + 1);
@@ -287,8 +366,14 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
             }
             if (nwin < 0) nwin = (long)nv;
             if ((long)nv != nwin) {
-                cli_error(prog, "%s: line %zu: a run of %ld windows; %s's has %ld: not shards of one run", files[f], rec + 1,
-                          (long)nv, files[0], nwin);
+                cli_error(prog, "%s: line %zu: a run of %ld windows; %s's has %ld: not shards of one run", files[f],
+                          rec + 1, (long)nv, files[r0], nwin);
+                goto done;
+            }
+            long lo = nwin * si / sn, hi = nwin * (si + 1) / sn; /* shard I's windows, as kvq-eval splits them */
+            if ((long)wv < lo || (long)wv >= hi) {
+                cli_error(prog, "%s: line %zu: window %ld is not one of shard %s's (%ld..%ld)", files[f], rec + 1,
+                          (long)wv, sh, lo, hi - 1);
                 goto done;
             }
             size_t n = 0;
@@ -297,22 +382,33 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
             if (!nitems) nitems = (int)n;
             if ((int)n != nitems) {
                 cli_error(prog, "%s: window %ld has %zu rows, window %s of %s has %d: not shards of one run (or an "
-                          "unfinished window)", files[f], (long)wv, n, kvq_csv_at(t0, 1, C_WINDOW), files[0], nitems);
+                          "unfinished window)", files[f], (long)wv, n, kvq_csv_at(t0, 1, C_WINDOW), files[r0], nitems);
                 goto done;
             }
-            for (size_t i = 0; i < n; i++)
+            for (size_t i = 0; i < n; i++) {
                 for (int c = 0; c <= C_LAYER; c++)
                     if (strcmp(kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(t0, 1 + i, c))) {
                         cli_error(prog, "%s: line %zu: %s '%s' where %s has '%s': not shards of one run", files[f],
-                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), files[0],
+                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), files[r0],
                                   kvq_csv_at(t0, 1 + i, c));
                         goto done;
                     }
+                for (int c = C_RUN; c <= C_WINDOWS; c++)
+                    if (strcmp(kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(&t[f], rec, c))) {
+                        cli_error(prog, "%s: line %zu: %s '%s' in a window whose first row has '%s'", files[f],
+                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(&t[f], rec, c));
+                        goto done;
+                    }
+                if (strcmp(kvq_csv_at(&t[f], rec + i, C_SUMS + S_NLL_REF), kvq_csv_at(&t[f], rec, C_SUMS + S_NLL_REF))) {
+                    cli_error(prog, "%s: line %zu: nll_ref_sum differs from its window's first row's (one exact "
+                              "stream per window)", files[f], rec + i + 1);
+                    goto done;
+                }
+            }
             win[nw++] = (shard_win){f, rec, (long)wv};
             rec += n;
         }
     }
-    if (!nw) { cli_error(prog, "%s: no window in the shards", files[0]); goto done; }
     qsort(win, nw, sizeof *win, cmp_win);
     for (size_t k = 0; k < nw; k++) {
         if (k && win[k].window == win[k - 1].window) {
@@ -337,20 +433,26 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
         const kvq_csv *tf = &t[win[k].file];
         for (int i = 0; i < nitems; i++) {
             size_t rec = win[k].rec + (size_t)i;
-            double v[10], pos;
-            for (int c = 0; c < 10; c++)
+            double v[NSUMS], pos;
+            for (int c = 0; c < NSUMS; c++)
                 if (kvq_csv_number(kvq_csv_at(tf, rec, C_SUMS + c), &v[c])) {
                     cli_error(prog, "%s: line %zu: %s: expected a finite number", files[win[k].file], rec + 1,
                               EVAL_COLS[C_SUMS + c]);
                     goto done;
                 }
-            if (kvq_csv_number(kvq_csv_at(tf, rec, C_POS), &pos) || pos < 1) {
+            if (kvq_csv_number(kvq_csv_at(tf, rec, C_POS), &pos) || pos < 1 || pos != floor(pos)) {
                 cli_error(prog, "%s: line %zu: positions: expected a positive count", files[win[k].file], rec + 1);
                 goto done;
             }
-            if (i == 0) kvq_eval_sums_add(&ref, &(kvq_eval_sums){.nll = v[0], .positions = pos});
-            kvq_eval_sums w = {.nll = v[1], .kl = v[2], .top1 = v[3], .positions = pos, .k_bits = v[4],
-                               .v_bits = v[5], .elements = v[6], .d_n = v[7], .d_mean = v[8], .d_m2 = v[9]};
+            const char *why = impossible_sums(v, pos);
+            if (why) {
+                cli_error(prog, "%s: line %zu: %s: not sums a run writes", files[win[k].file], rec + 1, why);
+                goto done;
+            }
+            if (i == 0) kvq_eval_sums_add(&ref, &(kvq_eval_sums){.nll = v[S_NLL_REF], .positions = pos});
+            kvq_eval_sums w = {.nll = v[S_NLL], .kl = v[S_KL], .top1 = v[S_TOP1], .positions = pos,
+                               .k_bits = v[S_K_BITS], .v_bits = v[S_V_BITS], .elements = v[S_ELEMENTS],
+                               .d_n = v[S_D_N], .d_mean = v[S_D_MEAN], .d_m2 = v[S_D_M2]};
             kvq_eval_sums_add(&acc[i], &w);
         }
     }
@@ -377,7 +479,10 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
     if (!(rep = kvq_rows_new(out.f, fmt, EVAL_COLS, NSTD, 6))) { cli_error(prog, "out of memory"); goto done; }
     char tokens[32], npos[16];
     double chunk;
-    if (kvq_csv_number(kvq_csv_at(t0, 1, C_TOKENS), &chunk)) { cli_error(prog, "%s: line 2: tokens: expected a number", files[0]); goto done; }
+    if (kvq_csv_number(kvq_csv_at(t0, 1, C_TOKENS), &chunk)) {
+        cli_error(prog, "%s: line 2: tokens: expected a number", files[r0]);
+        goto done;
+    }
     snprintf(tokens, sizeof tokens, "%.0f", chunk * (double)nwin);
     double nll_ref = ref.nll / ref.positions;
     for (int i = 0; i < nitems; i++) {
@@ -405,6 +510,6 @@ done:
     kvq_report_discard(rep);
     if (out.f) cli_out_abort(&out);
     for (int f = 0; f < nfiles; f++) kvq_csv_free(&t[f]);
-    free(t), free(win), free(acc), free(items);
+    free(t), free(win), free(acc), free(items), free(holder);
     return rc;
 }

@@ -547,6 +547,16 @@ static int open_inputs(alloc_job *s)
                                   (int)s->mo.threads, &pt->want_k, &pt->want_v, &err))
             return cli_fail(prog, &err);
     }
+    /* a budget below every point's bits cannot be met: said before the passes, not after them
+       (the same refusal as the allocation's; budgets within rounding of it are left to that) */
+    double min_bits = INFINITY;
+    for (int i = 0; i < s->np; i++) min_bits = fmin(min_bits, (s->pts[i].want_k + s->pts[i].want_v) / 2);
+    for (int b = 0; b < s->nbudgets; b++)
+        if (s->budgets[b] < min_bits * (1 - 1e-9)) {
+            cli_error(prog, "--budget %g: below the cheapest allocation of this grid, %.6g bits per element",
+                      s->budgets[b], min_bits);
+            return CLI_USAGE;
+        }
     return CLI_OK;
 }
 
@@ -646,7 +656,7 @@ static int measure(alloc_job *s)
     s->ps = (progress_state){s->progress_mode != CLI_PROGRESS_NEVER, 0, s->mine - s->ndone, 0, time(NULL)};
     s->eo.ud = &s->ps;
     static char note_head[1024], note_tail[256];
-    snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", s->sens_path);
+    snprintf(note_head, sizeof note_head, "%s: interrupted: %s keeps ", prog, s->sens_path);
     snprintf(note_tail, sizeof note_tail, " of %d sensitivity passes complete; the same command with --resume "
              "continues\n", s->mine);
     cli_interrupt_note(note_head, note_tail);

@@ -5,6 +5,8 @@
  * reported per quantizer (and per layer with --per-layer). */
 #include "cli.h"
 
+#include <inttypes.h>
+
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -152,6 +154,7 @@ typedef struct eval_state {
     char policy_name[2][40];
     kvq_format fmt;
     int w0, w1, wdone; /* a shard's windows, and those already in OUT */
+    char run[17], shard_id[48]; /* a shard's run fingerprint and I/N */
     cli_eval_shard *shard;
     cli_out out;
     kvq_report *rep;
@@ -420,15 +423,21 @@ static int open_out(eval_state *s)
         return CLI_OK;
     }
     s->w0 = (int)(s->nwin * s->shard_i / s->shard_n), s->w1 = (int)(s->nwin * (s->shard_i + 1) / s->shard_n);
-    char sh[48];
-    snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
-    cli_meta_str(meta, "options", "shard", sh);
+    snprintf(s->shard_id, sizeof s->shard_id, "%ld/%ld", s->shard_i, s->shard_n);
+    /* the run: model, text and the options that change rows (the rows name the configurations) */
+    kvq_eval_opts fo = {.stride = (int)s->stride, .seed = s->seed, .chunk = (int)s->chunk, .chunks = (int)s->chunks,
+                        .context = (int)s->context};
+    snprintf(s->run, sizeof s->run, "%016" PRIx64,
+             kvq_eval_fingerprint(s->m, s->ids, s->T, s->policies[1] ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &fo,
+                                  s->calib));
+    cli_meta_str(meta, "options", "shard", s->shard_id);
+    cli_meta_str(meta, "result", "run", s->run);
     cli_meta_bool(meta, "options", "resume", s->resume);
     cli_meta_int(meta, "result", "windows", s->nwin);
     cli_meta_int(meta, "result", "window_begin", s->w0);
     cli_meta_int(meta, "result", "window_end", s->w1);
-    if ((rc = cli_eval_shard_open(prog, s->output, s->resume, s->rows, s->nitems, (int)s->chunk, s->nwin, s->w0,
-                                  s->w1, &s->wdone, &s->shard)))
+    if ((rc = cli_eval_shard_open(prog, s->output, s->resume, s->run, s->shard_id, s->rows, s->nitems, (int)s->chunk,
+                                  s->nwin, s->w0, s->w1, &s->wdone, &s->shard)))
         return rc;
     if (s->wdone) { /* the runs that wrote those windows stay in the record */
         char *mp = cli_meta_path(s->output), *runs = NULL;
@@ -443,7 +452,7 @@ static int open_out(eval_state *s)
     }
     cli_meta_int(meta, "result", "windows_resumed", s->wdone);
     static char note_head[1024], note_tail[256];
-    snprintf(note_head, sizeof note_head, "interrupted: %s keeps ", s->output);
+    snprintf(note_head, sizeof note_head, "%s: interrupted: %s keeps ", prog, s->output);
     snprintf(note_tail, sizeof note_tail, " of shard %ld/%ld's %d windows; the same command with --resume "
              "continues\n", s->shard_i, s->shard_n, s->w1 - s->w0);
     cli_interrupt_note(note_head, note_tail);

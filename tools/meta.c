@@ -30,6 +30,7 @@ typedef struct meta_input {
     struct stat st; /* at cli_meta_input: compared again when the record is written */
     int stat_errno;
     int extended;   /* the run appends to it itself (a resumed file): growing is no change */
+    int noted;      /* its "not a regular file" note printed */
     cli_hash_job *job; /* its hash in the background (NULL: hashed when the record is written) */
     char sha[65]; /* once hashed ("" before): a sweep writes its record twice */
 } meta_input;
@@ -400,12 +401,21 @@ int cli_meta_read_runs(const char *prog, const char *meta_path, char **runs)
     }
     sbuf b = {0};
     int closed = 0;
+    int lineno = 1;
     for (char *line = nl + 1; *line && !closed;) {
         char *end = strchr(line, '\n');
+        lineno++;
         size_t n = end ? (size_t)(end - line) : strlen(line);
         if (n >= 2 && !strncmp(line, "]}", 2)) closed = 1;
         else if (n && line[0] == '{') {
             if (line[n - 1] == ',') n--;
+            char why[200];
+            if (kvq_json_check(line, n, why, sizeof why)) { /* copied as it is: it must be JSON */
+                cli_error(prog, "%s: line %d: a run that is not JSON (an edited meta file?): %s", meta_path, lineno,
+                          why);
+                free(text), free(b.s);
+                return CLI_RUNTIME;
+            }
             if (b.len) sb_str(&b, ",\n");
             sb_put(&b, line, n);
         } else if (n) break;
@@ -466,8 +476,17 @@ static int sb_input(sbuf *b, cli_meta *m, meta_input *in, int hash, const char *
     sb_str(b, ", \"realpath\": ");
     sb_json(b, abs);
     free(abs);
-    sb_printf(b, ", \"size\": %lld, \"mtime\": \"%s\", \"sha256\": ", (long long)in->st.st_size, mt);
     int hashable = S_ISREG(in->st.st_mode);
+    if (hashable) sb_printf(b, ", \"size\": %lld", (long long)in->st.st_size);
+    else { /* a FIFO, a character device: read as it came, once */
+        sb_printf(b, ", \"size\": null, \"note\": \"not a regular file (%s): read once as its bytes came; no size or "
+                     "SHA-256 can be recorded\"", S_ISFIFO(in->st.st_mode) ? "a FIFO" : S_ISCHR(in->st.st_mode) ?
+                     "a character device" : "not a file");
+        if (!in->noted) fprintf(stderr, "%s: note: %s is not a regular file: its record has no size or SHA-256\n",
+                                prog, in->path);
+        in->noted = 1;
+    }
+    sb_printf(b, ", \"mtime\": \"%s\", \"sha256\": ", mt);
     if (hash && hashable) {
         int e = 0;
         if (!in->sha[0] && (in->job ? cli_hash_job_wait(m->hasher, in->job, in->sha, &e)

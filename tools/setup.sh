@@ -5,6 +5,7 @@
 #   tools/setup.sh demo   runs kvq-analyze on the bundled real dump (every family, calibrated on the second dump)
 #   tools/setup.sh test   runs every test suite, in a normal build and in an
 #                         AddressSanitizer + UndefinedBehaviorSanitizer build
+#                         (as root it also installs slurm-wlm and munge: the slurm suite)
 #   tools/setup.sh figures regenerates every figure from the bundled data into figures/
 #   tools/setup.sh build  only builds (into build/)
 set -euo pipefail
@@ -47,6 +48,8 @@ run_step() { # what command...
 
 pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev libssl-dev check
       python3-matplotlib python3-numpy python3-h5py) # figure scripts (notebooks-export/), tools/kvq_dump.py
+# the test suite's real parts, as root: the slurm suite starts a one-node Slurm (skipped otherwise)
+[ "$what" = test ] && [ "$(id -u)" = 0 ] && pkgs+=(slurm-wlm munge)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -263,6 +263,11 @@ kvq_status kvq_alloc_table_read(const char *path, const char *data, size_t size,
                 goto done;
             }
         }
+        if (v[4] < 0) { /* a standard error (NaN: a single position) */
+            st = REFUSE(KVQ_ERR_FORMAT, KVQ_ALLOC_FIX_REMOVE, "%s: line %zu: dnll_se %.17g: a standard error is not "
+                        "negative", path, r + 1, v[4]);
+            goto done;
+        }
         kvq_alloc_point *pt = &pts[spec_i];
         if (!(fabs(v[0] - pt->want_k) <= 1e-9 * pt->want_k) || !(fabs(v[1] - pt->want_v) <= 1e-9 * pt->want_v) ||
             v[2] != (v[0] + v[1]) / 2) {

@@ -572,6 +572,18 @@ static int j_skip(jparse *j, int depth)
     }
 }
 
+int kvq_json_check(const char *data, size_t size, char *why, size_t whylen)
+{
+    jparse j = {.s = data, .end = data + size};
+    int rc = j_skip(&j, 0);
+    if (!rc) {
+        j_ws(&j);
+        if (j.s < j.end) rc = j_fail(&j, "expected the end of the line");
+    }
+    if (rc && why && whylen) snprintf(why, whylen, "%s at byte %zu", j.why, (size_t)(j.s - data) + 1);
+    return rc;
+}
+
 enum { F_CONTEXT, F_QUESTION, F_ANSWER, F_ID, F_DEPTH, F_N };
 static const char *const field_names[F_N] = {"context", "question", "answer", "id", "depth"};
 
