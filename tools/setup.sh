@@ -18,6 +18,21 @@ case "$what" in demo|test|figures|build) ;; *) echo "usage: tools/setup.sh demo|
 # terminal (so the demo's table is not buried under it), or line by line into
 # a log (CI); a failing step prints the last lines of its output.
 say() { echo "setup: $*" >&2; }
+# heartbeat PREFIX: copies its input line by line (prefixed), and after 60 s without a line says
+# that the step is still running — a log never goes silent for minutes (apt's unpacking, a long test)
+heartbeat() {
+    local t0=$SECONDS line rc
+    while :; do
+        if IFS= read -r -t 60 line; then
+            echo "$1$line"
+        else
+            rc=$?
+            [ $rc -gt 128 ] || break # end of input (a last line without a newline is printed)
+            echo "$1... still running ($((SECONDS - t0)) s)"
+        fi
+    done
+    [ -z "${line:-}" ] || echo "$1$line"
+}
 run_step() { # what command...
     local what=$1 log="" rc=0
     shift
@@ -33,7 +48,7 @@ run_step() { # what command...
         rc=${PIPESTATUS[0]}
         printf '\r\033[K' >&2
     else
-        "$@" 2>&1 | sed -u 's/^/  /' >&2
+        "$@" 2>&1 | heartbeat "  " >&2
         rc=${PIPESTATUS[0]}
     fi
     set -e
@@ -46,10 +61,12 @@ run_step() { # what command...
     [ -z "$log" ] || rm -f "$log"
 }
 
-pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev libssl-dev check
-      python3-matplotlib python3-numpy python3-h5py) # figure scripts (notebooks-export/), tools/kvq_dump.py
-# the test suite's real parts, as root: the slurm suite starts a one-node Slurm (skipped otherwise)
-[ "$what" = test ] && [ "$(id -u)" = 0 ] && pkgs+=(slurm-wlm munge)
+pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-dev libssl-dev check)
+# the figure scripts (notebooks-export/) and the Python tests: not for the demo or a build
+case "$what" in figures | test) pkgs+=(python3-matplotlib python3-numpy python3-h5py) ;; esac
+# the test suite's real parts, as root: the slurm suite starts a one-node Slurm, the install
+# suite builds a wheel with meson-python into a venv (both skip without them)
+[ "$what" = test ] && [ "$(id -u)" = 0 ] && pkgs+=(slurm-wlm munge python3-mesonpy python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -76,7 +93,12 @@ configure() { # dir, extra meson options...
     run_step "building $dir (ninja)" ninja -C "$dir"
 }
 
-configure build -Dtests=enabled
+# libkvq where the loader looks when installed (Debian's multiarch directory; meson picks lib64
+# without dpkg-dev, which Debian's loader does not search)
+multiarch=$(gcc -print-multiarch 2>/dev/null || true)
+libdir=()
+[ -n "$multiarch" ] && [ -d "/usr/lib/$multiarch" ] && libdir=(-Dlibdir="lib/$multiarch")
+configure build -Dtests=enabled "${libdir[@]}"
 case "$what" in
 demo)
     exec build/tools/kvq-analyze --per model --format table --calib data/stories260K-calib.h5 data/stories260K.h5
@@ -85,10 +107,10 @@ figures)
     exec notebooks-export/make_figures.sh --build build figures
     ;;
 test)
-    say "testing build (meson test: every suite)"
-    meson test -C build --print-errorlogs
+    say "testing build (meson test: every suite; a line per test as it ends)"
+    meson test -C build --print-errorlogs 2>&1 | heartbeat ""
     configure build-asan -Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
     say "testing build-asan (every suite under AddressSanitizer + UndefinedBehaviorSanitizer)"
-    meson test -C build-asan --print-errorlogs
+    meson test -C build-asan --print-errorlogs 2>&1 | heartbeat ""
     ;;
 esac

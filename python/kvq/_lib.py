@@ -276,6 +276,11 @@ def _candidates():
     if env:
         return [env]
     out = []
+    # installed by pip (a meson-python wheel): the library beside the package, first (the
+    # _where.py of a wheel names the build's prefix, not the venv)
+    wheel = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".kvq.mesonpy.libs", "libkvq.so.0")
+    if os.path.exists(wheel):
+        out.append(os.path.normpath(wheel))
     try:
         from . import _where  # written by meson: the build tree's library, or the installed one
         out.append(_where.LIBRARY)
