@@ -53,9 +53,17 @@ const char *kvq_blas_core(void);
 const char *kvq_blas_core_detected(void);
 const char *kvq_blas_core_for_cpu(void);
 const char *kvq_blas_core_wanted(void);
-/* Why that core: "detected by OpenBLAS", "OPENBLAS_CORETYPE=X" (the user's)
- * or "chosen by kvq (OPENBLAS_CORETYPE=X; OpenBLAS detected Y)". */
+/* Why that core: "detected by OpenBLAS", "OPENBLAS_CORETYPE=X" (the user's),
+ * "chosen by kvq (OPENBLAS_CORETYPE=X; OpenBLAS detected Y)" (a tool's
+ * restart) or "chosen by the kvq package ..." (kvq_blas_note_choice).  Only
+ * OpenBLAS core names from the environment are quoted: another value is
+ * said to be one, not copied (it may hold anything, a newline included). */
 void kvq_blas_core_source(char *buf, size_t len);
+/* The Python package set OPENBLAS_CORETYPE=core before OpenBLAS loaded (and
+ * took it out of the environment again, so that the processes it starts
+ * record no choice they did not make): kvq_blas_core_source says so.  A
+ * name that is not an OpenBLAS core is ignored. */
+void kvq_blas_note_choice(const char *core);
 /* The threads a call given nthreads = requested uses: requested when > 0,
  * else the processors this process may run on. */
 int kvq_threads(int requested);

@@ -410,6 +410,62 @@ try:
 except kvq.Error as e:
     check("was closed" in str(e), f"a closed Calibration refused: {e}")
 
+# close() while other threads quantize with the calibration: it waits for them (before: a segfault);
+# calls that start after it are refused
+import threading
+cal = kvq.Calibration(CALIB)
+errors, results = [], []
+def worker():
+    for _ in range(30):
+        try:
+            results.append(kvq.quantize("cluster", a["key"], a["value"], calib=cal, rope=dump_rope).key.sum())
+        except kvq.Error as e:
+            errors.append(str(e))
+threads = [threading.Thread(target=worker) for _ in range(3)]
+for t in threads:
+    t.start()
+while not results:
+    pass
+cal.close()
+for t in threads:
+    t.join()
+check(results and all(r == results[0] for r in results) and all("was closed" in e for e in errors),
+      f"Calibration.close() during other threads' calls: {len(results)} results, errors {set(errors)}")
+# RoPE tables that are not finite are refused (as a dump's are), in every entry point
+bad_rope = {"style": dump_rope["style"], "cos": np.array(dump_rope["cos"], dtype=np.float64),
+            "sin": np.array(dump_rope["sin"], dtype=np.float64)}
+bad_rope["cos"][3, 1] = np.nan
+for what, call in (("quantize", lambda: kvq.quantize("kivi", a["key"], a["value"], rope=bad_rope)),
+                   ("DecodeCache", lambda: kvq.DecodeCache("kivi", rope=bad_rope).update(0, a["key"], a["value"]))):
+    try:
+        call()
+        check(False, f"{what}: a NaN in the RoPE cos table refused")
+    except kvq.FormatError as e:
+        check("rope: cos[3][1] = nan" in str(e), f"{what}: NaN RoPE table: {e}")
+# the tools' BLAS restart, started through the dynamic loader, restarts the tool (not the loader)
+ld = "/lib64/ld-linux-x86-64.so.2"
+if os.path.exists(ld) and kvq.blas()["cpu"]:
+    e = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "KVQ_BLAS_CORE_DETECTED")}
+    r = subprocess.run([ld, os.path.join(build, "tools", "kvq-analyze"), "--version"], capture_output=True, text=True,
+                       env=dict(e, KVQ_TEST_BLAS_DETECTED="Prescott"))
+    check(r.returncode == 0 and r.stdout.startswith("kvq-analyze") and "chosen by kvq" in r.stdout,
+          f"the restart through {ld}: rc {r.returncode}, {r.stdout[:200]!r} {r.stderr[-200:]!r}")
+# readers: every parse failure is a FormatError naming the line
+for text, want in (("dump,layer,k_rel_fro\nx,1,abc\n", "line 2: k_rel_fro 'abc': expected a number"),
+                   ("dump,layer,k_rel_fro\nx,1,2,3\n", "line 2: more cells"),
+                   ('{"a": ' + "[" * 100000 + "]" * 100000 + "}\n", "line 1: JSON nested too deeply")):
+    try:
+        kvq.parse_rows(text)
+        check(False, f"parse_rows refuses {text[:30]!r}")
+    except kvq.FormatError as e:
+        check(want in str(e), f"parse_rows: {e}")
+deep = os.path.join(tmp, "deep.csv")
+with open(deep, "w") as f:
+    f.write("a\n1\n")
+with open(deep + ".meta.json", "w") as f:
+    f.write('{"kvq_meta": 1, "runs": ' + "[" * 100000 + "]" * 100000 + "}")
+check(kvq.read_meta(deep) is None and kvq.read_output(deep)[2] is None, "read_meta of a deeply nested file: None")
+
 # ------------------------- without h5py: everything but writing dumps works
 code = ("import sys; sys.modules['h5py'] = None\n"
         "import numpy as np, kvq\n"
@@ -583,8 +639,24 @@ def py_blas(code, **env):
 cpu = kvq.blas()["cpu"]
 if cpu:
     # kvq first: the CPU's core is set before OpenBLAS loads
-    rc, out, err = py_blas("import kvq, os; b = kvq.blas(); print(b['core'], os.environ['OPENBLAS_CORETYPE'])")
-    check(rc == 0 and out == f"{cpu} {cpu}", f"import kvq first: {out!r} {err[-300:]!r}")
+    # (and the variable is gone again: a tool started from Python records no choice it did not make)
+    rc, out, err = py_blas("import kvq, os; b = kvq.blas(); print(b['core'], 'OPENBLAS_CORETYPE' in os.environ, "
+                           "b['source'])")
+    check(rc == 0 and out == f"{cpu} False chosen by the kvq package before OpenBLAS loaded (OPENBLAS_CORETYPE={cpu})",
+          f"import kvq first: {out!r} {err[-300:]!r}")
+    rc, out, err = py_blas("import kvq, subprocess; print(subprocess.run(['" + os.path.join(build, "tools", "kvq-analyze")
+                           + "', '--version'], capture_output=True, text=True).stdout)")
+    check(rc == 0 and "chosen by the kvq package" not in out and "BLAS:" in out, f"a tool started after import kvq: {out!r}")
+    # values from the environment reach --version only as OpenBLAS core names
+    r = subprocess.run([os.path.join(build, "tools", "kvq-analyze"), "--version"], capture_output=True, text=True,
+                       env=dict(os.environ, OPENBLAS_CORETYPE="Haswell\nforged line", KVQ_BLAS_CORE_DETECTED="x"))
+    blas_line = [l for l in r.stdout.splitlines() if l.startswith("BLAS:")]
+    check(r.returncode == 0 and len(blas_line) == 1 and "forged" not in r.stdout and
+          "not an OpenBLAS core name" in blas_line[0], f"a newline in OPENBLAS_CORETYPE: {r.stdout!r}")
+    r = subprocess.run([os.path.join(build, "tools", "kvq-analyze"), "--version"], capture_output=True, text=True,
+                       env=dict(os.environ, OPENBLAS_CORETYPE=cpu, KVQ_BLAS_CORE_DETECTED="forged\nline"))
+    check(r.returncode == 0 and "forged" not in r.stdout and "holds no core name" in r.stdout,
+          f"a forged KVQ_BLAS_CORE_DETECTED: {r.stdout!r}")
     # numpy first, OpenBLAS as if it had detected Prescott: one warning naming the fix
     rc, out, err = py_blas("import numpy, kvq; kvq.version(); kvq.version(); print(kvq.blas()['source'])",
                            KVQ_TEST_BLAS_DETECTED="Prescott")

@@ -467,8 +467,23 @@ void cli_blas_setup(char **argv)
     const char *detected = kvq_blas_core_detected();
     if (setenv("KVQ_BLAS_CORE_DETECTED", detected, 1) || setenv("OPENBLAS_CORETYPE", want, 1)) return;
     fflush(NULL);
-    execv("/proc/self/exe", argv); /* OpenBLAS reads OPENBLAS_CORETYPE when it loads */
+    /* OpenBLAS reads OPENBLAS_CORETYPE when it loads: the program again, /proc/self/exe, unless
+       that is the dynamic loader that started this tool (ld.so TOOL ARGS...): then the loader
+       again with the tool's path as the loader was told it (argv[0]) */
+    struct stat self, tool;
+    int argc = 0;
+    while (argv[argc]) argc++;
+    char **via_loader = NULL;
+    if (argv[0] && strchr(argv[0], '/') && stat("/proc/self/exe", &self) == 0 && stat(argv[0], &tool) == 0 &&
+        (self.st_dev != tool.st_dev || self.st_ino != tool.st_ino) &&
+        (via_loader = calloc((size_t)argc + 2, sizeof *via_loader))) {
+        via_loader[0] = "ld.so";
+        memcpy(via_loader + 1, argv, (size_t)argc * sizeof *argv);
+        execv("/proc/self/exe", via_loader);
+    } else
+        execv("/proc/self/exe", argv);
     int e = errno;
+    free(via_loader);
     unsetenv("OPENBLAS_CORETYPE"), unsetenv("KVQ_BLAS_CORE_DETECTED");
     fprintf(stderr, "%s: note: OpenBLAS runs its %s kernels on a CPU that runs %s ones, and restarting with "
             "OPENBLAS_CORETYPE=%s failed (%s): set it by hand for full speed\n",

@@ -138,9 +138,19 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
         return st;
     if (calib && kvq_spec_needs_calib(&sp) && (st = kvq_calib_check_layer(calib, layer, H, D, err))) return st;
 
-    /* RoPE as a dump gives it: tables win over theta (docs/dump-format.md) */
+    /* RoPE as a dump gives it: tables win over theta (docs/dump-format.md); finite, as a dump's must be */
     kvq_rope rope = {0};
     int have_rope = 0;
+    if (!rope_cos != !rope_sin)
+        return kvq_fail(err, KVQ_ERR_USAGE, "rope: %s given without %s", rope_cos ? "cos" : "sin",
+                        rope_cos ? "sin" : "cos");
+    if (rope_theta != 0 && !(isfinite(rope_theta) && rope_theta > 0))
+        return kvq_fail(err, KVQ_ERR_USAGE, "rope theta %g: expected a positive finite number (0: none)", rope_theta);
+    for (size_t i = 0; rope_cos && i < (size_t)T * (size_t)(D / 2); i++)
+        if (!isfinite(rope_cos[i]) || !isfinite(rope_sin[i]))
+            return kvq_fail(err, KVQ_ERR_FORMAT, "rope: %s[%zu][%zu] = %g: expected a finite number",
+                            isfinite(rope_cos[i]) ? "sin" : "cos", i / (size_t)(D / 2), i % (size_t)(D / 2),
+                            isfinite(rope_cos[i]) ? rope_sin[i] : rope_cos[i]);
     if (rope_cos && rope_sin) {
         if (rope_style != KVQ_ROPE_INTERLEAVED && rope_style != KVQ_ROPE_HALF)
             return kvq_fail(err, KVQ_ERR_USAGE, "rope tables need a style (interleaved or half)");

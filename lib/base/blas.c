@@ -85,14 +85,27 @@ const char *kvq_blas_core_wanted(void)
     return best && have >= 0 && have < level ? best : NULL;
 }
 
+static char package_choice[32]; /* kvq_blas_note_choice's core ("" none) */
+
+void kvq_blas_note_choice(const char *core)
+{
+    if (core && core_level(core) >= 0 && strlen(core) < sizeof package_choice)
+        snprintf(package_choice, sizeof package_choice, "%s", core);
+}
+
 void kvq_blas_core_source(char *buf, size_t len)
 {
     const char *user = getenv("OPENBLAS_CORETYPE"), *kvq = getenv("KVQ_BLAS_CORE_DETECTED");
-    if (user && *user && kvq && !strcmp(kvq, "python"))
-        snprintf(buf, len, "chosen by the kvq package before OpenBLAS loaded (OPENBLAS_CORETYPE=%s)", user);
-    else if (user && *user && kvq && *kvq)
+    int user_ok = user && core_level(user) >= 0, kvq_ok = kvq && core_level(kvq) >= 0;
+    if (package_choice[0] && (!user || !*user))
+        snprintf(buf, len, "chosen by the kvq package before OpenBLAS loaded (OPENBLAS_CORETYPE=%s)", package_choice);
+    else if (user && *user && !user_ok)
+        snprintf(buf, len, "OPENBLAS_CORETYPE set to a value that is not an OpenBLAS core name; detected by OpenBLAS");
+    else if (user_ok && kvq_ok)
         snprintf(buf, len, "chosen by kvq (OPENBLAS_CORETYPE=%s; OpenBLAS detected %s)", user, kvq);
-    else if (user && *user)
+    else if (user_ok && kvq && *kvq)
+        snprintf(buf, len, "OPENBLAS_CORETYPE=%s (KVQ_BLAS_CORE_DETECTED holds no core name)", user);
+    else if (user_ok)
         snprintf(buf, len, "OPENBLAS_CORETYPE=%s", user);
     else
         snprintf(buf, len, "detected by OpenBLAS");

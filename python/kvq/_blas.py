@@ -14,6 +14,8 @@ OPENBLAS_CORETYPE set; a Python process cannot, so:
   first) with a core below the CPU's, one warning says how to fix it.
 
 Nothing here changes a core the user set."""
+import ctypes
+import ctypes.util
 import os
 import warnings
 
@@ -53,20 +55,41 @@ def _cpu_core():
     return None
 
 
+chosen = None  # the core prepare() chose, once OpenBLAS loaded with it
+
+
 def prepare():
+    """Sets OPENBLAS_CORETYPE for OpenBLAS's load, loads it, and takes the
+    variable out of the environment again: processes this one starts (a kvq
+    tool) make or record their own choice, not ours."""
+    global chosen
     if os.environ.get("OPENBLAS_CORETYPE") or _openblas_loaded():
         return
     core = _cpu_core()
-    if core:
-        os.environ["OPENBLAS_CORETYPE"] = core
-        os.environ["KVQ_BLAS_CORE_DETECTED"] = "python"  # libkvq's kvq_blas_core_source says who set it
+    if not core:
+        return
+    os.environ["OPENBLAS_CORETYPE"] = core
+    try:
+        name = ctypes.util.find_library("openblas") or "libopenblas.so.0"
+        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # the library libkvq links: it reads the variable now
+        chosen = core
+    except OSError:
+        pass  # no OpenBLAS to load now: libkvq's own (if any) loads later, without our choice
+    finally:
+        del os.environ["OPENBLAS_CORETYPE"]
+
+
+def note(lib):
+    """Tells libkvq the core prepare() chose (kvq_blas_core_source says so)."""
+    if chosen:
+        lib.kvq_blas_note_choice(chosen.encode())
 
 
 def check(lib):
     """After libkvq loaded: one warning when OpenBLAS runs kernels below the CPU's
     and nobody chose them."""
     global _warned
-    if _warned or os.environ.get("OPENBLAS_CORETYPE"):
+    if _warned or chosen or os.environ.get("OPENBLAS_CORETYPE"):
         return
     want = lib.kvq_blas_core_wanted()
     if want:

@@ -193,6 +193,7 @@ _SIGNATURES = {
     "kvq_blas_core_for_cpu": (c_char_p, []),
     "kvq_blas_core_wanted": (c_char_p, []),
     "kvq_blas_core_source": (None, [c_char_p, ctypes.c_size_t]),
+    "kvq_blas_note_choice": (None, [c_char_p]),
     "kvq_free": (None, [_P]),
     "kvq_quantizer_count": (ctypes.c_size_t, []),
     "kvq_quantizer_at": (_P, [ctypes.c_size_t]),
@@ -311,6 +312,7 @@ def lib():
             fn.restype, fn.argtypes = res, args
         _lib = handle
         from . import _blas
+        _blas.note(handle)
         _blas.check(handle)
         return _lib
     raise Error("cannot load libkvq: tried " + "; ".join(tried) +

@@ -31,6 +31,8 @@ def parse_output(text, name="kvq output"):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise Error(f"{name}: line {i}: not JSON ({e.msg})", "format") from None
+            except RecursionError:  # json's decoder recurses once per nesting level
+                raise Error(f"{name}: line {i}: JSON nested too deeply", "format") from None
             if not isinstance(row, dict):
                 raise Error(f"{name}: line {i}: expected a JSON object", "format")
             if not rows and meta is None and "kvq_meta" in row:  # --meta inline: the provenance record
@@ -53,7 +55,7 @@ def read_meta(path):
         with open(path + ".meta.json", encoding="utf-8") as f:
             meta = json.load(f)
         return meta if isinstance(meta, dict) and meta.get("kvq_meta") == 1 and meta.get("runs") else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deeply to be a record
         return None
 
 
@@ -85,7 +87,21 @@ def parse_rows(text):
     """kvq-analyze's output (CSV or JSON lines) as a list of dicts: text
     columns as str, layer and head as int or "all", numbers as float, empty
     cells as None (JSON lines: the values as written, the record line left out)."""
-    rows, _, _ = parse_output(text, "kvq-analyze output")
+    name = "kvq-analyze output"
+    rows, _, _ = parse_output(text, name)
     if text.lstrip().startswith("{"):
         return rows
-    return [{c: _cell(c, v) for c, v in row.items()} for row in rows]
+    out = []
+    for i, row in enumerate(rows, 2):  # line 1 is the header (rows of one line each)
+        typed = {}
+        for c, v in row.items():
+            if c is None or v is None:  # more cells than columns, or fewer
+                raise Error(f"{name}: line {i}: {'more' if c is None else 'fewer'} cells than the header's "
+                            f"columns", "format")
+            try:
+                typed[c] = _cell(c, v)
+            except ValueError:
+                raise Error(f"{name}: line {i}: {c} '{v}': expected "
+                            f"{'an integer or all' if c in ('layer', 'head') else 'a number'}", "format") from None
+        out.append(typed)
+    return out

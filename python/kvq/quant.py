@@ -2,8 +2,10 @@
 whole analyses, over libkvq (lib/kvq.h: kvq_quantize_arrays,
 kvq_analyze_csv).  Every number is the one kvq-analyze computes."""
 import collections
+import contextlib
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -86,8 +88,10 @@ class Calibration:
 
     def __init__(self, path):
         L, err, h = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
+        self._h, self.path = None, os.fspath(path)
+        self._cv, self._users = threading.Condition(), 0  # calls using the handle now: close() waits for them
         _lib.check(L.kvq_calib_open(_text(os.fspath(path), "calib"), ctypes.byref(h), ctypes.byref(err)), err)
-        self._h, self.path = h, os.fspath(path)
+        self._h = h
 
     def __enter__(self):
         return self
@@ -97,15 +101,34 @@ class Calibration:
         return False
 
     def close(self):
-        if self._h:
-            _lib.lib().kvq_calib_close(self._h)
-            self._h = None
+        """Frees the states; waits for calls using them in other threads to
+        end first (a call started after close() raises kvq.Error)."""
+        with self._cv:
+            while self._users:
+                self._cv.wait()
+            h, self._h = self._h, None
+        if h:
+            _lib.lib().kvq_calib_close(h)
 
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+    @contextlib.contextmanager
+    def using(self):
+        """The handle for one call into libkvq, held open until the call ends."""
+        with self._cv:
+            if not self._h:
+                raise Error(f"{self.path}: the calibration was closed")
+            self._users += 1
+        try:
+            yield self._h
+        finally:
+            with self._cv:
+                self._users -= 1
+                self._cv.notify_all()
 
     @property
     def handle(self):
@@ -268,13 +291,13 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, query=None, rope=N
     L, err = _lib.lib(), _lib.new_error()
     keep = np.empty((H, T), np.uint8)
     qa = arrays.get("query")
-    opts = _lib.ArraysOpts(spec=spec_b, layer=layer, seed=seed, nthreads=threads, rope_cos=dptr(cos),
-                           rope_sin=dptr(sin), rope_theta=theta, rope_style=style,
-                           calib=cal.handle if cal else None, query=fptr(qa),
-                           num_heads=qa.shape[0] if qa is not None else 0,
-                           keep=keep.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
-    st = L.kvq_quantize_arrays(ctypes.byref(opts), H, T, D, fptr(k), fptr(arrays["value"]),
-                               fptr(arrays.get("key_pre_rope")), fptr(kq), fptr(vq), accs, ctypes.byref(err))
+    with cal.using() if cal else contextlib.nullcontext() as ch:  # not closed while libkvq uses it
+        opts = _lib.ArraysOpts(spec=spec_b, layer=layer, seed=seed, nthreads=threads, rope_cos=dptr(cos),
+                               rope_sin=dptr(sin), rope_theta=theta, rope_style=style, calib=ch, query=fptr(qa),
+                               num_heads=qa.shape[0] if qa is not None else 0,
+                               keep=keep.ctypes.data_as(ctypes.POINTER(ctypes.c_ubyte)))
+        st = L.kvq_quantize_arrays(ctypes.byref(opts), H, T, D, fptr(k), fptr(arrays["value"]),
+                                   fptr(arrays.get("key_pre_rope")), fptr(kq), fptr(vq), accs, ctypes.byref(err))
     _lib.check(st, err)
     pooled = _lib.Acc()
     for h in range(H):  # in head order, as kvq-analyze pools a layer
@@ -372,12 +395,14 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
     opts = _lib.AnalyzeCsvOpts(label=_text(name, "label"), specs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)),
                                nspecs=len(enc), per=_PER[per], layers=ctypes.cast(lay, ip) if lay else None,
                                nlayers=nlay, heads=ctypes.cast(hd, ip) if hd else None, nheads=nhd,
-                               queries=_text(queries, "queries"),
-                               calib=cal.handle if cal else None, seed=seed, nthreads=threads)
-    if mem is None:
-        st = L.kvq_analyze_csv(_text(path, "dump"), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
-    else:
-        st = L.kvq_analyze_csv_memory(ctypes.byref(mem), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
+                               queries=_text(queries, "queries"), calib=None, seed=seed, nthreads=threads)
+    with cal.using() if cal else contextlib.nullcontext() as ch:  # not closed while libkvq uses it
+        opts.calib = ch
+        if mem is None:
+            st = L.kvq_analyze_csv(_text(path, "dump"), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
+        else:
+            st = L.kvq_analyze_csv_memory(ctypes.byref(mem), ctypes.byref(opts), ctypes.byref(out),
+                                          ctypes.byref(err))
     _lib.check(st, err)
     try:
         text = ctypes.string_at(out).decode()
