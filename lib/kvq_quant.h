@@ -103,6 +103,12 @@ const char *kvq_quantizer_example_spec(const kvq_quantizer *q);
 size_t kvq_quantizer_count(void);
 const kvq_quantizer *kvq_quantizer_at(size_t i);
 const kvq_quantizer *kvq_quantizer_find(const char *name);
+/* The token selectors of tokens(SELECT; HI; LO) (docs/quantizers.md#tokens),
+ * described as families are (kvq_quantizer_name, _description, _param), and
+ * whether selector i scores by attention (reads the queries). */
+size_t kvq_selector_count(void);
+const kvq_quantizer *kvq_selector_at(size_t i);
+int kvq_selector_needs_queries(size_t i);
 
 kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err);
 /* The quantizer's check_shape for heads of head_dim channels (KVQ_OK if it

@@ -208,7 +208,7 @@ expect 2 "tender:alpha=1: alpha=1: out of range 2..256" -- "$analyze" -q tender:
 expect 2 "tender:groups=65: groups=65: out of range 1..64" -- "$analyze" -q tender:groups=65 "$real"
 expect 2 "tender:groups=0: groups=0: out of range 1..64" -- "$analyze" -q tender:groups=0 "$real"
 expect 2 "tender:bits=1: bits=1: out of range 2..16" -- "$analyze" -q tender:bits=1 "$real"
-expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1e+09" -- "$analyze" -q tender:chunk=-1 "$real"
+expect 2 "tender:chunk=-1: chunk=-1: out of range 0..1000000000" -- "$analyze" -q tender:chunk=-1 "$real"
 expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q tender "$tmp/huge.h5"
 expect 0 -- "$analyze" -q tender:scale=fp32 -q fp8 "$tmp/huge.h5"
 # --- the frontier families (docs/quantizers.md)
@@ -383,7 +383,7 @@ if [ -w /dev/full ]; then
 fi
 # --- mix (docs/quantizers.md#mix): per-layer rows name the layer's spec; bits pool over layers
 mixs='mix(0-1=kivi:kbits=4,vbits=2;2-=per-token:bits=2)'
-expect 0 "mix(RANGE=SPEC;...)" -- "$analyze" --list-quantizers
+expect 0 "mix(RANGE=SPEC;...)" "tokens(SELECT; HI; LO)" "snapkv " "obs=64" "[reads the queries]" "[1..1000000000]" -- "$analyze" --list-quantizers
 expect 0 '0,all,mix,"kivi:kbits=4,vbits=2",5,8.5,' '4,all,mix,per-token:bits=2,6,6,' -- \
     "$analyze" -q "$mixs" --per layer --format csv "$real"
 expect 0 "all,all,mix,\"$mixs\",5.6,7," -- "$analyze" -q "$mixs" --per model --format csv "$real"

@@ -42,15 +42,27 @@ def tool(*args):
 
 # ------------------------------------------------------------- the registry
 listed = tool("kvq-analyze", "--list-quantizers")
-names = [ln.split()[0] for ln in listed.splitlines() if ln and not ln.startswith((" ", "mix("))]
+families, _, selectors_listed = listed.partition("\ntokens(SELECT; HI; LO)")
+names = [ln.split()[0] for ln in families.splitlines() if ln and not ln.startswith((" ", "mix("))]
 reg = kvq.quantizers()
 check([q["name"] for q in reg] == names, f"quantizers() names {[q['name'] for q in reg]} vs {names}")
+sel_names = [ln.split()[0] for ln in selectors_listed.splitlines()[1:] if ln and not ln.startswith(" ")]
+check([q["name"] for q in kvq.selectors()] == sel_names, f"selectors() vs --list-quantizers: {sel_names}")
 for q in reg:
     block = listed.split("\n" + q["name"] + " ", 1)[-1] if not listed.startswith(q["name"] + " ") else listed
     for p in q["params"]:
         shown = f"{p['key']}={p['default'] if p['default'] is not None else '(unset)'}"
         check(shown in block.split("\n\n")[0], f"{q['name']}: {shown} listed")
 check(next(q for q in reg if q["name"] == "cluster")["needs_calib"], "cluster needs calibration")
+sel = kvq.selectors()
+check([q["name"] for q in sel] == ["window", "h2o", "zipcache", "snapkv", "tova", "knorm", "random"] and
+      next(q for q in sel if q["name"] == "snapkv")["needs_queries"] and
+      not next(q for q in sel if q["name"] == "knorm")["needs_queries"] and
+      {"key": "obs", "type": "int", "default": "64", "min": 1, "max": 1000000000} .items() <=
+      next(p for p in next(q for q in sel if q["name"] == "snapkv")["params"] if p["key"] == "obs").items(),
+      f"selectors(): {[(q['name'], q['needs_queries']) for q in sel]}")
+check(all(isinstance(p["max"], int) for q in reg for p in q["params"] if p["type"] == "int"),
+      "quantizers(): an int parameter's bounds are ints")
 
 # every key two families share has its one meaning in docs/quantizers.md#keys-across-families
 import collections  # noqa: E402

@@ -308,7 +308,7 @@ static int csv_split(const char *s, const char *e, char **cells, size_t *clen, s
             }
             if (s < e && *s != ',') return -1;
         } else {
-            const char *c = memchr(s, ',', (size_t)(e - s));
+            const char *c = s < e ? memchr(s, ',', (size_t)(e - s)) : NULL; /* s <= e here: said for the compiler */
             const char *f = c ? c : e;
             if (memchr(s, '"', (size_t)(f - s))) return -1;
             if (str_add(cells, clen, ccap, s, (size_t)(f - s))) return -1;

@@ -77,7 +77,10 @@ kvq_status kvq_param_value_parse(const char *spec, const kvq_param *p, const cha
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s=%s: expected a number", spec, p->key, text);
     }
     if (d < p->min || d > p->max)
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s=%s: out of range %g..%g", spec, p->key, text, p->min, p->max);
+        return p->type == KVQ_PARAM_INT
+                   ? kvq_fail(err, KVQ_ERR_USAGE, "%s: %s=%s: out of range %.0f..%.0f", spec, p->key, text, p->min,
+                              p->max)
+                   : kvq_fail(err, KVQ_ERR_USAGE, "%s: %s=%s: out of range %g..%g", spec, p->key, text, p->min, p->max);
     *v = d;
     return KVQ_OK;
 }

@@ -32,22 +32,32 @@ const kvq_quantizer *kvq_quantizer_find(const char *name)
     return NULL;
 }
 
+/* One family or selector: its name and description, then a line per parameter
+ * (its default, help and range: integers as integers). */
+static void describe_one(FILE *f, const kvq_quantizer *q, const char *note)
+{
+    fprintf(f, "%-12s %s%s\n", q->name, q->description, note);
+    for (int k = 0; k < q->nparams; k++) {
+        const kvq_param *p = &q->params[k];
+        char kv[64], range[64];
+        snprintf(kv, sizeof kv, "%s=%s", p->key, p->def ? p->def : "(unset)");
+        if (p->type == KVQ_PARAM_CHOICE) snprintf(range, sizeof range, "%s", p->choices);
+        else if (p->type == KVQ_PARAM_INT) snprintf(range, sizeof range, "%.0f..%.0f", p->min, p->max);
+        else snprintf(range, sizeof range, "%g..%g", p->min, p->max);
+        fprintf(f, "    %-16s %s [%s]\n", kv, p->help, range);
+    }
+}
+
 void kvq_registry_describe(FILE *f)
 {
-    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
-        const kvq_quantizer *q = registry[i];
-        fprintf(f, "%-12s %s%s\n", q->name, q->description, q->needs_calib ? " [needs --calib]" : "");
-        for (int k = 0; k < q->nparams; k++) {
-            const kvq_param *p = &q->params[k];
-            char kv[64], range[64];
-            snprintf(kv, sizeof kv, "%s=%s", p->key, p->def ? p->def : "(unset)");
-            if (p->type == KVQ_PARAM_CHOICE) snprintf(range, sizeof range, "%s", p->choices);
-            else snprintf(range, sizeof range, "%g..%g", p->min, p->max);
-            fprintf(f, "    %-16s %s [%s]\n", kv, p->help, range);
-        }
-    }
+    for (size_t i = 0; i < kvq_quantizer_count(); i++)
+        describe_one(f, registry[i], registry[i]->needs_calib ? " [needs --calib]" : "");
     fprintf(f, "\nmix(RANGE=SPEC;...)  a spec per layer range, e.g. mix(0-1=kivi:kbits=4,vbits=2;2-=kivi:bits=2):\n"
                "    RANGE as --layers (a-b, a- to the last layer, a,b); every layer in exactly one range\n");
+    fprintf(f, "\ntokens(SELECT; HI; LO)  the tokens SELECT keeps in HI (a spec, none: exact), the others in LO\n"
+               "    (a spec, or drop), e.g. tokens(snapkv:keep=0.25; none; drop); SELECT is one of:\n");
+    for (size_t i = 0; i < kvq_selector_count(); i++)
+        describe_one(f, kvq_selector_at(i), kvq_selector_needs_queries(i) ? " [reads the queries]" : "");
 }
 
 const char *kvq_quantizer_name(const kvq_quantizer *q) { return q->name; }

@@ -93,6 +93,10 @@ static const kvq_quantizer *const selectors[] = {&sel_window, &sel_h2o,   &sel_z
                                                  &sel_tova,   &sel_knorm, &sel_random};
 enum { NSEL = sizeof selectors / sizeof selectors[0] };
 
+size_t kvq_selector_count(void) { return NSEL; }
+const kvq_quantizer *kvq_selector_at(size_t i) { return i < NSEL ? selectors[i] : NULL; }
+int kvq_selector_needs_queries(size_t i) { return i < NSEL && kvq_token_selector_needs_queries((kvq_selector)i); }
+
 const kvq_quantizer *kvq_token_selector_find(const char *name)
 {
     for (int i = 0; i < NSEL; i++)

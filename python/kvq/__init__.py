@@ -22,11 +22,12 @@ from ._lib import (Error, FileError, FormatError, NumericError, OutOfMemoryError
 from .cache import DecodeCache  # noqa: E402
 from .dump import DumpError, read_dump, write_dump  # noqa: E402
 from .output import parse_output, parse_rows, read_meta, read_output  # noqa: E402
-from .quant import Calibration, Quantized, analyze, check_spec, quantize, quantizers, spec_full  # noqa: E402
+from .quant import (Calibration, Quantized, analyze, check_spec, quantize, quantizers, selectors,  # noqa: E402
+                    spec_full)
 from .tasks import read_tasks, tasks, write_tasks  # noqa: E402
 
 __all__ = ["Error", "UsageError", "FileError", "FormatError", "NumericError", "OutOfMemoryError", "UnsupportedError",
-           "DumpError", "quantizers", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
+           "DumpError", "quantizers", "selectors", "quantize", "analyze", "DecodeCache", "Calibration", "Quantized",
            "read_dump", "write_dump", "parse_rows", "parse_output", "read_output", "read_meta", "spec_full",
            "check_spec", "tasks", "read_tasks", "write_tasks", "version", "blas"]
 

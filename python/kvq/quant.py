@@ -20,31 +20,53 @@ RECON_COLUMNS = ("k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs"
                  "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db", "static_bytes")
 
 
+def _params(L, q):
+    params = []
+    for j in range(L.kvq_quantizer_nparams(q)):
+        p = L.kvq_quantizer_param(q, j).contents
+        choices = p.choices.decode().split("|") if p.choices else None
+        integer = _TYPES[p.type] == "int"
+        params.append(dict(key=p.key.decode(), type=_TYPES[p.type],
+                           default=p.default.decode() if p.default else None,
+                           min=None if choices else int(p.min) if integer else p.min,
+                           max=None if choices else int(p.max) if integer else p.max, choices=choices,
+                           help=p.help.decode() if p.help else ""))
+    return params
+
+
 def quantizers():
     """The registry, as `kvq-analyze --list-quantizers` prints it: one dict
     per family (name, description, params, needs_calib, in_default_set,
     reads_key_pre_rope, example_spec: a non-default spec that takes the
     family's own paths); each param a dict (key, type, default, min, max,
-    choices, help)."""
+    choices, help; an int's bounds as ints).  The composite specs are not
+    families: mix(RANGE=SPEC;...) and tokens(SELECT; HI; LO), whose
+    selectors kvq.selectors() lists."""
     L, out = _lib.lib(), []
     for i in range(L.kvq_quantizer_count()):
         q = L.kvq_quantizer_at(i)
-        params = []
-        for j in range(L.kvq_quantizer_nparams(q)):
-            p = L.kvq_quantizer_param(q, j).contents
-            choices = p.choices.decode().split("|") if p.choices else None
-            params.append(dict(key=p.key.decode(), type=_TYPES[p.type],
-                               default=p.default.decode() if p.default else None,
-                               min=None if choices else p.min, max=None if choices else p.max, choices=choices,
-                               help=p.help.decode() if p.help else ""))
         name = L.kvq_quantizer_name(q).decode()
         spec, err = _lib.Spec(), _lib.new_error()
         _lib.check(L.kvq_spec_parse(name.encode(), ctypes.byref(spec), ctypes.byref(err)), err)
-        out.append(dict(name=name, description=L.kvq_quantizer_description(q).decode(), params=params,
+        out.append(dict(name=name, description=L.kvq_quantizer_description(q).decode(), params=_params(L, q),
                         needs_calib=bool(L.kvq_spec_needs_calib(ctypes.byref(spec))),
                         in_default_set=bool(L.kvq_quantizer_in_default_set(q)),
                         reads_key_pre_rope=bool(L.kvq_quantizer_read_flags(q) & 2),
                         example_spec=f"{name}:{L.kvq_quantizer_example_spec(q).decode()}"))
+    return out
+
+
+def selectors():
+    """The token selectors of tokens(SELECT; HI; LO) (docs/quantizers.md#tokens),
+    as `kvq-analyze --list-quantizers` prints them: one dict per selector
+    (name, description, params as in quantizers(), needs_queries: it scores
+    by attention and reads the queries)."""
+    L = _lib.lib()
+    out = []
+    for i in range(L.kvq_selector_count()):
+        q = L.kvq_selector_at(i)
+        out.append(dict(name=L.kvq_quantizer_name(q).decode(), description=L.kvq_quantizer_description(q).decode(),
+                        params=_params(L, q), needs_queries=bool(L.kvq_selector_needs_queries(i))))
     return out
 
 
