@@ -383,6 +383,12 @@ if [ -w /dev/full ]; then
 fi
 # --- mix (docs/quantizers.md#mix): per-layer rows name the layer's spec; bits pool over layers
 mixs='mix(0-1=kivi:kbits=4,vbits=2;2-=per-token:bits=2)'
+# every tool's --help fits 80 columns
+for t in kvq-analyze kvq-info kvq-gen kvq-sweep kvq-dump kvq-eval kvq-alloc; do
+    [ -x "$build/tools/$t" ] || continue
+    wide=$("$build/tools/$t" --help 2>&1 | awk 'length > 80' | head -n 2)
+    [ -z "$wide" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: $t --help is wider than 80 columns: $wide"; }
+done
 expect 0 "mix(RANGE=SPEC;...)" "tokens(SELECT; HI; LO)" "snapkv " "obs=64" "[reads the queries]" "[1..1000000000]" -- "$analyze" --list-quantizers
 expect 0 '0,all,mix,"kivi:kbits=4,vbits=2",5,8.5,' '4,all,mix,per-token:bits=2,6,6,' -- \
     "$analyze" -q "$mixs" --per layer --format csv "$real"

@@ -23,7 +23,8 @@ static void usage(FILE *f)
         "      --calib FILE      calibration dump of the same model\n"
         "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
         "      --heads LIST      KV heads to analyse (default: all)\n"
-        "      --queries SEL     query rows: last:N (default last:64), all, every:N, random:N\n"
+        "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
+        "                        random:N\n"
         "      --per WHAT        pool results per head, layer (default) or model\n"
         "      --format FMT      table, csv or jsonl (default: table on a terminal,\n"
         "                        else csv; with -o, jsonl for *.jsonl names)\n"
@@ -40,7 +41,8 @@ static void usage(FILE *f)
         "      --list-quantizers list quantizers, their keys and defaults\n"
         "  -h, --help            this help\n"
         "  -V, --version         print the version\n\n"
-        "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model data/stories260K.h5\n");
+        "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model \\\n"
+        "           data/stories260K.h5\n");
 }
 
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
