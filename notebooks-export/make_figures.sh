@@ -108,7 +108,7 @@ if [ -r "$rmodel" ] && [ -x "$bin/kvq-gen" ] && [ -x "$bin/kvq-eval" ]; then
     tspecs=(-q none)
     for b in 2 4; do tspecs+=(-q "kivi:bits=$b"); done
     for b in 2 3 4 8; do tspecs+=(-q "per-token:bits=$b"); done
-    tspecs+=(-q fp8 -q ggml:ktype=q4_0,vtype=q4_0 -q vq:dims=2,bits=4)
+    tspecs+=(-q fp8 -q ggml:ktype=q4_0,vtype=q4_0 -q lloydmax)
     for kr in 0.125:28 0.25:60 0.5:124 0.75:188; do # each selector keeping a fraction; a window of that size
         k=${kr%:*}
         tspecs+=(-q "tokens(snapkv:keep=$k; none; drop)" -q "tokens(h2o:keep=$k; none; drop)" \

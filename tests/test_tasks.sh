@@ -3,7 +3,7 @@
 # --task files, kvq-eval --tasks on the bundled model data/kvq-retrieval.gguf
 # (the rows, -q none exactly unchanged, depth rows, independence of the
 # thread count, a spec of every kind), task shards and their merge, what
-# the model knows of kv tasks, llama.cpp's NLL on it, and the refusals: one line, exit 1 for bad input, 2 for usage,
+# the model retrieves on kv tasks, llama.cpp's NLL on it, and the refusals: one line, exit 1 for bad input, 2 for usage,
 # nothing written.
 #   test_tasks.sh BUILD_DIR SOURCE_DIR
 set -u
@@ -76,15 +76,13 @@ awk -F, -v OFS=, 'NR == 2 {$12 = 7} 1' "$tmp/sh1.csv" >"$tmp/bad-sh1.csv" # exac
 expect 1 "bad-sh1.csv: line 2: expected a task index" "exact 0 or 1" -- "$eval" --merge "$tmp"/sh0.csv "$tmp/bad-sh1.csv" "$tmp"/sh{2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
 [ ! -e "$tmp/m.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge wrote its output"; }
 
-# --- what the bundled model knows of kv tasks (a seed it was not trained on). It does not
-# retrieve yet (data/README.md: exact recall at chance); what it learned is the format: its
-# arg-max is a value word of the context (4 pairs: a quarter of the tasks right, where a
-# model that did not know the format would be right about once in 71) and the answer's NLL
-# is below a uniform guess over the vocabulary (ln 2108 = 7.65)
-"$gen" --task kv --count 50 --context-tokens 16 --seed 424242 -o "$tmp/kv16.jsonl" 2>/dev/null
-"$eval" "$model" --tasks "$tmp/kv16.jsonl" -q none --format csv 2>/dev/null >"$tmp/kv16.csv"
-awk -F, 'NR == 2 {exit !($10 < 6.0 && $14 >= 0.12)}' "$tmp/kv16.csv" && pass=$((pass + 1)) \
-    || { fail=$((fail + 1)); echo "FAIL: the bundled model on kv tasks of 4 pairs"; cat "$tmp/kv16.csv"; }
+# --- the bundled model retrieves (data/README.md): kv tasks of 256 tokens (64 pairs) from a seed
+# it never saw, answered exactly with the exact cache at least 9 times in 10 (the bar),
+# and 2-bit per-token keys cost recall (the model's keys are its memory)
+"$gen" --task kv --count 40 --context-tokens 256 --seed 424242 -o "$tmp/kv256.jsonl" 2>/dev/null
+"$eval" "$model" --tasks "$tmp/kv256.jsonl" -q none -q per-token:bits=2 --format csv 2>/dev/null >"$tmp/kv256.csv"
+awk -F, 'NR == 2 {ok = $14 >= 0.9 && $10 < 1.0} NR == 3 {ok = ok && $15 < $14} END {exit !ok}' "$tmp/kv256.csv" \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: the bundled model on kv tasks of 256 tokens"; cat "$tmp/kv256.csv"; }
 
 # --- llama.cpp reads the model as kvq does: llama-perplexity's mean NLL (printed to 6
 # decimals by --ppl-output-type 1) equals kvq-eval --chunk's (LLAMA_PERPLEXITY: its binary,
@@ -93,11 +91,16 @@ llama=${LLAMA_PERPLEXITY:-}
 if [ -n "$llama" ] && [ -x "$llama" ]; then
     "$gen" --task needle --count 12 --context-tokens 400 --seed 77 -o - 2>/dev/null |
         python3 -c 'import sys, json; print(" ".join(json.loads(l)["context"] for l in sys.stdin))' >"$tmp/ppl.txt"
-    ours=$("$eval" "$model" --text "$tmp/ppl.txt" --chunk 256 -q none --format csv 2>/dev/null | awk -F, 'NR == 2 {print $9}')
+    # llama.cpp's default cache is f16: kvq-eval's f16 cache is the same computation (the exact
+    # float32 reference lies 4e-6 nats away on this model, whose attention logits are large)
+    "$eval" "$model" --text "$tmp/ppl.txt" --chunk 256 -q none -q ggml:ktype=f16,vtype=f16 --format jsonl 2>/dev/null \
+        >"$tmp/ours.jsonl"
+    ours=$(python3 -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]; print("%.9f" % r[1]["nll"])' "$tmp/ours.jsonl")
+    exact=$(python3 -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])]; print("%.9f" % r[0]["nll"])' "$tmp/ours.jsonl")
     "$llama" -m "$model" -f "$tmp/ppl.txt" -c 256 -t 2 --ppl-output-type 1 --log-file "$tmp/llama.log" >/dev/null 2>&1
     theirs=$(awk 'NF == 4 && $1 ~ /^[0-9]+$/ {v = $3} END {print v}' "$tmp/llama.log") # the log file keeps the order
-    awk -v a="$ours" -v b="$theirs" 'BEGIN {d = a - b; exit !(b != "" && d < 1e-6 && d > -1e-6)}' && pass=$((pass + 1)) \
-        || { fail=$((fail + 1)); echo "FAIL: llama-perplexity's NLL $theirs, kvq-eval's $ours"; }
+    awk -v a="$ours" -v b="$theirs" -v e="$exact" 'BEGIN {d = a - b; x = e - b; exit !(b != "" && d < 1e-6 && d > -1e-6 && x < 1e-5 && x > -1e-5)}' \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: llama-perplexity's NLL $theirs, kvq-eval's $ours (f16 cache), $exact (exact)"; }
 else
     echo "skipped: llama.cpp's perplexity on the bundled model (set LLAMA_PERPLEXITY to llama-perplexity)"
 fi
