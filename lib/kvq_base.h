@@ -64,6 +64,12 @@ void kvq_blas_core_source(char *buf, size_t len);
  * record no choice they did not make): kvq_blas_core_source says so.  A
  * name that is not an OpenBLAS core is ignored. */
 void kvq_blas_note_choice(const char *core);
+/* A run's fingerprint, built piece by piece from KVQ_FINGERPRINT_SEED: FNV-1a
+ * of n bytes, and of a file's size and its first and last MiB ("-" for a
+ * file that cannot be read).  Shard files carry it (docs/models.md#shards). */
+#define KVQ_FINGERPRINT_SEED 1469598103934665603ull
+uint64_t kvq_fingerprint_bytes(uint64_t h, const void *p, size_t n);
+uint64_t kvq_fingerprint_file(uint64_t h, const char *path);
 /* The threads a call given nthreads = requested uses: requested when > 0,
  * else the processors this process may run on. */
 int kvq_threads(int requested);

@@ -210,6 +210,15 @@ for i in 0 1 2; do SLURM_ARRAY_TASK_ID=$i SLURM_ARRAY_TASK_COUNT=3 bash "$src/to
 bash "$src/tools/kvq-shards.slurm" merge kvq-sweep "$real" "${kivi[@]}" 2>"$tmp/err"
 check "Slurm example: merged array equals the unsharded run" cmp -s "$tmp/slurm/sweep.csv" "$tmp/all.csv"
 
+# shards carry the run's fingerprint (OUT.meta.json): a shard of other dumps is refused by --merge and
+# by --resume, naming the file
+calib=$src/data/stories260K-calib.h5
+for i in 0 1; do "$sweep" "$real" "${kivi[@]}" --shard $i/2 --progress never -o "$tmp/fp$i.csv" 2>/dev/null; done
+"$sweep" "$calib" "${kivi[@]}" --shard 1/2 --progress never -o "$tmp/fpx1.csv" 2>/dev/null
+expect 1 "fpx1.csv: of another run than" "not shards of one sweep" -- "$sweep" --merge "$tmp/fp0.csv" "$tmp/fpx1.csv" -o "$tmp/fpm.csv"
+expect 0 "merged" -- "$sweep" --merge "$tmp/fp0.csv" "$tmp/fp1.csv" --expect-grid "${kivi[@]}" -o "$tmp/fpm.csv"
+expect 1 "fpx1.csv: written by another run (fingerprint" -- "$sweep" "$real" "${kivi[@]}" --shard 1/2 --resume -o "$tmp/fpx1.csv"
+
 # one run at a time on an OUT (its lock): a second --resume exits 1 at once instead of
 # tearing the file; a FIFO as OUT is refused, not waited on
 "$gen" --layers 4 --heads 8 --kv-heads 4 --head-dim 64 --tokens 4096 -o "$tmp/lock.h5" 2>/dev/null

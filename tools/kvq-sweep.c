@@ -10,6 +10,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <getopt.h>
 #include <libgen.h>
@@ -187,9 +188,23 @@ static int cmp_unit(const void *a, const void *b)
     return x->u->point < y->u->point ? -1 : x->u->point > y->u->point;
 }
 
+/* The last run's "run" and "shard" in a meta file's runs (cli_meta_read_runs),
+ * "" where it has none (a file of an older kvq, --meta none). */
+static void recorded_run(const char *runs, char run[17], char shard[48])
+{
+    run[0] = shard[0] = '\0';
+    for (const char *p = runs; p && (p = strstr(p, "\"run\": \"")); p++)
+        if (sscanf(p, "\"run\": \"%16[0-9a-f]\"", run) != 1) run[0] = '\0';
+    for (const char *p = runs; p && (p = strstr(p, "\"shard\": \"")); p++)
+        if (sscanf(p, "\"shard\": \"%47[0-9/]\"", shard) != 1) shard[0] = '\0';
+}
+
 static int do_merge(const opts_t *o, char **files, int nfiles)
 {
-    int rc = CLI_OK;
+    int rc = CLI_OK, from0 = 0;
+    char run0[17] = "";
+    long nshard = -1;
+    int *holder = NULL; /* [nshard]: 1 + the file holding shard I, 0 none */
     kvq_error err = {0};
     kvq_grid *grid = NULL;
     kvq_sweep_file *f = calloc((size_t)nfiles, sizeof *f);
@@ -289,6 +304,28 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
         int mrc = cli_meta_read_runs(prog, mp, &runs);
         if (!mrc && !runs) fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n",
                                    prog, files[i]);
+        char run[17], shard[48];
+        long si, sn;
+        recorded_run(runs, run, shard);
+        if (!mrc && run[0]) { /* one run: the same fingerprint, each shard I of one N once */
+            if (!run0[0]) snprintf(run0, sizeof run0, "%s", run), from0 = i;
+            if (strcmp(run, run0)) {
+                cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib, grid or "
+                          "analysis options): not shards of one sweep", files[i], files[from0], run, run0);
+                mrc = CLI_RUNTIME;
+            } else if (shard[0] && !cli_parse_shard(shard, &si, &sn)) {
+                if (nshard < 0 && !(holder = calloc((size_t)sn, sizeof *holder))) mrc = CLI_RUNTIME;
+                else if (nshard < 0) nshard = sn;
+                if (!mrc && sn != nshard) {
+                    cli_error(prog, "%s: shard %s of a sweep in %ld shards, %s's has %ld: not shards of one sweep",
+                              files[i], shard, sn, files[from0], nshard);
+                    mrc = CLI_RUNTIME;
+                } else if (!mrc && holder[si]) {
+                    cli_error(prog, "shard %s is in %s and %s: duplicated", shard, files[holder[si] - 1], files[i]);
+                    mrc = CLI_RUNTIME;
+                } else if (!mrc) holder[si] = i + 1;
+            }
+        }
         cli_meta_prior_runs(o->meta, runs);
         free(mp), free(runs);
         if (mrc) { rc = mrc; goto done; }
@@ -307,7 +344,7 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
 done:
     if (out.f) cli_out_abort(&out);
     for (int i = 0; i < nfiles; i++) kvq_sweep_file_free(&f[i]);
-    free(f), free(units);
+    free(f), free(units), free(holder);
     kvq_grid_free(grid);
     return rc;
 }
@@ -352,7 +389,30 @@ typedef struct sweep_t {
     size_t header_len;
     char *target; /* OUT with its symlinks followed: a link's target is what is written */
     int fd, exists;
+    char run[17]; /* the run's fingerprint (sweep_fingerprint), recorded in OUT.meta.json */
 } sweep_t;
+
+/* The run's fingerprint: the dumps and the calibration dump (size, first
+ * and last MiB), the columns and every option that changes rows. */
+static void sweep_fingerprint(sweep_t *sw)
+{
+    const opts_t *o = sw->o;
+    uint64_t h = KVQ_FINGERPRINT_SEED;
+    for (int i = 0; i < sw->ndumps; i++) h = kvq_fingerprint_file(h, sw->paths[i]);
+    h = kvq_fingerprint_file(h, o->calib);
+    h = kvq_fingerprint_bytes(h, sw->header, sw->header_len);
+    const char *texts[] = {o->quant ? o->quant : "", "\n"};
+    for (int i = 0; i < 2; i++) h = kvq_fingerprint_bytes(h, texts[i], strlen(texts[i]) + 1);
+    for (int i = 0; i < o->ngrids; i++) h = kvq_fingerprint_bytes(h, o->grids[i], strlen(o->grids[i]) + 1);
+    for (int i = 0; i < o->nfixed; i++) h = kvq_fingerprint_bytes(h, o->fixed[i], strlen(o->fixed[i]) + 1);
+    long long v[] = {o->an.nlayers, o->an.nheads, (long long)o->an.queries.kind, o->an.queries.n, (long long)o->an.per,
+                     (long long)o->an.seed, (long long)sw->fmt};
+    h = kvq_fingerprint_bytes(h, v, sizeof v);
+    if (o->an.layers) h = kvq_fingerprint_bytes(h, o->an.layers, (size_t)o->an.nlayers * sizeof *o->an.layers);
+    if (o->an.heads) h = kvq_fingerprint_bytes(h, o->an.heads, (size_t)o->an.nheads * sizeof *o->an.heads);
+    snprintf(sw->run, sizeof sw->run, "%016" PRIx64, h);
+}
+
 
 /* The grid and this shard's points: valid ones to run, invalid ones said
  * (once the sweep is sure to start) and skipped; --list-points prints them. */
@@ -489,6 +549,21 @@ static int record_start(sweep_t *sw)
     int rc = sw->exists ? cli_meta_read_runs(prog, mp, &runs) : CLI_OK;
     free(mp);
     if (rc) return rc;
+    char run[17], shard[48], want[48];
+    recorded_run(runs, run, shard);
+    snprintf(want, sizeof want, "%ld/%ld", o->shard_i, o->shard_n);
+    if (run[0] && strcmp(run, sw->run)) {
+        cli_error(prog, "%s: written by another run (fingerprint %s, this run's %s: other dumps, --calib, grid or "
+                  "analysis options); remove it or choose another -o", o->output, run, sw->run);
+        free(runs);
+        return CLI_RUNTIME;
+    }
+    if (shard[0] && strcmp(shard, want)) {
+        cli_error(prog, "%s: shard %s's output, this run is shard %s; remove it or choose another -o", o->output, shard,
+                  want);
+        free(runs);
+        return CLI_RUNTIME;
+    }
     cli_meta_prior_runs(o->meta, runs);
     free(runs);
     cli_meta_operands(o->meta, sw->paths, sw->ndumps);
@@ -496,6 +571,7 @@ static int record_start(sweep_t *sw)
     cli_meta_input(o->meta, "calib", o->calib);
     meta_options(o, sw->fmt);
     cli_meta_str(o->meta, "result", "status", "running");
+    cli_meta_str(o->meta, "result", "run", sw->run);
     cli_meta_int(o->meta, "result", "points_before", (long long)sw->ncomplete);
     return cli_meta_write(o->meta, prog, o->output, NULL);
 }
@@ -570,6 +646,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         cli_interrupt_note(head, tail);
         cli_interrupt_count((long)sw.ncomplete);
     }
+    sweep_fingerprint(&sw);
     if ((rc = record_start(&sw))) goto done;
     started = 1;
     for (size_t p = 0; p < sw.npoints; p++) {

@@ -295,25 +295,6 @@ done:
 
 /* ------------------------------------------------------------ fingerprint */
 
-/* FNV-1a over the first and the last MiB of a file and its size (0 if it cannot be read). */
-static uint64_t file_ends(uint64_t h, const char *path)
-{
-    FILE *f = path ? fopen(path, "rb") : NULL;
-    if (!f) return kvq_fnv1a(h, "-", 1);
-    enum { MIB = 1 << 20 };
-    char *buf = malloc(MIB);
-    long long size = -1;
-    if (buf && fseek(f, 0, SEEK_END) == 0 && (size = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
-        h = kvq_fnv1a(h, (const char *)&size, sizeof size);
-        size_t n = fread(buf, 1, MIB, f);
-        h = kvq_fnv1a(h, buf, n);
-        if (size > MIB && fseek(f, size - MIB, SEEK_SET) == 0) h = kvq_fnv1a(h, buf, fread(buf, 1, MIB, f));
-    }
-    free(buf);
-    fclose(f);
-    return h;
-}
-
 uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_policy policy, const kvq_eval_opts *o,
                               const char *calib_path)
 {
@@ -328,5 +309,5 @@ uint64_t kvq_eval_fingerprint(const kvq_model *m, const int *tokens, int T, kvq_
     h = kvq_fnv1a(h, (const char *)v, sizeof v);
     if (o->context) h = kvq_fnv1a(h, (const char *)&o->context, sizeof o->context); /* runs without it keep their hash */
     h = kvq_fnv1a(h, (const char *)&o->seed, sizeof o->seed);
-    return file_ends(h, calib_path);
+    return kvq_fingerprint_file(h, calib_path);
 }

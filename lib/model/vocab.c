@@ -9,11 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-uint64_t kvq_fnv1a(uint64_t h, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
-    return h;
-}
+uint64_t kvq_fnv1a(uint64_t h, const char *s, size_t n) { return kvq_fingerprint_bytes(h, s, n); }
 
 kvq_status kvq_vocab_index(kvq_vocab *v, kvq_error *err)
 {
