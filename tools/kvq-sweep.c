@@ -310,8 +310,8 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
         if (!mrc && run[0]) { /* one run: the same fingerprint, each shard I of one N once */
             if (!run0[0]) snprintf(run0, sizeof run0, "%s", run), from0 = i;
             if (strcmp(run, run0)) {
-                cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib, grid or "
-                          "analysis options): not shards of one sweep", files[i], files[from0], run, run0);
+                cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib or analysis "
+                          "options): not shards of one sweep", files[i], files[from0], run, run0);
                 mrc = CLI_RUNTIME;
             } else if (shard[0] && !cli_parse_shard(shard, &si, &sn)) {
                 if (nshard < 0 && !(holder = calloc((size_t)sn, sizeof *holder))) mrc = CLI_RUNTIME;
@@ -393,18 +393,15 @@ typedef struct sweep_t {
 } sweep_t;
 
 /* The run's fingerprint: the dumps and the calibration dump (size, first
- * and last MiB), the columns and every option that changes rows. */
+ * and last MiB) and the analysis options, which change every point's rows.
+ * Not the grid: a point's rows name its spec, and --resume may widen the
+ * grid (its points are reconciled by spec). */
 static void sweep_fingerprint(sweep_t *sw)
 {
     const opts_t *o = sw->o;
     uint64_t h = KVQ_FINGERPRINT_SEED;
     for (int i = 0; i < sw->ndumps; i++) h = kvq_fingerprint_file(h, sw->paths[i]);
     h = kvq_fingerprint_file(h, o->calib);
-    h = kvq_fingerprint_bytes(h, sw->header, sw->header_len);
-    const char *texts[] = {o->quant ? o->quant : "", "\n"};
-    for (int i = 0; i < 2; i++) h = kvq_fingerprint_bytes(h, texts[i], strlen(texts[i]) + 1);
-    for (int i = 0; i < o->ngrids; i++) h = kvq_fingerprint_bytes(h, o->grids[i], strlen(o->grids[i]) + 1);
-    for (int i = 0; i < o->nfixed; i++) h = kvq_fingerprint_bytes(h, o->fixed[i], strlen(o->fixed[i]) + 1);
     long long v[] = {o->an.nlayers, o->an.nheads, (long long)o->an.queries.kind, o->an.queries.n, (long long)o->an.per,
                      (long long)o->an.seed, (long long)sw->fmt};
     h = kvq_fingerprint_bytes(h, v, sizeof v);
@@ -553,7 +550,7 @@ static int record_start(sweep_t *sw)
     recorded_run(runs, run, shard);
     snprintf(want, sizeof want, "%ld/%ld", o->shard_i, o->shard_n);
     if (run[0] && strcmp(run, sw->run)) {
-        cli_error(prog, "%s: written by another run (fingerprint %s, this run's %s: other dumps, --calib, grid or "
+        cli_error(prog, "%s: written by another run (fingerprint %s, this run's %s: other dumps, --calib or "
                   "analysis options); remove it or choose another -o", o->output, run, sw->run);
         free(runs);
         return CLI_RUNTIME;
