@@ -27,6 +27,8 @@ void kvq_blas_serial(void);
 
 /* Records status + formatted detail in err (may be NULL); returns status. */
 kvq_status kvq_fail(kvq_error *err, kvq_status st, const char *fmt, ...) KVQ_PRINTF(3, 4);
+/* A note for the tools (kvq_take_notes): the first of its kind kept, later ones counted. */
+void kvq_note(kvq_note_kind kind, const char *fmt, ...) KVQ_PRINTF(2, 3);
 
 /* a*b*c... as size_t; false on overflow. */
 static inline bool kvq_mul_size(size_t a, size_t b, size_t *out)

@@ -64,6 +64,16 @@ void kvq_blas_core_source(char *buf, size_t len);
  * record no choice they did not make): kvq_blas_core_source says so.  A
  * name that is not an OpenBLAS core is ignored. */
 void kvq_blas_note_choice(const char *core);
+/* Notes: what a call did that is not an error but should be said (the
+ * library never prints): the first of each kind, and how many more like it
+ * came, from any thread.  kvq_take_notes writes them, one line each, into
+ * buf (at most len bytes, NUL-terminated), clears them and returns the
+ * length they need; the tools print each line as "PROG: note: ...". */
+typedef enum kvq_note_kind {
+    KVQ_NOTE_VQ_FEW_DISTINCT, /* a vq codebook trained on at most 2^bits distinct sub-vectors (SPEC 3.10) */
+    KVQ_NOTE_KINDS
+} kvq_note_kind;
+size_t kvq_take_notes(char *buf, size_t len);
 /* A run's fingerprint, built piece by piece from KVQ_FINGERPRINT_SEED: FNV-1a
  * of n bytes, and of a file's size and its first and last MiB ("-" for a
  * file that cannot be read).  Shard files carry it (docs/models.md#shards). */

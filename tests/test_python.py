@@ -422,6 +422,13 @@ try:
 except kvq.Error as e:
     check("was closed" in str(e), f"a closed Calibration refused: {e}")
 
+# the library's notes reach Python as warnings: a vq codebook on at most 2^bits distinct points
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    kvq.analyze(DUMP, ["vq"], calib=CALIB, layers=[0])
+check(any("kvq: note: vq: layer 0, value head 0" in str(x.message) for x in caught),
+      f"vq's note as a warning: {[str(x.message) for x in caught]}")
 # close() while other threads quantize with the calibration: it waits for them (before: a segfault);
 # calls that start after it are refused
 import threading

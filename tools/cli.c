@@ -515,7 +515,19 @@ int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)
     }
     int rc = run(argc, argv, m);
     cli_meta_free(m);
+    if (rc == CLI_OK) cli_print_notes(prog);
+    else kvq_take_notes(NULL, 0); /* a failure says one line: its error */
     return rc;
+}
+
+void cli_print_notes(const char *prog)
+{
+    char buf[4096];
+    kvq_take_notes(buf, sizeof buf);
+    for (char *line = buf, *nl; *line; line = nl + 1) { /* one "PROG: note: ..." per kind */
+        if (!(nl = strchr(line, '\n'))) break;
+        fprintf(stderr, "%s: note: %.*s\n", prog, (int)(nl - line), line);
+    }
 }
 
 int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,

@@ -298,6 +298,8 @@ int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *short
  * run(argc, argv, record) between cli_meta_begin and cli_meta_free.
  * Returns run's exit code (CLI_RUNTIME if the record cannot be begun). */
 enum { CLI_MAIN_TUNE_MALLOC = 1, CLI_MAIN_TEMP_HOOKS = 2 };
+/* The library's notes of the run (kvq_take_notes), one "PROG: note: ..." line each. */
+void cli_print_notes(const char *prog);
 int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)(int, char **, cli_meta *));
 /* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, CLI_NOT_MINE if not ours. */
 int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);

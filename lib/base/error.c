@@ -2,6 +2,7 @@
 #include "../internal.h"
 #include "kvq_config.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,4 +50,46 @@ void *kvq_alloc_lines(size_t bytes)
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded < bytes) return NULL;
     return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+/* ------------------------------------------------------------- notes */
+
+/* The first note of each kind and how many more came (any thread). */
+static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
+static char note_text[KVQ_NOTE_KINDS][512];
+static long note_more[KVQ_NOTE_KINDS];
+
+void kvq_note(kvq_note_kind kind, const char *fmt, ...)
+{
+    if ((int)kind < 0 || kind >= KVQ_NOTE_KINDS) return;
+    pthread_mutex_lock(&note_lock);
+    if (note_text[kind][0]) note_more[kind]++;
+    else {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(note_text[kind], sizeof note_text[kind], fmt, ap);
+        va_end(ap);
+        for (char *p = note_text[kind]; *p; p++)
+            if (*p == '\n' || *p == '\r') *p = ' ';
+    }
+    pthread_mutex_unlock(&note_lock);
+}
+
+size_t kvq_take_notes(char *buf, size_t len)
+{
+    size_t used = 0;
+    if (buf && len) buf[0] = '\0';
+    else len = 0;
+    pthread_mutex_lock(&note_lock);
+    for (int k = 0; k < KVQ_NOTE_KINDS; k++) {
+        if (!note_text[k][0]) continue;
+        char more[64] = "";
+        if (note_more[k]) snprintf(more, sizeof more, " (and %ld more like it)", note_more[k]);
+        int n = snprintf(len ? buf + (used < len ? used : len - 1) : NULL, used < len ? len - used : 0, "%s%s\n",
+                         note_text[k], more);
+        used += n > 0 ? (size_t)n : 0;
+        note_text[k][0] = '\0', note_more[k] = 0;
+    }
+    pthread_mutex_unlock(&note_lock);
+    return used;
 }

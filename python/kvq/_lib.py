@@ -194,6 +194,7 @@ _SIGNATURES = {
     "kvq_blas_core_wanted": (c_char_p, []),
     "kvq_blas_core_source": (None, [c_char_p, ctypes.c_size_t]),
     "kvq_blas_note_choice": (None, [c_char_p]),
+    "kvq_take_notes": (ctypes.c_size_t, [c_char_p, ctypes.c_size_t]),
     "kvq_free": (None, [_P]),
     "kvq_quantizer_count": (ctypes.c_size_t, []),
     "kvq_quantizer_at": (_P, [ctypes.c_size_t]),
@@ -321,6 +322,17 @@ def lib():
     raise Error("cannot load libkvq: tried " + "; ".join(tried) +
                 " (build it with meson, then import kvq from BUILD/python, or set KVQ_LIBRARY to libkvq.so)",
                 "io")
+
+
+def warn_notes(stacklevel=3):
+    """The library's notes of the last calls (kvq_take_notes: what is not an error
+    but should be said, e.g. a vq codebook with fewer distinct training points than
+    centres), each as a RuntimeWarning."""
+    import warnings
+    buf = ctypes.create_string_buffer(4096)
+    lib().kvq_take_notes(buf, len(buf))
+    for line in buf.value.decode(errors="replace").splitlines():
+        warnings.warn("kvq: note: " + line, RuntimeWarning, stacklevel=stacklevel)
 
 
 def new_error():

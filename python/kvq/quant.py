@@ -321,6 +321,7 @@ def quantize(spec, key, value, *, layer=0, key_pre_rope=None, query=None, rope=N
         st = L.kvq_quantize_arrays(ctypes.byref(opts), H, T, D, fptr(k), fptr(arrays["value"]),
                                    fptr(arrays.get("key_pre_rope")), fptr(kq), fptr(vq), accs, ctypes.byref(err))
     _lib.check(st, err)
+    _lib.warn_notes()
     pooled = _lib.Acc()
     for h in range(H):  # in head order, as kvq-analyze pools a layer
         L.kvq_acc_merge(ctypes.byref(pooled), ctypes.byref(accs[h]))
@@ -426,6 +427,7 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
             st = L.kvq_analyze_csv_memory(ctypes.byref(mem), ctypes.byref(opts), ctypes.byref(out),
                                           ctypes.byref(err))
     _lib.check(st, err)
+    _lib.warn_notes()
     try:
         text = ctypes.string_at(out).decode()
     finally:
