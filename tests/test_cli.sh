@@ -399,6 +399,20 @@ expect 0 "mix(RANGE=SPEC;...)" "tokens(SELECT; HI; LO)" "snapkv " "obs=64" "[rea
 expect 0 '0,all,mix,"kivi:kbits=4,vbits=2",5,8.5,' '4,all,mix,per-token:bits=2,6,6,' -- \
     "$analyze" -q "$mixs" --per layer --format csv "$real"
 expect 0 "all,all,mix,\"$mixs\",5.6,7," -- "$analyze" -q "$mixs" --per model --format csv "$real"
+# none (the exact cache) wherever a spec goes: alone (16 bits, no error) and as a range of a mix, whose
+# other layers are the plain spec's rows (SPEC 10)
+"$analyze" -q none -q 'mix(0=none;1-=kivi:bits=2)' -q kivi:bits=2 --per layer --format csv "$real" >"$tmp/none.csv" 2>/dev/null
+python3 - "$tmp/none.csv" <<'PY' && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: none and mix(0=none;...)"; }
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+none = [r for r in rows if r["spec"] == "none" and r["quantizer"] == "none"]
+mixed = {r["layer"]: r for r in rows if r["quantizer"] == "mix"}
+kivi = {r["layer"]: r for r in rows if r["quantizer"] == "kivi"}
+strip = lambda r: {k: v for k, v in r.items() if k not in ("quantizer", "spec")}
+sys.exit(not (none and all(float(r["k_bits"]) == 16 and float(r["k_rel_fro"]) == 0 for r in none)
+              and mixed["0"]["spec"] == "none" and float(mixed["0"]["k_rel_fro"]) == 0
+              and all(strip(mixed[l]) == strip(kivi[l]) for l in kivi if l != "0")))
+PY
 expect 2 "layer 4 is in no range (every layer needs one)" -- "$analyze" -q 'mix(0-3=kivi)' "$real"
 expect 2 "mix(0-=cluster): needs a calibration dump" -- "$analyze" -q 'mix(0-=cluster)' "$real"
 expect 2 "range 1-: kivi:bitz=2: unknown key 'bitz'" -- "$analyze" -q 'mix(0=fp8;1-=kivi:bitz=2)' "$real"

@@ -43,7 +43,7 @@ def tool(*args):
 # ------------------------------------------------------------- the registry
 listed = tool("kvq-analyze", "--list-quantizers")
 families, _, selectors_listed = listed.partition("\ntokens(SELECT; HI; LO)")
-names = [ln.split()[0] for ln in families.splitlines() if ln and not ln.startswith((" ", "mix("))]
+names = [ln.split()[0] for ln in families.splitlines() if ln and not ln.startswith((" ", "mix(", "none "))]
 reg = kvq.quantizers()
 check([q["name"] for q in reg] == names, f"quantizers() names {[q['name'] for q in reg]} vs {names}")
 sel_names = [ln.split()[0] for ln in selectors_listed.splitlines()[1:] if ln and not ln.startswith(" ")]
@@ -422,6 +422,10 @@ try:
 except kvq.Error as e:
     check("was closed" in str(e), f"a closed Calibration refused: {e}")
 
+# none: the exact cache as a spec (16 bits, the arrays unchanged)
+r = kvq.quantize("none", a["key"], a["value"])
+check(np.array_equal(r.key, a["key"]) and np.array_equal(r.value, a["value"]) and r.k_bits == 16 and r.v_bits == 16,
+      f"quantize('none'): {r.k_bits} {r.v_bits}")
 # the library's notes reach Python as warnings: a vq codebook on at most 2^bits distinct points
 import warnings
 with warnings.catch_warnings(record=True) as caught:

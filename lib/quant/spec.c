@@ -580,7 +580,7 @@ kvq_status kvq_spec_parse(const char *text, kvq_spec *out, kvq_error *err)
         size_t o = 0;
         for (size_t i = 0; i < kvq_quantizer_count() && o < sizeof names; i++)
             o += snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", kvq_quantizer_at(i)->name);
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown quantizer '%s' (known: %s; and mix(...), tokens(...))", text,
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: unknown quantizer '%s' (known: %s; and none, mix(...), tokens(...))", text,
                         buf, names);
     }
     return kvq_spec_parse_as(q, text, out, err);

@@ -25,11 +25,13 @@ const kvq_quantizer *kvq_quantizer_at(size_t i)
     return i < kvq_quantizer_count() ? registry[i] : NULL;
 }
 
+extern const kvq_quantizer kvq_q_none; /* none.c: the exact cache, a spec but not a family */
+
 const kvq_quantizer *kvq_quantizer_find(const char *name)
 {
     for (size_t i = 0; i < kvq_quantizer_count(); i++)
         if (!strcmp(registry[i]->name, name)) return registry[i];
-    return NULL;
+    return !strcmp(name, "none") ? &kvq_q_none : NULL;
 }
 
 /* One family or selector: its name and description, then a line per parameter
@@ -52,6 +54,7 @@ void kvq_registry_describe(FILE *f)
 {
     for (size_t i = 0; i < kvq_quantizer_count(); i++)
         describe_one(f, registry[i], registry[i]->needs_calib ? " [needs --calib]" : "");
+    fprintf(f, "\nnone         the exact cache (16 bits, no error): a spec wherever one goes\n");
     fprintf(f, "\nmix(RANGE=SPEC;...)  a spec per layer range, e.g. mix(0-1=kivi:kbits=4,vbits=2;2-=kivi:bits=2):\n"
                "    RANGE as --layers (a-b, a- to the last layer, a,b); every layer in exactly one range\n");
     fprintf(f, "\ntokens(SELECT; HI; LO)  the tokens SELECT keeps in HI (a spec, none: exact), the others in LO\n"

@@ -111,7 +111,9 @@ class Calibration:
     def __init__(self, path):
         L, err, h = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
         self._h, self.path = None, os.fspath(path)
-        self._cv, self._users = threading.Condition(), 0  # calls using the handle now: close() waits for them
+        # one call at a time holds the handle: libkvq fits a calibration's states on first use and
+        # does not lock them, and close() waits for the call in progress
+        self._lock = threading.Lock()
         _lib.check(L.kvq_calib_open(_text(os.fspath(path), "calib"), ctypes.byref(h), ctypes.byref(err)), err)
         self._h = h
 
@@ -123,11 +125,12 @@ class Calibration:
         return False
 
     def close(self):
-        """Frees the states; waits for calls using them in other threads to
+        """Frees the states; waits for a call using them in another thread to
         end first (a call started after close() raises kvq.Error)."""
-        with self._cv:
-            while self._users:
-                self._cv.wait()
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before the lock existed
+            return
+        with lock:
             h, self._h = self._h, None
         if h:
             _lib.lib().kvq_calib_close(h)
@@ -140,17 +143,13 @@ class Calibration:
 
     @contextlib.contextmanager
     def using(self):
-        """The handle for one call into libkvq, held open until the call ends."""
-        with self._cv:
+        """The handle for one call into libkvq, held until the call ends; calls
+        that share a Calibration run one at a time (libkvq fits its states on
+        first use without a lock of its own)."""
+        with self._lock:
             if not self._h:
                 raise Error(f"{self.path}: the calibration was closed")
-            self._users += 1
-        try:
             yield self._h
-        finally:
-            with self._cv:
-                self._users -= 1
-                self._cv.notify_all()
 
     @property
     def handle(self):
