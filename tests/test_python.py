@@ -55,7 +55,7 @@ for q in reg:
         check(shown in block.split("\n\n")[0], f"{q['name']}: {shown} listed")
 check(next(q for q in reg if q["name"] == "cluster")["needs_calib"], "cluster needs calibration")
 sel = kvq.selectors()
-check([q["name"] for q in sel] == ["window", "h2o", "zipcache", "snapkv", "tova", "knorm", "random"] and
+check([q["name"] for q in sel] == ["window", "h2o", "zipcache", "snapkv", "tova", "knorm", "random", "keydiff"] and
       next(q for q in sel if q["name"] == "snapkv")["needs_queries"] and
       not next(q for q in sel if q["name"] == "knorm")["needs_queries"] and
       {"key": "obs", "type": "int", "default": "64", "min": 1, "max": 1000000000} .items() <=

@@ -174,6 +174,18 @@ START_TEST(tokens_rankings_by_hand)
     expect_kept("tokens(knorm:keep=0.5; none; drop)", &L, "101001");
     expect_kept("tokens(knorm:keep=0.34; none; drop)", &L, "001001"); /* K = round(2.04) = 2 */
     expect_kept("tokens(knorm:keep=0.67; none; drop)", &L, "101011"); /* K = 4: norm 2 at u = 4 before u = 1 */
+    /* keydiff: keys (1,0) x3, (0,1), (1,1), (-1,0): the anchor is their normalised mean
+     * (2 + 1/sqrt2, 1 + 1/sqrt2)/6 and the score -cos(k, anchor); the least typical first,
+     * (-1,0) then (0,1), then the (1,0)s, the later first; (1,1) last */
+    float kd[T][2] = {{1, 0}, {1, 0}, {1, 0}, {0, 1}, {1, 1}, {-1, 0}};
+    for (int u = 0; u < T; u++) L.key[u * D] = kd[u][0], L.key[u * D + 1] = kd[u][1];
+    select_of("tokens(keydiff:keep=0.5; none; drop)", &L, NULL, 1, keep, sc);
+    double ax = (3 + sqrt(0.5) - 1) / 6.0, ay = (1 + sqrt(0.5)) / 6.0, an = sqrt(ax * ax + ay * ay);
+    ck_assert_msg(close_rel(sc[5], ax / an, 1e-14, 0) && close_rel(sc[3], -ay / an, 1e-14, 0) &&
+                      close_rel(sc[0], -ax / an, 1e-14, 0) && close_rel(sc[4], -(ax + ay) / sqrt(2) / an, 1e-14, 0),
+                  "keydiff: %.17g %.17g %.17g %.17g", sc[5], sc[3], sc[0], sc[4]);
+    expect_kept("tokens(keydiff:keep=0.5; none; drop)", &L, "001101");
+    expect_kept("tokens(keydiff:keep=0.84; none; drop)", &L, "111101"); /* K = 5: (1,1) is the one left */
     /* window: keep is ignored */
     expect_kept("tokens(window:keep=0.9,sinks=1,recent=1; none; drop)", &L, "100001");
     /* random: the seeded stream of (seed, layer, head), K tokens */

@@ -247,7 +247,8 @@ kvq_status kvq_spec_parse_as(const kvq_quantizer *q, const char *text, kvq_spec 
 /* --- tokens(SELECT; HI; LO) (tokens.c, docs/quantizers.md#tokens) */
 /* The selectors, in the order SPEC §3.11 lists them. */
 typedef enum kvq_selector {
-    KVQ_SEL_WINDOW, KVQ_SEL_H2O, KVQ_SEL_ZIPCACHE, KVQ_SEL_SNAPKV, KVQ_SEL_TOVA, KVQ_SEL_KNORM, KVQ_SEL_RANDOM
+    KVQ_SEL_WINDOW, KVQ_SEL_H2O, KVQ_SEL_ZIPCACHE, KVQ_SEL_SNAPKV, KVQ_SEL_TOVA, KVQ_SEL_KNORM, KVQ_SEL_RANDOM,
+    KVQ_SEL_KEYDIFF
 } kvq_selector;
 typedef struct kvq_token_sel_opts {
     double keep; /* NaN: not given (window) */

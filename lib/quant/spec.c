@@ -234,7 +234,7 @@ kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_err
     const kvq_quantizer *sq = kvq_token_selector_find(name);
     if (!sq)
         return kvq_fail(err, KVQ_ERR_USAGE,
-                        "%s: unknown selector '%s' (known: window, h2o, zipcache, snapkv, tova, knorm, random)", text,
+                        "%s: unknown selector '%s' (known: window, h2o, zipcache, snapkv, tova, knorm, random, keydiff)", text,
                         name);
     out->selector = kvq_token_selector_kind(sq);
     kvq_error e = {0};

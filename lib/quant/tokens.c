@@ -87,10 +87,12 @@ SELECTOR(sel_tova, "tova", "attention of the last query, averaged over all query
          sel_check);
 SELECTOR(sel_knorm, "knorm", "lowest key norm first (KnormPress)", sel_params, sel_check);
 SELECTOR(sel_random, "random", "the seeded generator", sel_params, sel_check);
+SELECTOR(sel_keydiff, "keydiff", "least like the head's mean normalised key first: -cos(k_u, anchor) (KeyDiff)",
+         sel_params, sel_check);
 
 /* In kvq_selector's order. */
 static const kvq_quantizer *const selectors[] = {&sel_window, &sel_h2o,   &sel_zipcache, &sel_snapkv,
-                                                 &sel_tova,   &sel_knorm, &sel_random};
+                                                 &sel_tova,   &sel_knorm, &sel_random,   &sel_keydiff};
 enum { NSEL = sizeof selectors / sizeof selectors[0] };
 
 size_t kvq_selector_count(void) { return NSEL; }
@@ -306,6 +308,35 @@ kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, co
                 for (int c = 0; c < D; c++) n2 += (double)k[c] * k[c];
                 sc[(size_t)h * T + u] = -sqrt(n2);
             }
+    } else if (sel == KVQ_SEL_KEYDIFF) {
+        /* KeyDiff (kvpress's KeyDiffPress): the anchor a = the mean of the head's
+         * L2-normalised keys; score -cos(k_u, a), each norm at least 1e-12
+         * (F.normalize) and 1e-8 (F.cosine_similarity) as torch has them; in double */
+        if (!(Kd = kvq_alloc_array((size_t)D + 1, sizeof *Kd))) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        for (int h = 0; h < H; h++) {
+            const float *kh = in->key + (size_t)h * T * D; /* [T][D] */
+            for (int c = 0; c < D; c++) Kd[c] = 0;
+            for (int u = 0; u < T; u++) {
+                double n2 = 0;
+                for (int c = 0; c < D; c++) n2 += (double)kh[(size_t)u * D + c] * kh[(size_t)u * D + c];
+                double n = fmax(sqrt(n2), 1e-12);
+                for (int c = 0; c < D; c++) Kd[c] += kh[(size_t)u * D + c] / n;
+            }
+            double an2 = 0;
+            for (int c = 0; c < D; c++) Kd[c] /= T, an2 += Kd[c] * Kd[c];
+            double an = fmax(sqrt(an2), 1e-8);
+            for (int u = 0; u < T; u++) {
+                double dot = 0, n2 = 0;
+                for (int c = 0; c < D; c++) {
+                    double x = kh[(size_t)u * D + c];
+                    dot += x * Kd[c], n2 += x * x;
+                }
+                sc[(size_t)h * T + u] = -dot / (fmax(sqrt(n2), 1e-8) * an);
+            }
+        }
     } else if (sel == KVQ_SEL_RANDOM) {
         for (int h = 0; h < H; h++) {
             kvq_rng r;
