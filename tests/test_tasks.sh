@@ -74,6 +74,10 @@ expect 1 "task 5 of 7 of none (prefill) is in none of the shards" -- "$eval" --m
 expect 1 "is in the shards twice" -- "$eval" --merge "$tmp"/sh{0,1,1,2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
 awk -F, -v OFS=, 'NR == 2 {$12 = 7} 1' "$tmp/sh1.csv" >"$tmp/bad-sh1.csv" # exact 7: no run writes that
 expect 1 "bad-sh1.csv: line 2: expected a task index" "exact 0 or 1" -- "$eval" --merge "$tmp"/sh0.csv "$tmp/bad-sh1.csv" "$tmp"/sh{2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
+# a shard of another task file (another seed, the same count) is another run: refused by its fingerprint
+"$gen" --task needle --count 7 --context-tokens 100 --seed 6 -o "$tmp/seven6.jsonl" 2>/dev/null
+"$eval" "$model" --tasks "$tmp/seven6.jsonl" "${sspecs[@]}" --shard 1/9 -o "$tmp/other-sh1.csv" 2>/dev/null
+expect 1 "of another run than" "other-sh1.csv" "not shards of one run" -- "$eval" --merge "$tmp"/sh0.csv "$tmp/other-sh1.csv" "$tmp"/sh{2,3,4,5,6,7,8}.csv -o "$tmp/m.csv"
 [ ! -e "$tmp/m.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: a refused merge wrote its output"; }
 
 # --- the bundled model retrieves (data/README.md): kv tasks of 256 tokens (64 pairs) from a seed

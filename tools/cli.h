@@ -177,7 +177,8 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
 int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const cli_eval_row *rows, int nitems,
                   const kvq_task_result *res, const double *depth, size_t ntasks, double per_depth);
 int cli_task_shard_rows(const char *prog, cli_out *out, const cli_eval_row *rows, int nitems,
-                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks);
+                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks,
+                        const char *run);
 int cli_is_task_shard(const char *path); /* 1: the file starts with a task shard's header */
 int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
                    cli_meta *meta);

@@ -18,8 +18,8 @@ enum { TASK_TEXT = 7, TASK_NCOLS = sizeof TASK_COLS / sizeof *TASK_COLS };
 /* a shard's rows: one per task and configuration */
 static const char *const SHARD_COLS[] = {"model", "tasks", "quantizer", "spec", "policy", "layer", "depth", "task",
                                          "answer_nll_ref", "answer_nll", "exact_ref", "exact", "k_bits_sum",
-                                         "v_bits_sum", "elements"};
-enum { SHARD_TEXT = 8, SHARD_NCOLS = sizeof SHARD_COLS / sizeof *SHARD_COLS, S_TASK = 7, S_NUM = 8 };
+                                         "v_bits_sum", "elements", "run"};
+enum { SHARD_TEXT = 8, SHARD_NCOLS = sizeof SHARD_COLS / sizeof *SHARD_COLS, S_TASK = 7, S_NUM = 8, S_RUN = 15 };
 
 /* One pooled row: configuration i over the selected tasks (none: no row). */
 static int pooled_row(const char *prog, const char *output, kvq_report *rep, const cli_eval_row *r,
@@ -85,7 +85,8 @@ int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const cli_eval
 }
 
 int cli_task_shard_rows(const char *prog, cli_out *out, const cli_eval_row *rows, int nitems,
-                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks)
+                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks,
+                        const char *run)
 {
     if (t0 == t1) { /* an empty share (more shards than tasks): the header alone, which --merge takes */
         for (int c = 0; c < SHARD_NCOLS; c++) fprintf(out->f, "%s%s", SHARD_COLS[c], c + 1 < SHARD_NCOLS ? "," : "\n");
@@ -109,7 +110,7 @@ int cli_task_shard_rows(const char *prog, cli_out *out, const cli_eval_row *rows
                                        {.num = r0->nll, .is_num = 1}, {.num = ri->nll, .is_num = 1},
                                        {.num = r0->exact, .is_num = 1}, {.num = ri->exact, .is_num = 1},
                                        {.num = ri->k_bits, .is_num = 1}, {.num = ri->v_bits, .is_num = 1},
-                                       {.num = ri->elements, .is_num = 1}};
+                                       {.num = ri->elements, .is_num = 1}, {.text = run}};
             errno = 0;
             kvq_status wst = kvq_rows_add(rep, c);
             if (wst) {
@@ -143,6 +144,7 @@ typedef struct task_merge {
     unsigned char *seen;  /* [ntasks][cap] */
     double *depth;
     int cap;
+    const char *run, *run_file; /* the first row's fingerprint and its file (the tables own them) */
 } task_merge;
 
 static char *keep(task_merge *m, const char *s)
@@ -198,6 +200,14 @@ int cli_task_merge(const char *prog, char **files, int nfiles, const char *outpu
                 goto done;
             }
             m.ntasks = (size_t)n;
+            const char *run = kvq_csv_at(&tab[k], rec, S_RUN);
+            if (!m.run) m.run = run, m.run_file = files[k];
+            if (strcmp(run, m.run)) {
+                cli_error(prog, "%s: line %zu: of another run than %s (fingerprint %s, not %s: another model, task "
+                          "file, --policy, --stride, --seed or --calib): not shards of one run", files[k], rec + 1,
+                          m.run_file, run, m.run);
+                goto done;
+            }
             if (item_of(&m, &tab[k], rec) < 0) {
                 cli_eval_row *nr = realloc(m.rows, (size_t)(m.nitems + 1) * sizeof *nr);
                 if (!nr) goto oom;

@@ -635,8 +635,16 @@ static int evaluate_tasks(eval_state *s)
         return cli_fail(prog, &err);
     }
     if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) rc = CLI_RUNTIME;
-    else if (s->shard_n)
-        rc = cli_task_shard_rows(prog, &s->out, s->rows, s->nitems, res, depth, t0, t1, s->ntasks);
+    else if (s->shard_n) {
+        /* the run: the model, the task file and the options that change rows (the rows name the configurations) */
+        uint64_t h = kvq_fingerprint_file(KVQ_FINGERPRINT_SEED, s->argv[s->optind]);
+        h = kvq_fingerprint_file(h, s->tasks_path);
+        h = kvq_fingerprint_file(h, s->calib);
+        long long v[] = {s->stride, (long long)s->seed, s->policies[0], s->policies[1]};
+        snprintf(s->run, sizeof s->run, "%016" PRIx64, kvq_fingerprint_bytes(h, v, sizeof v));
+        cli_meta_str(meta, "result", "run", s->run);
+        rc = cli_task_shard_rows(prog, &s->out, s->rows, s->nitems, res, depth, t0, t1, s->ntasks, s->run);
+    }
     else
         rc = cli_task_rows(prog, &s->out, s->fmt, s->rows, s->nitems, res, depth, s->ntasks, s->per_depth);
     free(res), free(depth);
