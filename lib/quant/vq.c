@@ -211,46 +211,36 @@ static int point_cmp(const void *a, const void *b)
     return 0;
 }
 
-/* The distinct points among n (at most K of them) into centres [K][c], in
- * order of first appearance, the last one repeated in the unused centres
- * (SPEC 3.10: k-means' optimum when the points are no more than the
- * centres).  0, or -1 out of memory. */
-static int distinct_in_order(const float *x, size_t n, int c, int K, float *centres)
+/* The number of distinct points among n, counted up to K + 1 (more than
+ * the K centres hold); when they are at most K, also the centres [K][c]
+ * they make: each distinct point once in order of first appearance, the
+ * last one repeated in the unused centres (SPEC 3.10: k-means' optimum).
+ * One sort serves both.  -1 out of memory. */
+static long distinct_centres(const float *x, size_t n, int c, int K, float *centres)
 {
     vq_point *v = kvq_alloc_array(n, sizeof *v);
-    size_t *first = kvq_alloc_array((size_t)K, sizeof *first);
+    size_t *first = kvq_alloc_array((size_t)K + 1, sizeof *first); /* each distinct point's first index */
     if (!v || !first) { free(v), free(first); return -1; }
     for (size_t i = 0; i < n; i++) v[i].p = x + i * c, v[i].c = c;
     qsort(v, n, sizeof *v, point_cmp);
     size_t d = 0;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && d <= (size_t)K; i++) {
         size_t at = (size_t)(v[i].p - x) / (size_t)c;
         if (i == 0 || point_cmp(&v[i - 1], &v[i])) first[d++] = at; /* a new point: its index so far */
         else if (at < first[d - 1]) first[d - 1] = at;              /* the same point seen earlier */
     }
-    /* the distinct points by their first index (at most K: insertion sort) */
-    for (size_t i = 1; i < d; i++)
-        for (size_t j = i; j > 0 && first[j - 1] > first[j]; j--) {
-            size_t t = first[j];
-            first[j] = first[j - 1], first[j - 1] = t;
-        }
-    for (int k = 0; k < K; k++)
-        memcpy(centres + (size_t)k * c, x + first[(size_t)k < d ? (size_t)k : d - 1] * c, (size_t)c * sizeof *centres);
+    if (d <= (size_t)K) {
+        /* the distinct points by their first index (at most K: insertion sort) */
+        for (size_t i = 1; i < d; i++)
+            for (size_t j = i; j > 0 && first[j - 1] > first[j]; j--) {
+                size_t t = first[j];
+                first[j] = first[j - 1], first[j - 1] = t;
+            }
+        for (int k = 0; k < K; k++)
+            memcpy(centres + (size_t)k * c, x + first[(size_t)k < d ? (size_t)k : d - 1] * c,
+                   (size_t)c * sizeof *centres);
+    }
     free(v), free(first);
-    return 0;
-}
-
-/* The number of distinct points among n, counting up to `enough` (0 or -1
- * out of memory). */
-static long distinct_points(const float *x, size_t n, int c, size_t enough)
-{
-    vq_point *v = kvq_alloc_array(n, sizeof *v);
-    if (!v) return -1;
-    for (size_t i = 0; i < n; i++) v[i].p = x + i * c, v[i].c = c;
-    qsort(v, n, sizeof *v, point_cmp);
-    size_t d = n > 0;
-    for (size_t i = 1; i < n && d < enough; i++) d += point_cmp(&v[i - 1], &v[i]) != 0;
-    free(v);
     return (long)d;
 }
 
@@ -371,13 +361,11 @@ static kvq_status run_stages(vq_task_mem *m, size_t n, const vq_shape *s, float 
     for (int st = 0; st < s->S; st++) {
         float *bs = book + (size_t)st * K * c;
         if (train) {
-            long d = distinct_points(m->res, n, c, (size_t)K + 1);
+            long d = distinct_centres(m->res, n, c, K, C->cf);
             if (d < 0) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu sub-vectors", n);
             if (d <= K) { /* k-means' optimum: each distinct point a centre (SPEC 3.10), said once */
                 char head[32];
                 snprintf(head, sizeof head, at->head < 0 ? "all heads" : "head %d", at->head);
-                if (distinct_in_order(m->res, n, c, K, C->cf))
-                    return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for %zu sub-vectors", n);
                 for (size_t i = 0; i < (size_t)K * c; i++) C->cd[i] = C->cf[i];
                 kvq_note(KVQ_NOTE_VQ_FEW_DISTINCT,
                          "vq: layer %d, %s %s, group %d (channels %d-%d), stage %d: %ld distinct training "
