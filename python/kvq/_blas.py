@@ -69,13 +69,15 @@ def prepare():
     if not core:
         return
     os.environ["OPENBLAS_CORETYPE"] = core
-    try:
-        name = ctypes.util.find_library("openblas") or "libopenblas.so.0"
-        ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # the library libkvq links: it reads the variable now
-        chosen = core
-    except OSError:
-        pass  # no OpenBLAS to load now: libkvq's own (if any) loads later, without our choice
-    finally:
+    try:  # the soname libkvq links (no ldconfig lookup at import), else whatever the linker knows
+        for name in (n() for n in (lambda: "libopenblas.so.0", lambda: ctypes.util.find_library("openblas"))):
+            try:
+                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # it reads the variable now
+                chosen = core
+                break
+            except (OSError, TypeError):  # TypeError: find_library found none
+                continue
+    finally:  # no OpenBLAS loaded: libkvq's own (if any) loads later, without our choice
         del os.environ["OPENBLAS_CORETYPE"]
 
 
