@@ -58,6 +58,15 @@ def _cpu_core():
 chosen = None  # the core prepare() chose, once OpenBLAS loaded with it
 
 
+def _load_openblas():
+    """The OpenBLAS libkvq links, by its soname (no ldconfig lookup at every import),
+    else whatever the linker finds; OSError when there is none."""
+    try:
+        ctypes.CDLL("libopenblas.so.0", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        ctypes.CDLL(ctypes.util.find_library("openblas") or "libopenblas.so", mode=ctypes.RTLD_GLOBAL)
+
+
 def prepare():
     """Sets OPENBLAS_CORETYPE for OpenBLAS's load, loads it, and takes the
     variable out of the environment again: processes this one starts (a kvq
@@ -69,15 +78,12 @@ def prepare():
     if not core:
         return
     os.environ["OPENBLAS_CORETYPE"] = core
-    try:  # the soname libkvq links (no ldconfig lookup at import), else whatever the linker knows
-        for name in (n() for n in (lambda: "libopenblas.so.0", lambda: ctypes.util.find_library("openblas"))):
-            try:
-                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)  # it reads the variable now
-                chosen = core
-                break
-            except (OSError, TypeError):  # TypeError: find_library found none
-                continue
-    finally:  # no OpenBLAS loaded: libkvq's own (if any) loads later, without our choice
+    try:
+        _load_openblas()  # it reads the variable as it loads
+        chosen = core
+    except OSError:
+        pass  # no OpenBLAS to load now: libkvq's own (if any) loads later, without our choice
+    finally:
         del os.environ["OPENBLAS_CORETYPE"]
 
 
