@@ -66,6 +66,10 @@ typedef struct kvq_quant_ctx {
     /* [H][T]: the position of token t of head h when tokens(...) runs a spec
      * on its kept tokens only (kvq_token_pos); NULL: token t is at t. */
     const int *pos;
+    /* 1: the caller compresses while decoding (kvq-eval --policy decode),
+     * so a tokens(...) with target= compresses the context by its keep=
+     * here; 0: target= is refused (it has no meaning on a whole cache). */
+    int decoding;
 } kvq_quant_ctx;
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */

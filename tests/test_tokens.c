@@ -6,7 +6,8 @@
  * HI and LO equal the spec on the compacted sequence (kivi's groups and
  * residual of that sequence); bits by hand; the masked attention metrics
  * (attn_mass, attn_kl over the kept keys) by hand and fast against the
- * reference; thread independence; the refusals. */
+ * reference; AdaKV's head-adaptive budgets against the definition; thread
+ * independence; the refusals. */
 #include "testutil.h"
 
 /* A layer of H KV heads, Hq query heads, T tokens, D channels: normal data
@@ -293,6 +294,108 @@ START_TEST(tokens_parts_on_the_compacted_sequence)
 }
 END_TEST
 
+/* AdaKV (SPEC §3.11, round 2): α = 1 is the per-head selection; otherwise
+ * each head keeps its top floor(α·K) and the layer's other H·K − Σ places
+ * go to the best scores of all heads (ties: lower head, then lower token),
+ * checked against a plain loop over the scores; the mean bits over heads
+ * are the per-head budget's, the counts differ; HI and LO run per head as
+ * one-head layers; the selection is thread-independent. */
+START_TEST(tokens_adaptive_budgets)
+{
+    enum { H = 4, Hq = 8, T = 40, D = 8, K = 10 };
+    kvq_layer L;
+    make_layer(&L, H, Hq, T, D, 21);
+    for (int t = 0; t < T; t++) /* head 3's keys loud, head 0's quiet: knorm keeps more of head 0 */
+        for (int c = 0; c < D; c++) L.key[((size_t)3 * T + t) * D + c] *= 3, L.key[(size_t)t * D + c] *= 0.2f;
+    unsigned char per[H * T], one[H * T], ada[H * T], ada4[H * T];
+    double sc[H * T];
+    select_of("tokens(knorm:keep=0.25; none; drop)", &L, NULL, 1, per, sc);
+    select_of("tokens(knorm:keep=0.25,adaptive=1; none; drop)", &L, NULL, 1, one, NULL);
+    ck_assert(!memcmp(per, one, sizeof per));
+    for (int ai = 0; ai < 3; ai++) {
+        double alpha = ai == 0 ? 0.0 : ai == 1 ? 0.2 : 0.5;
+        char text[128];
+        snprintf(text, sizeof text, "tokens(knorm:keep=0.25,adaptive=%g,sinks=1; none; drop)", alpha);
+        select_of(text, &L, NULL, 1, ada, NULL);
+        select_of(text, &L, NULL, 4, ada4, NULL);
+        ck_assert(!memcmp(ada, ada4, sizeof ada));
+        /* the plain definition */
+        unsigned char want[H * T] = {0};
+        int own = (int)floor(alpha * K), total = 0;
+        for (int h = 0; h < H; h++) {
+            want[h * T] = 1; /* the sink */
+            for (int i = 1; i < own; i++) { /* the head's best, ties to the later token */
+                int best = -1;
+                for (int u = 0; u < T; u++)
+                    if (!want[h * T + u] && (best < 0 || sc[h * T + u] >= sc[h * T + best])) best = u;
+                want[h * T + best] = 1;
+            }
+        }
+        for (int h = 0; h < H; h++)
+            for (int u = 0; u < T; u++) total += want[h * T + u];
+        while (total < H * K) { /* the layer's places: best score, lower head, lower token */
+            int bh = -1, bu = -1;
+            for (int h = 0; h < H; h++)
+                for (int u = 0; u < T; u++)
+                    if (!want[h * T + u] && (bh < 0 || sc[h * T + u] > sc[bh * T + bu])) bh = h, bu = u;
+            want[bh * T + bu] = 1, total++;
+        }
+        ck_assert_msg(!memcmp(ada, want, sizeof ada), "%s: not the definition's selection", text);
+        int n0 = 0, n3 = 0;
+        for (int u = 0; u < T; u++) n0 += ada[u], n3 += ada[3 * T + u];
+        ck_assert_msg(n0 > K && n3 < K, "%s: heads 0 and 3 keep %d and %d of %d", text, n0, n3, K);
+        /* bits: each head its own positions; the mean is the per-head budget's */
+        run_out r, p;
+        kvq_error err = {0};
+        ck_assert_msg(run_spec(text, &L, 2, &r, &err) == KVQ_OK, "%s", err.msg);
+        ck_assert_msg(run_spec("tokens(knorm:keep=0.25,sinks=1; none; drop)", &L, 2, &p, &err) == KVQ_OK, "%s",
+                      err.msg);
+        double mean = 0, pmean = 0;
+        for (int h = 0; h < H; h++) {
+            int n = 0;
+            for (int u = 0; u < T; u++) n += ada[h * T + u];
+            ck_assert(r.kb[h] == 16.0 * n * D + 16.0 * n && r.vb[h] == r.kb[h]);
+            mean += r.kb[h] / H, pmean += p.kb[h] / H;
+        }
+        ck_assert_msg(fabs(mean - pmean) < 1e-9, "%s: mean bits %g, per-head budget %g", text, mean, pmean);
+        run_free(&r), run_free(&p);
+    }
+    /* ragged counts: HI and LO are the spec on each head's tokens as a one-head layer */
+    const char *kivi = "kivi:bits=2,group=4,residual=4";
+    char text[256];
+    snprintf(text, sizeof text, "tokens(knorm:keep=0.25,adaptive=0.2; %s; per-token:bits=3)", kivi);
+    select_of(text, &L, NULL, 1, ada, NULL);
+    run_out r;
+    kvq_error err = {0};
+    ck_assert_msg(run_spec(text, &L, 3, &r, &err) == KVQ_OK, "%s", err.msg);
+    for (int h = 0; h < H; h++) {
+        int n = 0;
+        for (int u = 0; u < T; u++) n += ada[h * T + u];
+        for (int part = 0; part < 2; part++) {
+            int m = part ? T - n : n, i = 0;
+            kvq_layer P;
+            ck_assert_int_eq(kvq_layer_alloc(&P, 1, Hq / H, m, D, 0, &err), KVQ_OK);
+            for (int u = 0; u < T; u++)
+                if (ada[h * T + u] == !part) {
+                    memcpy(P.key + (size_t)i * D, L.key + ((size_t)h * T + u) * D, D * sizeof(float));
+                    memcpy(P.value + (size_t)i++ * D, L.value + ((size_t)h * T + u) * D, D * sizeof(float));
+                }
+            run_out a;
+            ck_assert_int_eq(run_spec(part ? "per-token:bits=3" : kivi, &P, 1, &a, &err), KVQ_OK);
+            i = 0;
+            for (int u = 0; u < T; u++)
+                if (ada[h * T + u] == !part) {
+                    ck_assert(!memcmp(r.k + ((size_t)h * T + u) * D, a.k + (size_t)i * D, D * sizeof(float)));
+                    ck_assert(!memcmp(r.v + ((size_t)h * T + u) * D, a.v + (size_t)i++ * D, D * sizeof(float)));
+                }
+            run_free(&a), kvq_layer_free(&P);
+        }
+    }
+    run_free(&r);
+    kvq_layer_free(&L);
+}
+END_TEST
+
 START_TEST(tokens_masked_attention_metrics)
 {
     /* by hand: zero queries, uniform attention; the row at t = 3 keeps keys
@@ -374,7 +477,15 @@ START_TEST(tokens_refusals)
                          "tokens(window; none; drop)",
                          "tokens(h2o:keep=1.5; none; drop)",
                          "tokens(h2o:keep=0.5; kivi:bits=99; drop)",
-                         "tokens(h2o:keep=0.5; ; drop)"};
+                         "tokens(h2o:keep=0.5; ; drop)",
+                         "tokens(h2o:keep=0.5,adaptive=1.5; none; drop)",
+                         "tokens(h2o:keep=0.5,adaptive=-0.1; none; drop)",
+                         "tokens(h2o:target=0,interval=4; none; drop)",
+                         "tokens(h2o:target=8,interval=0; none; drop)",
+                         "tokens(h2o:target=8,interval=4,buffer=-1; none; drop)",
+                         "tokens(h2o:target=8; none; drop)",
+                         "tokens(h2o:keep=0.5,interval=8; none; drop)",
+                         "tokens(h2o:keep=0.5,buffer=8; none; drop)"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ck_assert_msg(kvq_spec_parse(bad[i], &sp, &err) == KVQ_ERR_USAGE, "%s accepted", bad[i]);
         ck_assert(!strchr(err.msg, '\n'));
@@ -402,6 +513,10 @@ START_TEST(tokens_refusals)
     kvq_quant_ctx ctx = {.layer = 0, .nthreads = 1};
     kvq_quant_out out = {.key = k, .value = v, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
     ck_assert_int_eq(kvq_quantize_layer(&sp, &ctx, &L, &out, &err), KVQ_ERR_USAGE);
+    /* target= compresses while decoding: refused on a whole cache */
+    ck_assert_int_eq(run_spec("tokens(knorm:target=4,interval=2; none; drop)", &L, 1, &r, &err), KVQ_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, "while decoding") && !strchr(err.msg, '\n'), "%s", err.msg);
+    run_free(&r);
     kvq_layer_free(&L);
 }
 END_TEST
@@ -415,6 +530,7 @@ int main(void)
     tcase_add_test(tc, tokens_rankings_by_hand);
     tcase_add_test(tc, tokens_scores_against_plain_loops);
     tcase_add_test(tc, tokens_parts_on_the_compacted_sequence);
+    tcase_add_test(tc, tokens_adaptive_budgets);
     tcase_add_test(tc, tokens_masked_attention_metrics);
     tcase_add_test(tc, tokens_refusals);
     tcase_set_timeout(tc, 300);

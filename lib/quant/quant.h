@@ -251,8 +251,11 @@ typedef enum kvq_selector {
     KVQ_SEL_KEYDIFF
 } kvq_selector;
 typedef struct kvq_token_sel_opts {
-    double keep; /* NaN: not given (window) */
+    double keep;     /* NaN: not given (window; or target alone) */
     int sinks, recent, obs, pool;
+    double adaptive; /* AdaKV's α (0..1); NaN: every head its own budget */
+    /* decode-time compression (kvq-eval --policy decode): KVQ_UNSET when not given */
+    int target, interval, buffer;
 } kvq_token_sel_opts;
 typedef enum kvq_token_part { KVQ_PART_SPEC, KVQ_PART_NONE, KVQ_PART_DROP } kvq_token_part;
 /* A tokens(...) spec taken apart: the selector (sel.q is its table,
@@ -300,6 +303,17 @@ int kvq_spec_is_tokens(const kvq_spec *spec);
 kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, const struct kvq_attn_mode *mode,
                              uint64_t seed, int layer, int nthreads, unsigned char *keep, double *score,
                              kvq_error *err);
+/* Where a selection runs while decoding (SPEC §3.11, decode-time
+ * compression): the layer holds the tokens at HI, each head keeps `target`
+ * (forced ones win), and only query rows [qrow0, T) score (snapkv's window,
+ * h2o's and zipcache's sums); window keeps its sinks and the last
+ * target − sinks. */
+typedef struct kvq_select_at {
+    int target, qrow0;
+} kvq_select_at;
+kvq_status kvq_tokens_select_at(const kvq_tokens_parts *tp, const kvq_layer *in, const struct kvq_attn_mode *mode,
+                                uint64_t seed, int layer, int nthreads, const kvq_select_at *at, unsigned char *keep,
+                                double *score, kvq_error *err);
 
 /* The position of token t of head h in the layer a quantizer sees: t,
  * unless tokens(...) compacted it (ctx->pos) — for RoPE re-applied to a

@@ -36,22 +36,48 @@
     {.key = "recent", .type = KVQ_PARAM_INT, .def = "0", .min = 0, .max = 1e9,                            \
      .help = "the last tokens, always kept", KVQ_OPT(kvq_token_sel_opts, recent)}
 
-static const kvq_param sel_params[] = {SEL_KEEP, SEL_SINKS, SEL_RECENT};
+/* AdaKV and decode-time compression (SPEC §3.11, round 2): every selector has them */
+#define SEL_ROUND2                                                                                          \
+    {.key = "adaptive", .type = KVQ_PARAM_REAL, .min = 0, .max = 1,                                       \
+     .help = "AdaKV: each head keeps its top floor(a*K), the layer's other places go to the best of all heads", \
+     KVQ_OPT(kvq_token_sel_opts, adaptive)},                                                              \
+    {.key = "target", .type = KVQ_PARAM_INT, .min = 1, .max = 1e9,                                        \
+     .help = "while decoding (--policy decode): the tokens each head keeps at HI after a compression",   \
+     KVQ_OPT(kvq_token_sel_opts, target)},                                                                \
+    {.key = "interval", .type = KVQ_PARAM_INT, .min = 1, .max = 1e9,                                      \
+     .help = "while decoding: compress every `interval` decoded tokens", KVQ_OPT(kvq_token_sel_opts, interval)}, \
+    {.key = "buffer", .type = KVQ_PARAM_INT, .min = 0, .max = 1e9,                                        \
+     .help = "while decoding: the last queries that score (default interval)", KVQ_OPT(kvq_token_sel_opts, buffer)}
+
+static const kvq_param sel_params[] = {SEL_KEEP, SEL_SINKS, SEL_RECENT, SEL_ROUND2};
 static const kvq_param snapkv_params[] = {
-    SEL_KEEP, SEL_SINKS, SEL_RECENT,
+    SEL_KEEP, SEL_SINKS, SEL_RECENT, SEL_ROUND2,
     {.key = "obs", .type = KVQ_PARAM_INT, .def = "64", .min = 1, .max = 1e9,
      .help = "observation window: the last queries, whose tokens are always kept", KVQ_OPT(kvq_token_sel_opts, obs)},
     {.key = "pool", .type = KVQ_PARAM_INT, .def = "5", .min = 1, .max = 1001,
      .help = "width of the average pool along the tokens (odd)", KVQ_OPT(kvq_token_sel_opts, pool)},
 };
 
+/* target, interval and buffer go together: target=S,interval=I[,buffer=B]. */
+static kvq_status decode_keys_check(const kvq_spec *sp, kvq_error *err)
+{
+    const kvq_token_sel_opts *o = kvq_spec_opts(sp);
+    int target = o->target != KVQ_UNSET, interval = o->interval != KVQ_UNSET;
+    if (target != interval)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s: expected target=S and interval=I together (compress to S tokens "
+                        "every I decoded tokens)", sp->text, target ? "target without interval" : "interval without target");
+    if (!target && o->buffer != KVQ_UNSET)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: buffer=%d: expected it with target=S,interval=I", sp->text, o->buffer);
+    return KVQ_OK;
+}
+
 static kvq_status sel_check(const kvq_spec *sp, kvq_error *err)
 {
     const kvq_token_sel_opts *o = kvq_spec_opts(sp);
-    if (isnan(o->keep))
-        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s needs keep=SHARE (of each head's tokens, 0..1)", sp->text,
-                        sp->q->name);
-    return KVQ_OK;
+    if (isnan(o->keep) && o->target == KVQ_UNSET)
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s needs keep=SHARE (of each head's tokens, 0..1) or "
+                        "target=S,interval=I (while decoding)", sp->text, sp->q->name);
+    return decode_keys_check(sp, err);
 }
 
 static kvq_status snapkv_check(const kvq_spec *sp, kvq_error *err)
@@ -66,10 +92,10 @@ static kvq_status snapkv_check(const kvq_spec *sp, kvq_error *err)
 static kvq_status window_check(const kvq_spec *sp, kvq_error *err)
 {
     const kvq_token_sel_opts *o = kvq_spec_opts(sp);
-    if (o->sinks == 0 && o->recent == 0)
+    if (o->sinks == 0 && o->recent == 0 && o->target == KVQ_UNSET)
         return kvq_fail(err, KVQ_ERR_USAGE, "%s: window keeps the sinks and the recent tokens: give sinks=N or recent=N",
                         sp->text);
-    return KVQ_OK;
+    return decode_keys_check(sp, err);
 }
 
 #define SELECTOR(ident, nm, desc, tab, chk)                                                               \
@@ -195,37 +221,102 @@ static int rank_cmp(const void *a, const void *b)
 }
 
 /* The tokens every head keeps whatever the scores: forced[u] = 1. */
-static int forced_tokens(const kvq_tokens_parts *tp, int T, unsigned char *forced)
+static int forced_tokens(kvq_selector sel, const kvq_token_sel_opts *o, int T, unsigned char *forced)
 {
-    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
     memset(forced, 0, (size_t)T);
     for (int u = 0; u < T && u < o->sinks; u++) forced[u] = 1;
     int last = o->recent;
-    if (tp->selector == KVQ_SEL_SNAPKV && o->obs > last) last = o->obs;
-    if (tp->selector == KVQ_SEL_TOVA && last < 1) last = 1;
+    if (sel == KVQ_SEL_SNAPKV && o->obs > last) last = o->obs;
+    if (sel == KVQ_SEL_TOVA && last < 1) last = 1;
     for (int u = T - last > 0 ? T - last : 0; u < T; u++) forced[u] = 1;
     int n = 0;
     for (int u = 0; u < T; u++) n += forced[u];
     return n;
 }
 
-/* K of SPEC §3.11: the number of tokens every head keeps. */
-static int kept_count(const kvq_tokens_parts *tp, int T, int nforced)
+/* K of SPEC §3.11: the number of tokens every head keeps (on average with
+ * adaptive=α); `target` when compressing while decoding. */
+static int kept_count(kvq_selector sel, const kvq_token_sel_opts *o, const kvq_select_at *at, int T, int nforced)
 {
-    if (tp->selector == KVQ_SEL_WINDOW) return nforced;
-    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
-    double k = floor(o->keep * T + 0.5); /* round half away from zero */
-    int K = k < 1 ? 1 : (int)k;
+    if (sel == KVQ_SEL_WINDOW) return nforced;
+    int K = at ? at->target : 0;
+    if (!at) {
+        double k = floor(o->keep * T + 0.5); /* round half away from zero */
+        K = k < 1 ? 1 : (int)k;
+    }
     return K > nforced ? K : nforced;
+}
+
+/* One token of a head among all heads' (adaptive budgets): higher score
+ * first, ties to the lower head, then the lower token (SPEC §3.11). */
+typedef struct {
+    double s;
+    int h, u;
+} ranked_head;
+static int rank_head_cmp(const void *a, const void *b)
+{
+    const ranked_head *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    return x->u < y->u ? -1 : x->u > y->u;
+}
+
+/* keep [H][T] from the scores sc [H][T] (NaN: -inf): per head the forced
+ * tokens then the best others up to `own` per head; with adaptive budgets
+ * (own < K) the layer's remaining H·K − Σ kept places then go to the best
+ * scores of all heads together.  rk: T + 1 entries. */
+static kvq_status keep_best(const double *sc, const unsigned char *forced, int nforced, int H, int T, int K, int own,
+                            ranked *rk, unsigned char *keep, kvq_error *err)
+{
+    long left = 0; /* places the heads leave for the layer-wide stage */
+    for (int h = 0; h < H; h++) {
+        unsigned char *k = keep + (size_t)h * T;
+        const double *s = sc + (size_t)h * T;
+        memcpy(k, forced, (size_t)T);
+        int n = 0;
+        for (int u = 0; u < T; u++)
+            if (!forced[u]) rk[n++] = (ranked){isnan(s[u]) ? -INFINITY : s[u], u};
+        qsort(rk, (size_t)n, sizeof *rk, rank_cmp);
+        int take = own > nforced ? own - nforced : 0;
+        for (int i = 0; i < take && i < n; i++) k[rk[i].u] = 1;
+        left += K - (nforced > own ? nforced : own);
+    }
+    if (left <= 0) return KVQ_OK;
+    ranked_head *all = kvq_alloc_array((size_t)H * T + 1, sizeof *all);
+    if (!all) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the scores of %d heads", H);
+    size_t n = 0;
+    for (int h = 0; h < H; h++)
+        for (int u = 0; u < T; u++)
+            if (!keep[(size_t)h * T + u]) {
+                double s = sc[(size_t)h * T + u];
+                all[n++] = (ranked_head){isnan(s) ? -INFINITY : s, h, u};
+            }
+    qsort(all, n, sizeof *all, rank_head_cmp);
+    for (size_t i = 0; i < n && (long)i < left; i++) keep[(size_t)all[i].h * T + all[i].u] = 1;
+    free(all);
+    return KVQ_OK;
 }
 
 kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, const kvq_attn_mode *mode,
                              uint64_t seed, int layer, int nthreads, unsigned char *keep, double *score,
                              kvq_error *err)
 {
+    return kvq_tokens_select_at(tp, in, mode, seed, layer, nthreads, NULL, keep, score, err);
+}
+
+kvq_status kvq_tokens_select_at(const kvq_tokens_parts *tp, const kvq_layer *in, const kvq_attn_mode *mode,
+                                uint64_t seed, int layer, int nthreads, const kvq_select_at *at, unsigned char *keep,
+                                double *score, kvq_error *err)
+{
     int H = in->H, Hq = in->Hq, T = in->T, D = in->D, G = H > 0 ? Hq / H : 1;
     kvq_selector sel = tp->selector;
-    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    kvq_token_sel_opts eff = *(const kvq_token_sel_opts *)kvq_spec_opts(&tp->sel), *o = &eff;
+    int q0 = 0; /* the first query row that scores */
+    if (at) { /* while decoding: the held tokens, scored by the last rows [qrow0, T) (SPEC §3.11) */
+        q0 = at->qrow0 > 0 ? at->qrow0 : 0;
+        if (sel == KVQ_SEL_SNAPKV) o->obs = T - q0; /* its observation window is those rows */
+        if (sel == KVQ_SEL_WINDOW) o->recent = at->target - o->sinks > 0 ? at->target - o->sinks : 0;
+    }
     kvq_attn_mode plain = {0};
     if (!mode) mode = &plain;
     if (kvq_token_selector_needs_queries(sel) && !in->query)
@@ -240,11 +331,11 @@ kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, co
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
         goto done;
     }
-    int nforced = forced_tokens(tp, T, forced), K = kept_count(tp, T, nforced);
+    int nforced = forced_tokens(sel, o, T, forced), K = kept_count(sel, o, at, T, nforced);
     for (size_t i = 0; i < (size_t)H * T; i++) sc[i] = NAN;
     if (kvq_token_selector_needs_queries(sel) && K < T) {
         /* the attention columns of every query head: col [Hq][T] */
-        int r0 = sel == KVQ_SEL_SNAPKV ? (T - o->obs > 0 ? T - o->obs : 0) : sel == KVQ_SEL_TOVA ? T - 1 : 0;
+        int r0 = sel == KVQ_SEL_SNAPKV ? (T - o->obs > 0 ? T - o->obs : 0) : sel == KVQ_SEL_TOVA ? T - 1 : q0;
         int ncol = sel == KVQ_SEL_SNAPKV ? T - o->obs : sel == KVQ_SEL_TOVA ? T - 1 : T;
         col = kvq_alloc_array((size_t)Hq * T + 1, sizeof *col);
         Kd = kvq_alloc_array((size_t)H * T * D + 1, sizeof *Kd);
@@ -291,8 +382,8 @@ kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, co
                 for (int j = h * G; j < (h + 1) * G; j++) a += col[(size_t)j * T + u];
                 s[u] = a / G;
             }
-            if (sel == KVQ_SEL_ZIPCACHE)
-                for (int u = 0; u < T; u++) s[u] /= (double)(T - u);
+            if (sel == KVQ_SEL_ZIPCACHE) /* the queries of rows [q0, T) that see u */
+                for (int u = 0; u < T; u++) s[u] /= (double)(T - (u > q0 ? u : q0));
             if (sel == KVQ_SEL_SNAPKV && ncol > 0) {
                 int nobs = T - r0;
                 for (int u = 0; u < ncol; u++) s[u] /= nobs;
@@ -344,19 +435,13 @@ kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, co
             for (int u = 0; u < T; u++) sc[(size_t)h * T + u] = kvq_rng_uniform(&r);
         }
     }
-    /* per head: the forced tokens, then the best of the rest */
-    for (int h = 0; h < H; h++) {
-        unsigned char *k = keep + (size_t)h * T;
-        const double *s = sc + (size_t)h * T;
-        memcpy(k, forced, (size_t)T);
-        int n = 0;
-        for (int u = 0; u < T; u++)
-            if (!forced[u]) rk[n++] = (ranked){isnan(s[u]) ? -INFINITY : s[u], u};
-        qsort(rk, (size_t)n, sizeof *rk, rank_cmp);
-        for (int i = 0; i < K - nforced && i < n; i++) k[rk[i].u] = 1;
-        if (score)
-            for (int u = 0; u < T; u++) score[(size_t)h * T + u] = forced[u] ? NAN : s[u];
-    }
+    /* per head: the forced tokens, then the best of the rest; with adaptive=α
+     * each head first its top floor(α·K), then the best of all heads */
+    int own = isnan(o->adaptive) ? K : (int)floor(o->adaptive * K);
+    if ((st = keep_best(sc, forced, nforced, H, T, K, own, rk, keep, err))) goto done;
+    if (score)
+        for (int h = 0; h < H; h++)
+            for (int u = 0; u < T; u++) score[(size_t)h * T + u] = forced[u] ? NAN : sc[(size_t)h * T + u];
 done:
     free(forced), free(sc), free(col), free(Kd), free(rk);
     return st;
@@ -466,13 +551,50 @@ static kvq_status whole_layer(const kvq_spec *spec, const kvq_tokens_parts *tp, 
     return st ? kvq_fail(err, st, "%s: %s", spec->text, e.msg) : KVQ_OK;
 }
 
+/* Adaptive budgets give the heads different counts: each head's parts then
+ * run as a one-head layer holding its tokens (SPEC §3.11's words), the
+ * head's rows of out as that layer's output.  A calibrated part is refused
+ * (its state covers the layer's heads together); a family drawing numbers
+ * per head draws the one-head layer's (head 0's) stream. */
+static kvq_status run_parts_per_head(const kvq_spec *spec, const kvq_tokens_parts *tp, const kvq_quant_ctx *ctx,
+                                     const kvq_layer *in, const unsigned char *keep, const int *nkept,
+                                     kvq_quant_out *out, kvq_error *err, kvq_layer_runner run)
+{
+    int H = in->H, T = in->T, D = in->D, G = H > 0 ? in->Hq / H : 1;
+    const kvq_tokens_calib *tc = ctx->calib;
+    if (tc && (tc->state[0] || tc->state[1]))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: adaptive budgets run each head's tokens as a layer of their own: "
+                        "a calibrated HI or LO is not supported with adaptive=", spec->text);
+    kvq_dump_info info = *ctx->info;
+    info.num_kv_heads = 1, info.num_heads = G;
+    kvq_quant_ctx c = *ctx;
+    c.info = &info;
+    for (int h = 0; h < H; h++) {
+        size_t at = (size_t)h * T * D;
+        kvq_layer Lh = {.H = 1, .Hq = G, .T = T, .D = D, .key = in->key + at, .value = in->value + at,
+                        .key_pre_rope = in->key_pre_rope ? in->key_pre_rope + at : NULL};
+        kvq_quant_out oh = {.key = out->key + at, .value = out->value + at, .k_bits = out->k_bits + h,
+                            .v_bits = out->v_bits + h, .static_bytes = out->static_bytes + h};
+        kvq_status st;
+        if ((st = run_part(spec, tp, 0, &c, &Lh, keep + (size_t)h * T, nkept[h], &oh, err, run)) ||
+            (st = run_part(spec, tp, 1, &c, &Lh, keep + (size_t)h * T, T - nkept[h], &oh, err, run)))
+            return st;
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_tokens_quantize(const kvq_spec *spec, const kvq_tokens_parts *tp, const kvq_quant_ctx *ctx,
                                const kvq_layer *in, kvq_quant_out *out, kvq_error *err, kvq_layer_runner run)
 {
     int H = in->H, T = in->T;
+    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    if (o->target != KVQ_UNSET && (!ctx->decoding || isnan(o->keep)))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: target=%d compresses while decoding: expected kvq-eval --policy decode "
+                        "or kvq.DecodeCache (keep=SHARE compresses a whole cache)", spec->text, o->target);
     unsigned char *keep = kvq_alloc_array((size_t)H * T + 1, 1);
+    int *nkept = kvq_alloc_array((size_t)H + 1, sizeof *nkept);
     kvq_status st = KVQ_OK;
-    if (!keep) {
+    if (!keep || !nkept) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -482,31 +604,41 @@ kvq_status kvq_tokens_quantize(const kvq_spec *spec, const kvq_tokens_parts *tp,
         st = kvq_fail(err, st, "%s: %s", spec->text, msg);
         goto done;
     }
-    int n = 0; /* kept per head: the same in every head */
-    for (int u = 0; u < T; u++) n += keep[u];
-    int drops = tp->lo_kind == KVQ_PART_DROP && n < T;
+    int ragged = 0, all = 1, drops = 0; /* heads keep different counts; every token kept; some dropped */
+    for (int h = 0; h < H; h++) {
+        nkept[h] = 0;
+        for (int u = 0; u < T; u++) nkept[h] += keep[(size_t)h * T + u];
+        ragged |= nkept[h] != nkept[0], all &= nkept[h] == T;
+        drops |= tp->lo_kind == KVQ_PART_DROP && nkept[h] < T;
+    }
     if (drops && !out->keep) {
         st = kvq_fail(err, KVQ_ERR_USAGE, "%s: drops tokens, which this caller cannot represent (no keep mask)",
                       spec->text);
         goto done;
     }
     for (int h = 0; h < H; h++) out->k_bits[h] = out->v_bits[h] = 0;
-    if (n == T) { /* everything kept: HI is the spec of the whole layer, no mask */
+    if (all) { /* everything kept: HI is the spec of the whole layer, no mask */
         if ((st = whole_layer(spec, tp, ctx, in, out, err, run))) goto done;
         if (out->keep) memset(out->keep, 1, (size_t)H * T);
         out->dropped = 0;
         goto done;
     }
-    if ((st = run_part(spec, tp, 0, ctx, in, keep, n, out, err, run)) ||
-        (st = run_part(spec, tp, 1, ctx, in, keep, T - n, out, err, run)))
+    if (ragged) {
+        if ((st = run_parts_per_head(spec, tp, ctx, in, keep, nkept, out, err, run))) goto done;
+    } else if ((st = run_part(spec, tp, 0, ctx, in, keep, nkept[0], out, err, run)) ||
+               (st = run_part(spec, tp, 1, ctx, in, keep, T - nkept[0], out, err, run))) {
         goto done;
+    }
     /* where the tokens are: a mask bit per token when both parts are stored,
-     * a 32-bit position per kept token when LO is dropped; shared by K and V */
-    double where = drops ? 32.0 * n : (double)T; /* n < T here: all kept returned above */
-    for (int h = 0; h < H; h++) out->k_bits[h] += where / 2, out->v_bits[h] += where / 2;
+     * a 32-bit position per kept token when LO is dropped (each head its
+     * own count); shared by K and V */
+    for (int h = 0; h < H; h++) {
+        double where = tp->lo_kind == KVQ_PART_DROP ? 32.0 * nkept[h] : (double)T;
+        out->k_bits[h] += where / 2, out->v_bits[h] += where / 2;
+    }
     if (out->keep) memcpy(out->keep, keep, (size_t)H * T);
     out->dropped = drops;
 done:
-    free(keep);
+    free(keep), free(nkept);
     return st;
 }
