@@ -27,8 +27,9 @@ void kvq_blas_serial(void);
 
 /* Records status + formatted detail in err (may be NULL); returns status. */
 kvq_status kvq_fail(kvq_error *err, kvq_status st, const char *fmt, ...) KVQ_PRINTF(3, 4);
-/* A note for the tools (kvq_take_notes): the first of its kind kept, later ones counted. */
-void kvq_note(kvq_note_kind kind, const char *fmt, ...) KVQ_PRINTF(2, 3);
+/* A note for the tools (kvq_take_notes): of each kind the one of lowest `order` kept (the
+ * same whichever thread comes first), the others counted. */
+void kvq_note(kvq_note_kind kind, uint64_t order, const char *fmt, ...) KVQ_PRINTF(3, 4);
 
 /* a*b*c... as size_t; false on overflow. */
 static inline bool kvq_mul_size(size_t a, size_t b, size_t *out)

@@ -51,6 +51,16 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
                                const float *key_pre_rope, float *key_out, float *value_out, kvq_acc *head_acc,
                                kvq_error *err);
 
+/* tokens(...)'s selection on arrays (kvq.DecodeCache compressing while
+ * decoding, SPEC §3.11): which of the T tokens of each of the H heads the
+ * selector of o->spec keeps, keep [H][T] = 1 or 0, from key [H][T][D] (as
+ * cached) and o->query [num_heads][T][D] for selectors that score by
+ * attention; target > 0: `target` tokens kept, scored by the query rows
+ * [qrow0, T) (decode-time); target 0: the selector's keep= of the whole
+ * cache.  Only o->spec, layer, seed, nthreads, query and num_heads are read. */
+kvq_status kvq_select_arrays(const kvq_arrays_opts *o, int H, int T, int D, const float *key, int target, int qrow0,
+                             unsigned char *keep, kvq_error *err);
+
 /* The layout of the structs bindings mirror field for field (python/kvq's
  * ctypes classes), so that a binding can refuse a libkvq built from other
  * headers instead of reading garbage: the i-th field of those structs, in

@@ -97,6 +97,7 @@ typedef struct kvq_eval_item {
     double nll, kl, top1;    /* means over the scored positions (0..T−2, or each window's second half) */
     int positions;           /* how many positions were scored */
     double dnll_se;          /* standard error of dnll: sample std of the per-position differences / sqrt(positions) */
+    double cache_tokens;     /* mean over the scored positions of the tokens the cache holds per KV head per layer */
 } kvq_eval_item;
 
 /* What a corpus evaluation pools over its windows for one configuration
@@ -112,6 +113,7 @@ typedef struct kvq_eval_sums {
     double k_bits, v_bits, elements;
     double d_n, d_mean, d_m2;
     double ctx_k_bits, ctx_v_bits, ctx_elements; /* with a context: its compressed cache's bits and elements */
+    double cache_tokens; /* Σ over the scored positions of the tokens held per KV head (mean over the layers) */
 } kvq_eval_sums;
 void kvq_eval_sums_add(kvq_eval_sums *acc, const kvq_eval_sums *w);
 /* The item's results (nll, kl, top1 as means; bits per element; positions;

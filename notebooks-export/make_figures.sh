@@ -118,6 +118,24 @@ if [ -r "$rmodel" ] && [ -x "$bin/kvq-gen" ] && [ -x "$bin/kvq-eval" ]; then
              -q "tokens(h2o:keep=0.25; none; kivi:bits=2)")
     "$bin/kvq-eval" "$rmodel" --tasks "$data/tasks-kv.jsonl" "${tspecs[@]}" --calib "$root/data/kvq-retrieval-calib.h5" \
         --per-depth 0.2 -o "$data/eval-tasks.csv"
+    # compress while generating? 4 windows of 512 tokens (kv task contexts): a 256-token context, then
+    # 255 generated positions; each selector compressing to S every 16 tokens, once, and quantization
+    say "kvq-eval --context 256 --policy decode: compressing while generating, once, or quantizing"
+    "$bin/kvq-gen" --task kv --count 16 --context-tokens 512 --seed 17 -o "$data/tasks-gen.jsonl"
+    "$python" -c 'import json, sys; print(" ".join(json.loads(l)["context"] for l in open(sys.argv[1])))' \
+        "$data/tasks-gen.jsonl" >"$data/gen-corpus.txt"
+    dspecs=(-q none)
+    for s in 32 64 128; do
+        k=$(awk -v s=$s 'BEGIN {print s / 256}')
+        for sel in snapkv h2o keydiff; do
+            dspecs+=(-q "tokens($sel:keep=$k,target=$s,interval=16; none; drop)" -q "tokens($sel:keep=$k; none; drop)")
+        done
+        dspecs+=(-q "tokens(window:sinks=4,recent=$((s - 4)),target=$s,interval=16; none; drop)" \
+                 -q "tokens(window:sinks=4,recent=$((s - 4)); none; drop)")
+    done
+    for b in 2 3 4; do dspecs+=(-q kivi:bits=$b -q per-token:bits=$b); done
+    "$bin/kvq-eval" "$rmodel" --text "$data/gen-corpus.txt" --chunk 512 --chunks 4 --context 256 --policy decode \
+        "${dspecs[@]}" -o "$data/eval-decoding.csv"
     with_tasks=1
 else
     say "does_it_remember skipped: $rmodel or the model tools absent"
@@ -182,7 +200,10 @@ if [ $with_model = 1 ]; then
     [ -r "$data/alloc.csv" ] && "$python" "$here/alloc_vs_bits.py" --width "$width" --input "$data/alloc.csv" --out "$out"
     "$python" "$here/quantize_or_evict.py" --width "$width" --input "$data/eval-context.csv" --out "$out"
 fi
-[ $with_tasks = 1 ] && "$python" "$here/does_it_remember.py" --width "$width" --input "$data/eval-tasks.csv" --out "$out"
+if [ $with_tasks = 1 ]; then
+    "$python" "$here/does_it_remember.py" --width "$width" --input "$data/eval-tasks.csv" --out "$out"
+    "$python" "$here/compress_while_generating.py" --width "$width" --input "$data/eval-decoding.csv" --out "$out"
+fi
 if [ -n "${KVQ_SANITIZED:-}" ]; then
     say "python_api skipped: a sanitizer build's libkvq.so cannot be loaded by python3"
 elif [ -r "$build/python/kvq/__init__.py" ]; then  # the Python API (python/kvq), from the build
@@ -196,6 +217,7 @@ if [ $readme = 1 ]; then
     [ -r "$out/alloc_vs_bits.png" ] && cp "$out/alloc_vs_bits.png" "$here/img/"
     [ -r "$out/quantize_or_evict.png" ] && cp "$out/quantize_or_evict.png" "$here/img/"
     [ -r "$out/does_it_remember.png" ] && cp "$out/does_it_remember.png" "$here/img/"
+    [ -r "$out/compress_while_generating.png" ] && cp "$out/compress_while_generating.png" "$here/img/"
     say "refreshed notebooks-export/img/"
 fi
 say "done: $(cd "$out" && ls -- *.png | tr '\n' ' ')in $out/"

@@ -196,6 +196,66 @@ static void bench_tokens(const kvq_layer *L)
     free(keep), free(tp);
 }
 
+/* Compression while decoding (SPEC §3.11): the cost of one compression step —
+ * a selection over the S + I tokens held at HI, scored by the last I rows —
+ * beside one decode-step attention of those I rows over the held keys. */
+static void bench_tokens_online(const kvq_layer *L)
+{
+    enum { S = 1024, EVERY = 64 };
+    int nt = omp_get_num_procs(), H = L->H, Hq = L->Hq, D = L->D, n = S + EVERY, G = Hq / H;
+    if (L->T < n) return;
+    kvq_layer C = {.H = H, .Hq = Hq, .T = n, .D = D};
+    C.key = malloc((size_t)H * n * D * sizeof(float)), C.value = malloc((size_t)H * n * D * sizeof(float));
+    C.query = malloc((size_t)Hq * n * D * sizeof(float));
+    float **Sc = calloc((size_t)nt, sizeof *Sc);
+    unsigned char *keep = malloc((size_t)H * n);
+    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    if (!C.key || !C.value || !C.query || !Sc || !keep || !tp) {
+        fprintf(stderr, "kvq-bench: out of memory\n");
+        exit(1);
+    }
+    for (int h = 0; h < H; h++) { /* the first n tokens of each head: the held set */
+        memcpy(C.key + (size_t)h * n * D, L->key + (size_t)h * L->T * D, (size_t)n * D * sizeof(float));
+        memcpy(C.value + (size_t)h * n * D, L->value + (size_t)h * L->T * D, (size_t)n * D * sizeof(float));
+    }
+    for (int j = 0; j < Hq; j++)
+        memcpy(C.query + (size_t)j * n * D, L->query + (size_t)j * L->T * D, (size_t)n * D * sizeof(float));
+    for (int i = 0; i < nt; i++)
+        if (!(Sc[i] = malloc((size_t)EVERY * n * sizeof(float)))) exit(1);
+    double best = 1e30;
+    for (int rep = 0; rep < 5; rep++) { /* the EVERY rows' scores over the held keys, every query head */
+        double t0 = now();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int j = 0; j < Hq; j++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, EVERY, n, D, 1.0f, C.query + ((size_t)j * n + n - EVERY) * D,
+                        D, C.key + (size_t)(j / G) * n * D, D, 0.0f, Sc[omp_get_thread_num()], n);
+        double dt = now() - t0;
+        best = dt < best ? dt : best;
+    }
+    printf("\ncompression while decoding, one step: %d held tokens at HI -> %d, scored by the last %d rows, %d "
+           "cores; those rows' attention (Q·Kᵀ by sgemm): %.2f ms\n", n, S, EVERY, nt, best * 1e3);
+    const char *sels[] = {"window:sinks=4", "knorm", "keydiff", "random", "tova", "snapkv", "h2o", "zipcache"};
+    kvq_error err = {0};
+    for (size_t i = 0; i < sizeof sels / sizeof sels[0]; i++) {
+        char text[160];
+        snprintf(text, sizeof text, "tokens(%s%starget=%d,interval=%d; none; drop)", sels[i],
+                 strchr(sels[i], ':') ? "," : ":", S, EVERY);
+        kvq_spec sp;
+        if (kvq_spec_parse(text, &sp, &err) || kvq_tokens_split(&sp, tp, &err)) die(&err);
+        kvq_select_at at = {.target = S, .qrow0 = n - EVERY};
+        double b = 1e30;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now();
+            if (kvq_tokens_select_at(tp, &C, NULL, 0, 0, nt, &at, keep, NULL, &err)) die(&err);
+            double dt = now() - t0;
+            b = dt < b ? dt : b;
+        }
+        printf("  %-48s %8.2f ms  (%.1fx those rows' attention)\n", text, b * 1e3, b / best);
+    }
+    for (int i = 0; i < nt; i++) free(Sc[i]);
+    free(Sc), free(keep), free(tp), free(C.key), free(C.value), free(C.query);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : ".";
@@ -232,7 +292,7 @@ int main(int argc, char **argv)
     const char *only = getenv("KVQ_BENCH_ONLY");
     if (only && (!strcmp(only, "vq") || !strcmp(only, "tokens"))) { /* that section alone */
         if (!strcmp(only, "vq")) bench_vq(dir, &L, kq, vq);
-        else bench_tokens(&L);
+        else bench_tokens(&L), bench_tokens_online(&L);
         kvq_layer_free(&L), free(kq), free(vq), kvq_dump_close(d);
         return 0;
     }
@@ -290,6 +350,7 @@ int main(int argc, char **argv)
     bench_error_reduction(dir, d, &L, kq, vq);
     bench_vq(dir, &L, kq, vq);
     bench_tokens(&L);
+    bench_tokens_online(&L);
     const int rows_list[] = {64, 512};
     printf("\nattention metrics, one core, %d quantizers (target >= 60%% of sgemm on the same shapes):\n", nq);
     for (int ri = 0; ri < 2; ri++) {

@@ -56,6 +56,22 @@ sed 's/,exact_ref,/,exactref,/' "$d/eval-tasks.csv" >"$tmp/no-exact.csv"
 grep -v ',all,all,' "$d/eval-tasks.csv" >"$tmp/no-all.csv"
 expect 1 "no-exact.csv: missing column exact_ref" -- "$python" "$nb/does_it_remember.py" --input "$tmp/no-exact.csv" --out "$tmp/bad"
 expect 1 "no-all.csv" "expected compressed specs" -- "$python" "$nb/does_it_remember.py" --input "$tmp/no-all.csv" --out "$tmp/bad"
+# compress while generating: 31 rows, 4 windows of 255 positions; a compression while decoding holds at
+# most target + interval tokens on average; the figure refuses a run without -q none or cache_tokens
+[ -s "$out/compress_while_generating.png" ] && [ "$(grep -c ',decode/context=256,all,' "$d/eval-decoding.csv")" = 31 ] \
+    && "$python" - "$d/eval-decoding.csv" <<'PY' && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: compress_while_generating or its rows"; }
+import csv, re, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert all(r["positions"] == str(4 * 255) for r in rows)
+for r in rows:
+    m = re.search(r"target=(\d+),interval=(\d+)", r["spec"])
+    if m:
+        assert float(r["cache_tokens"]) <= int(m.group(1)) + int(m.group(2)), r
+PY
+sed 's/,cache_tokens$/,cachetokens/' "$d/eval-decoding.csv" >"$tmp/no-cache.csv"
+grep -v ',none,none,' "$d/eval-decoding.csv" >"$tmp/no-none.csv"
+expect 1 "no-cache.csv: missing column cache_tokens" -- "$python" "$nb/compress_while_generating.py" --input "$tmp/no-cache.csv" --out "$tmp/bad"
+expect 1 "no-none.csv: no -q none row" -- "$python" "$nb/compress_while_generating.py" --input "$tmp/no-none.csv" --out "$tmp/bad"
 sed 's/,attn_rel,/,attn_relx,/' "$d/analyze-model.csv" >"$tmp/no-attn.csv"
 sed 's/,point$/,pt/' "$d/sweep-kivi.csv" >"$tmp/no-point.csv"
 sed 's/,abs_max,/,absmax,/' "$d/channels.csv" >"$tmp/no-absmax.csv"

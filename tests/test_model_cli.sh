@@ -112,8 +112,8 @@ expect 1 "s1r.csv: line 2: a row of shard 1/3, this run is shard 0/3" -- "$eval"
 expect 1 "e7-3.csv: line 2: shard 3/7 of a run in 7 shards" "has 3" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/e7-3.csv" -o "$tmp/m2.csv"
 cp "$tmp/sh1.csv" "$tmp/sh1copy.csv"
 expect 1 "shard 1/3 is in" "duplicated" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/sh1.csv" "$tmp/sh1copy.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
-# column 23 is kl_sum, 24 top1_sum, 28 d_n (a shard's columns: run and shard at 17 and 18)
-for edit in '23=-1e300:negative KL' '24=1e308:top1_sum is not a count' '28=-5:d_n is not a count' '22=nan:expected a finite number'; do
+# column 24 is kl_sum, 25 top1_sum, 29 d_n (a shard's columns: run and shard at 18 and 19)
+for edit in '24=-1e300:negative KL' '25=1e308:top1_sum is not a count' '29=-5:d_n is not a count' '23=nan:expected a finite number' '32=-1:a negative cache_tokens_sum'; do
     col=${edit%%=*} rest=${edit#*=}; val=${rest%%:*} why=${rest#*:}
     awk -F, -v OFS=, -v c="$col" -v v="$val" 'NR == 3 {$c = v} {print}' "$tmp/sh1.csv" >"$tmp/tamper.csv"
     expect 1 "tamper.csv: line 3:" "$why" -- "$eval" --merge "$tmp/sh0.csv" "$tmp/tamper.csv" "$tmp/sh2.csv" -o "$tmp/m2.csv"
@@ -443,7 +443,7 @@ if [ -r "$shared/models-tiny/tiny-gemma3.gguf" ]; then
             -q 'tokens(snapkv:keep=0.25,obs=16; none; drop)' -q 'tokens(h2o:keep=0.5; kivi:bits=4,group=32,residual=32; drop)' \
             -q 'tokens(window:sinks=4,recent=96; none; drop)' --threads $n --format csv >"$tmp/gc$n.csv" 2>/dev/null
     done
-    cmp -s "$tmp/gc1.csv" "$tmp/gc2.csv" && awk -F, 'NR > 1 && $(NF-3) > 0 {moved++} NR > 1 && /recent=96/ && $(NF-3) == 0 {whole++}
+    cmp -s "$tmp/gc1.csv" "$tmp/gc2.csv" && awk -F, 'NR > 1 && $(NF-4) > 0 {moved++} NR > 1 && /recent=96/ && $(NF-4) == 0 {whole++}
         END {exit !(moved == 4 && whole == 2)}' "$tmp/gc1.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: gemma3 --context"; cat "$tmp/gc"?.csv; }
 else
@@ -462,7 +462,7 @@ tq='tokens(snapkv:keep=0.5,obs=4; none; drop)'
     --format csv --threads 1 >"$tmp/tok1.csv" 2>/dev/null
 "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode -q "$tq" -q 'tokens(window:sinks=2,recent=8; none; drop)' \
     --format csv --threads 2 >"$tmp/tok2.csv" 2>/dev/null
-cmp -s "$tmp/tok1.csv" "$tmp/tok2.csv" && awk -F, 'NR > 1 && $(NF-3) > 0 {n++} END {exit n != 2}' "$tmp/tok1.csv" \
+cmp -s "$tmp/tok1.csv" "$tmp/tok2.csv" && awk -F, 'NR > 1 && $(NF-4) > 0 {n++} END {exit n != 2}' "$tmp/tok1.csv" \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: tokens in kvq-eval (threads, kl > 0)"; cat "$tmp/tok1.csv"; }
 
 # --- --context N (SPEC §3.11): a spec that keeps the context exact is the
@@ -502,6 +502,56 @@ for n in 1 2; do
 done
 cmp -s "$tmp/ctx1.csv" "$tmp/ctx2.csv" && [ "$(wc -l <"$tmp/ctx1.csv")" = 3 ] \
     && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --context differs between --threads 1 and 2"; cat "$tmp/ctx"?.csv; }
+# --- decode-time compression (SPEC §3.11 round 2, kvpress's DecodingPress):
+# window with target=S,interval=1 is, row for row, the stateless decode of
+# window with recent=S−sinks+1 (every cell but the spec); target >= T is the
+# exact cache; LO none changes no number; cache_tokens is the hand count and
+# at most target + interval; PrefillDecoding with a target never reached is
+# the context compressed once; no result depends on --threads
+dq=(-q none -q 'tokens(window:sinks=2,target=10,interval=1; none; drop)' -q 'tokens(window:sinks=2,recent=9; none; drop)'
+    -q 'tokens(snapkv:obs=3,target=40,interval=4; none; drop)' -q 'tokens(h2o:target=8,interval=4; none; none)'
+    -q 'tokens(knorm:target=8,interval=4; none; drop)' -q 'tokens(snapkv:obs=3,target=6,interval=3,buffer=2; per-token:bits=4; per-token:bits=2)')
+for n in 1 3; do
+    "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode "${dq[@]}" --threads $n --format csv >"$tmp/press$n.csv" 2>/dev/null
+done
+"$eval" "$tiny" --tokens "$tmp/ids40.txt" --context 12 --policy decode -q 'tokens(snapkv:keep=0.5,obs=3; none; drop)' \
+    -q 'tokens(snapkv:keep=0.5,obs=3,target=99,interval=4; none; drop)' --format csv >"$tmp/pressctx.csv" 2>/dev/null
+cmp -s "$tmp/press1.csv" "$tmp/press3.csv" && /usr/bin/python3 - "$tmp/press1.csv" "$tmp/pressctx.csv" <<'PY' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: decode-time compression"; cat "$tmp/press1.csv" "$tmp/pressctx.csv"; }
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+num = ["k_bits", "v_bits", "nll", "dnll", "kl", "top1", "positions", "dnll_se", "cache_tokens"]
+none, win, stateless, big, lonone, knorm, quant = rows
+assert all(win[c] == stateless[c] for c in num), "window target=10,interval=1 != recent=9"
+assert big["nll"] == big["nll_ref"] and float(big["kl"]) == 0 and big["cache_tokens"] == none["cache_tokens"], big
+assert float(big["k_bits"]) == 16
+assert lonone["nll"] == lonone["nll_ref"] and lonone["cache_tokens"] == none["cache_tokens"], lonone
+T, S, I = 37, 8, 4
+held, n = [], 0
+for j in range(T):  # row j holds the n tokens kept before it and itself
+    n += 1
+    held.append(n)
+    if (j + 1) % I == 0 and j + 1 < T and n > S:
+        n = S
+want = sum(held[:T - 1]) / (T - 1)
+got = float(knorm["cache_tokens"])
+assert abs(got - want) < 1e-12 * want and got <= S + I and float(knorm["kl"]) > 0, (got, want)
+assert float(quant["kl"]) > 0 and quant["cache_tokens"] == none["cache_tokens"]  # LO stored: every token held
+once, press = csv.DictReader(open(sys.argv[2]))
+assert all(once[c] == press[c] for c in ["nll", "kl", "top1", "cache_tokens"]), (once, press)
+PY
+tq8='tokens(snapkv:target=8,interval=4; none; drop)'
+expect 2 "target=8 compresses while decoding: expected --policy decode" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q "$tq8"
+expect 2 "keep= with target= compresses a context once" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode \
+    -q 'tokens(snapkv:keep=0.5,target=8,interval=4; none; drop)'
+expect 2 "adaptive= with target=: not supported" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode \
+    -q 'tokens(snapkv:adaptive=0.5,target=8,interval=4; none; drop)'
+expect 2 "buffer=0 leaves h2o no queries" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode \
+    -q 'tokens(h2o:target=8,interval=4,buffer=0; none; drop)'
+expect 2 "target without interval" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode -q 'tokens(knorm:target=8; none; drop)'
+expect 2 "interval=0: out of range" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" --policy decode \
+    -q 'tokens(knorm:target=8,interval=0; none; drop)'
+expect 2 "target=8 compresses while decoding" -- "$analyze" -q "$tq8" "$tmp/tiny.h5"
 expect 2 "--context 0: expected a positive integer" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --context 0
 expect 2 "--context 36: expected at most 35" -- "$eval" "$tiny" --tokens "$tmp/ids40.txt" -q none --context 36
 expect 2 "--context 15: expected at most 14 (a context and at least one scored position in each window of 16" -- \

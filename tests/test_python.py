@@ -343,7 +343,8 @@ def decode_nll(m, tokens, cache):
             q = rope(m["wq"][lyr] @ xb, t, m["hs"]).reshape(m["nh"], m["hs"])
             k = rope(m["wk"][lyr] @ xb, t, m["hs"]).reshape(m["nkv"], 1, m["hs"])
             v = (m["wv"][lyr] @ xb).reshape(m["nkv"], 1, m["hs"])
-            K, V = (k, v) if cache is None else cache.update(lyr, k, v)
+            K, V = (k, v) if cache is None else cache.update(lyr, k, v, query=q[:, None, :])
+            held = None if cache is None else cache.keep(lyr)  # [nkv, T]: False where evicted
             if cache is None:  # the exact cache
                 m.setdefault("K", {}).setdefault(lyr, []).append(k[:, 0])
                 m.setdefault("V", {}).setdefault(lyr, []).append(v[:, 0])
@@ -352,6 +353,8 @@ def decode_nll(m, tokens, cache):
             for h in range(m["nh"]):
                 g = h // (m["nh"] // m["nkv"])
                 sc = (K[g].astype(np.float64) @ q[h]) / math.sqrt(m["hs"])
+                if held is not None:
+                    sc[~held[g]] = -np.inf
                 p = np.exp(sc - sc.max())
                 out[h * m["hs"]:(h + 1) * m["hs"]] = (p / p.sum()) @ V[g]
             x = x + m["wo"][lyr] @ out
@@ -381,8 +384,62 @@ if os.path.exists(BIN):
                                             f"{rows[0]['nll']} (exact {ref})")
     print(f"decode NLL: numpy + DecodeCache {got:.6f}, kvq-eval {rows[0]['nll']:.6f} (exact: {ref:.6f}, "
           f"{rows[0]['nll_ref']:.6f})")
+    # compression while decoding: DecodeCache's own bookkeeping (steps, HI, LO, eviction) in the numpy
+    # loop against kvq-eval's (SPEC §3.11).  The two forwards differ by float rounding (~1e-7), which
+    # can flip a near-tie in a ranking once eviction has moved the later layers' keys far (knorm at
+    # target=12 here: 1e-4 apart); the bookkeeping itself is checked bit for bit against a numpy
+    # simulation below
+    for spec in ("tokens(knorm:target=13,interval=4; none; drop)", "tokens(h2o:target=10,interval=4,buffer=2; none; drop)",
+                 "tokens(window:sinks=2,target=9,interval=3; none; drop)",
+                 "tokens(snapkv:target=12,interval=5; none; per-token:bits=2)"):
+        text = tool("kvq-eval", BIN, "--tokens", tok_file, "-q", spec, "--policy", "decode", "--format", "csv")
+        row = list(csv.DictReader(io.StringIO(text)))[0]
+        cache = kvq.DecodeCache(spec)
+        got = decode_nll(dict(model), tokens, cache)
+        kb = cache.bits(0)[0]
+        check(abs(got - float(row["nll"])) < 1e-4 and abs(got - ref) > 1e-3,
+              f"numpy forward with DecodeCache({spec}): {got} vs kvq-eval {row['nll']} (exact {ref})")
+        held = cache.keep(0)
+        print(f"  {spec}: NLL {got:.6f}, kvq-eval {float(row['nll']):.6f}; held {int(held[0].sum())} of "
+              f"{held.shape[1]}, k_bits {kb:.4f}")
 else:
     print(f"test_python: {BIN} absent: the model-loop check skipped")
+
+# ------------------- DecodeCache compressing while decoding against a numpy simulation
+rng = np.random.default_rng(5)
+H, D, S, I = 2, 8, 6, 3
+kall = rng.standard_normal((H, 30, D)).astype(np.float32) * rng.uniform(0.2, 2, (H, 30, 1)).astype(np.float32)
+vall = rng.standard_normal((H, 30, D)).astype(np.float32)
+for ctx in (0, 10):
+    cache = kvq.DecodeCache(f"tokens(knorm:{'keep=0.5,' if ctx else ''}target={S},interval={I}; none; drop)")
+    hi = np.zeros((H, 0), bool)
+    ok, steps = True, 0
+    if ctx:  # the context compressed once by keep=0.5: the 5 lowest key norms per head, ties to the later token
+        cache.update(0, kall[:, :ctx], vall[:, :ctx])
+        norms = np.linalg.norm(kall[:, :ctx].astype(np.float64), axis=2)
+        hi = np.zeros((H, ctx), bool)
+        for h in range(H):
+            hi[h, sorted(range(ctx), key=lambda u: (norms[h, u], -u))[:5]] = True
+        ok &= np.array_equal(cache.keep(0), hi)
+    for t in range(ctx, 30):
+        if steps and steps % I == 0 and hi[0].sum() > S:  # the compression the last step made due
+            norms = np.linalg.norm(kall[:, :t].astype(np.float64), axis=2)
+            for h in range(H):
+                held = [u for u in range(t) if hi[h, u]]
+                keep = sorted(held, key=lambda u: (norms[h, u], -u))[:S]
+                hi[h] = False
+                hi[h, keep] = True
+        hi = np.concatenate([hi, np.ones((H, 1), bool)], 1)
+        kh, vh = cache.update(0, kall[:, t:t + 1], vall[:, t:t + 1])
+        steps += 1
+        ok &= np.array_equal(cache.keep(0), hi) and np.array_equal(kh[hi], kall[:, :t + 1][hi]) and \
+            not kh[~hi].any() and hi[0].sum() <= S + I
+    check(ok, f"DecodeCache knorm target={S},interval={I} (context {ctx}) holds the tokens a numpy simulation holds")
+try:
+    kvq.DecodeCache("tokens(h2o:target=4,interval=2; none; drop)").update(0, kall[:, :3], vall[:, :3])
+    check(False, "a query-needing selector without queries raises")
+except kvq.Error as e:
+    check("expected query=" in str(e) and "\n" not in str(e), f"DecodeCache without queries: {e}")
 
 # ------------- the ctypes mirrors match the library's structs (checked at load)
 import ctypes  # noqa: E402

@@ -114,7 +114,7 @@ jid=$(sbatch --parsable --array=0-7 tools/kvq-shards.slurm kvq-eval $m --text $t
 mid=$(sbatch --parsable --dependency=afterok:$jid tools/kvq-shards.slurm merge kvq-eval)
 wait_jobs "$jid" "$mid"
 echo "slurm: kvq-eval array of 8 and its merge in $((SECONDS - t1)) s"
-cmp -s one-eval.csv kvq-out/eval.csv && ok || bad "kvq-eval: the Slurm merge differs from one run ($(job_state "$mid"); $(tail -n 2 kvq-shards-"$mid".log 2>&1))"
+cmp -s one-eval.csv kvq-out/eval.csv && ok || bad "kvq-eval: the Slurm merge differs from one run ($(job_state "$mid"); $(tail -n 2 kvq-shards-"$mid".log 2>&1); the tasks' errors: $(grep -h -i "error\|killed\|cancel" kvq-shards-*.log 2>&1 | head -n 3))"
 [ -e "kvq-shards-$mid.log" ] && grep -q "merged 7 windows of 3 configurations from 8 shards" "kvq-shards-$mid.log" &&
     ok || bad "the merge's log kvq-shards-$mid.log: $(cat "kvq-shards-$mid.log" 2>&1 | head -n 3)"
 ls kvq-shards-*4294967294* >/dev/null 2>&1 && bad "a log named after no task" || ok

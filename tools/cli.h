@@ -150,6 +150,8 @@ typedef struct cli_eval_row {
     const char *model, *quantizer, *spec, *policy;
     char layer[16];
 } cli_eval_row;
+/* kvq-eval's columns (a shard's file adds its own after them); cli_eval_cells fills CLI_EVAL_NCOLS cells */
+enum { CLI_EVAL_NCOLS = 17 };
 const char *const *cli_eval_columns(int shard, int *ncols);
 void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_ref, const char *tokens, char *npos,
                     kvq_cell *row);

@@ -20,14 +20,17 @@
 
 static const char *const EVAL_COLS[] = {"model", "tokens", "quantizer", "spec", "policy", "layer", "k_bits", "v_bits",
                                         "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se",
+                                        "cache_tokens",
                                         /* a shard's rows: the window and what the run pools */
                                         "run", "shard", "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum", "top1_sum",
-                                        "k_bits_sum", "v_bits_sum", "elements", "d_n", "d_mean", "d_m2"};
-enum { NSTD = 16, NSHARD = 30, NSUMS = 10, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER, C_POS = 14,
-       C_RUN = 16, C_SHARD, C_WINDOW, C_WINDOWS, C_SUMS };
+                                        "k_bits_sum", "v_bits_sum", "elements", "d_n", "d_mean", "d_m2",
+                                        "cache_tokens_sum"};
+enum { NSTD = CLI_EVAL_NCOLS, NSHARD = 32, NSUMS = 11, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER, C_POS = 14,
+       C_RUN = 17, C_SHARD, C_WINDOW, C_WINDOWS, C_SUMS };
 /* the sums' columns, from C_SUMS on */
-enum { S_NLL_REF, S_NLL, S_KL, S_TOP1, S_K_BITS, S_V_BITS, S_ELEMENTS, S_D_N, S_D_MEAN, S_D_M2 };
+enum { S_NLL_REF, S_NLL, S_KL, S_TOP1, S_K_BITS, S_V_BITS, S_ELEMENTS, S_D_N, S_D_MEAN, S_D_M2, S_CACHE };
 
+_Static_assert(sizeof EVAL_COLS / sizeof EVAL_COLS[0] == NSHARD, "EVAL_COLS holds NSHARD names");
 const char *const *cli_eval_columns(int shard, int *ncols)
 {
     *ncols = shard ? NSHARD : NSTD;
@@ -54,7 +57,8 @@ void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_r
                         {.num = it->kl, .is_num = 1},
                         {.num = it->top1, .is_num = 1},
                         {.text = npos},
-                        {.num = it->dnll_se, .is_num = 1}};
+                        {.num = it->dnll_se, .is_num = 1},
+                        {.num = it->cache_tokens, .is_num = 1}};
     memcpy(row, c, sizeof c);
 }
 
@@ -212,7 +216,8 @@ kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref,
         kvq_cell row[NSHARD];
         cli_eval_cells(&s->rows[i], &it, nll_ref, tokens, npos, row);
         const kvq_eval_sums *w = &sums[i];
-        double v[] = {ref->nll, w->nll, w->kl, w->top1, w->k_bits, w->v_bits, w->elements, w->d_n, w->d_mean, w->d_m2};
+        double v[] = {ref->nll,  w->nll, w->kl,     w->top1, w->k_bits,      w->v_bits,
+                      w->elements, w->d_n, w->d_mean, w->d_m2, w->cache_tokens};
         row[C_RUN] = (kvq_cell){.text = s->run};
         row[C_SHARD] = (kvq_cell){.text = s->shard};
         row[C_WINDOW] = (kvq_cell){.text = wi};
@@ -280,6 +285,7 @@ static const char *impossible_sums(const double v[NSUMS], double pos)
     if (v[S_K_BITS] < 0 || v[S_V_BITS] < 0 || v[S_ELEMENTS] < 0) return "negative bits or elements";
     if (v[S_D_N] < 0 || v[S_D_N] > pos || v[S_D_N] != floor(v[S_D_N])) return "d_n is not a count of its positions";
     if (v[S_D_M2] < 0) return "a negative d_m2 (a sum of squares)";
+    if (v[S_CACHE] < 0) return "a negative cache_tokens_sum";
     return NULL;
 }
 
@@ -452,7 +458,8 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
             if (i == 0) kvq_eval_sums_add(&ref, &(kvq_eval_sums){.nll = v[S_NLL_REF], .positions = pos});
             kvq_eval_sums w = {.nll = v[S_NLL], .kl = v[S_KL], .top1 = v[S_TOP1], .positions = pos,
                                .k_bits = v[S_K_BITS], .v_bits = v[S_V_BITS], .elements = v[S_ELEMENTS],
-                               .d_n = v[S_D_N], .d_mean = v[S_D_MEAN], .d_m2 = v[S_D_M2]};
+                               .d_n = v[S_D_N], .d_mean = v[S_D_MEAN], .d_m2 = v[S_D_M2],
+                               .cache_tokens = v[S_CACHE]};
             kvq_eval_sums_add(&acc[i], &w);
         }
     }

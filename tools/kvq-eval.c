@@ -522,7 +522,7 @@ static int evaluate(eval_state *s)
     char toks[16], npos[16];
     snprintf(toks, sizeof toks, "%ld", s->chunk ? (long)s->nwin * s->chunk : (long)s->T);
     for (int i = 0; i < s->nitems; i++) {
-        kvq_cell row[16];
+        kvq_cell row[CLI_EVAL_NCOLS];
         cli_eval_cells(&s->rows[i], &s->items[i], nll_ref, toks, npos, row);
         errno = 0;
         kvq_status wst = kvq_rows_add(s->rep, row);

@@ -5,6 +5,7 @@
  * plain arrays and kvq_acc sums in, kvq_status and kvq_error out. */
 #define _GNU_SOURCE /* open_memstream */
 #include "../internal.h"
+#include "../quant/quant.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -194,6 +195,33 @@ kvq_status kvq_quantize_arrays(const kvq_arrays_opts *o, int H, int T, int D, co
     if (!o->keep) free(q.keep);
     if (have_rope == 2) kvq_rope_free(&rope);
     return st;
+}
+
+kvq_status kvq_select_arrays(const kvq_arrays_opts *o, int H, int T, int D, const float *key, int target, int qrow0,
+                             unsigned char *keep, kvq_error *err)
+{
+    if (!o || !key || !keep) return kvq_fail(err, KVQ_ERR_USAGE, "the options, key and keep are required");
+    if (H <= 0 || T <= 0 || D <= 0)
+        return kvq_fail(err, KVQ_ERR_USAGE, "expected [H,T,D] with H, T, D > 0, got [%d,%d,%d]", H, T, D);
+    if (target < 0 || qrow0 < 0 || qrow0 > T)
+        return kvq_fail(err, KVQ_ERR_USAGE, "target %d, first query row %d: expected target >= 0 and a row in 0..%d",
+                        target, qrow0, T);
+    kvq_spec sp;
+    kvq_tokens_parts tp;
+    kvq_status st = kvq_spec_parse(o->spec ? o->spec : "", &sp, err);
+    if (st || (st = kvq_tokens_split(&sp, &tp, err))) return st;
+    int Hq = o->query ? o->num_heads : H;
+    if (o->query && (Hq <= 0 || Hq % H))
+        return kvq_fail(err, KVQ_ERR_USAGE, "query: %d heads: expected a multiple of the %d key heads", Hq, H);
+    if ((st = check_finite("key", key, H, T, D, err)) || (o->query && (st = check_finite("query", o->query, Hq, T, D, err))))
+        return st;
+    int nt = 1;
+    if ((st = binding_threads(o->nthreads, (size_t)H * T * D, &nt, err))) return st;
+    kvq_blas_serial();
+    kvq_layer L = {.H = H, .Hq = Hq, .T = T, .D = D, .key = (float *)key, .value = (float *)key,
+                   .query = (float *)o->query};
+    kvq_select_at at = {.target = target, .qrow0 = qrow0};
+    return kvq_tokens_select_at(&tp, &L, NULL, o->seed, o->layer, nt, target > 0 ? &at : NULL, keep, NULL, err);
 }
 
 /* kvq_analyze_csv on the file at path, or (path NULL) on the dump in memory m. */

@@ -54,17 +54,22 @@ void *kvq_alloc_lines(size_t bytes)
 
 /* ------------------------------------------------------------- notes */
 
-/* The first note of each kind and how many more came (any thread). */
+/* The first note of each kind — the lowest `order` the callers give, so
+ * that the note said does not depend on which thread came first — and how
+ * many more came (any thread). */
 static pthread_mutex_t note_lock = PTHREAD_MUTEX_INITIALIZER;
 static char note_text[KVQ_NOTE_KINDS][512];
 static long note_more[KVQ_NOTE_KINDS];
+static uint64_t note_order[KVQ_NOTE_KINDS];
 
-void kvq_note(kvq_note_kind kind, const char *fmt, ...)
+void kvq_note(kvq_note_kind kind, uint64_t order, const char *fmt, ...)
 {
     if ((int)kind < 0 || kind >= KVQ_NOTE_KINDS) return;
     pthread_mutex_lock(&note_lock);
-    if (note_text[kind][0]) note_more[kind]++;
-    else {
+    int first = !note_text[kind][0];
+    if (!first) note_more[kind]++;
+    if (first || order < note_order[kind]) {
+        note_order[kind] = order;
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(note_text[kind], sizeof note_text[kind], fmt, ap);

@@ -359,7 +359,8 @@ typedef struct fw_scratch {
     unsigned char *keep;                      /* [H][T]: the tokens a quantizer kept (tokens(...; drop)) */
     int *pos;                                 /* [H][T]: the positions of a segment's tokens (--context) */
     float *ck, *cv;                           /* --context: the cache [H][T][D], the context compressed once */
-    unsigned char *ckeep;                     /* [H][T]: its kept tokens */
+    unsigned char *ckeep;                     /* [H][T]: its kept tokens (decode-time compression: those held) */
+    unsigned char *dhi, *dsel;                /* decode-time compression: [H][T] held at HI; a selection [H][n] */
     double *kb, *vb, *sb;                     /* [H] */
     att_buf *ab;                              /* [nt] */
     int nab;
@@ -371,6 +372,7 @@ static void scratch_free(fw_scratch *s)
                   s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq, s->pq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(s->kb), free(s->vb), free(s->sb), free(s->keep), free(s->pos), free(s->ck), free(s->cv), free(s->ckeep);
+    free(s->dhi), free(s->dsel);
     for (int i = 0; s->ab && i < s->nab; i++) free(s->ab[i].S), free(s->ab[i].O), free(s->ab[i].Kp), free(s->ab[i].Vp);
     free(s->ab);
     memset(s, 0, sizeof *s);
@@ -378,7 +380,7 @@ static void scratch_free(fw_scratch *s)
 
 /* quantized: some stream quantizes its cache (the prefix and output buffers
  * are needed); the exact model alone does without them.  context: the
- * buffers of --context's cache too. */
+ * buffers of --context's cache too (2: and of decode-time compression). */
 static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, int context, int nt,
                                 kvq_error *err)
 {
@@ -405,6 +407,10 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->ck = kvq_alloc_array(t, kd * sizeof(float)), s->cv = kvq_alloc_array(t, kd * sizeof(float));
         s->ckeep = kvq_alloc_array(t, (size_t)in->n_kv_heads);
         ok = ok && s->ck && s->cv && s->ckeep;
+    }
+    if (quantized && context > 1) {
+        s->dhi = kvq_alloc_array(t, (size_t)in->n_kv_heads), s->dsel = kvq_alloc_array(t, (size_t)in->n_kv_heads);
+        ok = ok && s->dhi && s->dsel;
     }
     s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
     s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
@@ -496,7 +502,7 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec_layers *spec, const k
     info.seq_len = ntok;
     kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, layer)};
     kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt,
-                         .rope = layer_rope(c, layer), .attn = &mode};
+                         .rope = layer_rope(c, layer), .attn = &mode, .decoding = 1};
     if (t0 > 0) { /* [H][ntok]: token i of every head is at t0 + i */
         for (int h = 0; h < H; h++)
             for (int i = 0; i < ntok; i++) s->pos[(size_t)h * ntok + i] = t0 + i;
@@ -613,6 +619,27 @@ static void context_put(fw_scratch *s, int H, int T, int D, int t0, int t1, int 
     }
 }
 
+/* The cache_tokens column's count: over the scored rows t in [t0, t1) and
+ * the KV heads, the tokens u <= t the cache holds (mask [H][ld]:
+ * held[h][u]; NULL: all t + 1), added as a whole number (exact in a
+ * double, whatever the blocks); per position it is divided by the heads
+ * and the layers the item applies to (st->cache_div). */
+static void count_held(const fw_ctx *c, kvq_fw_stream *st, const unsigned char *mask, int ld, int t0, int t1)
+{
+    int T = c->o->T, H = c->m->info.n_kv_heads, from = c->o->score_from > 0 ? c->o->score_from : 0;
+    int a = t0 > from ? t0 : from, b = t1 < T - 1 ? t1 : T - 1;
+    if (!st->item) return;
+    st->cache_div = (double)H * (st->item->layer < 0 ? c->m->info.n_layers : 1);
+    long sum = 0;
+    for (int h = 0; h < H && a < b; h++) {
+        const unsigned char *m = mask ? mask + (size_t)h * ld : NULL;
+        long held = 0;
+        for (int u = 0; m && u < a; u++) held += m[u] != 0;
+        for (int t = a; t < b; t++) sum += m ? (held += m[t] != 0) : t + 1;
+    }
+    st->cache_held += (double)sum;
+}
+
 /* --context N (SPEC §3.11), rows [r0, T) of stream st at layer l: the
  * context [0, N) is prefilled exactly (its rows attend to the exact keys
  * and values) and compressed once by the item's spec on its N tokens (a
@@ -641,6 +668,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     if (it->policy == KVQ_POLICY_PREFILL || !hi) { /* the continuation's own entries exact, 16 bits */
         size_t n = (size_t)(T - N);
         st->k_bits += 16.0 * n * H * D, st->v_bits += 16.0 * n * H * D;
+        if (!dropped) count_held(c, st, NULL, T, N, T);
         if (*same && exact) return KVQ_OK;
         for (int h = 0; h < H; h++) {
             size_t at = (size_t)h * T + N;
@@ -648,6 +676,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
             memcpy(s->cv + at * D, s->Vh + at * D, n * D * sizeof(float));
             memset(s->ckeep + at, 1, n);
         }
+        if (dropped) count_held(c, st, s->ckeep, T, N, T);
         *same = 0;
         if (r0 < N) attend_exact(c, W, scale, r0, N);
         attend(s->Qh, s->ck, s->cv, dropped ? s->ckeep : NULL, T, T, T, Hq, H, D, W, scale, r0 > N ? r0 : N, T,
@@ -656,9 +685,11 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
     }
     int stride = c->o->stride > 0 ? c->o->stride : 1;
     if (!*same && r0 < N) attend_exact(c, W, scale, r0, N);
+    for (int h = 0; h < H; h++) memset(s->ckeep + (size_t)h * T + N, 1, (size_t)(T - N)); /* the continuation's */
     for (int p0 = N; p0 < T; p0 += stride) {
         int p1 = p0 + stride < T ? p0 + stride : T, d = 0;
         if (p1 <= r0 && p1 < T) continue; /* rows not wanted (the last step counts the bits) */
+        count_held(c, st, dropped ? s->ckeep : NULL, T, p0, p1);
         if ((rc = quantize_cache(c, NULL, hi, l, N, p1, &d, err))) return rc;
         if (p1 == T)
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
@@ -672,6 +703,205 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
             attend(s->Qh, s->ck, s->cv, dropped ? s->ckeep : NULL, p1, T, T, Hq, H, D, W, scale, p0 > r0 ? p0 : r0, p1,
                    s->att, s->ab, nt);
     }
+    return KVQ_OK;
+}
+
+/* ------------------------------------------- decode-time compression */
+
+/* Layer l's tokens(...) when it compresses while decoding (target=), else NULL. */
+static const kvq_tokens_parts *decoding_parts(const kvq_fw_stream *st, int l)
+{
+    const kvq_tokens_parts *tp = st->spec ? kvq_spec_layers_parts(st->spec, l) : NULL;
+    return tp && ((const kvq_token_sel_opts *)kvq_spec_opts(&tp->sel))->target != KVQ_UNSET ? tp : NULL;
+}
+
+/* The plain spec sp on the tokens u < upto of each head where mask[h][u]
+ * is set (n per head, in position order), from K, V [H][T][D] (the exact
+ * entries, or the cache ck, cv; keys pre-RoPE: the exact ones), as a layer
+ * of their own at their positions; K', V' into the cache ck, cv; the
+ * stored bits added to bits[0] (K), bits[1] (V). */
+static kvq_status press_run(fw_ctx *c, const kvq_spec *sp, int l, const unsigned char *mask, int upto, int n,
+                            const float *K, const float *V, double *bits, kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    int H = in->n_kv_heads, D = in->head_dim, T = c->o->T;
+    size_t row = (size_t)D * sizeof(float);
+    for (int h = 0; h < H; h++)
+        for (int u = 0, i = 0; u < upto; u++)
+            if (mask[(size_t)h * T + u]) {
+                size_t from = ((size_t)h * T + u) * D, to = ((size_t)h * n + i) * D;
+                if (i == n) return kvq_fail(err, KVQ_ERR_INTERNAL, "decode-time compression: head %d holds more "
+                                            "than %d tokens", h, n);
+                memcpy(s->pk + to, K + from, row), memcpy(s->pv + to, V + from, row);
+                memcpy(s->ppre + to, s->Kpre + from, row);
+                s->pos[(size_t)h * n + i++] = u;
+            }
+    kvq_layer L = {.H = H, .Hq = in->n_heads, .T = n, .D = D, .key = s->pk, .value = s->pv, .key_pre_rope = s->ppre};
+    kvq_dump_info info = c->qinfo;
+    info.seq_len = n;
+    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, l)};
+    kvq_quant_ctx ctx = {.info = &info, .layer = l, .seed = c->o->seed, .nthreads = c->nt,
+                         .rope = layer_rope(c, l), .attn = &mode, .pos = s->pos};
+    memset(s->kb, 0, (size_t)H * sizeof(double)), memset(s->vb, 0, (size_t)H * sizeof(double));
+    memset(s->sb, 0, (size_t)H * sizeof(double));
+    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb};
+    kvq_status st;
+    if ((c->o->calib && (st = kvq_calib_state(c->o->calib, sp, l, c->o->seed, c->nt, &ctx.calib, err))) ||
+        (st = kvq_quantize_layer(sp, &ctx, &L, &qo, err))) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return kvq_fail(err, st, "%s: %s", c->m->path, msg);
+    }
+    for (int h = 0; h < H; h++) {
+        for (int i = 0; i < n; i++) {
+            size_t from = ((size_t)h * n + i) * D, to = ((size_t)h * T + s->pos[(size_t)h * n + i]) * D;
+            memcpy(s->ck + to, s->kq + from, row), memcpy(s->cv + to, s->vq + from, row);
+        }
+        bits[0] += s->kb[h], bits[1] += s->vb[h];
+    }
+    return KVQ_OK;
+}
+
+/* Selection on the tokens held at HI (dhi, n per head, before position
+ * p1): their keys as cached, the queries of the last `nq` rows (at = NULL:
+ * every row, compress-once's own scores); dsel [H][n] = the kept. */
+static kvq_status press_select(fw_ctx *c, const kvq_tokens_parts *tp, int l, int n, int p1, int nq,
+                               const kvq_select_at *at, kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    int H = in->n_kv_heads, Hq = in->n_heads, D = in->head_dim, T = c->o->T, G = Hq / H;
+    int queries = kvq_token_selector_needs_queries(tp->selector);
+    size_t row = (size_t)D * sizeof(float);
+    if (queries && !s->pq && !(s->pq = kvq_alloc_array((size_t)T, (size_t)Hq * D * sizeof(float))))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the queries of %d tokens", T);
+    for (int h = 0; h < H; h++)
+        for (int u = 0, i = 0; u < p1; u++)
+            if (s->dhi[(size_t)h * T + u]) {
+                size_t from = ((size_t)h * T + u) * D, to = ((size_t)h * n + i) * D;
+                memcpy(s->pk + to, s->ck + from, row), memcpy(s->pv + to, s->cv + from, row);
+                for (int j = h * G; queries && i >= n - nq && j < (h + 1) * G; j++)
+                    memcpy(s->pq + ((size_t)j * n + i) * D, s->Qh + ((size_t)j * T + u) * D, row);
+                i++;
+            }
+    kvq_layer L = {.H = H, .Hq = Hq, .T = n, .D = D, .key = s->pk, .value = s->pv, .query = queries ? s->pq : NULL};
+    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, l)};
+    return kvq_tokens_select_at(tp, &L, &mode, c->o->seed, l, c->nt, at, s->dsel, NULL, err);
+}
+
+/* The held tokens that selection did not keep (dsel, n per head) leave HI
+ * for good: evicted (drop), kept as they are (none, 16 bits), or stored by
+ * LO from their HI values (once).  bits: LO's. */
+static kvq_status press_move(fw_ctx *c, const kvq_tokens_parts *tp, int l, int n, int p1, double *bits,
+                             kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    int H = in->n_kv_heads, D = in->head_dim, T = c->o->T, moved = 0;
+    for (int h = 0; h < H; h++) { /* dhi 2: moving now; every head moves as many (one target) */
+        int m = 0;
+        for (int u = 0, i = 0; u < p1; u++)
+            if (s->dhi[(size_t)h * T + u] && !s->dsel[(size_t)h * n + i++]) s->dhi[(size_t)h * T + u] = 2, m++;
+        if (h && m != moved)
+            return kvq_fail(err, KVQ_ERR_INTERNAL, "decode-time compression: heads 0 and %d keep different counts", h);
+        moved = m;
+    }
+    if (!moved) return KVQ_OK;
+    kvq_status st = KVQ_OK;
+    if (tp->lo_kind == KVQ_PART_SPEC) { /* from the HI values the cache holds */
+        for (size_t i = 0; i < (size_t)H * T; i++) s->dsel[i] = s->dhi[i] == 2; /* the mask press_run reads */
+        st = press_run(c, &tp->lo, l, s->dsel, p1, moved, s->ck, s->cv, bits, err);
+    } else if (tp->lo_kind == KVQ_PART_NONE) {
+        bits[0] += 16.0 * moved * D * H, bits[1] += 16.0 * moved * D * H;
+    }
+    for (size_t i = 0; i < (size_t)H * T; i++)
+        if (s->dhi[i] == 2) s->dhi[i] = 0, s->ckeep[i] = tp->lo_kind != KVQ_PART_DROP;
+    return st;
+}
+
+/* Rows [r0, T) of stream st at layer l under decode-time compression (SPEC
+ * §3.11, kvpress's DecodingPress): the cache grows a token per position at
+ * HI; after every `interval`-th decoded token, when more than `target` are
+ * at HI, the selector scores them (queries: the last min(buffer, interval)
+ * rows) and keeps `target` at HI, the others leave HI for good (press_move).
+ * With --context N the context is prefilled exactly and, with keep=, first
+ * compressed once (PrefillDecodingPress).  Each row attends to the cache as
+ * it stands; HI none keeps exact entries, a HI spec stores the tokens at HI
+ * as a layer of their own every `stride` positions.  Bits: the cache after
+ * the last token.  Every row is attended here (*same = 0). */
+static kvq_status press_attention(fw_ctx *c, kvq_fw_stream *st, const kvq_tokens_parts *tp, int l, int r0, int *same,
+                                  kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    const kvq_token_sel_opts *o = kvq_spec_opts(&tp->sel);
+    int T = c->o->T, N = c->o->context > 0 ? c->o->context : 0, Hq = in->n_heads, H = in->n_kv_heads;
+    int D = in->head_dim, W = kvq_model_layer_window(c->m, l), S = o->target, every = o->interval;
+    int nq = o->buffer == KVQ_UNSET || o->buffer > every ? every : o->buffer;
+    int stride = c->o->stride > 0 ? c->o->stride : 1;
+    float scale = in->attn_scale > 0 ? in->attn_scale : 1.0f / sqrtf((float)D);
+    const kvq_spec *hi = tp->hi_kind == KVQ_PART_SPEC ? &tp->hi : NULL;
+    double lo_bits[2] = {0, 0}, hi_bits[2] = {0, 0};
+    size_t all = (size_t)H * T;
+    kvq_status rc;
+    /* PrefillDecodingPress: keep= (window: its recent=) compresses the context once first */
+    int once = N > 0 && (!isnan(o->keep) || (tp->selector == KVQ_SEL_WINDOW && o->recent > 0));
+    int n = N, quiet = !hi && !once; /* n: held at HI before the next position */
+    for (int e = N + every - 1; quiet && e + 1 < T; e += every) quiet = e + 1 <= S;
+    if (quiet) { /* no compression ever fires: the exact cache, 16 bits */
+        st->k_bits += 16.0 * all * D, st->v_bits += 16.0 * all * D;
+        if (N > 0) st->ctx_k_bits += 16.0 * N * H * D, st->ctx_v_bits += 16.0 * N * H * D;
+        count_held(c, st, NULL, T, r0, T);
+        if (!*same) attend_exact(c, W, scale, r0, T);
+        return KVQ_OK;
+    }
+    memcpy(s->ck, s->Kh, all * D * sizeof(float)), memcpy(s->cv, s->Vh, all * D * sizeof(float));
+    memset(s->dhi, 1, all), memset(s->ckeep, 1, all);
+    *same = 0;
+    if (r0 < N) attend_exact(c, W, scale, r0, N);
+    if (N > 0) { /* the context: compressed once by keep= (its own queries), its bits */
+        if (once &&
+            ((rc = press_select(c, tp, l, N, N, N, NULL, err)) || (rc = press_move(c, tp, l, N, N, lo_bits, err))))
+            return rc;
+        n = 0;
+        for (int u = 0; u < N; u++) n += s->dhi[u];
+        double ctx[2] = {16.0 * n * D * H, 16.0 * n * D * H};
+        if (hi && (ctx[0] = ctx[1] = 0, rc = press_run(c, hi, l, s->dhi, N, n, s->Kh, s->Vh, ctx, err))) return rc;
+        double where = n == N ? 0 : tp->lo_kind == KVQ_PART_DROP ? 32.0 * n * H : (double)N * H;
+        st->ctx_k_bits += ctx[0] + lo_bits[0] + where / 2, st->ctx_v_bits += ctx[1] + lo_bits[1] + where / 2;
+    }
+    for (int p0 = N; p0 < T;) {
+        /* the next compression: after the token at e = N + k·interval − 1 */
+        int e = N + ((p0 - N) / every + 1) * every - 1, p1 = e + 1 < T ? e + 1 : T;
+        for (int a = p0; a < p1; a += stride) { /* rows [a, b): the tokens at HI stored by HI */
+            int b = a + stride < p1 ? a + stride : p1, nb = n + (b - p0);
+            if (hi) {
+                hi_bits[0] = hi_bits[1] = 0;
+                if ((rc = press_run(c, hi, l, s->dhi, b, nb, s->Kh, s->Vh, hi_bits, err))) return rc;
+            } else {
+                hi_bits[0] = hi_bits[1] = 16.0 * nb * D * H;
+            }
+            count_held(c, st, s->ckeep, T, a, b);
+            if (b > r0)
+                attend(s->Qh, s->ck, s->cv, s->ckeep, b, T, T, Hq, H, D, W, scale, a > r0 ? a : r0, b, s->att, s->ab,
+                       c->nt);
+        }
+        n += p1 - p0;
+        p0 = p1;
+        if (p1 < T && n > S) { /* compress: S stay at HI */
+            kvq_select_at at = {.target = S, .qrow0 = n - nq};
+            if ((rc = press_select(c, tp, l, n, p1, nq, &at, err)) || (rc = press_move(c, tp, l, n, p1, lo_bits, err)))
+                return rc;
+            n = 0;
+            for (int u = 0; u < p1; u++) n += s->dhi[u];
+        }
+    }
+    /* where the tokens are, when some left HI: a position per held token (drop), else a mask bit per token */
+    int left = 0, held = 0;
+    for (int u = 0; u < T; u++) left += !s->dhi[u], held += s->ckeep[u];
+    double where = !left ? 0 : tp->lo_kind == KVQ_PART_DROP ? 32.0 * held * H : (double)T * H;
+    st->k_bits += hi_bits[0] + lo_bits[0] + where / 2, st->v_bits += hi_bits[1] + lo_bits[1] + where / 2;
     return KVQ_OK;
 }
 
@@ -697,12 +927,15 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     int N = c->o->context > 0 ? c->o->context : 0;
     if (applies) st->n_elem += (double)T * kd, st->ctx_elem += (double)N * kd;
     if (!applies || !it->spec) {
+        if (applies) count_held(c, st, NULL, T, 0, T);
         if (applies) /* -q none: the exact cache, 16 bits */
             st->k_bits += 16.0 * T * kd, st->v_bits += 16.0 * T * kd, st->ctx_k_bits += 16.0 * N * kd,
             st->ctx_v_bits += 16.0 * N * kd;
         if (!*same) attend_exact(c, W, scale, r0, T);
         return KVQ_OK;
     }
+    const kvq_tokens_parts *press = it->policy == KVQ_POLICY_DECODE ? decoding_parts(st, l) : NULL;
+    if (press) return press_attention(c, st, press, l, r0, same, err);
     if (c->o->context > 0) return context_attention(c, st, l, r0, same, err);
     int stride = it->policy == KVQ_POLICY_DECODE ? (c->o->stride > 0 ? c->o->stride : 1) : T;
     for (int p0 = 0; p0 < T; p0 += stride) {
@@ -711,6 +944,7 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
         int dropped = 0;
         kvq_status rc = quantize_cache(c, st->spec, NULL, l, 0, p1, &dropped, err);
         if (rc) return rc;
+        count_held(c, st, dropped ? s->keep : NULL, p1, p0, p1);
         if (p1 == T) /* the cache after the last token */
             for (int h = 0; h < H; h++) st->k_bits += s->kb[h], st->v_bits += s->vb[h];
         if (*same) {
@@ -1007,7 +1241,10 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
                           kmax);
             goto done;
         }
-    if ((rc = scratch_alloc(&c.s, in, T, quantized, o->context > 0, c.nt, err))) goto done;
+    int pressed = 0; /* a stream compresses while decoding */
+    for (int i = 1; i < o->ns; i++)
+        for (int l = 0; o->s[i].spec && l < in->n_layers; l++) pressed |= decoding_parts(&o->s[i], l) != NULL;
+    if ((rc = scratch_alloc(&c.s, in, T, quantized, pressed ? 2 : o->context > 0, c.nt, err))) goto done;
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
     if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&

@@ -3,6 +3,7 @@
  * kvq_model_eval runs the exact model beside any number of quantized caches
  * (in passes bounded by memory) and reports each one's loss, KL and top-1
  * against the exact model. */
+#include "../quant/quant.h"
 #include "model.h"
 
 #include <math.h>
@@ -145,6 +146,7 @@ void kvq_eval_sums_add(kvq_eval_sums *a, const kvq_eval_sums *w)
     a->nll += w->nll, a->kl += w->kl, a->top1 += w->top1, a->positions += w->positions;
     a->k_bits += w->k_bits, a->v_bits += w->v_bits, a->elements += w->elements;
     a->ctx_k_bits += w->ctx_k_bits, a->ctx_v_bits += w->ctx_v_bits, a->ctx_elements += w->ctx_elements;
+    a->cache_tokens += w->cache_tokens;
     double n = a->d_n + w->d_n;
     if (n > 0) {
         double delta = w->d_mean - a->d_mean;
@@ -161,6 +163,7 @@ void kvq_eval_item_finish(kvq_eval_item *it, const kvq_eval_sums *a)
     it->k_bits = a->elements ? a->k_bits / a->elements : NAN, it->v_bits = a->elements ? a->v_bits / a->elements : NAN;
     it->positions = (int)npos;
     it->dnll_se = a->d_n > 1 ? sqrt(a->d_m2 / (a->d_n - 1)) / sqrt(a->d_n) : NAN;
+    it->cache_tokens = a->cache_tokens / npos;
 }
 
 /* A stream's sums over one window's npos scored positions. */
@@ -169,7 +172,8 @@ static kvq_eval_sums stream_sums(const kvq_fw_stream *s, double npos)
     return (kvq_eval_sums){.nll = s->nll, .kl = s->kl, .top1 = s->top1, .positions = npos, .k_bits = s->k_bits,
                            .v_bits = s->v_bits, .elements = s->n_elem, .d_n = s->d_n, .d_mean = s->d_mean,
                            .d_m2 = s->d_m2, .ctx_k_bits = s->ctx_k_bits, .ctx_v_bits = s->ctx_v_bits,
-                           .ctx_elements = s->ctx_elem};
+                           .ctx_elements = s->ctx_elem,
+                           .cache_tokens = s->cache_div > 0 ? s->cache_held / s->cache_div : 0};
 }
 
 /* One window: the exact model and the items, in passes bounded by memory. */
@@ -213,6 +217,33 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
     return st;
 }
 
+/* Decode-time compression (a tokens(...) with target=, SPEC §3.11) needs
+ * the decode policy; with keep= too, a context (PrefillDecodingPress). */
+static kvq_status check_decoding(const kvq_eval_item *it, const kvq_spec_layers *res, int nlayers, int context,
+                                 kvq_error *err)
+{
+    for (int l = 0; res && l < nlayers; l++) {
+        const kvq_tokens_parts *tp = kvq_spec_layers_parts(res, l);
+        const kvq_token_sel_opts *o = tp ? kvq_spec_opts(&tp->sel) : NULL;
+        if (!o || o->target == KVQ_UNSET) continue;
+        const char *text = kvq_spec_layers_at(res, l)->text;
+        if (it->policy != KVQ_POLICY_DECODE)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: target=%d compresses while decoding: expected --policy decode "
+                            "(prefill compresses a whole cache once, by keep=)", text, o->target);
+        int window = tp->selector == KVQ_SEL_WINDOW; /* its recent= is its keep= */
+        if ((window ? o->recent > 0 : !isnan(o->keep)) && context <= 0)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s with target= compresses a context once, then while "
+                            "decoding: expected --context N", text, window ? "window's recent=" : "keep=");
+        if (!isnan(o->adaptive))
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: adaptive= with target=: not supported (while decoding every head "
+                            "keeps target tokens)", text);
+        if (o->buffer == 0 && kvq_token_selector_needs_queries(tp->selector))
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: buffer=0 leaves %s no queries to score with: expected buffer >= 1",
+                            text, tp->sel.q->name);
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item *items, int nitems,
                           const kvq_eval_opts *o, double *nll_ref, kvq_error *err)
 {
@@ -249,6 +280,8 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
                  !(st = kvq_spec_check_calib(sp, o->calib != NULL, err)))
             st = kvq_calib_check(o->calib, m->path, &shape, err);
     }
+    for (int i = 0; i < nitems && !st; i++)
+        st = check_decoding(&items[i], res[i], in->n_layers, o->context, err);
     if (!st && o->score_from && (o->score_from < (o->context > 0 ? o->context : 1) || o->score_from > N - 2))
         st = kvq_fail(err, KVQ_ERR_USAGE, "scoring from position %d: expected %d..%d", o->score_from,
                       o->context > 0 ? o->context : 1, N - 2);

@@ -210,6 +210,9 @@ typedef struct kvq_fw_stream {
     int follows;         /* 1: the hidden state is still the exact stream's */
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */
     double ctx_k_bits, ctx_v_bits, ctx_elem; /* --context: those of the context's compressed cache */
+    /* cache_tokens: Σ over the applied layers, KV heads and scored positions of
+     * the tokens the cache holds (a whole number), and (heads × layers) */
+    double cache_held, cache_div;
     double nll, kl, top1;          /* sums over the scored positions */
     double d_n, d_mean, d_m2;      /* Welford state of d_t = nll'_t − nll_t over them (not for s[0]) */
     double *pos_nll;               /* NULL or the NLL of each scored position t at [t − score_from] */

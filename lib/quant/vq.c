@@ -367,7 +367,9 @@ static kvq_status run_stages(vq_task_mem *m, size_t n, const vq_shape *s, float 
                 char head[32];
                 snprintf(head, sizeof head, at->head < 0 ? "all heads" : "head %d", at->head);
                 for (size_t i = 0; i < (size_t)K * c; i++) C->cd[i] = C->cf[i];
-                kvq_note(KVQ_NOTE_VQ_FEW_DISTINCT,
+                uint64_t order = ((((uint64_t)at->layer << 1 | (uint64_t)at->tensor) << 20 | (uint64_t)(at->head + 1))
+                                      << 20 | (uint64_t)at->g) << 8 | (uint64_t)st; /* layer, tensor, head, group, stage */
+                kvq_note(KVQ_NOTE_VQ_FEW_DISTINCT, order,
                          "vq: layer %d, %s %s, group %d (channels %d-%d), stage %d: %ld distinct training "
                          "sub-vectors for the 2^bits = %d centres: each is a centre (k-means' optimum)", at->layer,
                          at->tensor ? "value" : "key", head, at->g, at->g * at->c, at->g * at->c + at->c - 1, st + 1,

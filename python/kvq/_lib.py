@@ -218,6 +218,8 @@ _SIGNATURES = {
     "kvq_calib_close": (None, [_P]),
     "kvq_quantize_arrays": (c_int, [ctypes.POINTER(ArraysOpts), c_int, c_int, c_int, _PF, _PF, _PF, _PF, _PF,
                                     ctypes.POINTER(Acc), ctypes.POINTER(_Err)]),
+    "kvq_select_arrays": (c_int, [ctypes.POINTER(ArraysOpts), c_int, c_int, c_int, _PF, c_int, c_int,
+                                  ctypes.POINTER(ctypes.c_ubyte), ctypes.POINTER(_Err)]),
     "kvq_analyze_csv": (c_int, [c_char_p, ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_analyze_csv_memory": (c_int, [ctypes.POINTER(DumpMem), ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P),
                                        ctypes.POINTER(_Err)]),
