@@ -250,7 +250,7 @@ static void bench_tokens_online(const kvq_layer *L)
             double dt = now() - t0;
             b = dt < b ? dt : b;
         }
-        printf("  %-48s %8.2f ms  (%.1fx those rows' attention)\n", text, b * 1e3, b / best);
+        printf("  %-58s %8.2f ms  (%.1fx those rows' attention)\n", text, b * 1e3, b / best);
     }
     for (int i = 0; i < nt; i++) free(Sc[i]);
     free(Sc), free(keep), free(tp), free(C.key), free(C.value), free(C.query);
