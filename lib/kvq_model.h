@@ -11,7 +11,15 @@ extern "C" {
 
 /* -------------------------------------- models in the loop (docs/models.md) */
 
-typedef enum kvq_arch { KVQ_ARCH_LLAMA = 0, KVQ_ARCH_QWEN2, KVQ_ARCH_QWEN3, KVQ_ARCH_GEMMA3, KVQ_ARCH_PHI3 } kvq_arch;
+/* The architectures kvq runs: one row each in kvq_archs.def (KVQ_ARCH_LLAMA, ...). */
+typedef enum kvq_arch {
+#define KVQ_ARCH(ident, ...) KVQ_ARCH_##ident,
+#include "kvq_archs.def"
+#undef KVQ_ARCH
+    KVQ_ARCH_COUNT
+} kvq_arch;
+/* Architecture i's general.architecture name ("llama", ...), or NULL past the last. */
+const char *kvq_arch_name(int i);
 /* The feed-forward's gate activation: silu (SwiGLU) or GELU, tanh form (GeGLU). */
 typedef enum kvq_ffn_act { KVQ_ACT_SILU = 0, KVQ_ACT_GELU_TANH } kvq_ffn_act;
 

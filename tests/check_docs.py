@@ -75,6 +75,16 @@ def check_sources(root):
     return bad
 
 
+def check_archs(root):
+    """Every architecture of lib/kvq_archs.def has its row in docs/models.md's Models table."""
+    table = open(os.path.join(root, 'lib', 'kvq_archs.def'), encoding='utf-8').read()
+    names = re.findall(r'^KVQ_ARCH\(\w+, "([\w.-]+)"', table, flags=re.M)
+    models = open(os.path.join(root, 'docs', 'models.md'), encoding='utf-8').read()
+    bad = [] if names else ['lib/kvq_archs.def: no KVQ_ARCH rows']
+    return bad + [f'docs/models.md: no row for the architecture {n} (lib/kvq_archs.def)' for n in names
+                  if not re.search(r'^\| `' + re.escape(n) + r'` \|', models, flags=re.M)]
+
+
 def main():
     root = sys.argv[1]
     pages = [os.path.join(root, 'README.md')]
@@ -96,7 +106,7 @@ def main():
                 bad.append(f'{where}: link to {target}: outside the repository')
             elif anchor and dest.endswith('.md') and anchor not in anchors(dest):
                 bad.append(f'{where}: link to {target}: no heading with that anchor')
-    bad += check_layout(root) + check_sources(root)
+    bad += check_layout(root) + check_sources(root) + check_archs(root)
     for b in bad:
         print('check_docs: ' + b, file=sys.stderr)
     return 1 if bad else 0

@@ -318,12 +318,6 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
     return kvq_vocab_index(v, err);
 }
 
-static const struct {
-    const char *name;
-    kvq_arch arch;
-} archs[] = {{"llama", KVQ_ARCH_LLAMA}, {"qwen2", KVQ_ARCH_QWEN2}, {"qwen3", KVQ_ARCH_QWEN3},
-             {"gemma3", KVQ_ARCH_GEMMA3}, {"phi3", KVQ_ARCH_PHI3}};
-
 /* A real `{arch}.suffix` (absent: *v unchanged) that must lie in (lo, hi). */
 static kvq_status hreal(kvq_model *m, const char *suffix, double lo, double hi, double *v, kvq_error *err)
 {
@@ -404,30 +398,69 @@ static kvq_status sliding_layers(kvq_model *m, kvq_error *err)
     return hreal(m, "rope.freq_base_swa", 1, INFINITY, &in->rope_theta_swa, err);
 }
 
-kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
+/* gemma3's own: llama.cpp scales x by sqrt(n_embd) and Q by 1/sqrt(head_dim), or by
+ * 1/sqrt(n_embd/n_head) for the 27B model (62 layers); a final logit soft-cap; sliding-window layers */
+static kvq_status gemma3_hparams(kvq_model *m, kvq_error *err)
 {
-    kvq_status st = kvq_gguf_parse(&m->gguf, m->path, m->map, m->map_size, err);
-    if (st) return st;
-    kvq_gguf *g = &m->gguf;
+    kvq_model_info *in = &m->info;
+    in->embed_scale = sqrtf((float)in->dim);
+    in->attn_scale = 1.0f / sqrtf((float)(in->n_layers == 62 ? in->dim / in->n_heads : in->head_dim));
+    double cap = 0;
+    kvq_status st = hreal_or_none(m, "final_logit_softcapping", INFINITY, &cap, err);
+    if (st || (st = sliding_layers(m, err))) return st;
+    in->logit_softcap = cap > 0 ? (float)cap : 0.0f;
+    return KVQ_OK;
+}
+
+/* The rows of kvq_archs.def: what tells one architecture from another. */
+static const struct arch_row {
+    const char *name;
+    kvq_arch arch;
+    kvq_rope_style rope_style;
+    int qkv_bias, qk_norm, post_norms;
+    kvq_ffn_act act;
+    int fused_gate_up;
+    kvq_status (*hparams)(kvq_model *m, kvq_error *err);
+} archs[] = {
+#define KVQ_ARCH(ident, nm, rope, bias, qkn, post, act, fused, hook) \
+    {nm, KVQ_ARCH_##ident, rope, bias, qkn, post, act, fused, hook},
+#include "../kvq_archs.def"
+#undef KVQ_ARCH
+};
+enum { NARCHS = sizeof archs / sizeof archs[0] };
+
+const char *kvq_arch_name(int i) { return i >= 0 && i < NARCHS ? archs[i].name : NULL; }
+
+/* general.architecture against the rows: the model's settings, or "kvq runs a, b and c". */
+static kvq_status load_arch(kvq_model *m, const struct arch_row **row, kvq_error *err)
+{
     kvq_model_info *in = &m->info;
     const char *s;
     uint64_t len;
-    snprintf(in->format, sizeof in->format, "GGUF v%u", g->version);
-    if (kvq_gguf_get_str(g, "general.architecture", &s, &len) != 1)
+    if (kvq_gguf_get_str(&m->gguf, "general.architecture", &s, &len) != 1)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata general.architecture: missing (required)", m->path);
     snprintf(in->arch_name, sizeof in->arch_name, "%.*s", (int)(len < 60 ? len : 60), s);
-    int known = 0;
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
-        if (strlen(archs[i].name) == len && !memcmp(archs[i].name, s, len)) in->arch = archs[i].arch, known = 1;
-    if (!known)
-        return kvq_fail(err, KVQ_ERR_UNSUPPORTED,
-                        "%s: architecture \"%s\" is not supported (kvq runs llama, qwen2, qwen3, gemma3 and phi3)",
-                        m->path, in->arch_name);
-    if (kvq_gguf_get_str(g, "general.name", &s, &len) == 1)
-        snprintf(in->name, sizeof in->name, "%.*s", (int)(len < 250 ? len : 250), s);
-    else
-        snprintf(in->name, sizeof in->name, "%s", in->arch_name);
+    for (int i = 0; i < NARCHS; i++)
+        if (strlen(archs[i].name) == len && !memcmp(archs[i].name, s, len)) {
+            const struct arch_row *r = *row = &archs[i];
+            in->arch = r->arch, in->rope_style = r->rope_style, in->has_qkv_bias = r->qkv_bias;
+            in->has_qk_norm = r->qk_norm, in->has_post_norms = r->post_norms, in->ffn_act = r->act;
+            return KVQ_OK;
+        }
+    char list[256] = "";
+    for (int i = 0; i < NARCHS; i++) /* "a, b and c" */
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? (i == NARCHS - 1 ? " and " : ", ") : "",
+                 archs[i].name);
+    return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (kvq runs %s)", m->path,
+                    in->arch_name, list);
+}
+
+/* The hyper-parameters every architecture has (`{arch}.*`), checked. */
+static kvq_status load_hparams(kvq_model *m, kvq_error *err)
+{
+    kvq_model_info *in = &m->info;
     const int64_t big = 1 << 20;
+    kvq_status st;
     if ((st = hparam(m, "block_count", 1, 0, 4096, &in->n_layers, err)) ||
         (st = hparam(m, "embedding_length", 1, 0, big, &in->dim, err)) ||
         (st = hparam(m, "feed_forward_length", 1, 0, 4 * big, &in->ffn_dim, err)) ||
@@ -458,25 +491,14 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     if ((st = hreal(m, "attention.layer_norm_rms_epsilon", 0, 1, &v, err))) return st;
     in->norm_eps = (float)v;
     in->rope_theta = 10000.0;
-    if ((st = hreal(m, "rope.freq_base", 1, INFINITY, &in->rope_theta, err)) || (st = rope_scaling(m, err))) return st;
-    in->rope_style = in->arch == KVQ_ARCH_LLAMA ? KVQ_ROPE_INTERLEAVED : KVQ_ROPE_HALF;
-    in->has_qkv_bias = in->arch == KVQ_ARCH_QWEN2;
-    in->has_qk_norm = in->arch == KVQ_ARCH_QWEN3 || in->arch == KVQ_ARCH_GEMMA3;
-    if (in->arch == KVQ_ARCH_GEMMA3) {
-        /* llama.cpp: x·sqrt(n_embd); Q scaled by 1/sqrt(head_dim), or by
-         * 1/sqrt(n_embd/n_head) for the 27B model (62 layers) */
-        in->has_post_norms = 1;
-        in->ffn_act = KVQ_ACT_GELU_TANH;
-        in->embed_scale = sqrtf((float)in->dim);
-        in->attn_scale = 1.0f / sqrtf((float)(in->n_layers == 62 ? in->dim / in->n_heads : in->head_dim));
-        double cap = 0;
-        if ((st = hreal_or_none(m, "final_logit_softcapping", INFINITY, &cap, err)) || (st = sliding_layers(m, err)))
-            return st;
-        in->logit_softcap = cap > 0 ? (float)cap : 0.0f;
-    }
-    /* phi3: llama.cpp v0.5.0 disables Phi's sliding window ("Phi SWA is
-     * currently disabled"), so kvq ignores phi3.attention.sliding_window too */
+    return (st = hreal(m, "rope.freq_base", 1, INFINITY, &in->rope_theta, err)) ? st : rope_scaling(m, err);
+}
 
+/* The model-wide tensors: embeddings, output norm and head (tied when absent), rope_freqs. */
+static kvq_status bind_globals(kvq_model *m, kvq_error *err)
+{
+    kvq_model_info *in = &m->info;
+    kvq_gguf *g = &m->gguf;
     const gguf_tensor *emb = kvq_gguf_tensor(g, "token_embd.weight");
     if (!emb) return kvq_fail(err, KVQ_ERR_FORMAT, "%s: tensor token_embd.weight: missing (required)", m->path);
     if (emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
@@ -484,12 +506,12 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
                         "%s: tensor token_embd.weight: %lld rows: expected a vocabulary of 1..2^24 tokens", m->path,
                         (long long)emb->ne[1]);
     in->vocab_size = (int)emb->ne[1];
-    int dim = in->dim, D = in->head_dim, qd = in->n_heads * D, kd = in->n_kv_heads * D, V = in->vocab_size,
-        F = in->ffn_dim;
+    int dim = in->dim, V = in->vocab_size;
+    kvq_status st;
     if ((st = bind(m, &m->tok_embd, "token_embd.weight", dim, V, 1, err)) ||
         (st = bind(m, &m->output_norm, "output_norm.weight", dim, 1, 1, err)) ||
         (st = bind(m, &m->output, "output.weight", dim, V, 0, err)) ||
-        (st = bind(m, &m->rope_freqs, "rope_freqs.weight", D / 2, 1, 0, err)))
+        (st = bind(m, &m->rope_freqs, "rope_freqs.weight", in->head_dim / 2, 1, 0, err)))
         return st;
     if (kvq_gguf_tensor(g, "blk.0.rope_factors_long.weight") || kvq_gguf_tensor(g, "blk.0.rope_factors_short.weight") ||
         kvq_gguf_tensor(g, "rope_factors_long.weight"))
@@ -498,61 +520,94 @@ kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
     in->tied_output = !m->output.data;
     if (in->tied_output) m->output = m->tok_embd;
     in->has_rope_freqs = m->rope_freqs.data != NULL;
-    if (!(m->layer = calloc((size_t)in->n_layers, sizeof *m->layer)))
-        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    return KVQ_OK;
+}
+
+/* Layer l's tensors (fused [q | k | v] and, by the row, [gate | up] split as llama.cpp splits them). */
+static kvq_status bind_layer(kvq_model *m, const struct arch_row *row, int l, kvq_error *err)
+{
+    const kvq_model_info *in = &m->info;
+    kvq_layer_weights *w = &m->layer[l];
+    int dim = in->dim, D = in->head_dim, qd = in->n_heads * D, kd = in->n_kv_heads * D, F = in->ffn_dim;
     int qkn = in->has_qk_norm, post = in->has_post_norms, bias = in->has_qkv_bias;
-    for (int l = 0; l < in->n_layers; l++) {
-        kvq_layer_weights *w = &m->layer[l];
-        char n[18][64];
-        const char *suffix[18] = {"attn_norm.weight",     "attn_q.weight",      "attn_k.weight",
-                                  "attn_v.weight",        "attn_q.bias",        "attn_k.bias",
-                                  "attn_v.bias",          "attn_output.weight", "ffn_norm.weight",
-                                  "ffn_gate.weight",      "ffn_up.weight",      "ffn_down.weight",
-                                  "attn_q_norm.weight",   "attn_k_norm.weight", "post_attention_norm.weight",
-                                  "post_ffw_norm.weight", "attn_qkv.weight",    "?"};
-        for (int i = 0; i < 17; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
-        if (kvq_gguf_tensor(g, n[16])) { /* fused [q | k | v] rows */
-            int64_t tot = (int64_t)qd + 2 * kd;
-            if ((st = bind_rows(m, &w->wq, n[16], dim, tot, 0, qd, 1, err)) ||
-                (st = bind_rows(m, &w->wk, n[16], dim, tot, qd, kd, 1, err)) ||
-                (st = bind_rows(m, &w->wv, n[16], dim, tot, qd + kd, kd, 1, err)))
-                return st;
-        } else if ((st = bind(m, &w->wq, n[1], dim, qd, 1, err)) || (st = bind(m, &w->wk, n[2], dim, kd, 1, err)) ||
-                   (st = bind(m, &w->wv, n[3], dim, kd, 1, err))) {
+    static const char *const suffix[17] = {
+        "attn_norm.weight", "attn_q.weight",   "attn_k.weight",   "attn_v.weight",      "attn_q.bias",
+        "attn_k.bias",      "attn_v.bias",     "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight",
+        "ffn_up.weight",    "ffn_down.weight", "attn_q_norm.weight", "attn_k_norm.weight",
+        "post_attention_norm.weight", "post_ffw_norm.weight", "attn_qkv.weight"};
+    char n[17][64];
+    for (int i = 0; i < 17; i++) snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+    kvq_status st;
+    if (kvq_gguf_tensor(&m->gguf, n[16])) { /* fused [q | k | v] rows */
+        int64_t tot = (int64_t)qd + 2 * kd;
+        if ((st = bind_rows(m, &w->wq, n[16], dim, tot, 0, qd, 1, err)) ||
+            (st = bind_rows(m, &w->wk, n[16], dim, tot, qd, kd, 1, err)) ||
+            (st = bind_rows(m, &w->wv, n[16], dim, tot, qd + kd, kd, 1, err)))
             return st;
-        }
-        if (in->arch == KVQ_ARCH_PHI3) { /* fused [gate | up] rows, as ggml_swiglu splits them */
-            if ((st = bind_rows(m, &w->w_gate, n[10], dim, 2 * (int64_t)F, 0, F, 1, err)) ||
-                (st = bind_rows(m, &w->w_up, n[10], dim, 2 * (int64_t)F, F, F, 1, err)))
-                return st;
-        } else if ((st = bind(m, &w->w_gate, n[9], dim, F, 1, err)) ||
-                   (st = bind(m, &w->w_up, n[10], dim, F, 1, err))) {
-            return st;
-        }
-        if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->bq, n[4], qd, 1, bias, err)) ||
-            (st = bind(m, &w->bk, n[5], kd, 1, bias, err)) || (st = bind(m, &w->bv, n[6], kd, 1, bias, err)) ||
-            (st = bind(m, &w->wo, n[7], qd, dim, 1, err)) || (st = bind(m, &w->ffn_norm, n[8], dim, 1, 1, err)) ||
-            (st = bind(m, &w->w_down, n[11], F, dim, 1, err)) || (st = bind(m, &w->q_norm, n[12], D, 1, qkn, err)) ||
-            (st = bind(m, &w->k_norm, n[13], D, 1, qkn, err)) ||
-            (st = bind(m, &w->post_attn_norm, n[14], dim, 1, post, err)) ||
-            (st = bind(m, &w->post_ffn_norm, n[15], dim, 1, post, err)))
-            return st;
-        if (!qkn) memset(&w->q_norm, 0, sizeof w->q_norm), memset(&w->k_norm, 0, sizeof w->k_norm);
-        if (!post)
-            memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm),
-                memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
+    } else if ((st = bind(m, &w->wq, n[1], dim, qd, 1, err)) || (st = bind(m, &w->wk, n[2], dim, kd, 1, err)) ||
+               (st = bind(m, &w->wv, n[3], dim, kd, 1, err))) {
+        return st;
     }
-    /* a layer's tensors beyond block_count: llama.cpp refuses the file (its tensor
-     * count does not match), rather than run a model cut short */
+    if (row->fused_gate_up) { /* fused [gate | up] rows, as ggml_swiglu splits them */
+        if ((st = bind_rows(m, &w->w_gate, n[10], dim, 2 * (int64_t)F, 0, F, 1, err)) ||
+            (st = bind_rows(m, &w->w_up, n[10], dim, 2 * (int64_t)F, F, F, 1, err)))
+            return st;
+    } else if ((st = bind(m, &w->w_gate, n[9], dim, F, 1, err)) || (st = bind(m, &w->w_up, n[10], dim, F, 1, err))) {
+        return st;
+    }
+    if ((st = bind(m, &w->attn_norm, n[0], dim, 1, 1, err)) || (st = bind(m, &w->bq, n[4], qd, 1, bias, err)) ||
+        (st = bind(m, &w->bk, n[5], kd, 1, bias, err)) || (st = bind(m, &w->bv, n[6], kd, 1, bias, err)) ||
+        (st = bind(m, &w->wo, n[7], qd, dim, 1, err)) || (st = bind(m, &w->ffn_norm, n[8], dim, 1, 1, err)) ||
+        (st = bind(m, &w->w_down, n[11], F, dim, 1, err)) || (st = bind(m, &w->q_norm, n[12], D, 1, qkn, err)) ||
+        (st = bind(m, &w->k_norm, n[13], D, 1, qkn, err)) ||
+        (st = bind(m, &w->post_attn_norm, n[14], dim, 1, post, err)) ||
+        (st = bind(m, &w->post_ffn_norm, n[15], dim, 1, post, err)))
+        return st;
+    if (!qkn) memset(&w->q_norm, 0, sizeof w->q_norm), memset(&w->k_norm, 0, sizeof w->k_norm);
+    if (!post) memset(&w->post_attn_norm, 0, sizeof w->post_attn_norm), memset(&w->post_ffn_norm, 0, sizeof w->post_ffn_norm);
+    return KVQ_OK;
+}
+
+/* A layer's tensors beyond block_count: llama.cpp refuses the file (its tensor count
+ * does not match), rather than run a model cut short. */
+static kvq_status check_extra_layers(const kvq_model *m, kvq_error *err)
+{
+    const kvq_gguf *g = &m->gguf;
     for (uint64_t i = 0; i < g->ntensors; i++) {
         const char *name = g->tensors[i].name;
         char *end;
         if (strncmp(name, "blk.", 4)) continue;
         long l = strtol(name + 4, &end, 10);
-        if (end != name + 4 && *end == '.' && l >= in->n_layers)
+        if (end != name + 4 && *end == '.' && l >= m->info.n_layers)
             return kvq_fail(err, KVQ_ERR_FORMAT,
                             "%s: tensor %s: layer %ld, but %s.block_count is %d (llama.cpp refuses such a file)",
-                            m->path, name, l, in->arch_name, in->n_layers);
+                            m->path, name, l, m->info.arch_name, m->info.n_layers);
     }
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_load_gguf(kvq_model *m, kvq_error *err)
+{
+    kvq_status st = kvq_gguf_parse(&m->gguf, m->path, m->map, m->map_size, err);
+    if (st) return st;
+    kvq_model_info *in = &m->info;
+    const char *s;
+    uint64_t len;
+    const struct arch_row *row = NULL;
+    snprintf(in->format, sizeof in->format, "GGUF v%u", m->gguf.version);
+    if ((st = load_arch(m, &row, err))) return st;
+    if (kvq_gguf_get_str(&m->gguf, "general.name", &s, &len) == 1)
+        snprintf(in->name, sizeof in->name, "%.*s", (int)(len < 250 ? len : 250), s);
+    else
+        snprintf(in->name, sizeof in->name, "%s", in->arch_name);
+    /* phi3: llama.cpp v0.5.0 disables Phi's sliding window ("Phi SWA is currently
+     * disabled"), so kvq ignores phi3.attention.sliding_window too (no hook reads it) */
+    if ((st = load_hparams(m, err)) || (row->hparams && (st = row->hparams(m, err))) || (st = bind_globals(m, err)))
+        return st;
+    if (!(m->layer = calloc((size_t)in->n_layers, sizeof *m->layer)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", m->path);
+    for (int l = 0; l < in->n_layers; l++)
+        if ((st = bind_layer(m, row, l, err))) return st;
+    if ((st = check_extra_layers(m, err))) return st;
     return load_vocab(m, err);
 }
