@@ -38,15 +38,20 @@ typedef struct kvq_acc {
     kvq_attn_acc attn;
 } kvq_acc;
 
+/* A row of kvq-analyze's metrics: has_attn (the attention columns are
+ * meaningful), then one double per row of kvq_metric_cols.def, in its order. */
 typedef struct kvq_metrics {
-    double k_bits, v_bits;
-    double k_rel_fro, k_rmse, k_mae, k_max_abs, k_sqnr_db;
-    double v_rel_fro, v_rmse, v_mae, v_max_abs, v_sqnr_db;
-    int has_attn; /* the attention columns below are meaningful */
-    double score_rel, attn_rel, attn_kl, attn_top1, out_rel, out_rel_joint;
-    double static_bytes;
-    double attn_mass; /* mean over rows of Σ_{u kept} A[t][u] (SPEC §3.11); with the attention columns */
+    int has_attn;
+#define KVQ_METRIC(column, sums, table, value) double column;
+#include "kvq_metric_cols.def"
+#undef KVQ_METRIC
 } kvq_metrics;
+
+/* The metric columns, for bindings and tools that list them: column i's name
+ * and flags (KVQ_METRIC_ATTN: an attention column, KVQ_METRIC_TABLE: the table
+ * shows it); 0 past the last (i counts from 0), else 1. */
+enum { KVQ_METRIC_ATTN = 1u, KVQ_METRIC_TABLE = 2u };
+int kvq_metric_column(int i, const char **name, unsigned *flags);
 
 /* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
 void kvq_recon_accumulate(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);

@@ -85,6 +85,16 @@ def check_archs(root):
                   if not re.search(r'^\| `' + re.escape(n) + r'` \|', models, flags=re.M)]
 
 
+def check_metrics(root):
+    """Every metric column of lib/kvq_metric_cols.def is described in docs/metrics.md."""
+    table = open(os.path.join(root, 'lib', 'kvq_metric_cols.def'), encoding='utf-8').read()
+    names = re.findall(r'^KVQ_METRIC\((\w+),', table, flags=re.M)
+    doc = open(os.path.join(root, 'docs', 'metrics.md'), encoding='utf-8').read()
+    bad = [] if names else ['lib/kvq_metric_cols.def: no KVQ_METRIC rows']
+    return bad + [f'docs/metrics.md: the column {n} (lib/kvq_metric_cols.def) is not described' for n in names
+                  if not re.search(r'`' + re.escape(n) + r'`', doc)]
+
+
 def main():
     root = sys.argv[1]
     pages = [os.path.join(root, 'README.md')]
@@ -106,7 +116,7 @@ def main():
                 bad.append(f'{where}: link to {target}: outside the repository')
             elif anchor and dest.endswith('.md') and anchor not in anchors(dest):
                 bad.append(f'{where}: link to {target}: no heading with that anchor')
-    bad += check_layout(root) + check_sources(root) + check_archs(root)
+    bad += check_layout(root) + check_sources(root) + check_archs(root) + check_metrics(root)
     for b in bad:
         print('check_docs: ' + b, file=sys.stderr)
     return 1 if bad else 0

@@ -27,12 +27,10 @@ static const struct abi_field {
     ABI(kvq_attn_acc, a_diff2), ABI(kvq_attn_acc, kl_sum), ABI(kvq_attn_acc, top1_same), ABI(kvq_attn_acc, o_ref2),
     ABI(kvq_attn_acc, o_diff2), ABI(kvq_attn_acc, o_joint_diff2), ABI(kvq_attn_acc, mass_sum),
     ABI(kvq_acc, k), ABI(kvq_acc, v), ABI(kvq_acc, static_bytes), ABI(kvq_acc, has_attn), ABI(kvq_acc, attn),
-    ABI(kvq_metrics, k_bits), ABI(kvq_metrics, v_bits), ABI(kvq_metrics, k_rel_fro), ABI(kvq_metrics, k_rmse),
-    ABI(kvq_metrics, k_mae), ABI(kvq_metrics, k_max_abs), ABI(kvq_metrics, k_sqnr_db), ABI(kvq_metrics, v_rel_fro),
-    ABI(kvq_metrics, v_rmse), ABI(kvq_metrics, v_mae), ABI(kvq_metrics, v_max_abs), ABI(kvq_metrics, v_sqnr_db),
-    ABI(kvq_metrics, has_attn), ABI(kvq_metrics, score_rel), ABI(kvq_metrics, attn_rel), ABI(kvq_metrics, attn_kl),
-    ABI(kvq_metrics, attn_top1), ABI(kvq_metrics, out_rel), ABI(kvq_metrics, out_rel_joint),
-    ABI(kvq_metrics, static_bytes), ABI(kvq_metrics, attn_mass),
+    ABI(kvq_metrics, has_attn),
+#define KVQ_METRIC(column, sums, table, value) ABI(kvq_metrics, column),
+#include "../kvq_metric_cols.def"
+#undef KVQ_METRIC
     ABI(kvq_param, key), ABI(kvq_param, type), ABI(kvq_param, def), ABI(kvq_param, min), ABI(kvq_param, max),
     ABI(kvq_param, choices), ABI(kvq_param, help), ABI(kvq_param, quiet_default), ABI(kvq_param, typed),
     ABI(kvq_param, offset),

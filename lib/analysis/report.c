@@ -9,27 +9,28 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The metric columns after dump, layer, head, quantizer, spec (docs/tools.md), in
- * order: the field of kvq_metrics each prints, whether it is an attention
- * column (empty in CSV, null in JSONL, "-" in the table when the dump has no
- * queries), and whether the table shows it (CSV and JSONL show all). */
-enum { COL_ATTN = 1, COL_TABLE = 2 };
+/* The metric columns after dump, layer, head, quantizer, spec (docs/tools.md),
+ * from kvq_metric_cols.def: the field of kvq_metrics each prints and its flags
+ * (KVQ_METRIC_ATTN: empty in CSV, null in JSONL, "-" in the table when the dump
+ * has no queries; KVQ_METRIC_TABLE: the table shows it; CSV and JSONL show all). */
 typedef struct metric_col {
     const char *name;
     size_t offset; /* of the double in kvq_metrics */
-    unsigned flags;
 } metric_col;
-#define COL(field, flags) {#field, offsetof(kvq_metrics, field), flags}
 static const metric_col metric_cols[] = {
-    COL(k_bits, COL_TABLE), COL(v_bits, COL_TABLE), COL(k_rel_fro, COL_TABLE), COL(k_rmse, 0), COL(k_mae, 0),
-    COL(k_max_abs, 0), COL(k_sqnr_db, COL_TABLE), COL(v_rel_fro, COL_TABLE), COL(v_rmse, 0), COL(v_mae, 0),
-    COL(v_max_abs, 0), COL(v_sqnr_db, COL_TABLE), COL(score_rel, COL_ATTN | COL_TABLE),
-    COL(attn_rel, COL_ATTN | COL_TABLE), COL(attn_kl, COL_ATTN | COL_TABLE), COL(attn_top1, COL_ATTN | COL_TABLE),
-    COL(out_rel, COL_ATTN | COL_TABLE), COL(out_rel_joint, COL_ATTN | COL_TABLE), COL(static_bytes, COL_TABLE),
-    COL(attn_mass, COL_ATTN | COL_TABLE),
+#define KVQ_METRIC(column, sums, table, value) {#column, offsetof(kvq_metrics, column)},
+#include "../kvq_metric_cols.def"
+#undef KVQ_METRIC
 };
-#undef COL
 enum { NMETRIC = sizeof metric_cols / sizeof metric_cols[0] };
+
+static unsigned metric_flags(int i)
+{
+    const char *name;
+    unsigned flags = 0;
+    kvq_metric_column(i, &name, &flags);
+    return flags;
+}
 
 static double metric_value(const kvq_metrics *m, int i)
 {
@@ -38,12 +39,12 @@ static double metric_value(const kvq_metrics *m, int i)
     return v;
 }
 
-static int attn_missing(int i, const kvq_metrics *m) { return (metric_cols[i].flags & COL_ATTN) && !m->has_attn; }
+static int attn_missing(int i, const kvq_metrics *m) { return (metric_flags(i) & KVQ_METRIC_ATTN) && !m->has_attn; }
 
 static int table_ncols(void)
 {
     int n = 0;
-    for (int i = 0; i < NMETRIC; i++) n += (metric_cols[i].flags & COL_TABLE) != 0;
+    for (int i = 0; i < NMETRIC; i++) n += (metric_flags(i) & KVQ_METRIC_TABLE) != 0;
     return n;
 }
 
@@ -186,14 +187,14 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
             const char *h[] = {"dump", "layer", "head", "quantizer", "spec"};
             for (int i = 0; i < 5; i++) if (table_push(r, h[i])) return KVQ_ERR_NOMEM;
             for (int i = 0; i < NMETRIC; i++)
-                if ((metric_cols[i].flags & COL_TABLE) && table_push(r, metric_cols[i].name)) return KVQ_ERR_NOMEM;
+                if ((metric_flags(i) & KVQ_METRIC_TABLE) && table_push(r, metric_cols[i].name)) return KVQ_ERR_NOMEM;
             for (int i = 0; i < r->nextra; i++) if (table_push(r, r->extra[i])) return KVQ_ERR_NOMEM;
             r->header_done = 1;
         }
         const char *c[] = {dump, ls, hs, spec->q->name, text};
         for (int i = 0; i < 5; i++) if (table_push(r, c[i])) return KVQ_ERR_NOMEM;
         for (int k = 0; k < NMETRIC; k++) {
-            if (!(metric_cols[k].flags & COL_TABLE)) continue;
+            if (!(metric_flags(k) & KVQ_METRIC_TABLE)) continue;
             if (attn_missing(k, m)) snprintf(num, sizeof num, "-");
             else fmt_table(num, sizeof num, metric_value(m, k));
             if (table_push(r, num)) return KVQ_ERR_NOMEM;

@@ -103,34 +103,48 @@ void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src)
     }
 }
 
-static void recon_finalize(const kvq_recon_acc *a, double *bits, double *rel, double *rmse,
-                           double *mae, double *max_abs, double *sqnr)
-{
-    *bits = a->bits / a->n;
-    *rel = sqrt(a->sum_e2 / a->sum_x2);
-    *rmse = sqrt(a->sum_e2 / a->n);
-    *mae = a->sum_abs_e / a->n;
-    *max_abs = a->max_abs;
-    *sqnr = 10.0 * log10(a->sum_x2 / a->sum_e2);
-}
-
+/* Each column of kvq_metric_cols.def from its sums: K and V columns from the
+ * tensor's kvq_recon_acc r, attention ones from a (when rows had queries),
+ * the others from acc. */
 void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m)
 {
     memset(m, 0, sizeof *m);
-    recon_finalize(&acc->k, &m->k_bits, &m->k_rel_fro, &m->k_rmse, &m->k_mae, &m->k_max_abs, &m->k_sqnr_db);
-    recon_finalize(&acc->v, &m->v_bits, &m->v_rel_fro, &m->v_rmse, &m->v_mae, &m->v_max_abs, &m->v_sqnr_db);
-    m->static_bytes = acc->static_bytes;
     m->has_attn = acc->has_attn && acc->attn.rows > 0;
-    if (m->has_attn) {
-        const kvq_attn_acc *a = &acc->attn;
-        m->score_rel = sqrt(a->s_diff2 / a->s_ref2);
-        m->attn_rel = sqrt(a->a_diff2 / a->a_ref2);
-        m->attn_kl = a->kl_sum / a->rows;
-        m->attn_top1 = a->top1_same / a->rows;
-        m->out_rel = sqrt(a->o_diff2 / a->o_ref2);
-        m->out_rel_joint = sqrt(a->o_joint_diff2 / a->o_ref2);
-        m->attn_mass = a->mass_sum / a->rows;
-    }
+    const kvq_attn_acc *a = &acc->attn;
+    const kvq_recon_acc *r;
+#define KVQ_METRIC_SUMS_K (r = &acc->k, 1)
+#define KVQ_METRIC_SUMS_V (r = &acc->v, 1)
+#define KVQ_METRIC_SUMS_ATTN m->has_attn
+#define KVQ_METRIC_SUMS_ACC 1
+#define KVQ_METRIC(column, sums, table, value) \
+    if (KVQ_METRIC_SUMS_##sums) m->column = (value);
+#include "../kvq_metric_cols.def"
+#undef KVQ_METRIC
+#undef KVQ_METRIC_SUMS_K
+#undef KVQ_METRIC_SUMS_V
+#undef KVQ_METRIC_SUMS_ATTN
+#undef KVQ_METRIC_SUMS_ACC
+    (void)r;
+}
+
+static const struct {
+    const char *name;
+    unsigned flags;
+} metric_columns[] = {
+#define KVQ_METRIC_IS_ATTN_K 0
+#define KVQ_METRIC_IS_ATTN_V 0
+#define KVQ_METRIC_IS_ATTN_ACC 0
+#define KVQ_METRIC_IS_ATTN_ATTN KVQ_METRIC_ATTN
+#define KVQ_METRIC(column, sums, table, value) {#column, KVQ_METRIC_IS_ATTN_##sums | ((table) ? KVQ_METRIC_TABLE : 0u)},
+#include "../kvq_metric_cols.def"
+#undef KVQ_METRIC
+};
+
+int kvq_metric_column(int i, const char **name, unsigned *flags)
+{
+    if (i < 0 || (size_t)i >= sizeof metric_columns / sizeof metric_columns[0]) return 0;
+    *name = metric_columns[i].name, *flags = metric_columns[i].flags;
+    return 1;
 }
 
 /* ------------------------------------------------------ query positions */

@@ -100,15 +100,45 @@ class Acc(ctypes.Structure):  # kvq_acc
                 ("attn", AttnAcc)]
 
 
-_RECON = ("rel_fro", "rmse", "mae", "max_abs", "sqnr_db")
-
-
-class Metrics(ctypes.Structure):  # kvq_metrics
+class Metrics(ctypes.Structure):  # kvq_metrics: has_attn, then a double per row of lib/kvq_metric_cols.def
     _c_name = "kvq_metrics"
-    _fields_ = ([("k_bits", c_double), ("v_bits", c_double)] + [("k_" + n, c_double) for n in _RECON] +
-                [("v_" + n, c_double) for n in _RECON] + [("has_attn", c_int)] +
-                [(n, c_double) for n in ("score_rel", "attn_rel", "attn_kl", "attn_top1", "out_rel",
-                                         "out_rel_joint", "static_bytes", "attn_mass")])
+    # _fields_ are the library's own (kvq_abi_field), set when it loads: a metric column is one row in C
+
+
+def _abi_fields(handle):
+    """{struct: {"size": bytes, "fields": [(name, offset, size)]}} as the library describes its structs."""
+    fn = getattr(handle, "kvq_abi_field", None)
+    if fn is None:
+        return None
+    fn.restype = c_int
+    fn.argtypes = [c_int, ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p), ctypes.POINTER(ctypes.c_size_t),
+                   ctypes.POINTER(ctypes.c_size_t)]
+    out, i = {}, 0
+    t, f, off, size = c_char_p(), c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
+    while fn(i, ctypes.byref(t), ctypes.byref(f), ctypes.byref(off), ctypes.byref(size)):
+        entry = out.setdefault(t.value.decode(), {"size": size.value, "fields": []})
+        entry["fields"].append((f.value.decode(), off.value))
+        i += 1
+    return out
+
+
+def _mirror_metrics(handle):
+    """Metrics' fields from the library: has_attn an int, the metric columns doubles at their offsets."""
+    if hasattr(Metrics, "_fields_"):
+        return
+    desc = (_abi_fields(handle) or {}).get("kvq_metrics")
+    if desc is None:
+        return  # abi_mismatches says so
+    fields, at = [], 0
+    for name, off in desc["fields"]:
+        if off > at:
+            fields.append((f"_pad{at}", ctypes.c_char * (off - at)))
+        ctype = c_int if name == "has_attn" else c_double
+        fields.append((name, ctype))
+        at = off + ctypes.sizeof(ctype)
+    if desc["size"] > at:
+        fields.append(("_tail", ctypes.c_char * (desc["size"] - at)))
+    Metrics._fields_ = fields
 
 
 class Param(ctypes.Structure):  # kvq_param
@@ -214,6 +244,7 @@ _SIGNATURES = {
     "kvq_spec_format_full": (None, [ctypes.POINTER(Spec), ctypes.c_char_p, ctypes.c_size_t]),
     "kvq_acc_merge": (None, [ctypes.POINTER(Acc), ctypes.POINTER(Acc)]),
     "kvq_metrics_finalize": (None, [ctypes.POINTER(Acc), ctypes.POINTER(Metrics)]),
+    "kvq_metric_column": (c_int, [c_int, ctypes.POINTER(c_char_p), ctypes.POINTER(ctypes.c_uint)]),
     "kvq_calib_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_calib_close": (None, [_P]),
     "kvq_quantize_arrays": (c_int, [ctypes.POINTER(ArraysOpts), c_int, c_int, c_int, _PF, _PF, _PF, _PF, _PF,
@@ -251,31 +282,36 @@ _MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer
 def abi_mismatches(handle, classes=_MIRRORED):
     """How the library's structs differ from these ctypes mirrors (field
     offsets, sizes; kvq_abi_field), as lines; empty when they agree."""
-    fn = getattr(handle, "kvq_abi_field", None)
-    if fn is None:
+    c_side = _abi_fields(handle)
+    if c_side is None:
         return ["it has no kvq_abi_field (an older libkvq)"]
-    fn.restype = c_int
-    fn.argtypes = [c_int, ctypes.POINTER(c_char_p), ctypes.POINTER(c_char_p), ctypes.POINTER(ctypes.c_size_t),
-                   ctypes.POINTER(ctypes.c_size_t)]
-    c_side, i = {}, 0
-    t, f, off, size = c_char_p(), c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
-    while fn(i, ctypes.byref(t), ctypes.byref(f), ctypes.byref(off), ctypes.byref(size)):
-        entry = c_side.setdefault(t.value.decode(), {"size": size.value, "fields": []})
-        entry["fields"].append((f.value.decode(), off.value))
-        i += 1
     out = []
     for cls in classes:
         c = c_side.get(cls._c_name)
         if c is None:
             out.append(f"{cls._c_name}: not described by the library")
             continue
-        ours = [getattr(cls, name).offset for name, *_ in cls._fields_]
+        if not hasattr(cls, "_fields_"):
+            out.append(f"{cls._c_name}: its fields could not be read from the library")
+            continue
+        ours = [getattr(cls, name).offset for name, *_ in cls._fields_ if not name.startswith("_")]
         theirs = [o for _, o in c["fields"]]
         if ctypes.sizeof(cls) != c["size"] or ours != theirs:
             out.append(f"{cls._c_name}: {c['size']} bytes, fields at {theirs} in C; {ctypes.sizeof(cls)} bytes, "
                        f"fields at {ours} here")
     return out
 
+
+
+def metric_columns():
+    """[(name, flags)] of kvq-analyze's metric columns, in their order (kvq_metric_column; flags: 1 an
+    attention column, 2 shown in the table)."""
+    L, out, i = lib(), [], 0
+    name, flags = c_char_p(), ctypes.c_uint()
+    while L.kvq_metric_column(i, ctypes.byref(name), ctypes.byref(flags)):
+        out.append((name.value.decode(), flags.value))
+        i += 1
+    return out
 
 
 def _candidates():
@@ -309,6 +345,7 @@ def lib():
         except OSError as e:
             tried.append(f"{path} ({e})")
             continue
+        _mirror_metrics(handle)
         bad = abi_mismatches(handle)
         if bad:  # a library built from other headers than this package mirrors
             tried.append(f"{path} (laid out differently from this kvq package: {'; '.join(bad[:2])}; rebuild both)")

@@ -16,8 +16,12 @@ from .output import parse_rows
 
 _TYPES = {0: "int", 1: "real", 2: "choice"}
 _STYLES = {None: 0, "interleaved": 1, "half": 2}
-RECON_COLUMNS = ("k_bits", "v_bits", "k_rel_fro", "k_rmse", "k_mae", "k_max_abs", "k_sqnr_db", "v_rel_fro",
-                 "v_rmse", "v_mae", "v_max_abs", "v_sqnr_db", "static_bytes")
+
+
+def __getattr__(name):  # RECON_COLUMNS: the library's metric columns that are not attention ones
+    if name == "RECON_COLUMNS":
+        return tuple(n for n, flags in _lib.metric_columns() if not flags & 1)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _params(L, q):
@@ -212,7 +216,7 @@ def _rope(rope, T, D):
 def _metrics(acc):
     m = _lib.Metrics()
     _lib.lib().kvq_metrics_finalize(ctypes.byref(acc), ctypes.byref(m))
-    return {c: getattr(m, c) for c in RECON_COLUMNS}
+    return {c: getattr(m, c) for c, flags in _lib.metric_columns() if not flags & 1}
 
 
 class Quantized(collections.namedtuple("Quantized", "key value k_bits v_bits static_bytes")):
