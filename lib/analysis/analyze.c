@@ -329,6 +329,77 @@ static void slot_free(kvq_quant_out *q)
 }
 
 /* The analysis proper, over a prepared dump (cached or streamed). */
+/* The GPU kernels compute plain attention: a layer with a sliding window,
+ * a scale or a soft-cap is refused on the device. */
+static kvq_status device_layers_plain(const kvq_prepared *p, kvq_error *err)
+{
+    for (int li = 0; p->info->has_query && li < p->nl; li++) {
+        kvq_attn_mode m = kvq_dump_attn_mode(p->d, p->layers[li]);
+        if (!kvq_attn_mode_plain(&m, p->info->head_dim))
+            return kvq_fail(
+                err, KVQ_ERR_UNSUPPORTED,
+                "%s: /layer_%03d: attention with a sliding window, attn_scale or attn_softcap is computed on the "
+                "CPU only (use --device cpu)",
+                p->path, p->layers[li]);
+    }
+    return KVQ_OK;
+}
+
+/* Each spec parsed once for the dump's layers (res[s]), checked against what
+ * the dump was prepared with, the device, the head_dim and the calibration. */
+static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_spec_layers **res,
+                                kvq_error *err)
+{
+    const kvq_dump_info *info = p->info;
+    const char *path = p->path;
+    kvq_status st;
+    for (int s = 0; s < o->nspecs; s++) {
+        if ((st = kvq_spec_resolve(&o->specs[s], info->num_layers, &res[s], err)))
+            return layer_error(err, st, path, -1);
+        unsigned missing = kvq_spec_layers_flags(res[s]) & ~p->flags;
+        if (missing)
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads %s, but the dump was prepared without them", path,
+                            o->specs[s].text, missing & KVQ_READ_KEY_PRE_ROPE ? "pre-RoPE keys" : "every query row");
+        if (o->device && o->specs[s].q->is_tokens)
+            return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s: tokens(...) runs on the CPU only (use --device cpu)",
+                            path, o->specs[s].text);
+        kvq_error shape_err = {0};
+        if (kvq_spec_layers_check_shape(res[s], info->head_dim, &shape_err))
+            return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", path, shape_err.msg);
+        if (!kvq_spec_layers_needs_calib(res[s])) continue;
+        if ((st = kvq_spec_check_calib(&o->specs[s], o->calib != NULL, err)) ||
+            (st = kvq_calib_check(o->calib, path, info, err)))
+            return st;
+    }
+    return KVQ_OK;
+}
+
+/* Every spec on layer li (L; Lq with every query row, for selectors) into
+ * its slot: on the CPU, or a plan on the device (and the output uploaded). */
+static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_spec_layers **res, int li,
+                                 const kvq_layer *L, const kvq_layer *Lq, const kvq_attn_mode *mode, int nt,
+                                 kvq_quant_out *slot, kvq_error *err)
+{
+    int layer = p->layers[li], nl = p->nl, H = p->info->num_kv_heads;
+    for (int s = 0; s < o->nspecs; s++) {
+        if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
+        kvq_quant_ctx ctx = {.info = p->info, .layer = layer, .seed = p->seed, .nthreads = nt,
+                             .rope = p->rope.cos ? &p->rope : NULL, .attn = mode};
+        const kvq_spec *own = kvq_spec_layers_at(res[s], layer); /* the layer's spec (a mix's range) */
+        const kvq_layer *Ls = kvq_spec_layers_flags(res[s]) & KVQ_READ_QUERY ? Lq : L;
+        kvq_quant_out *qo = &slot[s];
+        slot_reset(qo, H);
+        kvq_status st = KVQ_OK;
+        if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx.calib, err))) return st;
+        if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
+            st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
+        else if (!(st = kvq_quantize_layer_in(res[s], &ctx, Ls, qo, err)) && o->device)
+            st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
+        if (st) return layer_error(err, st, p->path, -1); /* the quantizer's message names the layer */
+    }
+    return KVQ_OK;
+}
+
 static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
                                kvq_error *err)
 {
@@ -339,15 +410,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     int ns = out->nspecs = o->nspecs, nl = out->nlayers = p->nl, nh = out->nheads = p->nh;
     int H = info->num_kv_heads;
     out->has_attn = info->has_query;
-    for (int li = 0; o->device && info->has_query && li < p->nl; li++) { /* the kernels compute plain attention */
-        kvq_attn_mode m = kvq_dump_attn_mode(p->d, p->layers[li]);
-        if (!kvq_attn_mode_plain(&m, info->head_dim))
-            return kvq_fail(
-                err, KVQ_ERR_UNSUPPORTED,
-                "%s: /layer_%03d: attention with a sliding window, attn_scale or attn_softcap is computed on the "
-                "CPU only (use --device cpu)",
-                path, p->layers[li]);
-    }
+    if (o->device && (st = device_layers_plain(p, err))) return st;
     size_t nacc = (size_t)nl * nh * ns;
     out->acc = calloc(nacc ? nacc : 1, sizeof *out->acc);
     out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
@@ -384,31 +447,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                       p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
         goto done;
     }
-    for (int s = 0; s < ns; s++) {
-        if ((st = kvq_spec_resolve(&o->specs[s], info->num_layers, &res[s], err))) {
-            st = layer_error(err, st, path, -1);
-            goto done;
-        }
-        unsigned missing = kvq_spec_layers_flags(res[s]) & ~p->flags;
-        if (missing) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads %s, but the dump was prepared without them", path,
-                          o->specs[s].text, missing & KVQ_READ_KEY_PRE_ROPE ? "pre-RoPE keys" : "every query row");
-            goto done;
-        }
-        if (o->device && o->specs[s].q->is_tokens) {
-            st = kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s: tokens(...) runs on the CPU only (use --device cpu)",
-                          path, o->specs[s].text);
-            goto done;
-        }
-        kvq_error shape_err = {0};
-        if (kvq_spec_layers_check_shape(res[s], info->head_dim, &shape_err)) {
-            st = kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", path, shape_err.msg);
-            goto done;
-        }
-        if (!kvq_spec_layers_needs_calib(res[s])) continue;
-        if ((st = kvq_spec_check_calib(&o->specs[s], o->calib != NULL, err))) goto done;
-        if ((st = kvq_calib_check(o->calib, path, info, err))) goto done;
-    }
+    if ((st = resolve_specs(p, o, res, err))) goto done;
 
     int nt = kvq_threads(o->nthreads);
     kvq_blas_serial(); /* parallelism is ours, over heads */
@@ -430,25 +469,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             st = layer_error(err, st, path, layer);
             goto done;
         }
-        for (int s = 0; s < ns; s++) {
-            if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
-            kvq_quant_ctx ctx = {.info = info, .layer = layer, .seed = p->seed, .nthreads = nt,
-                                 .rope = p->rope.cos ? &p->rope : NULL, .attn = &mode};
-            const kvq_spec *own = kvq_spec_layers_at(res[s], layer); /* the layer's spec (a mix's range) */
-            const kvq_layer *Ls = kvq_spec_layers_flags(res[s]) & KVQ_READ_QUERY ? &Lq : L;
-            kvq_quant_out *qo = &slot[s];
-            slot_reset(qo, H);
-            if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx.calib, err)))
-                goto done;
-            if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
-                st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
-            else if (!(st = kvq_quantize_layer_in(res[s], &ctx, Ls, qo, err)) && o->device)
-                st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
-            if (st) { /* the quantizer's message names the layer */
-                st = layer_error(err, st, path, -1);
-                goto done;
-            }
-        }
+        if ((st = quantize_specs(p, o, res, li, L, &Lq, &mode, nt, slot, err))) goto done;
         if (o->progress) o->progress(o->ud, li, nl, "metrics");
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int hi = 0; hi < nh; hi++)

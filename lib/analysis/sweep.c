@@ -432,9 +432,10 @@ static kvq_status add_row(kvq_sweep_file *f, const char *path, size_t line, long
     return KVQ_OK;
 }
 
-kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *err)
+/* The whole file into f->data (f->size bytes), checked free of NUL bytes; its
+ * format told by its first byte. */
+static kvq_status read_whole(const char *path, kvq_sweep_file *f, kvq_error *err)
 {
-    memset(f, 0, sizeof *f);
     f->fmt = KVQ_FMT_CSV;
     FILE *fp = fopen(path, "rb");
     if (!fp) return kvq_fail(err, KVQ_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -448,16 +449,20 @@ kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *e
         }
     if (!st && ferror(fp)) st = kvq_fail(err, KVQ_ERR_IO, "%s: read failed", path);
     fclose(fp);
+    if (!st && f->size && memchr(f->data, '\0', f->size))
+        st = kvq_fail(err, KVQ_ERR_FORMAT, "%s: contains NUL bytes: not a kvq-sweep output", path);
+    if (!st && f->size && f->data[0] == '{') f->fmt = KVQ_FMT_JSONL;
+    return st;
+}
+
+kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *f, kvq_error *err)
+{
+    memset(f, 0, sizeof *f);
+    kvq_status st = read_whole(path, f, err);
     if (st) {
         kvq_sweep_file_free(f);
         return st;
     }
-    if (f->size && memchr(f->data, '\0', f->size)) {
-        kvq_sweep_file_free(f);
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: contains NUL bytes: not a kvq-sweep output", path);
-    }
-    if (f->size && f->data[0] == '{') f->fmt = KVQ_FMT_JSONL;
-
     char *cells = NULL, *keys = NULL;
     size_t clen = 0, ccap = 0, klen = 0, kcap = 0, ucap = 0, line = 0;
     int spec_col = -1, point_col = -1, ncols = 0;

@@ -218,6 +218,51 @@ static void join_units(char **units, size_t n, sbuf *b)
 
 enum { MULTIKEY_FACTS = 4, NEEDLE_DIGITS = 4 };
 
+/* Needle and multikey tasks: the facts (units[0..nfacts), fact 0 the asked
+ * one) moved between the filler sentences (units[nfacts..n)), the asked one
+ * at `depth`, the others at random slots; *asked: its index.  1 when out of
+ * memory. */
+static int place_facts(char **units, size_t n, size_t nfacts, double depth, kvq_rng *r, size_t *asked)
+{
+    size_t nf = n - nfacts; /* filler sentences; facts go between them */
+    char **fill = malloc(n * sizeof *fill), **order = malloc(n * sizeof *order);
+    size_t *slot = malloc(nfacts * sizeof *slot);
+    if (!fill || !order || !slot) {
+        free(fill), free(order), free(slot);
+        return 1;
+    }
+    memcpy(fill, units + nfacts, nf * sizeof *fill);
+    slot[0] = (size_t)lround(depth * (double)nf);
+    for (size_t f = 1; f < nfacts; f++) slot[f] = (size_t)kvq_rng_below(r, nf + 1);
+    size_t o = 0;
+    *asked = 0;
+    /* within a slot the asked fact comes first in the first half, last in the second */
+    int asked_last = depth >= 0.5;
+    for (size_t s = 0; s <= nf; s++) {
+        if (slot[0] == s && !asked_last) *asked = o, order[o++] = units[0];
+        for (size_t f = 1; f < nfacts; f++)
+            if (slot[f] == s) order[o++] = units[f];
+        if (slot[0] == s && asked_last) *asked = o, order[o++] = units[0];
+        if (s < nf) order[o++] = fill[s];
+    }
+    memcpy(units, order, n * sizeof *units);
+    free(fill), free(order), free(slot);
+    return 0;
+}
+
+/* A kv or mqar task's question and answer from the asked pair's key and unit. */
+static void ask_pair(kvq_task_kind kind, const char *key, const char *unit, sbuf *q, sbuf *a)
+{
+    const char *v = strrchr(unit, ' ') + 1;
+    if (kind == KVQ_TASK_KV) {
+        sb_printf(q, "What is the value of %s?", key);
+        sb_put(a, v, strlen(v) - 1); /* without the full stop */
+    } else {
+        sb_str(q, key);
+        sb_str(a, v);
+    }
+}
+
 static kvq_status gen_one(kvq_task_kind kind, size_t index, int L, double depth, uint64_t seed, const gen_ctx *g,
                           kvq_task *t, kvq_error *err)
 {
@@ -275,34 +320,8 @@ static kvq_status gen_one(kvq_task_kind kind, size_t index, int L, double depth,
         goto done;
     }
     /* place the facts: the asked one (fact 0) at `depth`, the others at random places */
-    size_t asked;
-    if (pairs) {
-        asked = (size_t)lround(depth * (double)(n - 1));
-    } else {
-        size_t nf = n - nfacts; /* filler sentences; facts go between them */
-        char **fill = malloc(n * sizeof *fill), **order = malloc(n * sizeof *order);
-        size_t *slot = malloc(nfacts * sizeof *slot);
-        if (!fill || !order || !slot) {
-            free(fill), free(order), free(slot);
-            goto oom;
-        }
-        memcpy(fill, units + nfacts, nf * sizeof *fill);
-        slot[0] = (size_t)lround(depth * (double)nf);
-        for (size_t f = 1; f < nfacts; f++) slot[f] = (size_t)kvq_rng_below(&r, nf + 1);
-        size_t o = 0;
-        asked = 0;
-        /* within a slot the asked fact comes first in the first half, last in the second */
-        int asked_last = depth >= 0.5;
-        for (size_t s = 0; s <= nf; s++) {
-            if (slot[0] == s && !asked_last) asked = o, order[o++] = units[0];
-            for (size_t f = 1; f < nfacts; f++)
-                if (slot[f] == s) order[o++] = units[f];
-            if (slot[0] == s && asked_last) asked = o, order[o++] = units[0];
-            if (s < nf) order[o++] = fill[s];
-        }
-        memcpy(units, order, n * sizeof *units);
-        free(fill), free(order), free(slot);
-    }
+    size_t asked = pairs ? (size_t)lround(depth * (double)(n - 1)) : 0;
+    if (!pairs && place_facts(units, n, nfacts, depth, &r, &asked)) goto oom;
     join_units(units, n, &ctx);
     /* the tokenizer's count of the whole may differ from the units' sum at
      * the joins: drop filler from the end until it fits */
@@ -314,20 +333,8 @@ static kvq_status gen_one(kvq_task_kind kind, size_t index, int L, double depth,
         ctx.n = 0;
         join_units(units, n, &ctx);
     }
-    if (pairs) {
-        const char *k = task_keys[pair_keys[asked]];
-        const char *v = strrchr(units[asked], ' ') + 1;
-        if (kind == KVQ_TASK_KV) {
-            sb_printf(&q, "What is the value of %s?", k);
-            sb_put(&a, v, strlen(v) - 1); /* without the full stop */
-        } else {
-            sb_str(&q, k);
-            sb_str(&a, v);
-        }
-    } else {
-        sb_printf(&q, "What is the special magic number for %s?", task_keys[keys[0]]);
-        sb_str(&a, digits[0]);
-    }
+    if (pairs) ask_pair(kind, task_keys[pair_keys[asked]], units[asked], &q, &a);
+    else sb_printf(&q, "What is the special magic number for %s?", task_keys[keys[0]]), sb_str(&a, digits[0]);
     if (ctx.oom || q.oom || a.oom) goto oom;
     char id[64];
     snprintf(id, sizeof id, "%s-%zu", kvq_task_kind_name(kind), index);

@@ -191,56 +191,12 @@ static int special_longer(const void *a, const void *b, void *pieces)
  * the text before anything else, a piece given twice mapping to its last
  * id.  Anything else leaves the model without a tokenizer (a clear error
  * naming --tokens when --text is used). */
-static kvq_status load_vocab(kvq_model *m, kvq_error *err)
+/* The vocabulary's pieces, scores and user-defined tokens (v->special), from
+ * tokenizer.ggml.tokens, .scores (sc, may be NULL) and .token_type (ty, may be
+ * NULL), with llama.cpp's rules for which user-defined tokens are matched. */
+static kvq_status read_pieces(kvq_model *m, const gguf_kv *tk, const gguf_kv *sc, const gguf_kv *ty, kvq_error *err)
 {
-    const char *s;
-    uint64_t len;
-    kvq_gguf *g = &m->gguf;
     kvq_vocab *v = &m->vocab;
-    if (kvq_gguf_get_str(g, "tokenizer.ggml.model", &s, &len) != 1) {
-        snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing, "the file has no tokenizer.ggml.model");
-        return KVQ_OK;
-    }
-    snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "%.*s", (int)(len < 60 ? len : 60), s);
-    int bpe = !strcmp(m->info.tokenizer, "gpt2");
-    if (!bpe && strcmp(m->info.tokenizer, "llama")) {
-        snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
-                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads \"llama\" and \"gpt2\")",
-                 m->info.tokenizer);
-        return KVQ_OK;
-    }
-    if (bpe) {
-        char pre[64] = "default";
-        if (kvq_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 1)
-            snprintf(pre, sizeof pre, "%.*s", (int)(len < 60 ? len : 60), s);
-        int found = 0;
-        for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0]; i++)
-            if (!strcmp(pre, bpe_pres[i].name)) v->pre = bpe_pres[i].pre, found = 1;
-        if (!found) {
-            snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
-                     "pre-tokenizer \"%s\" is not implemented (kvq runs llama-bpe, qwen2, gpt-2 and default)", pre);
-            return KVQ_OK;
-        }
-        snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "gpt2/%s", pre);
-    }
-    const gguf_kv *tk = kvq_gguf_find(g, "tokenizer.ggml.tokens"), *sc = kvq_gguf_find(g, "tokenizer.ggml.scores");
-    const gguf_kv *ty = kvq_gguf_find(g, "tokenizer.ggml.token_type"), *mg = kvq_gguf_find(g, "tokenizer.ggml.merges");
-    if (!tk || tk->type != GGUF_ARRAY || tk->arr_type != GGUF_STRING)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: expected an array of strings",
-                        m->path);
-    if (sc && (sc->type != GGUF_ARRAY || sc->arr_type != GGUF_F32 || sc->n != tk->n))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.scores: expected %llu float32 values",
-                        m->path, (unsigned long long)tk->n);
-    if (ty && (ty->type != GGUF_ARRAY || (ty->arr_type != GGUF_I32 && ty->arr_type != GGUF_U32) || ty->n != tk->n))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.token_type: expected %llu 32-bit integers",
-                        m->path, (unsigned long long)tk->n);
-    if (bpe && (!mg || mg->type != GGUF_ARRAY || mg->arr_type != GGUF_STRING || mg->n > (1u << 30)))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.merges: expected an array of strings (BPE)",
-                        m->path);
-    if (tk->n != (uint64_t)m->info.vocab_size)
-        return kvq_fail(err, KVQ_ERR_FORMAT,
-                        "%s: metadata tokenizer.ggml.tokens: %llu tokens, but token_embd has %d rows", m->path,
-                        (unsigned long long)tk->n, m->info.vocab_size);
     v->n = (int)tk->n;
     v->piece = calloc((size_t)v->n, sizeof *v->piece);
     v->score = calloc((size_t)v->n, sizeof *v->score);
@@ -281,9 +237,93 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
         v->nspecial = k; /* the others are control tokens, never matched here */
     }
     qsort_r(v->special, (size_t)v->nspecial, sizeof *v->special, special_longer, v->piece);
+    return KVQ_OK;
+}
+
+/* BPE's merges (tokenizer.ggml.merges, mg), indexed. */
+static kvq_status read_merges(kvq_model *m, const gguf_kv *mg, kvq_error *err)
+{
+    kvq_vocab *v = &m->vocab;
+    v->add_space_prefix = 0;
+    v->ignore_merges = v->pre == KVQ_PRE_LLAMA3;
+    v->nmerge = mg->n;
+    v->merge = calloc((size_t)mg->n + 1, sizeof *v->merge);
+    v->merge_len = calloc((size_t)mg->n + 1, sizeof *v->merge_len);
+    if (!v->merge || !v->merge_len) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the merges", m->path);
+    const uint8_t *p = mg->val;
+    for (uint64_t i = 0; i < mg->n; i++) {
+        uint64_t n;
+        memcpy(&n, p, 8);
+        if (n > UINT32_MAX)
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: merge %llu: absurd length", m->path, (unsigned long long)i);
+        v->merge[i] = (const char *)p + 8, v->merge_len[i] = (uint32_t)n;
+        p += 8 + n;
+    }
+    return kvq_bpe_index(v, err);
+}
+
+/* The tokenizer kind (tokenizer.ggml.model, and a BPE's pre-tokenizer): 1 with
+ * *bpe set when kvq runs it; 0 with m->tokenizer_missing saying why not. */
+static int tokenizer_kind(kvq_model *m, int *bpe)
+{
+    const char *s;
+    uint64_t len;
+    kvq_gguf *g = &m->gguf;
+    if (kvq_gguf_get_str(g, "tokenizer.ggml.model", &s, &len) != 1) {
+        snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing, "the file has no tokenizer.ggml.model");
+        return 0;
+    }
+    snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "%.*s", (int)(len < 60 ? len : 60), s);
+    *bpe = !strcmp(m->info.tokenizer, "gpt2");
+    if (!*bpe && strcmp(m->info.tokenizer, "llama")) {
+        snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
+                 "tokenizer.ggml.model \"%s\" is not implemented (kvq reads \"llama\" and \"gpt2\")",
+                 m->info.tokenizer);
+        return 0;
+    }
+    if (!*bpe) return 1;
+    char pre[64] = "default";
+    if (kvq_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len) == 1)
+        snprintf(pre, sizeof pre, "%.*s", (int)(len < 60 ? len : 60), s);
+    for (size_t i = 0; i < sizeof bpe_pres / sizeof bpe_pres[0]; i++)
+        if (!strcmp(pre, bpe_pres[i].name)) {
+            m->vocab.pre = bpe_pres[i].pre;
+            snprintf(m->info.tokenizer, sizeof m->info.tokenizer, "gpt2/%s", pre);
+            return 1;
+        }
+    snprintf(m->tokenizer_missing, sizeof m->tokenizer_missing,
+             "pre-tokenizer \"%s\" is not implemented (kvq runs llama-bpe, qwen2, gpt-2 and default)", pre);
+    return 0;
+}
+
+static kvq_status load_vocab(kvq_model *m, kvq_error *err)
+{
+    kvq_gguf *g = &m->gguf;
+    kvq_vocab *v = &m->vocab;
+    int bpe = 0;
+    if (!tokenizer_kind(m, &bpe)) return KVQ_OK;
+    const gguf_kv *tk = kvq_gguf_find(g, "tokenizer.ggml.tokens"), *sc = kvq_gguf_find(g, "tokenizer.ggml.scores");
+    const gguf_kv *ty = kvq_gguf_find(g, "tokenizer.ggml.token_type"), *mg = kvq_gguf_find(g, "tokenizer.ggml.merges");
+    if (!tk || tk->type != GGUF_ARRAY || tk->arr_type != GGUF_STRING)
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.tokens: expected an array of strings",
+                        m->path);
+    if (sc && (sc->type != GGUF_ARRAY || sc->arr_type != GGUF_F32 || sc->n != tk->n))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.scores: expected %llu float32 values",
+                        m->path, (unsigned long long)tk->n);
+    if (ty && (ty->type != GGUF_ARRAY || (ty->arr_type != GGUF_I32 && ty->arr_type != GGUF_U32) || ty->n != tk->n))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.token_type: expected %llu 32-bit integers",
+                        m->path, (unsigned long long)tk->n);
+    if (bpe && (!mg || mg->type != GGUF_ARRAY || mg->arr_type != GGUF_STRING || mg->n > (1u << 30)))
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: metadata tokenizer.ggml.merges: expected an array of strings (BPE)",
+                        m->path);
+    if (tk->n != (uint64_t)m->info.vocab_size)
+        return kvq_fail(err, KVQ_ERR_FORMAT,
+                        "%s: metadata tokenizer.ggml.tokens: %llu tokens, but token_embd has %d rows", m->path,
+                        (unsigned long long)tk->n, m->info.vocab_size);
+    kvq_status st;
+    if ((st = read_pieces(m, tk, sc, ty, err))) return st;
     v->bos = bpe ? 11 : 1, v->eos = bpe ? 11 : 2;
     v->add_bos = !bpe || v->pre == KVQ_PRE_LLAMA3, v->add_eos = 0, v->add_space_prefix = !bpe;
-    kvq_status st;
     if ((st = tok_id(m, "tokenizer.ggml.bos_token_id", v->n, &v->bos, err)) ||
         (st = tok_id(m, "tokenizer.ggml.eos_token_id", v->n, &v->eos, err)) ||
         (st = tok_bool(m, "tokenizer.ggml.add_bos_token", &v->add_bos, err)) ||
@@ -295,25 +335,7 @@ static kvq_status load_vocab(kvq_model *m, kvq_error *err)
                         "%s: metadata tokenizer.ggml.bos/eos_token_id: expected a token id below %d", m->path, v->n);
     v->space_is_u2581 = !bpe, v->byte_base = -1, v->last_wins = 1;
     v->kind = bpe ? KVQ_TOK_BPE : KVQ_TOK_SPM;
-    if (bpe) {
-        v->add_space_prefix = 0;
-        v->ignore_merges = v->pre == KVQ_PRE_LLAMA3;
-        v->nmerge = mg->n;
-        v->merge = calloc((size_t)mg->n + 1, sizeof *v->merge);
-        v->merge_len = calloc((size_t)mg->n + 1, sizeof *v->merge_len);
-        if (!v->merge || !v->merge_len)
-            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for the merges", m->path);
-        p = mg->val;
-        for (uint64_t i = 0; i < mg->n; i++) {
-            uint64_t n;
-            memcpy(&n, p, 8);
-            if (n > UINT32_MAX)
-                return kvq_fail(err, KVQ_ERR_FORMAT, "%s: merge %llu: absurd length", m->path, (unsigned long long)i);
-            v->merge[i] = (const char *)p + 8, v->merge_len[i] = (uint32_t)n;
-            p += 8 + n;
-        }
-        if ((st = kvq_bpe_index(v, err))) return st;
-    }
+    if (bpe && (st = read_merges(m, mg, err))) return st;
     m->info.has_tokenizer = 1;
     return kvq_vocab_index(v, err);
 }

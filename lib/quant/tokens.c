@@ -304,11 +304,132 @@ kvq_status kvq_tokens_select(const kvq_tokens_parts *tp, const kvq_layer *in, co
     return kvq_tokens_select_at(tp, in, mode, seed, layer, nthreads, NULL, keep, score, err);
 }
 
+/* The scores of the selectors that read attention (h2o, zipcache, snapkv,
+ * tova) into sc [H][T], from query rows [q0, T) (SPEC §3.11; 0: every row). */
+static kvq_status attention_scores(kvq_selector sel, const kvq_token_sel_opts *o, const kvq_layer *in,
+                                   const kvq_attn_mode *mode, int q0, int nthreads, double *sc, kvq_error *err)
+{
+    int H = in->H, Hq = in->Hq, T = in->T, D = in->D, G = H > 0 ? Hq / H : 1;
+    /* the attention columns of every query head: col [Hq][T] */
+    int r0 = sel == KVQ_SEL_SNAPKV ? (T - o->obs > 0 ? T - o->obs : 0) : sel == KVQ_SEL_TOVA ? T - 1 : q0;
+    int ncol = sel == KVQ_SEL_SNAPKV ? T - o->obs : sel == KVQ_SEL_TOVA ? T - 1 : T;
+    double *col = kvq_alloc_array((size_t)Hq * T + 1, sizeof *col);
+    double *Kd = kvq_alloc_array((size_t)H * T * D + 1, sizeof *Kd);
+    int nt = kvq_threads(nthreads), fail = !col || !Kd;
+    for (size_t i = 0; !fail && i < (size_t)H * T * D; i++) Kd[i] = in->key[i];
+    if (!fail) memset(col, 0, (size_t)Hq * T * sizeof *col);
+    if (!fail && ncol > 0) {
+#pragma omp parallel num_threads(nt)
+        {
+            double *work = kvq_alloc_array((size_t)SCORE_ROWS * (D + T), sizeof *work);
+            if (!work) {
+#pragma omp atomic write
+                fail = 1;
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int j = 0; j < Hq; j++)
+                if (work)
+                    attention_columns(in->query + (size_t)j * T * D, Kd + (size_t)(j / G) * T * D, T, D, r0, ncol,
+                                      mode, col + (size_t)j * T, work);
+            free(work);
+        }
+    }
+    if (fail) {
+        free(col), free(Kd);
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the attention of %d query heads", Hq);
+    }
+    double *pooled = Kd; /* reused: [T] per head */
+    for (int h = 0; h < H; h++) {
+        double *s = sc + (size_t)h * T;
+        if (sel == KVQ_SEL_TOVA) { /* every query head of the layer, one ranking */
+            for (int u = 0; u < ncol; u++) {
+                double a = 0;
+                for (int j = 0; j < Hq; j++) a += col[(size_t)j * T + u];
+                s[u] = a / Hq;
+            }
+            continue;
+        }
+        for (int u = 0; u < ncol; u++) { /* the group's mean */
+            double a = 0;
+            for (int j = h * G; j < (h + 1) * G; j++) a += col[(size_t)j * T + u];
+            s[u] = a / G;
+        }
+        if (sel == KVQ_SEL_ZIPCACHE) /* the queries of rows [q0, T) that see u */
+            for (int u = 0; u < T; u++) s[u] /= (double)(T - (u > q0 ? u : q0));
+        if (sel == KVQ_SEL_SNAPKV && ncol > 0) {
+            int nobs = T - r0;
+            for (int u = 0; u < ncol; u++) s[u] /= nobs;
+            avg_pool(s, pooled, ncol, o->pool);
+            memcpy(s, pooled, (size_t)ncol * sizeof *s);
+        }
+    }
+    free(col), free(Kd);
+    return KVQ_OK;
+}
+
+/* KeyDiff (kvpress's KeyDiffPress) into sc [H][T]: the anchor a = the mean of
+ * the head's L2-normalised keys; score -cos(k_u, a), each norm at least 1e-12
+ * (F.normalize) and 1e-8 (F.cosine_similarity) as torch has them; in double. */
+static kvq_status keydiff_scores(const kvq_layer *in, double *sc, kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D;
+    double *anchor = kvq_alloc_array((size_t)D + 1, sizeof *anchor);
+    if (!anchor) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    for (int h = 0; h < H; h++) {
+        const float *kh = in->key + (size_t)h * T * D; /* [T][D] */
+        for (int c = 0; c < D; c++) anchor[c] = 0;
+        for (int u = 0; u < T; u++) {
+            double n2 = 0;
+            for (int c = 0; c < D; c++) n2 += (double)kh[(size_t)u * D + c] * kh[(size_t)u * D + c];
+            double n = fmax(sqrt(n2), 1e-12);
+            for (int c = 0; c < D; c++) anchor[c] += kh[(size_t)u * D + c] / n;
+        }
+        double an2 = 0;
+        for (int c = 0; c < D; c++) anchor[c] /= T, an2 += anchor[c] * anchor[c];
+        double an = fmax(sqrt(an2), 1e-8);
+        for (int u = 0; u < T; u++) {
+            double dot = 0, n2 = 0;
+            for (int c = 0; c < D; c++) {
+                double x = kh[(size_t)u * D + c];
+                dot += x * anchor[c], n2 += x * x;
+            }
+            sc[(size_t)h * T + u] = -dot / (fmax(sqrt(n2), 1e-8) * an);
+        }
+    }
+    free(anchor);
+    return KVQ_OK;
+}
+
+/* The key-only selectors' scores into sc [H][T]: knorm, keydiff, random. */
+static kvq_status key_scores(kvq_selector sel, const kvq_layer *in, uint64_t seed, int layer, double *sc,
+                             kvq_error *err)
+{
+    int H = in->H, T = in->T, D = in->D;
+    if (sel == KVQ_SEL_KEYDIFF) return keydiff_scores(in, sc, err);
+    for (int h = 0; h < H; h++) {
+        kvq_rng r;
+        if (sel == KVQ_SEL_RANDOM) kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
+        for (int u = 0; u < T; u++) {
+            double v = NAN;
+            if (sel == KVQ_SEL_RANDOM) {
+                v = kvq_rng_uniform(&r);
+            } else if (sel == KVQ_SEL_KNORM) { /* the lowest key norm first */
+                const float *k = in->key + ((size_t)h * T + u) * D;
+                double n2 = 0;
+                for (int c = 0; c < D; c++) n2 += (double)k[c] * k[c];
+                v = -sqrt(n2);
+            }
+            sc[(size_t)h * T + u] = v;
+        }
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_tokens_select_at(const kvq_tokens_parts *tp, const kvq_layer *in, const kvq_attn_mode *mode,
                                 uint64_t seed, int layer, int nthreads, const kvq_select_at *at, unsigned char *keep,
                                 double *score, kvq_error *err)
 {
-    int H = in->H, Hq = in->Hq, T = in->T, D = in->D, G = H > 0 ? Hq / H : 1;
+    int H = in->H, T = in->T;
     kvq_selector sel = tp->selector;
     kvq_token_sel_opts eff = *(const kvq_token_sel_opts *)kvq_spec_opts(&tp->sel), *o = &eff;
     int q0 = 0; /* the first query row that scores */
@@ -319,12 +440,12 @@ kvq_status kvq_tokens_select_at(const kvq_tokens_parts *tp, const kvq_layer *in,
     }
     kvq_attn_mode plain = {0};
     if (!mode) mode = &plain;
-    if (kvq_token_selector_needs_queries(sel) && !in->query)
+    int queries = kvq_token_selector_needs_queries(sel);
+    if (queries && !in->query)
         return kvq_fail(err, KVQ_ERR_FORMAT, "%s: the %s selector scores tokens by attention: expected the queries "
                         "(query datasets in the dump)", tp->sel.text, tp->sel.q->name);
     unsigned char *forced = malloc((size_t)T + 1);
     double *sc = kvq_alloc_array((size_t)H * T + 1, sizeof *sc);
-    double *col = NULL, *Kd = NULL;
     ranked *rk = kvq_alloc_array((size_t)T + 1, sizeof *rk);
     kvq_status st = KVQ_OK;
     if (!forced || !sc || !rk) {
@@ -333,117 +454,18 @@ kvq_status kvq_tokens_select_at(const kvq_tokens_parts *tp, const kvq_layer *in,
     }
     int nforced = forced_tokens(sel, o, T, forced), K = kept_count(sel, o, at, T, nforced);
     for (size_t i = 0; i < (size_t)H * T; i++) sc[i] = NAN;
-    if (kvq_token_selector_needs_queries(sel) && K < T) {
-        /* the attention columns of every query head: col [Hq][T] */
-        int r0 = sel == KVQ_SEL_SNAPKV ? (T - o->obs > 0 ? T - o->obs : 0) : sel == KVQ_SEL_TOVA ? T - 1 : q0;
-        int ncol = sel == KVQ_SEL_SNAPKV ? T - o->obs : sel == KVQ_SEL_TOVA ? T - 1 : T;
-        col = kvq_alloc_array((size_t)Hq * T + 1, sizeof *col);
-        Kd = kvq_alloc_array((size_t)H * T * D + 1, sizeof *Kd);
-        int nt = kvq_threads(nthreads), fail = 0;
-        if (!col || !Kd) {
-            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the attention of %d query heads", Hq);
-            goto done;
-        }
-        for (size_t i = 0; i < (size_t)H * T * D; i++) Kd[i] = in->key[i];
-        memset(col, 0, (size_t)Hq * T * sizeof *col);
-        if (ncol > 0) {
-#pragma omp parallel num_threads(nt)
-            {
-                double *work = kvq_alloc_array((size_t)SCORE_ROWS * (D + T), sizeof *work);
-                if (!work) {
-#pragma omp atomic write
-                    fail = 1;
-                }
-#pragma omp for schedule(dynamic, 1)
-                for (int j = 0; j < Hq; j++)
-                    if (work)
-                        attention_columns(in->query + (size_t)j * T * D, Kd + (size_t)(j / G) * T * D, T, D, r0,
-                                          ncol, mode, col + (size_t)j * T, work);
-                free(work);
-            }
-        }
-        if (fail) {
-            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the attention of %d query heads", Hq);
-            goto done;
-        }
-        double *pooled = Kd; /* reused: [T] per head */
-        for (int h = 0; h < H; h++) {
-            double *s = sc + (size_t)h * T;
-            if (sel == KVQ_SEL_TOVA) { /* every query head of the layer, one ranking */
-                for (int u = 0; u < ncol; u++) {
-                    double a = 0;
-                    for (int j = 0; j < Hq; j++) a += col[(size_t)j * T + u];
-                    s[u] = a / Hq;
-                }
-                continue;
-            }
-            for (int u = 0; u < ncol; u++) { /* the group's mean */
-                double a = 0;
-                for (int j = h * G; j < (h + 1) * G; j++) a += col[(size_t)j * T + u];
-                s[u] = a / G;
-            }
-            if (sel == KVQ_SEL_ZIPCACHE) /* the queries of rows [q0, T) that see u */
-                for (int u = 0; u < T; u++) s[u] /= (double)(T - (u > q0 ? u : q0));
-            if (sel == KVQ_SEL_SNAPKV && ncol > 0) {
-                int nobs = T - r0;
-                for (int u = 0; u < ncol; u++) s[u] /= nobs;
-                avg_pool(s, pooled, ncol, o->pool);
-                memcpy(s, pooled, (size_t)ncol * sizeof *s);
-            }
-        }
-    } else if (sel == KVQ_SEL_KNORM) {
-        for (int h = 0; h < H; h++)
-            for (int u = 0; u < T; u++) {
-                const float *k = in->key + ((size_t)h * T + u) * D;
-                double n2 = 0;
-                for (int c = 0; c < D; c++) n2 += (double)k[c] * k[c];
-                sc[(size_t)h * T + u] = -sqrt(n2);
-            }
-    } else if (sel == KVQ_SEL_KEYDIFF) {
-        /* KeyDiff (kvpress's KeyDiffPress): the anchor a = the mean of the head's
-         * L2-normalised keys; score -cos(k_u, a), each norm at least 1e-12
-         * (F.normalize) and 1e-8 (F.cosine_similarity) as torch has them; in double */
-        if (!(Kd = kvq_alloc_array((size_t)D + 1, sizeof *Kd))) {
-            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-        for (int h = 0; h < H; h++) {
-            const float *kh = in->key + (size_t)h * T * D; /* [T][D] */
-            for (int c = 0; c < D; c++) Kd[c] = 0;
-            for (int u = 0; u < T; u++) {
-                double n2 = 0;
-                for (int c = 0; c < D; c++) n2 += (double)kh[(size_t)u * D + c] * kh[(size_t)u * D + c];
-                double n = fmax(sqrt(n2), 1e-12);
-                for (int c = 0; c < D; c++) Kd[c] += kh[(size_t)u * D + c] / n;
-            }
-            double an2 = 0;
-            for (int c = 0; c < D; c++) Kd[c] /= T, an2 += Kd[c] * Kd[c];
-            double an = fmax(sqrt(an2), 1e-8);
-            for (int u = 0; u < T; u++) {
-                double dot = 0, n2 = 0;
-                for (int c = 0; c < D; c++) {
-                    double x = kh[(size_t)u * D + c];
-                    dot += x * Kd[c], n2 += x * x;
-                }
-                sc[(size_t)h * T + u] = -dot / (fmax(sqrt(n2), 1e-8) * an);
-            }
-        }
-    } else if (sel == KVQ_SEL_RANDOM) {
-        for (int h = 0; h < H; h++) {
-            kvq_rng r;
-            kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
-            for (int u = 0; u < T; u++) sc[(size_t)h * T + u] = kvq_rng_uniform(&r);
-        }
-    }
+    if (queries && K < T) st = attention_scores(sel, o, in, mode, q0, nthreads, sc, err);
+    else if (sel == KVQ_SEL_KNORM || sel == KVQ_SEL_KEYDIFF || sel == KVQ_SEL_RANDOM)
+        st = key_scores(sel, in, seed, layer, sc, err);
     /* per head: the forced tokens, then the best of the rest; with adaptive=α
      * each head first its top floor(α·K), then the best of all heads */
     int own = isnan(o->adaptive) ? K : (int)floor(o->adaptive * K);
-    if ((st = keep_best(sc, forced, nforced, H, T, K, own, rk, keep, err))) goto done;
+    if (st || (st = keep_best(sc, forced, nforced, H, T, K, own, rk, keep, err))) goto done;
     if (score)
         for (int h = 0; h < H; h++)
             for (int u = 0; u < T; u++) score[(size_t)h * T + u] = forced[u] ? NAN : sc[(size_t)h * T + u];
 done:
-    free(forced), free(sc), free(col), free(Kd), free(rk);
+    free(forced), free(sc), free(rk);
     return st;
 }
 
