@@ -160,20 +160,20 @@ kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *e
  * kvq_spec_check_layers) and resolved per layer, every item parsed once, a
  * tokens(...) taken apart once; what it reads and whether it needs
  * calibration known.  Run it with kvq_quantize_layer_in. */
-typedef struct kvq_spec_layers kvq_spec_layers;
-kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_spec_layers **out, kvq_error *err);
-void kvq_spec_layers_free(kvq_spec_layers *r);
+typedef struct kvq_resolved_spec kvq_resolved_spec;
+kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_resolved_spec **out, kvq_error *err);
+void kvq_resolved_spec_free(kvq_resolved_spec *r);
 /* Layer l's own spec (never a mix). */
-const kvq_spec *kvq_spec_layers_at(const kvq_spec_layers *r, int layer);
-unsigned kvq_spec_layers_flags(const kvq_spec_layers *r); /* as kvq_spec_read_flags */
-int kvq_spec_layers_needs_calib(const kvq_spec_layers *r); /* as kvq_spec_needs_calib */
-kvq_status kvq_spec_layers_check_shape(const kvq_spec_layers *r, int head_dim, kvq_error *err); /* as kvq_spec_check_shape */
+const kvq_spec *kvq_resolved_spec_at(const kvq_resolved_spec *r, int layer);
+unsigned kvq_resolved_spec_flags(const kvq_resolved_spec *r); /* as kvq_spec_read_flags */
+int kvq_resolved_spec_needs_calib(const kvq_resolved_spec *r); /* as kvq_spec_needs_calib */
+kvq_status kvq_resolved_spec_check_shape(const kvq_resolved_spec *r, int head_dim, kvq_error *err); /* as kvq_spec_check_shape */
 /* The spec by which generation stores the tokens that follow a context
  * compressed once (kvq-eval --context with --policy decode): layer l's
  * spec, or a tokens(...)'s HI; NULL when HI is none (stored exactly). */
-const kvq_spec *kvq_spec_layers_continuation(const kvq_spec_layers *r, int layer);
+const kvq_spec *kvq_resolved_spec_continuation(const kvq_resolved_spec *r, int layer);
 /* kvq_quantize_layer of layer ctx->layer's spec, with nothing parsed again. */
-kvq_status kvq_quantize_layer_in(const kvq_spec_layers *r, const kvq_quant_ctx *ctx, const kvq_layer *in,
+kvq_status kvq_quantize_layer_in(const kvq_resolved_spec *r, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                  kvq_quant_out *out, kvq_error *err);
 
 /* A calibration dump and the states computed from it, kept for the whole

@@ -37,32 +37,32 @@ START_TEST(resolved_once)
     kvq_error err;
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kvq_spec sp, own;
-        kvq_spec_layers *r;
+        kvq_resolved_spec *r;
         ck_assert_msg(parse(specs[i], &sp, &err) == KVQ_OK, "%s: %s", specs[i], err.msg);
         ck_assert_msg(kvq_spec_resolve(&sp, 5, &r, &err) == KVQ_OK, "%s: %s", specs[i], err.msg);
-        ck_assert_uint_eq(kvq_spec_layers_flags(r), kvq_spec_read_flags(&sp));
-        ck_assert_int_eq(kvq_spec_layers_needs_calib(r), kvq_spec_needs_calib(&sp));
+        ck_assert_uint_eq(kvq_resolved_spec_flags(r), kvq_spec_read_flags(&sp));
+        ck_assert_int_eq(kvq_resolved_spec_needs_calib(r), kvq_spec_needs_calib(&sp));
         for (int D = 8; D <= 64; D *= 8) {
             kvq_error e1 = {0}, e2 = {0};
-            ck_assert_int_eq(kvq_spec_layers_check_shape(r, D, &e1), kvq_spec_check_shape(&sp, D, &e2));
+            ck_assert_int_eq(kvq_resolved_spec_check_shape(r, D, &e1), kvq_spec_check_shape(&sp, D, &e2));
             ck_assert_str_eq(e1.msg, e2.msg);
         }
         for (int l = 0; l < 5; l++) {
             ck_assert_int_eq(kvq_spec_for_layer(&sp, l, &own, &err), KVQ_OK);
-            ck_assert_str_eq(kvq_spec_layers_at(r, l)->text, own.text);
-            ck_assert(!kvq_spec_is_mix(kvq_spec_layers_at(r, l)));
-            const kvq_spec *hi = kvq_spec_layers_continuation(r, l);
+            ck_assert_str_eq(kvq_resolved_spec_at(r, l)->text, own.text);
+            ck_assert(!kvq_spec_is_mix(kvq_resolved_spec_at(r, l)));
+            const kvq_spec *hi = kvq_resolved_spec_continuation(r, l);
             if (strncmp(own.text, "tokens(", 7)) ck_assert_str_eq(hi->text, own.text);
             else if (strstr(own.text, "; none;")) ck_assert(hi == NULL);
             else ck_assert_msg(hi && strstr(own.text, hi->text) && !kvq_spec_is_tokens(hi) &&
                                (!strcmp(hi->text, "kivi:bits=4") || !strcmp(hi->text, "per-token:bits=8")),
                                "%s: HI %s", own.text, hi ? hi->text : "NULL");
         }
-        kvq_spec_layers_free(r);
+        kvq_resolved_spec_free(r);
     }
     /* the refusals of kvq_spec_check_layers */
     kvq_spec sp;
-    kvq_spec_layers *r = (kvq_spec_layers *)&sp;
+    kvq_resolved_spec *r = (kvq_resolved_spec *)&sp;
     ck_assert_int_eq(parse("mix(0-1=kivi;3-=kivi)", &sp, &err), KVQ_OK);
     expect_usage(kvq_spec_resolve(&sp, 5, &r, &err), &err, "layer 2 is in no range (every layer needs one)");
     ck_assert(r == NULL);

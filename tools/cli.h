@@ -85,7 +85,7 @@ int cli_check_side_file(const char *prog, const char *what, const char *path, co
 int cli_check_calib(const char *prog, const kvq_spec *spec, int have_calib);
 /* Output: stdout when path is NULL or "-"; a FIFO or a device written in
  * place; else a temporary file beside the target (a symlink followed) that
- * cli_out_commit renames into place, with the mode a new file gets (or the
+ * cli_meta_commit renames into place, with the mode a new file gets (or the
  * existing file's), removed if SIGINT/SIGTERM/SIGHUP end the run. */
 typedef struct cli_meta cli_meta;
 typedef struct cli_out {
@@ -105,9 +105,9 @@ int cli_out_open(cli_out *o, const char *path, const char *prog); /* CLI_OK, or 
 int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog);
 /* flush, fsync, rename; with a record attached, OUT.meta.json around it
  * (meta.c).  CLI_OK, or CLI_RUNTIME after printing. */
-int cli_out_commit(cli_out *o, const char *prog);
+int cli_meta_commit(cli_out *o, const char *prog);
 void cli_out_abort(cli_out *o); /* close and remove the temporary */
-/* cli_out_commit's two halves (out.c), for the commit that adds a record
+/* cli_meta_commit's two halves (out.c), for the commit that adds a record
  * between them: close flushes, fsyncs and closes (stdout: flushes and is
  * done); place renames the temporary into place where ok, else removes it,
  * and frees.  CLI_OK, or CLI_RUNTIME after printing. */

@@ -509,7 +509,7 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
     kvq_status st = kvq_report_finish(rep);
     rep = NULL;
     if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
-    rc = cli_out_commit(&out, prog) ? CLI_RUNTIME : CLI_OK;
+    rc = cli_meta_commit(&out, prog) ? CLI_RUNTIME : CLI_OK;
     if (!rc)
         fprintf(stderr, "%s: merged %ld windows of %d configurations from %d shards into %s\n", prog, nwin, nitems,
                 nfiles, output ? output : "stdout");

@@ -280,7 +280,7 @@ int cli_task_merge(const char *prog, char **files, int nfiles, const char *outpu
     for (int k = 0; k < nfiles; k++) cli_meta_input(meta, "shard", files[k]);
     if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
     rc = cli_task_rows(prog, &out, fmt, m.rows, m.nitems, m.res, m.depth, m.ntasks, per_depth);
-    if (!rc) rc = cli_out_commit(&out, prog);
+    if (!rc) rc = cli_meta_commit(&out, prog);
     goto done;
 oom:
     cli_error(prog, "out of memory");

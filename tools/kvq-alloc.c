@@ -333,7 +333,7 @@ static int allocate(const alloc_run *a)
         rc = cli_write_error(prog, a->output, wst, werr);
         goto done;
     }
-    if (cli_out_commit(&uout, prog) || cli_out_commit(&out, prog)) goto done;
+    if (cli_meta_commit(&uout, prog) || cli_meta_commit(&out, prog)) goto done;
     /* the summary: the four files, then each budget's allocation beside its best uniform point */
     fprintf(stderr, "%s: wrote %s (the allocations), %s (%d sensitivity passes), %s (%d uniform points), %s.meta.json\n",
             prog, a->output, a->sens_path, np, a->uni_path, nit - nb, a->output);

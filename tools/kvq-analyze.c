@@ -200,7 +200,7 @@ static int analyze_dumps(analyze_state *s)
     kvq_status st = kvq_report_finish(s->report);
     s->report = NULL;
     if (st) return cli_write_error(prog, s->output, st, errno);
-    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+    return cli_meta_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
 }
 
 static int run(int argc, char **argv, cli_meta *meta)

@@ -532,7 +532,7 @@ static int evaluate(eval_state *s)
     kvq_status st = kvq_report_finish(s->rep);
     s->rep = NULL;
     if (st) return cli_write_error(prog, s->output, st, errno);
-    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+    return cli_meta_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
 }
 
 /* ------------------------------------------------------------ --tasks */
@@ -649,7 +649,7 @@ static int evaluate_tasks(eval_state *s)
         rc = cli_task_rows(prog, &s->out, s->fmt, s->rows, s->nitems, res, depth, s->ntasks, s->per_depth);
     free(res), free(depth);
     if (rc) return rc;
-    return cli_out_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
+    return cli_meta_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
 }
 
 static int run(int argc, char **argv, cli_meta *meta)

@@ -125,7 +125,7 @@ static int write_tasks(const task_opts *t, uint64_t seed, const char *output, cl
         fputc('\n', out.f);
         free(line);
     }
-    rc = cli_out_commit(&out, prog);
+    rc = cli_meta_commit(&out, prog);
 done:
     kvq_tasks_free(tasks, tasks ? (size_t)t->count : 0);
     kvq_model_close(m);

@@ -254,7 +254,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         rc = cli_write_error(prog, output, KVQ_ERR_IO, errno);
         cli_out_abort(&out);
     } else if (rc == CLI_OK) {
-        if (cli_out_commit(&out, prog)) rc = CLI_RUNTIME;
+        if (cli_meta_commit(&out, prog)) rc = CLI_RUNTIME;
     } else {
         cli_out_abort(&out);
     }

@@ -338,7 +338,7 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
     if (f[0].fmt == KVQ_FMT_CSV) fprintf(out.f, "%s\n", f[0].columns);
     for (size_t k = 0; k < nunits; k++)
         fwrite(units[k].f->data + units[k].u->begin, 1, units[k].u->end - units[k].u->begin, out.f);
-    if (cli_out_commit(&out, prog)) { rc = CLI_RUNTIME; goto done; }
+    if (cli_meta_commit(&out, prog)) { rc = CLI_RUNTIME; goto done; }
     fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, nunits, rows, nfiles, o->output,
             grid ? "" : " (completeness not checked: add --expect-grid and the sweep's --quant/--grid/--fixed)");
 done:

@@ -632,7 +632,7 @@ int cli_meta_write(cli_meta *m, const char *prog, const char *output, const char
     if (!(doc = cli_meta_render(m, prog, output, out_sha256, 0))) goto done;
     if (cli_out_open(&mo, path, prog)) goto done;
     if (fputs(doc, mo.f) == EOF) { /* the commit reports the write error */ }
-    rc = cli_out_commit(&mo, prog) ? CLI_RUNTIME : CLI_OK;
+    rc = cli_meta_commit(&mo, prog) ? CLI_RUNTIME : CLI_OK;
 done:
     if (mo.f) cli_out_abort(&mo);
     free(path), free(doc);
@@ -717,7 +717,7 @@ done:
     return rc;
 }
 
-int cli_out_commit(cli_out *o, const char *prog)
+int cli_meta_commit(cli_out *o, const char *prog)
 {
     cli_out mo = {0};
     char *metapath = NULL;
@@ -732,7 +732,7 @@ int cli_out_commit(cli_out *o, const char *prog)
     if (rc == CLI_OK && metapath && cli_meta_drop(prog, o->path)) rc = CLI_RUNTIME;
     if (cli_out_place(o, prog, rc == CLI_OK)) rc = CLI_RUNTIME;
     if (mo.f) {
-        if (rc == CLI_OK && cli_out_commit(&mo, prog)) rc = CLI_RUNTIME;
+        if (rc == CLI_OK && cli_meta_commit(&mo, prog)) rc = CLI_RUNTIME;
         if (mo.f) cli_out_abort(&mo);
     }
     free(metapath);

@@ -2,7 +2,7 @@
  * reading a file whole, and output written atomically (a temporary beside
  * the target, renamed into place by the commit), with the temporaries a
  * signal removes and the exit-time check of stdout.  It knows nothing of
- * provenance: meta.c's cli_out_commit adds OUT.meta.json around
+ * provenance: meta.c's cli_meta_commit adds OUT.meta.json around
  * cli_out_close and cli_out_place. */
 #include "cli.h"
 

@@ -347,7 +347,7 @@ static kvq_status device_layers_plain(const kvq_prepared *p, kvq_error *err)
 
 /* Each spec parsed once for the dump's layers (res[s]), checked against what
  * the dump was prepared with, the device, the head_dim and the calibration. */
-static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_spec_layers **res,
+static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_resolved_spec **res,
                                 kvq_error *err)
 {
     const kvq_dump_info *info = p->info;
@@ -356,7 +356,7 @@ static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *
     for (int s = 0; s < o->nspecs; s++) {
         if ((st = kvq_spec_resolve(&o->specs[s], info->num_layers, &res[s], err)))
             return layer_error(err, st, path, -1);
-        unsigned missing = kvq_spec_layers_flags(res[s]) & ~p->flags;
+        unsigned missing = kvq_resolved_spec_flags(res[s]) & ~p->flags;
         if (missing)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s reads %s, but the dump was prepared without them", path,
                             o->specs[s].text, missing & KVQ_READ_KEY_PRE_ROPE ? "pre-RoPE keys" : "every query row");
@@ -364,9 +364,9 @@ static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *
             return kvq_fail(err, KVQ_ERR_UNSUPPORTED, "%s: %s: tokens(...) runs on the CPU only (use --device cpu)",
                             path, o->specs[s].text);
         kvq_error shape_err = {0};
-        if (kvq_spec_layers_check_shape(res[s], info->head_dim, &shape_err))
+        if (kvq_resolved_spec_check_shape(res[s], info->head_dim, &shape_err))
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: %s", path, shape_err.msg);
-        if (!kvq_spec_layers_needs_calib(res[s])) continue;
+        if (!kvq_resolved_spec_needs_calib(res[s])) continue;
         if ((st = kvq_spec_check_calib(&o->specs[s], o->calib != NULL, err)) ||
             (st = kvq_calib_check(o->calib, path, info, err)))
             return st;
@@ -376,7 +376,7 @@ static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *
 
 /* Every spec on layer li (L; Lq with every query row, for selectors) into
  * its slot: on the CPU, or a plan on the device (and the output uploaded). */
-static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_spec_layers **res, int li,
+static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_resolved_spec **res, int li,
                                  const kvq_layer *L, const kvq_layer *Lq, const kvq_attn_mode *mode, int nt,
                                  kvq_quant_out *slot, kvq_error *err)
 {
@@ -385,8 +385,8 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
         if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
         kvq_quant_ctx ctx = {.info = p->info, .layer = layer, .seed = p->seed, .nthreads = nt,
                              .rope = p->rope.cos ? &p->rope : NULL, .attn = mode};
-        const kvq_spec *own = kvq_spec_layers_at(res[s], layer); /* the layer's spec (a mix's range) */
-        const kvq_layer *Ls = kvq_spec_layers_flags(res[s]) & KVQ_READ_QUERY ? Lq : L;
+        const kvq_spec *own = kvq_resolved_spec_at(res[s], layer); /* the layer's spec (a mix's range) */
+        const kvq_layer *Ls = kvq_resolved_spec_flags(res[s]) & KVQ_READ_QUERY ? Lq : L;
         kvq_quant_out *qo = &slot[s];
         slot_reset(qo, H);
         kvq_status st = KVQ_OK;
@@ -416,7 +416,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     out->layers = kvq_alloc_array((size_t)nl, sizeof *out->layers);
     out->heads = kvq_alloc_array((size_t)nh, sizeof *out->heads);
     kvq_quant_out *slot = calloc((size_t)ns + 1, sizeof *slot); /* one per spec */
-    kvq_spec_layers **res = calloc((size_t)ns + 1, sizeof *res); /* each spec parsed once for the dump's layers */
+    kvq_resolved_spec **res = calloc((size_t)ns + 1, sizeof *res); /* each spec parsed once for the dump's layers */
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
     kvq_layer read = {0};
@@ -495,7 +495,7 @@ done:
     kvq_layer_free(&read);
     free(qrows), free(qall), free(allpos);
     for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
-    for (int s = 0; s < ns && res; s++) kvq_spec_layers_free(res[s]);
+    for (int s = 0; s < ns && res; s++) kvq_resolved_spec_free(res[s]);
     free(slot), free(res), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
     return st;

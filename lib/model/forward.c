@@ -478,14 +478,14 @@ static const kvq_rope *layer_rope(const fw_ctx *c, int l)
  * (--context), so a spec that re-applies RoPE rotates token i at t0 + i.
  * The spec: the stream's, parsed once for the run, or (spec NULL) a plain
  * one (neither a mix nor a tokens(...): a continuation's HI). */
-static kvq_status quantize_cache(fw_ctx *c, const kvq_spec_layers *spec, const kvq_spec *plain, int layer, int t0,
+static kvq_status quantize_cache(fw_ctx *c, const kvq_resolved_spec *spec, const kvq_spec *plain, int layer, int t0,
                                  int t1, int *dropped, kvq_error *err)
 {
     fw_scratch *s = &c->s;
     const kvq_model_info *in = &c->m->info;
     int H = in->n_kv_heads, D = in->head_dim, T = c->o->T, ntok = t1 - t0;
     kvq_layer L = {.H = H, .Hq = in->n_heads, .T = ntok, .D = D};
-    unsigned flags = spec ? kvq_spec_layers_flags(spec) : plain->q->read_flags;
+    unsigned flags = spec ? kvq_resolved_spec_flags(spec) : plain->q->read_flags;
     int queries = (flags & KVQ_READ_QUERY) != 0; /* a selector scores with them */
     if (ntok == T) {
         L.key = s->Kh, L.value = s->Vh, L.key_pre_rope = s->Kpre, L.query = queries ? s->Qh : NULL;
@@ -514,7 +514,7 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_spec_layers *spec, const k
     kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb,
                         .keep = s->keep};
     kvq_status st;
-    const kvq_spec *own = spec ? kvq_spec_layers_at(spec, layer) : plain;
+    const kvq_spec *own = spec ? kvq_resolved_spec_at(spec, layer) : plain;
     if (c->o->calib && (st = kvq_calib_state(c->o->calib, own, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
     /* BLAS runs one thread; the quantizers thread over heads */
     st = spec ? kvq_quantize_layer_in(spec, &ctx, &L, &qo, err) : kvq_quantize_layer(plain, &ctx, &L, &qo, err);
@@ -664,7 +664,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
         st->k_bits += s->kb[h], st->v_bits += s->vb[h], st->ctx_k_bits += s->kb[h], st->ctx_v_bits += s->vb[h];
     int exact = !dropped && cache_is_exact(c, 0, N); /* the compressed context is the exact one */
     context_put(s, H, T, D, 0, N, dropped);
-    const kvq_spec *hi = kvq_spec_layers_continuation(st->spec, l); /* NULL: exact */
+    const kvq_spec *hi = kvq_resolved_spec_continuation(st->spec, l); /* NULL: exact */
     if (it->policy == KVQ_POLICY_PREFILL || !hi) { /* the continuation's own entries exact, 16 bits */
         size_t n = (size_t)(T - N);
         st->k_bits += 16.0 * n * H * D, st->v_bits += 16.0 * n * H * D;
@@ -711,7 +711,7 @@ static kvq_status context_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0,
 /* Layer l's tokens(...) when it compresses while decoding (target=), else NULL. */
 static const kvq_tokens_parts *decoding_parts(const kvq_fw_stream *st, int l)
 {
-    const kvq_tokens_parts *tp = st->spec ? kvq_spec_layers_parts(st->spec, l) : NULL;
+    const kvq_tokens_parts *tp = st->spec ? kvq_resolved_spec_parts(st->spec, l) : NULL;
     return tp && ((const kvq_token_sel_opts *)kvq_spec_opts(&tp->sel))->target != KVQ_UNSET ? tp : NULL;
 }
 
@@ -1227,7 +1227,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     for (int i = 0; i < o->n_logit_pos; i++) first = o->logit_pos[i] < first ? o->logit_pos[i] : first;
     int all_queries = 0; /* a selector scores with every query of every layer */
     for (int i = 0; i < o->ns; i++)
-        all_queries |= o->s[i].spec && (kvq_spec_layers_flags(o->s[i].spec) & KVQ_READ_QUERY);
+        all_queries |= o->s[i].spec && (kvq_resolved_spec_flags(o->s[i].spec) & KVQ_READ_QUERY);
     c.h0 = o->on_layer || all_queries ? 0 : first / TILE_ROWS * TILE_ROWS;
     int kmax = in->dim > in->ffn_dim ? in->dim : in->ffn_dim;
     if (in->n_heads * in->head_dim > kmax) kmax = in->n_heads * in->head_dim;

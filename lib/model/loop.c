@@ -27,7 +27,7 @@ static void stream_free(kvq_fw_stream *s)
     memset(s, 0, sizeof *s);
 }
 
-static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, const kvq_spec_layers *spec, int T, int dim,
+static kvq_status stream_alloc(kvq_fw_stream *s, kvq_eval_item *item, const kvq_resolved_spec *spec, int T, int dim,
                                kvq_error *err)
 {
     memset(s, 0, sizeof *s);
@@ -178,7 +178,7 @@ static kvq_eval_sums stream_sums(const kvq_fw_stream *s, double npos)
 
 /* One window: the exact model and the items, in passes bounded by memory. */
 static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_from, kvq_eval_item *items,
-                              kvq_spec_layers *const *res, int nitems,
+                              kvq_resolved_spec *const *res, int nitems,
                               const kvq_eval_opts *o, int w, int wi, size_t total, kvq_eval_sums *wsum,
                               kvq_eval_sums *wref, kvq_error *err)
 {
@@ -219,14 +219,14 @@ static kvq_status eval_window(kvq_model *m, const int *tokens, int T, int score_
 
 /* Decode-time compression (a tokens(...) with target=, SPEC §3.11) needs
  * the decode policy; with keep= too, a context (PrefillDecodingPress). */
-static kvq_status check_decoding(const kvq_eval_item *it, const kvq_spec_layers *res, int nlayers, int context,
+static kvq_status check_decoding(const kvq_eval_item *it, const kvq_resolved_spec *res, int nlayers, int context,
                                  kvq_error *err)
 {
     for (int l = 0; res && l < nlayers; l++) {
-        const kvq_tokens_parts *tp = kvq_spec_layers_parts(res, l);
+        const kvq_tokens_parts *tp = kvq_resolved_spec_parts(res, l);
         const kvq_token_sel_opts *o = tp ? kvq_spec_opts(&tp->sel) : NULL;
         if (!o || o->target == KVQ_UNSET) continue;
-        const char *text = kvq_spec_layers_at(res, l)->text;
+        const char *text = kvq_resolved_spec_at(res, l)->text;
         if (it->policy != KVQ_POLICY_DECODE)
             return kvq_fail(err, KVQ_ERR_USAGE, "%s: target=%d compresses while decoding: expected --policy decode "
                             "(prefill compresses a whole cache once, by keep=)", text, o->target);
@@ -269,14 +269,14 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
                            .head_dim = in->head_dim, .seq_len = N};
     kvq_eval_sums *acc = NULL, *wsum = NULL;
     int *win = NULL;
-    kvq_spec_layers **res = calloc((size_t)nitems + 1, sizeof *res); /* each item's spec parsed once for the model */
+    kvq_resolved_spec **res = calloc((size_t)nitems + 1, sizeof *res); /* each item's spec parsed once for the model */
     if (!res) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     for (int i = 0; i < nitems && !st; i++) {
         const kvq_spec *sp = items[i].spec;
         if (items[i].layer < -1 || items[i].layer >= in->n_layers)
             st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d: expected 0..%d (or -1: every layer)", m->path,
                           items[i].layer, in->n_layers - 1);
-        else if (sp && !(st = kvq_spec_resolve(sp, in->n_layers, &res[i], err)) && kvq_spec_layers_needs_calib(res[i]) &&
+        else if (sp && !(st = kvq_spec_resolve(sp, in->n_layers, &res[i], err)) && kvq_resolved_spec_needs_calib(res[i]) &&
                  !(st = kvq_spec_check_calib(sp, o->calib != NULL, err)))
             st = kvq_calib_check(o->calib, m->path, &shape, err);
     }
@@ -321,7 +321,7 @@ kvq_status kvq_model_eval(kvq_model *m, const int *tokens, int T, kvq_eval_item 
         for (int i = 0; i < nitems; i++) kvq_eval_item_finish(&items[i], &acc[i]);
     }
 done:
-    for (int i = 0; i < nitems; i++) kvq_spec_layers_free(res[i]);
+    for (int i = 0; i < nitems; i++) kvq_resolved_spec_free(res[i]);
     free(res), free(acc), free(wsum), free(win);
     return st;
 }

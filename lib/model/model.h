@@ -205,7 +205,7 @@ struct kvq_model {
  * at the first layer whose cache differs. */
 typedef struct kvq_fw_stream {
     kvq_eval_item *item;
-    const kvq_spec_layers *spec; /* item->spec parsed once for the model's layers (NULL: none) */
+    const kvq_resolved_spec *spec; /* item->spec parsed once for the model's layers (NULL: none) */
     float *x;            /* [T][dim] hidden state (once the stream has left the exact one) */
     int follows;         /* 1: the hidden state is still the exact stream's */
     double k_bits, v_bits, n_elem; /* stored bits and elements of the quantized layers */

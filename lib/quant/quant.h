@@ -269,7 +269,7 @@ typedef struct kvq_tokens_parts {
 /* (spec.c, beside mix: specs inside a spec) */
 kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err);
 /* Layer l's tokens(...) taken apart once (kvq_spec_resolve), or NULL for a plain spec. */
-const kvq_tokens_parts *kvq_spec_layers_parts(const kvq_spec_layers *r, int layer);
+const kvq_tokens_parts *kvq_resolved_spec_parts(const kvq_resolved_spec *r, int layer);
 /* The parts of "tokens(A; B; C)" (text starting "tokens(", its last
  * character the closing one): part k lies between cut[k] and cut[k + 1]
  * (exclusive; split at the ';' outside parentheses).  Returns how many

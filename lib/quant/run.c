@@ -42,11 +42,11 @@ kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
     return quantize_layer_direct(spec, ctx, in, out, err);
 }
 
-kvq_status kvq_quantize_layer_in(const kvq_spec_layers *r, const kvq_quant_ctx *ctx, const kvq_layer *in,
+kvq_status kvq_quantize_layer_in(const kvq_resolved_spec *r, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                  kvq_quant_out *out, kvq_error *err)
 {
-    const kvq_spec *spec = kvq_spec_layers_at(r, ctx->layer);
-    const kvq_tokens_parts *tp = kvq_spec_layers_parts(r, ctx->layer);
+    const kvq_spec *spec = kvq_resolved_spec_at(r, ctx->layer);
+    const kvq_tokens_parts *tp = kvq_resolved_spec_parts(r, ctx->layer);
     /* tokens(...): HI and LO run through kvq_quantize_layer, which checks their shape rules */
     return tp ? kvq_tokens_quantize(spec, tp, ctx, in, out, err, kvq_quantize_layer)
               : kvq_quantize_layer(spec, ctx, in, out, err);

@@ -393,7 +393,7 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec)
 /* A spec parsed once for a model's layers: a mix's items each parsed once
  * and every layer mapped to its item, a tokens(...) item taken apart once;
  * the tensors read and the calibration need read from them. */
-struct kvq_spec_layers {
+struct kvq_resolved_spec {
     int nlayers, nitems, needs_calib;
     unsigned flags;
     int *item;                /* [nlayers]: the item that holds layer l */
@@ -402,7 +402,7 @@ struct kvq_spec_layers {
 };
 
 /* fn on an item and, for a tokens(...), on its HI and LO specs (each_leaf's order). */
-static kvq_status item_walk(const kvq_spec_layers *r, int i, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *),
+static kvq_status item_walk(const kvq_resolved_spec *r, int i, kvq_status (*fn)(const kvq_spec *, void *, kvq_error *),
                             void *ud, kvq_error *err)
 {
     const kvq_tokens_parts *tp = r->parts[i];
@@ -412,10 +412,10 @@ static kvq_status item_walk(const kvq_spec_layers *r, int i, kvq_status (*fn)(co
     return st;
 }
 
-kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_spec_layers **out, kvq_error *err)
+kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_resolved_spec **out, kvq_error *err)
 {
     *out = NULL;
-    kvq_spec_layers *r = calloc(1, sizeof *r);
+    kvq_resolved_spec *r = calloc(1, sizeof *r);
     mix *m = NULL;
     kvq_status st = r ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!st && kvq_spec_is_mix(spec) && !(st = mix_of(spec, &m, err))) st = mix_check_layers(spec->text, m, nlayers, err);
@@ -447,41 +447,41 @@ kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_spec_layers *
     return KVQ_OK;
 fail:
     free(m);
-    kvq_spec_layers_free(r);
+    kvq_resolved_spec_free(r);
     return st;
 }
 
-void kvq_spec_layers_free(kvq_spec_layers *r)
+void kvq_resolved_spec_free(kvq_resolved_spec *r)
 {
     if (!r) return;
     for (int i = 0; r->parts && i < r->nitems; i++) free(r->parts[i]);
     free(r->parts), free(r->spec), free(r->item), free(r);
 }
 
-const kvq_spec *kvq_spec_layers_at(const kvq_spec_layers *r, int layer)
+const kvq_spec *kvq_resolved_spec_at(const kvq_resolved_spec *r, int layer)
 {
     return &r->spec[layer >= 0 && layer < r->nlayers ? r->item[layer] : 0];
 }
 
-const kvq_tokens_parts *kvq_spec_layers_parts(const kvq_spec_layers *r, int layer)
+const kvq_tokens_parts *kvq_resolved_spec_parts(const kvq_resolved_spec *r, int layer)
 {
     return r->parts[layer >= 0 && layer < r->nlayers ? r->item[layer] : 0];
 }
 
-unsigned kvq_spec_layers_flags(const kvq_spec_layers *r) { return r->flags; }
-int kvq_spec_layers_needs_calib(const kvq_spec_layers *r) { return r->needs_calib; }
+unsigned kvq_resolved_spec_flags(const kvq_resolved_spec *r) { return r->flags; }
+int kvq_resolved_spec_needs_calib(const kvq_resolved_spec *r) { return r->needs_calib; }
 
-kvq_status kvq_spec_layers_check_shape(const kvq_spec_layers *r, int head_dim, kvq_error *err)
+kvq_status kvq_resolved_spec_check_shape(const kvq_resolved_spec *r, int head_dim, kvq_error *err)
 {
     kvq_status st = KVQ_OK;
     for (int i = 0; i < r->nitems && !st; i++) st = item_walk(r, i, shape_of, &head_dim, err);
     return st;
 }
 
-const kvq_spec *kvq_spec_layers_continuation(const kvq_spec_layers *r, int layer)
+const kvq_spec *kvq_resolved_spec_continuation(const kvq_resolved_spec *r, int layer)
 {
-    const kvq_tokens_parts *tp = kvq_spec_layers_parts(r, layer);
-    if (!tp) return kvq_spec_layers_at(r, layer);
+    const kvq_tokens_parts *tp = kvq_resolved_spec_parts(r, layer);
+    if (!tp) return kvq_resolved_spec_at(r, layer);
     return tp->hi_kind == KVQ_PART_SPEC ? &tp->hi : NULL; /* HI none: exact (HI is never drop) */
 }
 
