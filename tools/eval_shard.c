@@ -289,234 +289,254 @@ static const char *impossible_sums(const double v[NSUMS], double pos)
     return NULL;
 }
 
-int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
+/* A merge of shard files: what is read and checked, step by step. */
+typedef struct eval_merge {
+    const char *prog;
+    char **files;
+    int nfiles, nitems, r0; /* r0: the first shard with a window, the reference */
+    long nwin, nshard;
+    kvq_csv *t;  /* [nfiles] */
+    int *holder; /* [nshard]: the file that holds shard I, or -1 */
+    shard_win *win;
+    size_t nw;
+    kvq_eval_sums *acc, ref; /* [nitems] and the exact model's, pooled in window order */
+} eval_merge;
+
+/* Every file read: a kvq-eval shard of this version, finished; the reference found. */
+static int merge_read(eval_merge *m)
 {
-    int rc = CLI_RUNTIME, nitems = 0, r0 = -1;
-    long nwin = -1, nshard = -1;
     kvq_error err = {0};
-    kvq_csv *t = calloc((size_t)nfiles, sizeof *t);
-    int *holder = NULL; /* [nshard]: the file that holds shard I, or -1 */
-    shard_win *win = NULL;
-    size_t nw = 0;
-    kvq_eval_sums *acc = NULL, ref = {0};
-    kvq_eval_item *items = NULL;
-    kvq_report *rep = NULL;
-    cli_out out = {0};
-    if (!t) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
-    size_t total_recs = 0;
-    for (int f = 0; f < nfiles; f++) {
-        if (kvq_csv_read(files[f], &t[f], &err)) { rc = cli_fail(prog, &err); goto done; }
-        int ok = t[f].nrec > 0 && t[f].ncols == NSHARD;
-        for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(&t[f], 0, c), EVAL_COLS[c]);
-        if (!ok) {
-            cli_error(prog, "%s: not a kvq-eval shard of this version (kvq-eval --shard writes them)", files[f]);
-            goto done;
-        }
-        if (t[f].torn) {
-            cli_error(prog, "%s: ends in an unfinished row: its run did not finish (continue it with --resume)",
-                      files[f]);
-            goto done;
-        }
-        if (r0 < 0 && t[f].nrec > 1) r0 = f; /* the first shard with a window: the reference */
-        total_recs += t[f].nrec;
+    size_t total = 0;
+    for (int f = 0; f < m->nfiles; f++) {
+        kvq_csv *t = &m->t[f];
+        if (kvq_csv_read(m->files[f], t, &err)) return cli_fail(m->prog, &err);
+        int ok = t->nrec > 0 && t->ncols == NSHARD;
+        for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(t, 0, c), EVAL_COLS[c]);
+        if (!ok)
+            return cli_error(m->prog, "%s: not a kvq-eval shard of this version (kvq-eval --shard writes them)",
+                             m->files[f]), CLI_RUNTIME;
+        if (t->torn)
+            return cli_error(m->prog, "%s: ends in an unfinished row: its run did not finish (continue it with "
+                             "--resume)", m->files[f]), CLI_RUNTIME;
+        if (m->r0 < 0 && t->nrec > 1) m->r0 = f;
+        total += t->nrec;
     }
-    if (r0 < 0) { cli_error(prog, "%s: no window in the shards", files[0]); goto done; }
-    if (!(win = calloc(total_recs + 1, sizeof *win))) { cli_error(prog, "out of memory"); goto done; }
-    /* each file: groups of rows of one window, each group the same items as the reference's first;
-       every row of the reference's run, each file one shard of the same N, each shard in one file */
-    const kvq_csv *t0 = &t[r0];
-    const char *run0 = kvq_csv_at(t0, 1, C_RUN);
-    for (int f = 0; f < nfiles; f++) {
-        long si = -1, sn = -1;
-        for (size_t rec = 1; rec < t[f].nrec;) {
-            double wv, nv;
-            const char *sh = kvq_csv_at(&t[f], rec, C_SHARD);
-            if (strcmp(kvq_csv_at(&t[f], rec, C_RUN), run0)) {
-                cli_error(prog, "%s: line %zu: of another run than %s's (fingerprint %s, not %s: another model, text "
-                          "or options): not shards of one run", files[f], rec + 1, files[r0],
-                          kvq_csv_at(&t[f], rec, C_RUN), run0);
-                goto done;
-            }
-            if (si < 0) {
-                if (cli_parse_shard(sh, &si, &sn)) {
-                    cli_error(prog, "%s: line %zu: shard '%s': expected I/N", files[f], rec + 1, sh);
-                    goto done;
-                }
-                if (nshard < 0) {
-                    nshard = sn;
-                    if (!(holder = malloc((size_t)nshard * sizeof *holder))) { cli_error(prog, "out of memory"); goto done; }
-                    for (long k = 0; k < nshard; k++) holder[k] = -1;
-                }
-                if (sn != nshard) {
-                    cli_error(prog, "%s: line %zu: shard %s of a run in %ld shards; %s's has %ld: not shards of one run",
-                              files[f], rec + 1, sh, sn, files[r0], nshard);
-                    goto done;
-                }
-                if (holder[si] >= 0) {
-                    cli_error(prog, "shard %s is in %s and %s: duplicated", sh, files[holder[si]], files[f]);
-                    goto done;
-                }
-                holder[si] = f;
-            }
-            char want[48];
-            snprintf(want, sizeof want, "%ld/%ld", si, sn);
-            if (strcmp(sh, want)) {
-                cli_error(prog, "%s: line %zu: shard '%s' in a file of shard %s: not one shard's output", files[f],
-                          rec + 1, sh, want);
-                goto done;
-            }
-            if (kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOW), &wv) || wv < 0 || wv != floor(wv) ||
-                kvq_csv_number(kvq_csv_at(&t[f], rec, C_WINDOWS), &nv) || nv < 1 || nv != floor(nv) || wv >= nv) {
-                cli_error(prog, "%s: line %zu: expected a window below the number of windows", files[f], rec + 1);
-                goto done;
-            }
-            if (nwin < 0) nwin = (long)nv;
-            if ((long)nv != nwin) {
-                cli_error(prog, "%s: line %zu: a run of %ld windows; %s's has %ld: not shards of one run", files[f],
-                          rec + 1, (long)nv, files[r0], nwin);
-                goto done;
-            }
-            long lo = nwin * si / sn, hi = nwin * (si + 1) / sn; /* shard I's windows, as kvq-eval splits them */
-            if ((long)wv < lo || (long)wv >= hi) {
-                cli_error(prog, "%s: line %zu: window %ld is not one of shard %s's (%ld..%ld)", files[f], rec + 1,
-                          (long)wv, sh, lo, hi - 1);
-                goto done;
-            }
-            size_t n = 0;
-            while (rec + n < t[f].nrec && !strcmp(kvq_csv_at(&t[f], rec + n, C_WINDOW), kvq_csv_at(&t[f], rec, C_WINDOW)))
-                n++;
-            if (!nitems) nitems = (int)n;
-            if ((int)n != nitems) {
-                cli_error(prog, "%s: window %ld has %zu rows, window %s of %s has %d: not shards of one run (or an "
-                          "unfinished window)", files[f], (long)wv, n, kvq_csv_at(t0, 1, C_WINDOW), files[r0], nitems);
-                goto done;
-            }
-            for (size_t i = 0; i < n; i++) {
-                for (int c = 0; c <= C_LAYER; c++)
-                    if (strcmp(kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(t0, 1 + i, c))) {
-                        cli_error(prog, "%s: line %zu: %s '%s' where %s has '%s': not shards of one run", files[f],
-                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), files[r0],
-                                  kvq_csv_at(t0, 1 + i, c));
-                        goto done;
-                    }
-                for (int c = C_RUN; c <= C_WINDOWS; c++)
-                    if (strcmp(kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(&t[f], rec, c))) {
-                        cli_error(prog, "%s: line %zu: %s '%s' in a window whose first row has '%s'", files[f],
-                                  rec + i + 1, EVAL_COLS[c], kvq_csv_at(&t[f], rec + i, c), kvq_csv_at(&t[f], rec, c));
-                        goto done;
-                    }
-                if (strcmp(kvq_csv_at(&t[f], rec + i, C_SUMS + S_NLL_REF), kvq_csv_at(&t[f], rec, C_SUMS + S_NLL_REF))) {
-                    cli_error(prog, "%s: line %zu: nll_ref_sum differs from its window's first row's (one exact "
-                              "stream per window)", files[f], rec + i + 1);
-                    goto done;
-                }
-            }
-            win[nw++] = (shard_win){f, rec, (long)wv};
-            rec += n;
+    if (m->r0 < 0) return cli_error(m->prog, "%s: no window in the shards", m->files[0]), CLI_RUNTIME;
+    if (!(m->win = calloc(total + 1, sizeof *m->win))) return cli_error(m->prog, "out of memory"), CLI_RUNTIME;
+    return CLI_OK;
+}
+
+/* The row at rec of file f against the reference's run and the file's shard
+ * I/N (*si, *sn: set by its first row; each shard in one file). */
+static int merge_shard_of(eval_merge *m, int f, size_t rec, long *si, long *sn)
+{
+    const kvq_csv *t = &m->t[f];
+    const char *sh = kvq_csv_at(t, rec, C_SHARD), *run0 = kvq_csv_at(&m->t[m->r0], 1, C_RUN);
+    const char *prog = m->prog, *file = m->files[f], *ref = m->files[m->r0];
+    if (strcmp(kvq_csv_at(t, rec, C_RUN), run0))
+        return cli_error(prog, "%s: line %zu: of another run than %s's (fingerprint %s, not %s: another model, text "
+                         "or options): not shards of one run", file, rec + 1, ref, kvq_csv_at(t, rec, C_RUN), run0),
+               CLI_RUNTIME;
+    if (*si < 0) {
+        if (cli_parse_shard(sh, si, sn))
+            return cli_error(prog, "%s: line %zu: shard '%s': expected I/N", file, rec + 1, sh), CLI_RUNTIME;
+        if (m->nshard < 0) {
+            m->nshard = *sn;
+            if (!(m->holder = malloc((size_t)m->nshard * sizeof *m->holder)))
+                return cli_error(prog, "out of memory"), CLI_RUNTIME;
+            for (long k = 0; k < m->nshard; k++) m->holder[k] = -1;
+        }
+        if (*sn != m->nshard)
+            return cli_error(prog, "%s: line %zu: shard %s of a run in %ld shards; %s's has %ld: not shards of one "
+                             "run", file, rec + 1, sh, *sn, ref, m->nshard), CLI_RUNTIME;
+        if (m->holder[*si] >= 0)
+            return cli_error(prog, "shard %s is in %s and %s: duplicated", sh, m->files[m->holder[*si]], file),
+                   CLI_RUNTIME;
+        m->holder[*si] = f;
+    }
+    char want[48];
+    snprintf(want, sizeof want, "%ld/%ld", *si, *sn);
+    if (strcmp(sh, want))
+        return cli_error(prog, "%s: line %zu: shard '%s' in a file of shard %s: not one shard's output", file, rec + 1,
+                         sh, want), CLI_RUNTIME;
+    return CLI_OK;
+}
+
+/* The window starting at rec of file f (shard si/sn): a window of the run's
+ * count within the shard's share, the reference's items, one run and one
+ * exact stream; *wv its index, *n its rows. */
+static int merge_window(eval_merge *m, int f, size_t rec, long si, long sn, long *wv, size_t *n)
+{
+    const kvq_csv *t = &m->t[f], *t0 = &m->t[m->r0];
+    const char *prog = m->prog, *file = m->files[f], *ref = m->files[m->r0];
+    double w, nv;
+    if (kvq_csv_number(kvq_csv_at(t, rec, C_WINDOW), &w) || w < 0 || w != floor(w) ||
+        kvq_csv_number(kvq_csv_at(t, rec, C_WINDOWS), &nv) || nv < 1 || nv != floor(nv) || w >= nv)
+        return cli_error(prog, "%s: line %zu: expected a window below the number of windows", file, rec + 1),
+               CLI_RUNTIME;
+    if (m->nwin < 0) m->nwin = (long)nv;
+    if ((long)nv != m->nwin)
+        return cli_error(prog, "%s: line %zu: a run of %ld windows; %s's has %ld: not shards of one run", file,
+                         rec + 1, (long)nv, ref, m->nwin), CLI_RUNTIME;
+    long lo = m->nwin * si / sn, hi = m->nwin * (si + 1) / sn; /* shard I's windows, as kvq-eval splits them */
+    if ((long)w < lo || (long)w >= hi)
+        return cli_error(prog, "%s: line %zu: window %ld is not one of shard %s's (%ld..%ld)", file, rec + 1, (long)w,
+                         kvq_csv_at(t, rec, C_SHARD), lo, hi - 1), CLI_RUNTIME;
+    *wv = (long)w, *n = 0;
+    while (rec + *n < t->nrec && !strcmp(kvq_csv_at(t, rec + *n, C_WINDOW), kvq_csv_at(t, rec, C_WINDOW))) ++*n;
+    if (!m->nitems) m->nitems = (int)*n;
+    if ((int)*n != m->nitems)
+        return cli_error(prog, "%s: window %ld has %zu rows, window %s of %s has %d: not shards of one run (or an "
+                         "unfinished window)", file, (long)w, *n, kvq_csv_at(t0, 1, C_WINDOW), ref, m->nitems),
+               CLI_RUNTIME;
+    for (size_t i = 0; i < *n; i++) {
+        for (int c = 0; c <= C_LAYER; c++)
+            if (strcmp(kvq_csv_at(t, rec + i, c), kvq_csv_at(t0, 1 + i, c)))
+                return cli_error(prog, "%s: line %zu: %s '%s' where %s has '%s': not shards of one run", file,
+                                 rec + i + 1, EVAL_COLS[c], kvq_csv_at(t, rec + i, c), ref, kvq_csv_at(t0, 1 + i, c)),
+                       CLI_RUNTIME;
+        for (int c = C_RUN; c <= C_WINDOWS; c++)
+            if (strcmp(kvq_csv_at(t, rec + i, c), kvq_csv_at(t, rec, c)))
+                return cli_error(prog, "%s: line %zu: %s '%s' in a window whose first row has '%s'", file, rec + i + 1,
+                                 EVAL_COLS[c], kvq_csv_at(t, rec + i, c), kvq_csv_at(t, rec, c)), CLI_RUNTIME;
+        if (strcmp(kvq_csv_at(t, rec + i, C_SUMS + S_NLL_REF), kvq_csv_at(t, rec, C_SUMS + S_NLL_REF)))
+            return cli_error(prog, "%s: line %zu: nll_ref_sum differs from its window's first row's (one exact "
+                             "stream per window)", file, rec + i + 1), CLI_RUNTIME;
+    }
+    return CLI_OK;
+}
+
+/* Every file's windows indexed (m->win), sorted, each once, covering the run. */
+static int merge_index(eval_merge *m)
+{
+    for (int f = 0; f < m->nfiles; f++) {
+        long si = -1, sn = -1, wv;
+        size_t n;
+        for (size_t rec = 1; rec < m->t[f].nrec; rec += n) {
+            if (merge_shard_of(m, f, rec, &si, &sn) || merge_window(m, f, rec, si, sn, &wv, &n)) return CLI_RUNTIME;
+            m->win[m->nw++] = (shard_win){f, rec, wv};
         }
     }
-    qsort(win, nw, sizeof *win, cmp_win);
-    for (size_t k = 0; k < nw; k++) {
-        if (k && win[k].window == win[k - 1].window) {
-            cli_error(prog, "window %ld is in %s and %s: duplicated", win[k].window, files[win[k - 1].file],
-                      files[win[k].file]);
-            goto done;
-        }
-        if (win[k].window != (long)k) {
-            cli_error(prog, "window %zu of %ld is in no shard: the shards do not cover the run (a shard missing or "
-                      "unfinished?)", k, nwin);
-            goto done;
-        }
+    qsort(m->win, m->nw, sizeof *m->win, cmp_win);
+    for (size_t k = 0; k < m->nw; k++) {
+        if (k && m->win[k].window == m->win[k - 1].window)
+            return cli_error(m->prog, "window %ld is in %s and %s: duplicated", m->win[k].window,
+                             m->files[m->win[k - 1].file], m->files[m->win[k].file]), CLI_RUNTIME;
+        if (m->win[k].window != (long)k)
+            return cli_error(m->prog, "window %zu of %ld is in no shard: the shards do not cover the run (a shard "
+                             "missing or unfinished?)", k, m->nwin), CLI_RUNTIME;
     }
-    if ((long)nw != nwin) {
-        cli_error(prog, "windows %zu..%ld of %ld are in no shard: a shard missing or unfinished", nw, nwin - 1, nwin);
-        goto done;
-    }
-    /* pooled in window order, as one run pools them */
-    acc = calloc((size_t)nitems, sizeof *acc), items = calloc((size_t)nitems, sizeof *items);
-    if (!acc || !items) { cli_error(prog, "out of memory"); goto done; }
-    for (size_t k = 0; k < nw; k++) {
-        const kvq_csv *tf = &t[win[k].file];
-        for (int i = 0; i < nitems; i++) {
-            size_t rec = win[k].rec + (size_t)i;
+    if ((long)m->nw != m->nwin)
+        return cli_error(m->prog, "windows %zu..%ld of %ld are in no shard: a shard missing or unfinished", m->nw,
+                         m->nwin - 1, m->nwin), CLI_RUNTIME;
+    return CLI_OK;
+}
+
+/* The windows' sums pooled in window order, as one run pools them (each row's sums possible). */
+static int merge_sums(eval_merge *m)
+{
+    if (!(m->acc = calloc((size_t)m->nitems, sizeof *m->acc))) return cli_error(m->prog, "out of memory"), CLI_RUNTIME;
+    for (size_t k = 0; k < m->nw; k++) {
+        const kvq_csv *tf = &m->t[m->win[k].file];
+        const char *file = m->files[m->win[k].file];
+        for (int i = 0; i < m->nitems; i++) {
+            size_t rec = m->win[k].rec + (size_t)i;
             double v[NSUMS], pos;
             for (int c = 0; c < NSUMS; c++)
-                if (kvq_csv_number(kvq_csv_at(tf, rec, C_SUMS + c), &v[c])) {
-                    cli_error(prog, "%s: line %zu: %s: expected a finite number", files[win[k].file], rec + 1,
-                              EVAL_COLS[C_SUMS + c]);
-                    goto done;
-                }
-            if (kvq_csv_number(kvq_csv_at(tf, rec, C_POS), &pos) || pos < 1 || pos != floor(pos)) {
-                cli_error(prog, "%s: line %zu: positions: expected a positive count", files[win[k].file], rec + 1);
-                goto done;
-            }
+                if (kvq_csv_number(kvq_csv_at(tf, rec, C_SUMS + c), &v[c]))
+                    return cli_error(m->prog, "%s: line %zu: %s: expected a finite number", file, rec + 1,
+                                     EVAL_COLS[C_SUMS + c]), CLI_RUNTIME;
+            if (kvq_csv_number(kvq_csv_at(tf, rec, C_POS), &pos) || pos < 1 || pos != floor(pos))
+                return cli_error(m->prog, "%s: line %zu: positions: expected a positive count", file, rec + 1),
+                       CLI_RUNTIME;
             const char *why = impossible_sums(v, pos);
-            if (why) {
-                cli_error(prog, "%s: line %zu: %s: not sums a run writes", files[win[k].file], rec + 1, why);
-                goto done;
-            }
-            if (i == 0) kvq_eval_sums_add(&ref, &(kvq_eval_sums){.nll = v[S_NLL_REF], .positions = pos});
+            if (why) return cli_error(m->prog, "%s: line %zu: %s: not sums a run writes", file, rec + 1, why), CLI_RUNTIME;
+            if (i == 0) kvq_eval_sums_add(&m->ref, &(kvq_eval_sums){.nll = v[S_NLL_REF], .positions = pos});
             kvq_eval_sums w = {.nll = v[S_NLL], .kl = v[S_KL], .top1 = v[S_TOP1], .positions = pos,
                                .k_bits = v[S_K_BITS], .v_bits = v[S_V_BITS], .elements = v[S_ELEMENTS],
                                .d_n = v[S_D_N], .d_mean = v[S_D_MEAN], .d_m2 = v[S_D_M2],
                                .cache_tokens = v[S_CACHE]};
-            kvq_eval_sums_add(&acc[i], &w);
+            kvq_eval_sums_add(&m->acc[i], &w);
         }
     }
-    /* provenance: the shards (and their runs, from their meta files), then this merge */
-    cli_meta_operands(meta, files, nfiles);
-    for (int f = 0; f < nfiles; f++) {
-        char *mp = cli_meta_path(files[f]), *runs = NULL;
-        if (!mp) { cli_error(prog, "out of memory"); goto done; }
-        cli_meta_input(meta, "shard", files[f]);
-        int mrc = cli_meta_read_runs(prog, mp, &runs);
+    return CLI_OK;
+}
+
+/* Provenance: the shards (and their runs, from their meta files), then this merge. */
+static int merge_provenance(const eval_merge *m, kvq_format fmt, cli_meta *meta)
+{
+    cli_meta_operands(meta, m->files, m->nfiles);
+    for (int f = 0; f < m->nfiles; f++) {
+        char *mp = cli_meta_path(m->files[f]), *runs = NULL;
+        if (!mp) return cli_error(m->prog, "out of memory"), CLI_RUNTIME;
+        cli_meta_input(meta, "shard", m->files[f]);
+        int mrc = cli_meta_read_runs(m->prog, mp, &runs);
         if (!mrc && !runs)
-            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", prog,
-                    files[f]);
+            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", m->prog,
+                    m->files[f]);
         cli_meta_prior_runs(meta, runs);
         free(mp), free(runs);
-        if (mrc) { rc = mrc; goto done; }
+        if (mrc) return mrc;
     }
     cli_meta_bool(meta, "options", "merge", 1);
     cli_meta_str(meta, "options", "format", cli_format_name(fmt));
-    cli_meta_int(meta, "result", "windows", nwin);
-    if ((rc = cli_meta_check_format(prog, meta, fmt))) goto done;
-    rc = CLI_RUNTIME;
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
-    if (!(rep = kvq_rows_new(out.f, fmt, EVAL_COLS, NSTD, 6))) { cli_error(prog, "out of memory"); goto done; }
+    cli_meta_int(meta, "result", "windows", m->nwin);
+    return cli_meta_check_format(m->prog, meta, fmt);
+}
+
+/* The pooled rows, as one run writes them, into the report rep. */
+static int merge_rows(const eval_merge *m, kvq_report *rep, const char *output)
+{
+    const kvq_csv *t0 = &m->t[m->r0];
     char tokens[32], npos[16];
     double chunk;
-    if (kvq_csv_number(kvq_csv_at(t0, 1, C_TOKENS), &chunk)) {
-        cli_error(prog, "%s: line 2: tokens: expected a number", files[r0]);
-        goto done;
-    }
-    snprintf(tokens, sizeof tokens, "%.0f", chunk * (double)nwin);
-    double nll_ref = ref.nll / ref.positions;
-    for (int i = 0; i < nitems; i++) {
-        kvq_eval_item_finish(&items[i], &acc[i]);
+    if (kvq_csv_number(kvq_csv_at(t0, 1, C_TOKENS), &chunk))
+        return cli_error(m->prog, "%s: line 2: tokens: expected a number", m->files[m->r0]), CLI_RUNTIME;
+    snprintf(tokens, sizeof tokens, "%.0f", chunk * (double)m->nwin);
+    double nll_ref = m->ref.nll / m->ref.positions;
+    for (int i = 0; i < m->nitems; i++) {
+        kvq_eval_item item = {0};
+        kvq_eval_item_finish(&item, &m->acc[i]);
         cli_eval_row id = {.model = kvq_csv_at(t0, 1 + (size_t)i, C_MODEL),
                            .quantizer = kvq_csv_at(t0, 1 + (size_t)i, C_QUANT),
                            .spec = kvq_csv_at(t0, 1 + (size_t)i, C_SPEC),
                            .policy = kvq_csv_at(t0, 1 + (size_t)i, C_POLICY)};
         snprintf(id.layer, sizeof id.layer, "%s", kvq_csv_at(t0, 1 + (size_t)i, C_LAYER));
         kvq_cell row[NSTD];
-        cli_eval_cells(&id, &items[i], nll_ref, tokens, npos, row);
+        cli_eval_cells(&id, &item, nll_ref, tokens, npos, row);
         errno = 0;
         kvq_status wst = kvq_rows_add(rep, row);
-        if (wst) { rc = cli_write_error(prog, output, wst, errno); goto done; }
+        if (wst) return cli_write_error(m->prog, output, wst, errno);
     }
+    return CLI_OK;
+}
+
+int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
+{
+    eval_merge m = {.prog = prog, .files = files, .nfiles = nfiles, .r0 = -1, .nwin = -1, .nshard = -1};
+    kvq_report *rep = NULL;
+    cli_out out = {0};
+    int rc = CLI_RUNTIME;
+    if (!(m.t = calloc((size_t)nfiles, sizeof *m.t))) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    if ((rc = merge_read(&m)) || (rc = merge_index(&m)) || (rc = merge_sums(&m)) ||
+        (rc = merge_provenance(&m, fmt, meta)))
+        goto done;
+    rc = CLI_RUNTIME;
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
+    if (!(rep = kvq_rows_new(out.f, fmt, EVAL_COLS, NSTD, 6))) { cli_error(prog, "out of memory"); goto done; }
+    if ((rc = merge_rows(&m, rep, output))) goto done;
     errno = 0;
     kvq_status st = kvq_report_finish(rep);
     rep = NULL;
     if (st) { rc = cli_write_error(prog, output, st, errno); goto done; }
     rc = cli_meta_commit(&out, prog) ? CLI_RUNTIME : CLI_OK;
     if (!rc)
-        fprintf(stderr, "%s: merged %ld windows of %d configurations from %d shards into %s\n", prog, nwin, nitems,
-                nfiles, output ? output : "stdout");
+        fprintf(stderr, "%s: merged %ld windows of %d configurations from %d shards into %s\n", prog, m.nwin,
+                m.nitems, nfiles, output ? output : "stdout");
 done:
     kvq_report_discard(rep);
     if (out.f) cli_out_abort(&out);
-    for (int f = 0; f < nfiles; f++) kvq_csv_free(&t[f]);
-    free(t), free(win), free(acc), free(items), free(holder);
+    for (int f = 0; f < nfiles; f++) kvq_csv_free(&m.t[f]);
+    free(m.t), free(m.win), free(m.acc), free(m.holder);
     return rc;
 }
