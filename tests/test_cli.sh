@@ -130,6 +130,25 @@ expect 2 "kvq-gen: error: synthetic dump: 99 outlier channels: expected 0..head_
 expect 2 "no output given" -- "$gen"
 expect 2 "--dtype float8" -- "$gen" --dtype float8 -o "$tmp/g.h5"
 [ ! -e "$tmp/g.h5" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-gen left $tmp/g.h5 after a usage error"; }
+# kvq-gen's options are rows (tools/kvq-gen.c, cli_optrow): --help lists every row, OUT.meta.json records
+# every recorded row as it took effect, and each kind of argument is refused with its one message
+"$gen" --help >"$tmp/gen-help.txt"
+"$gen" --preset llama3-8b --layers 1 --tokens 64 -o "$tmp/rows.h5" 2>/dev/null
+/usr/bin/python3 - "$src/tools/kvq-gen.c" "$tmp/gen-help.txt" "$tmp/rows.h5.meta.json" <<'PY' \
+    && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-gen's option rows in --help and OUT.meta.json"; }
+import json, re, sys
+src, helptext = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+rows = re.findall(r'ROW\("([\w-]+)",[^;]*?\.help', src, flags=re.S)
+recorded = [m.group(1) for m in re.finditer(r'ROW\("([\w-]+)",((?:(?!ROW\().)*?)\.record = 1', src, flags=re.S)]
+opts = json.load(open(sys.argv[3]))["runs"][-1]["options"]
+assert len(rows) >= 20 and all(f"--{n} " in helptext or f"--{n}\n" in helptext for n in rows), rows
+assert len(recorded) == 14 and all(n in opts for n in recorded), (recorded, opts)
+assert opts["heads"] == 32 and opts["layers"] == 1 and opts["rope-style"] == "half"  # the preset, then --layers
+PY
+expect 2 "kvq-gen: error: --dtype float8: expected float16, float32 or float64" -- "$gen" --dtype float8 -o "$tmp/g.h5"
+expect 2 "kvq-gen: error: --peak -1: expected a positive number" -- "$gen" --peak -1 -o "$tmp/g.h5"
+expect 2 "kvq-gen: error: --count 0: expected an integer 1..1000000" -- "$gen" --task kv --count 0 -o "$tmp/g.jsonl"
+expect 2 "kvq-gen: error: --seed x: expected a non-negative integer" -- "$gen" --seed x -o "$tmp/g.h5"
 
 # --- help, version, listing
 expect 0 "usage: kvq-analyze" -- "$analyze" --help

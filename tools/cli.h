@@ -294,6 +294,35 @@ typedef struct cli_getopt_ctx {
 int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,
                int *rc);
 
+/* A tool's options as rows (optrows.c): each row makes the option's getopt
+ * entry, its checked parsing, its --help line and its provenance record
+ * ("options".NAME); see kvq-gen.c.  offset: where the value lands in the
+ * tool's options struct — an int for FLAG (set to 1) and CHOICE (the
+ * choice's index) and INT (min..max), a uint64_t for U64, a double
+ * for REAL (positive, at most 1e30), a const char * for TEXT. */
+typedef enum cli_arg { CLI_ARG_FLAG, CLI_ARG_INT, CLI_ARG_U64, CLI_ARG_REAL, CLI_ARG_CHOICE, CLI_ARG_TEXT } cli_arg;
+typedef struct cli_optrow {
+    const char *name; /* --name, and its provenance key */
+    int key;          /* getopt's value: a short option's character, or a value above 255 */
+    cli_arg arg;
+    size_t offset;
+    long min, max;                /* INT */
+    const char *const *choices;   /* CHOICE: NULL-terminated */
+    const char *expect;           /* the refusal's "expected ..." (NULL: from the kind and range) */
+    int record;                   /* recorded in the provenance as it took effect */
+    const char *metavar, *help;   /* the --help line */
+} cli_optrow;
+enum { CLI_OPTROW_NONE = 1 };
+/* getopt's table: the rows, then extra (ended by a zero entry); malloc'ed into *out; -1 out of memory. */
+int cli_optrows_longopts(const cli_optrow *rows, int n, const struct option *extra, struct option **out);
+/* The row whose key getopt returned: its argument checked into base + offset.  CLI_OK,
+ * CLI_USAGE after one line on stderr, or CLI_OPTROW_NONE when no row has that key. */
+int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, const char *arg, void *base);
+/* Every recorded row's value, as it took effect, into the record's "options". */
+void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base);
+/* The rows' --help lines: "  -k, --name METAVAR  help", wrapped at 80 columns. */
+void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n);
+
 /* Every tool's main, the one start and end they share: the BLAS kernels
  * (cli_blas_setup, which may restart the tool), the check of stdout at exit,
  * with CLI_MAIN_TUNE_MALLOC the heap kept warm (cli_tune_malloc), with

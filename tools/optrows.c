@@ -1,0 +1,115 @@
+/* optrows.c — a tool's options as rows (cli_optrow, curl's option table):
+ * one row per option makes its getopt entry, its checked parsing (one
+ * message per kind of argument), its --help line and its provenance
+ * record, so that an option is one row and not four places by hand. */
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_optrows_longopts(const cli_optrow *rows, int n, const struct option *extra, struct option **out)
+{
+    int ne = 0;
+    while (extra && extra[ne].name) ne++;
+    struct option *o = calloc((size_t)(n + ne + 1), sizeof *o);
+    if (!o) return -1;
+    for (int i = 0; i < n; i++)
+        o[i] = (struct option){rows[i].name, rows[i].arg == CLI_ARG_FLAG ? no_argument : required_argument, 0,
+                               rows[i].key};
+    for (int i = 0; i < ne; i++) o[n + i] = extra[i];
+    *out = o;
+    return 0;
+}
+
+/* "float16, float32 or float64" from a NULL-terminated list. */
+static void choice_list(const char *const *choices, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    int n = 0;
+    while (choices[n]) n++;
+    for (int i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", i ? (i == n - 1 ? " or " : ", ") : "", choices[i]);
+}
+
+int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, const char *arg, void *base)
+{
+    const cli_optrow *r = NULL;
+    for (int i = 0; i < n && !r; i++)
+        if (rows[i].key == key) r = &rows[i];
+    if (!r) return CLI_OPTROW_NONE;
+    char *at = (char *)base + r->offset, expect[160];
+    long v;
+    double d;
+    char *end;
+    switch (r->arg) {
+    case CLI_ARG_FLAG: *(int *)at = 1; return CLI_OK;
+    case CLI_ARG_TEXT: *(const char **)at = arg; return CLI_OK;
+    case CLI_ARG_INT:
+        if (!cli_parse_long(arg, r->min, r->max, &v)) return *(int *)at = (int)v, CLI_OK;
+        snprintf(expect, sizeof expect, "an integer %ld..%ld", r->min, r->max);
+        break;
+    case CLI_ARG_U64:
+        if (!cli_parse_u64(arg, (uint64_t *)at)) return CLI_OK;
+        snprintf(expect, sizeof expect, "a non-negative integer");
+        break;
+    case CLI_ARG_REAL:
+        d = strtod(arg, &end);
+        if (end != arg && !*end && d > 0 && d <= 1e30) return *(double *)at = d, CLI_OK; /* positive, finite */
+        snprintf(expect, sizeof expect, "a positive number");
+        break;
+    case CLI_ARG_CHOICE:
+        for (int i = 0; r->choices[i]; i++)
+            if (!strcmp(arg, r->choices[i])) return *(int *)at = i, CLI_OK;
+        choice_list(r->choices, expect, sizeof expect);
+        break;
+    }
+    cli_error(prog, "--%s %s: expected %s", r->name, arg, r->expect ? r->expect : expect);
+    return CLI_USAGE;
+}
+
+void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base)
+{
+    for (int i = 0; i < n; i++) {
+        const cli_optrow *r = &rows[i];
+        const char *at = (const char *)base + r->offset;
+        if (!r->record) continue;
+        switch (r->arg) {
+        case CLI_ARG_FLAG: cli_meta_bool(meta, "options", r->name, *(const int *)at); break;
+        case CLI_ARG_TEXT:
+            if (*(const char *const *)at) cli_meta_str(meta, "options", r->name, *(const char *const *)at);
+            break;
+        case CLI_ARG_INT: cli_meta_int(meta, "options", r->name, *(const int *)at); break;
+        case CLI_ARG_U64: cli_meta_u64(meta, "options", r->name, *(const uint64_t *)at); break;
+        case CLI_ARG_REAL: cli_meta_double(meta, "options", r->name, *(const double *)at); break;
+        case CLI_ARG_CHOICE: cli_meta_str(meta, "options", r->name, r->choices[*(const int *)at]); break;
+        }
+    }
+}
+
+void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n)
+{
+    enum { COL = 24, WIDTH = 80 };
+    for (int i = 0; i < n; i++) {
+        const cli_optrow *r = &rows[i];
+        char head[64];
+        int len = snprintf(head, sizeof head, "--%s%s%s", r->name,
+                           r->metavar ? " " : "", r->metavar ? r->metavar : "");
+        if (r->key > 0 && r->key < 128) fprintf(f, "  -%c, %s", r->key, head);
+        else fprintf(f, "      %s", head);
+        int col = 6 + len;
+        const char *h = r->help;
+        int first = 1;
+        while (*h) { /* the help text, wrapped at WIDTH with COL's indent */
+            const char *word = h;
+            while (*h && *h != ' ') h++;
+            int wl = (int)(h - word);
+            int need = first ? (col < COL ? COL - col : 2) : 1;
+            if (!first && col + need + wl > WIDTH) fprintf(f, "\n%*s", COL, ""), col = COL, need = 0;
+            fprintf(f, "%*s%.*s", need, "", wl, word);
+            col += need + wl, first = 0;
+            while (*h == ' ') h++;
+        }
+        fputc('\n', f);
+    }
+}
