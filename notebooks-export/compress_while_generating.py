@@ -29,7 +29,6 @@
 
 # %%
 import argparse
-import math
 import re
 
 import kvqplot
@@ -114,29 +113,9 @@ def plot(model, policy, data, a):
     labels = names + list(KIND_LINE)
     fig, axes, lax = kvqplot.figure(a.width, 1.7 if single else 2.2, 1, 2, legend="auto", nlegend=len(labels),
                                     longest=max(map(len, labels)))
-    for ax, metric in zip(axes.flat, ("dnll", "kl")):
-        values = []
-        for (kind, label), pts in data.items():
-            pts = [(x, v[metric], v["dnll_se"]) for x, v in pts if math.isfinite(v[metric])]
-            if not pts:
-                continue
-            xs, ys, es = zip(*pts)
-            values += ys
-            name = label.split(",")[0]
-            style = dict(color=colour[name], marker=marker[name], markersize=3.5, linestyle=KIND_LINE[kind],
-                         linewidth=1, label=label)
-            if metric == "dnll":
-                ax.errorbar(xs, ys, yerr=es, capsize=1.5, **style)
-            else:
-                ax.plot(xs, ys, **style)
-        if metric == "dnll":
-            ax.set_yscale("symlog", linthresh=0.01)
-            ax.axhline(0, color="0.5", linewidth=0.6)
-            ax.set_ylabel("dnll (nats)")
-        else:
-            kvqplot.log_if_spread(ax, [v for v in values if v > 0])
-            ax.set_ylabel("KL(p ‖ p′) (nats)")
-        ax.grid(True, which="major", alpha=0.3)
+    series = [(pts, dict(color=colour[label.split(",")[0]], marker=marker[label.split(",")[0]], markersize=3.5,
+                         linestyle=KIND_LINE[kind], linewidth=1, label=label)) for (kind, label), pts in data.items()]
+    kvqplot.dnll_kl_panels(axes, series)
     kvqplot.bottom_xlabel(axes, "mean cache bits" if single else "mean cache bits per element")
     kvqplot.legend(lax, handles, labels)
     if not single:

@@ -456,6 +456,32 @@ def log_if_spread(ax, values, axis="y"):
     return True
 
 
+def dnll_kl_panels(axes, series):
+    """Two panels of kvq-eval rows against a size: left dnll (± dnll_se, symmetric log: it may be
+    negative within noise), right KL (log when spread). series: [(points, style)], points
+    [(x, {"dnll", "dnll_se", "kl"})], style the matplotlib keywords of its line."""
+    for ax, metric in zip(axes.flat, ("dnll", "kl")):
+        values = []
+        for pts, style in series:
+            pts = [(x, v[metric], v["dnll_se"]) for x, v in pts if math.isfinite(v[metric])]
+            if not pts:
+                continue
+            xs, ys, es = zip(*pts)
+            values += ys
+            if metric == "dnll":
+                ax.errorbar(xs, ys, yerr=es, capsize=1.5, **style)
+            else:
+                ax.plot(xs, ys, **style)
+        if metric == "dnll":
+            ax.set_yscale("symlog", linthresh=0.01)
+            ax.axhline(0, color="0.5", linewidth=0.6)
+            ax.set_ylabel("dnll (nats)")
+        else:
+            log_if_spread(ax, [v for v in values if v > 0])
+            ax.set_ylabel("KL(p ‖ p′) (nats)")
+        ax.grid(True, which="major", alpha=0.3)
+
+
 def pareto_front(points):
     """Indices of the (x, y) points no other point beats on both (lower is
     better on each), sorted by x."""

@@ -27,7 +27,6 @@
 
 # %%
 import argparse
-import math
 import re
 
 import kvqplot
@@ -121,28 +120,10 @@ def plot(model, T, N, data, a):
     palette = kvqplot.OKABE_ITO + ["#000000"]  # eight distinct colours, then markers tell them apart
     colours = {label: palette[i % len(palette)] for i, (kind, label) in enumerate(data)}
     markers = "osD^v<>ph*"
-    for ax, metric in zip(axes.flat, ("dnll", "kl")):
-        values = []
-        for i, ((kind, label), pts) in enumerate(data.items()):
-            pts = [(x, v[metric], v["dnll_se"]) for x, v in pts if math.isfinite(v[metric])]
-            if not pts:
-                continue
-            xs, ys, es = zip(*pts)
-            values += ys
-            style = dict(color=colours[label], marker=markers[i % len(markers)], markersize=3.5,
-                         linestyle=KIND_LINE[kind], linewidth=1, label=label)
-            if metric == "dnll":
-                ax.errorbar(xs, ys, yerr=es, capsize=1.5, **style)
-            else:
-                ax.plot(xs, ys, **style)
-        if metric == "dnll":
-            ax.set_yscale("symlog", linthresh=0.01)
-            ax.axhline(0, color="0.5", linewidth=0.6)
-            ax.set_ylabel("dnll (nats)")
-        else:
-            kvqplot.log_if_spread(ax, [v for v in values if v > 0])
-            ax.set_ylabel("KL(p ‖ p′) (nats)")
-        ax.grid(True, which="major", alpha=0.3)
+    series = [(pts, dict(color=colours[label], marker=markers[i % len(markers)], markersize=3.5,
+                         linestyle=KIND_LINE[kind], linewidth=1, label=label))
+              for i, ((kind, label), pts) in enumerate(data.items())]
+    kvqplot.dnll_kl_panels(axes, series)
     kvqplot.bottom_xlabel(axes, "context bits" if single else "context: stored bits per element")
     kvqplot.legend(lax, *kvqplot.legend_entries(axes))
     if not single:

@@ -75,24 +75,26 @@ def check_sources(root):
     return bad
 
 
+def table_rows_in_doc(root, table, row, doc, mention, what):
+    """Every row of a lib/ table (its first field by the regex `row`) is mentioned in a docs page (the
+    regex `mention` with {name} filled in), else one line per missing row."""
+    names = re.findall(row, open(os.path.join(root, 'lib', table), encoding='utf-8').read(), flags=re.M)
+    text = open(os.path.join(root, 'docs', doc), encoding='utf-8').read()
+    bad = [] if names else [f'lib/{table}: no rows']
+    return bad + [f'docs/{doc}: no {what} {n} (lib/{table})' for n in names
+                  if not re.search(mention.format(name=re.escape(n)), text, flags=re.M)]
+
+
 def check_archs(root):
     """Every architecture of lib/kvq_archs.def has its row in docs/models.md's Models table."""
-    table = open(os.path.join(root, 'lib', 'kvq_archs.def'), encoding='utf-8').read()
-    names = re.findall(r'^KVQ_ARCH\(\w+, "([\w.-]+)"', table, flags=re.M)
-    models = open(os.path.join(root, 'docs', 'models.md'), encoding='utf-8').read()
-    bad = [] if names else ['lib/kvq_archs.def: no KVQ_ARCH rows']
-    return bad + [f'docs/models.md: no row for the architecture {n} (lib/kvq_archs.def)' for n in names
-                  if not re.search(r'^\| `' + re.escape(n) + r'` \|', models, flags=re.M)]
+    return table_rows_in_doc(root, 'kvq_archs.def', r'^KVQ_ARCH\(\w+, "([\w.-]+)"', 'models.md', r'^\| `{name}` \|',
+                             'row for the architecture')
 
 
 def check_metrics(root):
     """Every metric column of lib/kvq_metric_cols.def is described in docs/metrics.md."""
-    table = open(os.path.join(root, 'lib', 'kvq_metric_cols.def'), encoding='utf-8').read()
-    names = re.findall(r'^KVQ_METRIC\((\w+),', table, flags=re.M)
-    doc = open(os.path.join(root, 'docs', 'metrics.md'), encoding='utf-8').read()
-    bad = [] if names else ['lib/kvq_metric_cols.def: no KVQ_METRIC rows']
-    return bad + [f'docs/metrics.md: the column {n} (lib/kvq_metric_cols.def) is not described' for n in names
-                  if not re.search(r'`' + re.escape(n) + r'`', doc)]
+    return table_rows_in_doc(root, 'kvq_metric_cols.def', r'^KVQ_METRIC\((\w+),', 'metrics.md', r'`{name}`',
+                             'description of the column')
 
 
 def main():
