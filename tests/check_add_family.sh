@@ -8,8 +8,14 @@
 # test_python, the sweeps).  Takes the build's time plus the suites' (about
 # 10 minutes on 2 cores for all of them); `meson test add-family` (suite
 # house, run by CI) runs it with the unit suites, under a minute idle.
-#   tests/check_add_family.sh [MESON TEST ARGS...]   e.g. --suite unit --suite cli
+# With --default first, the copy stays in the default set: adding a family to
+# kvq-analyze's default set is the same one file and one line (the unit suites
+# pass; only the documented default output, which the examples test compares,
+# would change, as docs/adding-a-quantizer.md says).
+#   tests/check_add_family.sh [--default] [MESON TEST ARGS...]   e.g. --suite unit --suite cli
 set -euo pipefail
+in_default=0
+[ "${1:-}" = --default ] && { in_default=1; shift; }
 src=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvq-add-family.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
@@ -26,7 +32,7 @@ git init -q && git add -A && git -c user.name=check -c user.email=check@localhos
 # (out of the default set: a family in it also changes the default output the README
 # shows, which the examples test compares: documentation, as docs/adding-a-quantizer.md says)
 sed -e 's/kvq_q_absmax\b/kvq_q_absmax_copy/' -e 's/\.name = "absmax"/.name = "absmax-copy"/' \
-    -e 's/\.in_default_set = 1/.in_default_set = 0/' \
+    -e "s/\\.in_default_set = 1/.in_default_set = $in_default/" \
     -e 's/^\(\/\* \)absmax\.c —/\1absmax_copy.c — a copy of absmax.c under a new name (tests\/check_add_family.sh):/' \
     lib/quant/absmax.c >lib/quant/absmax_copy.c
 grep -q 'kvq_q_absmax_copy = {' lib/quant/absmax_copy.c && grep -q '"absmax-copy"' lib/quant/absmax_copy.c
@@ -46,6 +52,10 @@ ninja -C "$tmp/build" >"$tmp/ninja.log" 2>&1 || { tail -40 "$tmp/ninja.log"; exi
 # cannot be made (pipefail then fails the check although the family is listed)
 "$tmp/build/tools/kvq-analyze" --list-quantizers >"$tmp/list.txt"
 grep -q '^absmax-copy ' "$tmp/list.txt" || { say "FAIL: absmax-copy not listed"; exit 1; }
+if [ $in_default = 1 ]; then # the default set runs it: one row per layer of the bundled dump
+    "$tmp/build/tools/kvq-analyze" --format csv "$tmp/kvq/data/stories260K.h5" >"$tmp/default.csv"
+    grep -q ',absmax-copy,' "$tmp/default.csv" || { say "FAIL: absmax-copy not in the default set's rows"; exit 1; }
+fi
 say "running the suites ($*)"
 meson test -C "$tmp/build" --print-errorlogs "$@"
 say "OK: a family added with one file and one table line passes"

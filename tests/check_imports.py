@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 ORDER = ["base", "math", "metrics", "formats", "io", "quant", "analysis", "model"]
-TOOLS_ORDER = ["out.c.o", "hash.c.o", "meta.c.o", "cli.c.o", "eval_shard.c.o", "eval_tasks.c.o"]
+TOOLS_ORDER = ["out.c.o", "hash.c.o", "meta.c.o", "cli.c.o", "optrows.c.o", "eval_shard.c.o", "eval_tasks.c.o"]
 
 
 def graph(objdir):
