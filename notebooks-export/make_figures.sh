@@ -7,6 +7,7 @@
 #     --build DIR  where the kvq tools were built (default: build)
 #     --width W    single (3.4 in, one column) or double (7 in, default) column figures
 #     --readme     also refresh the images the README shows (notebooks-export/img/)
+#     --data DIR   plot an earlier run's data (its OUTDIR/data) instead of running the tools
 #     OUTDIR       default: figures
 # tools/setup.sh figures installs what is missing, builds, and runs this.
 set -euo pipefail
@@ -14,12 +15,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 build=$root/build
 readme=0
+reuse=""
 width=double
 out=figures
 while [ $# -gt 0 ]; do
     case "$1" in
     --build) build=$(cd "$2" && pwd); shift 2 ;;
     --readme) readme=1; shift ;;
+    --data) reuse=$(cd "$2" && pwd) || exit 2; shift 2 ;;
     --width)
         case "${2:-}" in single|double) width=$2 ;; *) echo "make_figures: error: --width ${2:-}: expected single or double" >&2; exit 2 ;; esac
         shift 2 ;;
@@ -41,13 +44,18 @@ done
 dump=$root/data/stories260K.h5
 calib=$root/data/stories260K-calib.h5
 mkdir -p "$out/data"
-data=$out/data
+data=${reuse:-$out/data}
 bin=$build/tools
 # each step says when it starts and how long the run has taken; the tools show their
 # own progress (layer by layer, pass by pass) when stderr is a terminal
 start=$SECONDS
 say() { printf 'make_figures: [%3d s] %s\n' $((SECONDS - start)) "$*" >&2; }
 
+if [ -n "$reuse" ]; then # the tools' outputs are there: what was made decides what is drawn
+    with_tasks=0 with_model=0
+    [ -r "$data/eval-tasks.csv" ] && [ -r "$data/eval-decoding.csv" ] && with_tasks=1
+    [ -r "$data/eval-context.csv" ] && with_model=1
+else
 say "kvq-info: channel magnitudes, layer 1 KV head 0 token by token"
 "$bin/kvq-info" --channels -o "$data/channels.csv" "$dump"
 "$bin/kvq-info" --values 1:0 -o "$data/values-L1-H0.csv" "$dump"
@@ -181,6 +189,7 @@ if [ -r "$model" ] && [ -x "$bin/kvq-dump" ] && [ -x "$bin/kvq-eval" ]; then
 else
     say "proxy_vs_loss skipped: $model absent (the bundled model lives in ../shared/data/model)"
     with_model=0
+fi
 fi
 
 say "figures (python: $python)"

@@ -31,8 +31,8 @@ rc=$?
 # distinct legend entries, the provenance caption in the PDF
 OPENBLAS_NUM_THREADS=1 "$python" "$src/tests/check_figure_style.py" "$out/data" "$tmp/styled" "$build" \
     && pass=$((pass + 1)) || fail=$((fail + 1))
-# --width reaches every script; a bad one is a usage error
-"$nb/make_figures.sh" --build "$build" --width single "$tmp/narrow" 2>/dev/null \
+# --width reaches every script (on the first run's data: --data); a bad one is a usage error
+"$nb/make_figures.sh" --build "$build" --width single --data "$out/data" "$tmp/narrow" 2>/dev/null \
     && "$python" -c "import struct,sys; w=struct.unpack('>I', open(sys.argv[1],'rb').read()[16:20])[0]; sys.exit(w != 680)" \
        "$tmp/narrow/error_vs_bits.png" && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: --width single"; }
 expect 2 "--width wide: expected single or double" -- "$nb/make_figures.sh" --build "$build" --width wide "$tmp/x"
