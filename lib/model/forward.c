@@ -471,6 +471,40 @@ static const kvq_rope *layer_rope(const fw_ctx *c, int l)
     return c->rope_swa.T && kvq_model_layer_window(c->m, l) ? &c->rope_swa : &c->rope;
 }
 
+/* The spec (resolved for the run, or a plain one) on L, a layer of the
+ * cache's tokens at positions pos [H][L->T] (NULL: token i at i): K', V'
+ * into kq/vq, the bits into kb/vb/sb, the kept tokens into keep (may be
+ * NULL) and *dropped (may be NULL); a message names the model. */
+static kvq_status run_on_cache(fw_ctx *c, const kvq_resolved_spec *spec, const kvq_spec *plain, int layer,
+                               const kvq_layer *L, const int *pos, unsigned char *keep, int *dropped, kvq_error *err)
+{
+    fw_scratch *s = &c->s;
+    const kvq_model_info *in = &c->m->info;
+    int H = in->n_kv_heads;
+    kvq_dump_info info = c->qinfo;
+    info.seq_len = L->T;
+    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, layer)};
+    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt,
+                         .rope = layer_rope(c, layer), .attn = &mode, .pos = pos, .decoding = 1};
+    memset(s->kb, 0, (size_t)H * sizeof(double));
+    memset(s->vb, 0, (size_t)H * sizeof(double));
+    memset(s->sb, 0, (size_t)H * sizeof(double));
+    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb,
+                        .keep = keep};
+    kvq_status st;
+    const kvq_spec *own = spec ? kvq_resolved_spec_at(spec, layer) : plain;
+    if (c->o->calib && (st = kvq_calib_state(c->o->calib, own, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
+    /* BLAS runs one thread; the quantizers thread over heads */
+    st = spec ? kvq_quantize_layer_in(spec, &ctx, L, &qo, err) : kvq_quantize_layer(plain, &ctx, L, &qo, err);
+    if (st) { /* the quantizer's message, with the model it ran in */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        return kvq_fail(err, st, "%s: %s", c->m->path, msg);
+    }
+    if (dropped) *dropped = qo.dropped;
+    return KVQ_OK;
+}
+
 /* The spec on tokens [t0, t1) of the layer (pk/pv hold them unless they
  * are all T, then Kh/Vh), as a layer of their own at their own positions:
  * K', V' into kq/vq [H][t1−t0][D], the kept tokens into keep [H][t1−t0]
@@ -498,33 +532,10 @@ static kvq_status quantize_cache(fw_ctx *c, const kvq_resolved_spec *spec, const
         if (queries) segment(s->Qh, s->pq, in->n_heads, T, D, t0, t1);
         L.key = s->pk, L.value = s->pv, L.key_pre_rope = s->ppre, L.query = queries ? s->pq : NULL;
     }
-    kvq_dump_info info = c->qinfo;
-    info.seq_len = ntok;
-    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, layer)};
-    kvq_quant_ctx ctx = {.info = &info, .layer = layer, .seed = c->o->seed, .nthreads = c->nt,
-                         .rope = layer_rope(c, layer), .attn = &mode, .decoding = 1};
-    if (t0 > 0) { /* [H][ntok]: token i of every head is at t0 + i */
+    if (t0 > 0) /* [H][ntok]: token i of every head is at t0 + i */
         for (int h = 0; h < H; h++)
             for (int i = 0; i < ntok; i++) s->pos[(size_t)h * ntok + i] = t0 + i;
-        ctx.pos = s->pos;
-    }
-    memset(s->kb, 0, (size_t)H * sizeof(double));
-    memset(s->vb, 0, (size_t)H * sizeof(double));
-    memset(s->sb, 0, (size_t)H * sizeof(double));
-    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb,
-                        .keep = s->keep};
-    kvq_status st;
-    const kvq_spec *own = spec ? kvq_resolved_spec_at(spec, layer) : plain;
-    if (c->o->calib && (st = kvq_calib_state(c->o->calib, own, layer, c->o->seed, c->nt, &ctx.calib, err))) return st;
-    /* BLAS runs one thread; the quantizers thread over heads */
-    st = spec ? kvq_quantize_layer_in(spec, &ctx, &L, &qo, err) : kvq_quantize_layer(plain, &ctx, &L, &qo, err);
-    if (st) { /* the quantizer's message, with the model it ran in */
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        return kvq_fail(err, st, "%s: %s", c->m->path, msg);
-    }
-    *dropped = qo.dropped;
-    return KVQ_OK;
+    return run_on_cache(c, spec, plain, layer, &L, t0 > 0 ? s->pos : NULL, s->keep, dropped, err);
 }
 
 /* Whether the quantized cache of tokens [t0, t1) (kq, vq [H][t1−t0][D])
@@ -738,21 +749,8 @@ static kvq_status press_run(fw_ctx *c, const kvq_spec *sp, int l, const unsigned
                 s->pos[(size_t)h * n + i++] = u;
             }
     kvq_layer L = {.H = H, .Hq = in->n_heads, .T = n, .D = D, .key = s->pk, .value = s->pv, .key_pre_rope = s->ppre};
-    kvq_dump_info info = c->qinfo;
-    info.seq_len = n;
-    kvq_attn_mode mode = {.scale = in->attn_scale, .window = kvq_model_layer_window(c->m, l)};
-    kvq_quant_ctx ctx = {.info = &info, .layer = l, .seed = c->o->seed, .nthreads = c->nt,
-                         .rope = layer_rope(c, l), .attn = &mode, .pos = s->pos};
-    memset(s->kb, 0, (size_t)H * sizeof(double)), memset(s->vb, 0, (size_t)H * sizeof(double));
-    memset(s->sb, 0, (size_t)H * sizeof(double));
-    kvq_quant_out qo = {.key = s->kq, .value = s->vq, .k_bits = s->kb, .v_bits = s->vb, .static_bytes = s->sb};
-    kvq_status st;
-    if ((c->o->calib && (st = kvq_calib_state(c->o->calib, sp, l, c->o->seed, c->nt, &ctx.calib, err))) ||
-        (st = kvq_quantize_layer(sp, &ctx, &L, &qo, err))) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        return kvq_fail(err, st, "%s: %s", c->m->path, msg);
-    }
+    kvq_status st = run_on_cache(c, NULL, sp, l, &L, s->pos, NULL, NULL, err);
+    if (st) return st;
     for (int h = 0; h < H; h++) {
         for (int i = 0; i < n; i++) {
             size_t from = ((size_t)h * n + i) * D, to = ((size_t)h * T + s->pos[(size_t)h * n + i]) * D;

@@ -239,11 +239,8 @@ static int forced_tokens(kvq_selector sel, const kvq_token_sel_opts *o, int T, u
 static int kept_count(kvq_selector sel, const kvq_token_sel_opts *o, const kvq_select_at *at, int T, int nforced)
 {
     if (sel == KVQ_SEL_WINDOW) return nforced;
-    int K = at ? at->target : 0;
-    if (!at) {
-        double k = floor(o->keep * T + 0.5); /* round half away from zero */
-        K = k < 1 ? 1 : (int)k;
-    }
+    double k = at ? at->target : floor(o->keep * T + 0.5); /* round half away from zero */
+    int K = k < 1 ? 1 : (int)k;
     return K > nforced ? K : nforced;
 }
 
@@ -406,22 +403,20 @@ static kvq_status key_scores(kvq_selector sel, const kvq_layer *in, uint64_t see
 {
     int H = in->H, T = in->T, D = in->D;
     if (sel == KVQ_SEL_KEYDIFF) return keydiff_scores(in, sc, err);
-    for (int h = 0; h < H; h++) {
-        kvq_rng r;
-        if (sel == KVQ_SEL_RANDOM) kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
-        for (int u = 0; u < T; u++) {
-            double v = NAN;
-            if (sel == KVQ_SEL_RANDOM) {
-                v = kvq_rng_uniform(&r);
-            } else if (sel == KVQ_SEL_KNORM) { /* the lowest key norm first */
+    if (sel == KVQ_SEL_KNORM) /* the lowest key norm first */
+        for (int h = 0; h < H; h++)
+            for (int u = 0; u < T; u++) {
                 const float *k = in->key + ((size_t)h * T + u) * D;
                 double n2 = 0;
                 for (int c = 0; c < D; c++) n2 += (double)k[c] * k[c];
-                v = -sqrt(n2);
+                sc[(size_t)h * T + u] = -sqrt(n2);
             }
-            sc[(size_t)h * T + u] = v;
+    if (sel == KVQ_SEL_RANDOM)
+        for (int h = 0; h < H; h++) {
+            kvq_rng r;
+            kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
+            for (int u = 0; u < T; u++) sc[(size_t)h * T + u] = kvq_rng_uniform(&r);
         }
-    }
     return KVQ_OK;
 }
 

@@ -46,6 +46,7 @@ class _Press:
         self.lo_bits = [0.0, 0.0]
         self.q = None if q is None else q[:, -self.p["interval"]:].copy()
         self.steps, self.pending = 0, False
+        self._hi = None  # _hi_values() until the tokens at HI change
         if t > 1:  # a prefill: the context, compressed once by keep= (PrefillDecodingPress)
             if self.p["once"]:
                 self._compress(0, q, t)
@@ -66,7 +67,13 @@ class _Press:
         return keep.astype(bool)
 
     def _hi_values(self):
-        """The tokens held at HI as HI stores them (a layer of their own, in position order)."""
+        """The tokens held at HI as HI stores them (a layer of their own, in position order); kept until
+        they change, so that a compression reuses what the last update returned."""
+        if self._hi is None:
+            self._hi = self._store_hi()
+        return self._hi
+
+    def _store_hi(self):
         k, v = self.k.copy(), self.v.copy()
         H, n = self.hi.shape[0], int(self.hi[0].sum())
         if self.p["hi"] == "none" or n == 0:
@@ -108,6 +115,7 @@ class _Press:
             self.lo_bits[0] += r.k_bits * m * H * D
             self.lo_bits[1] += r.v_bits * m * H * D
         self.hi &= ~moving
+        self._hi = None
 
     def append(self, k, v, q):
         """Decoded tokens one by one: a compression that the previous token made due first."""
@@ -115,6 +123,7 @@ class _Press:
             if self.pending and int(self.hi[0].sum()) > self.p["target"]:
                 self._compress(self.p["target"], self.q, min(self.p["buffer"], self.q.shape[1])
                                if self.q is not None else 0)
+            self._hi = None
             self.k = np.concatenate([self.k, k[:, i:i + 1]], 1)
             self.v = np.concatenate([self.v, v[:, i:i + 1]], 1)
             H = self.k.shape[0]
