@@ -145,6 +145,18 @@ assert len(rows) >= 20 and all(f"--{n} " in helptext or f"--{n}\n" in helptext f
 assert len(recorded) == 14 and all(n in opts for n in recorded), (recorded, opts)
 assert opts["heads"] == 32 and opts["layers"] == 1 and opts["rope-style"] == "half"  # the preset, then --layers
 PY
+# every tool's options are rows (cli_optrow): no tool keeps a getopt switch of its own, and --help lists each row
+for t in analyze info sweep dump eval alloc gen; do "$build/tools/kvq-$t" --help >"$tmp/help-$t.txt"; done
+/usr/bin/python3 - "$src/tools" "$tmp" <<'PY' && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: option rows"; }
+import re, sys
+for t in "analyze info sweep dump eval alloc gen".split():
+    src, helptext = open(f"{sys.argv[1]}/kvq-{t}.c").read(), open(f"{sys.argv[2]}/help-{t}.txt").read()
+    assert "static const cli_optrow rows[]" in src and "switch (c)" not in src, t
+    names = re.findall(r'(?:ROW\(|\.name = )"([\w-]+)"', src)
+    assert len(names) >= 2, (t, names)
+    missing = [n for n in names if f"--{n} " not in helptext and f"--{n}\n" not in helptext]
+    assert not missing, (t, missing)
+PY
 expect 2 "kvq-gen: error: --dtype float8: expected float16, float32 or float64" -- "$gen" --dtype float8 -o "$tmp/g.h5"
 expect 2 "kvq-gen: error: --peak -1: expected a positive number" -- "$gen" --peak -1 -o "$tmp/g.h5"
 expect 2 "kvq-gen: error: --count 0: expected an integer 1..1000000" -- "$gen" --task kv --count 0 -o "$tmp/g.jsonl"

@@ -37,6 +37,13 @@ int cli_parse_shard(const char *s, long *i, long *n)
     return 0;
 }
 
+int cli_shard_option(const char *prog, const char *arg, long *i, long *n)
+{
+    if (!cli_parse_shard(arg, i, n)) return CLI_OK;
+    cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", arg);
+    return CLI_USAGE;
+}
+
 int cli_parse_u64(const char *s, uint64_t *out)
 {
     char *end;

@@ -35,6 +35,8 @@ int cli_parse_u64(const char *s, uint64_t *out);
 int cli_write_all(int fd, const void *buf, size_t len);
 /* --shard I/N: 0 <= I < N <= 10^6; 0, or -1. */
 int cli_parse_shard(const char *s, long *i, long *n);
+/* --shard I/N into *i, *n: CLI_OK, or CLI_USAGE after "--shard ARG: expected I/N ...". */
+int cli_shard_option(const char *prog, const char *arg, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
 int cli_parse_list(const char *s, int max, int **out, int *n);
 
@@ -208,6 +210,13 @@ enum { CLI_OPT_TEXT = 640, CLI_OPT_TOKENS, CLI_OPT_TOKENIZER, CLI_OPT_MAX_TOKENS
     {"text", required_argument, 0, CLI_OPT_TEXT}, {"tokens", required_argument, 0, CLI_OPT_TOKENS},         \
     {"tokenizer", required_argument, 0, CLI_OPT_TOKENIZER}, {"max-tokens", required_argument, 0, CLI_OPT_MAX_TOKENS}, \
     {"threads", required_argument, 0, CLI_OPT_MODEL_THREADS}
+#define CLI_MODEL_HELP                                                                    \
+    "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds\n"   \
+    "                        one)\n"                                                      \
+    "      --tokens FILE     whitespace-separated token ids instead (any model)\n"        \
+    "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"        \
+    "      --max-tokens N    keep the first N tokens (BOS included)\n"                    \
+    "      --threads N       worker threads (default: all cores)\n"
 typedef struct cli_model {
     const char *text, *tokens, *tokenizer;
     long max_tokens, threads; /* 0: no cut, all cores */
@@ -273,6 +282,9 @@ enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
     "      --meta WHERE      file (default): the run's provenance in OUT.meta.json;\n"  \
     "                        inline: also as the first line of jsonl output\n"          \
     "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
+#define CLI_HELP_VERSION_HELP                                                             \
+    "  -h, --help            this help\n"                                                 \
+    "  -V, --version         print the version\n"
 #define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
 void cli_meta_free(cli_meta *m);
@@ -298,16 +310,24 @@ int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *short
  * entry, its checked parsing, its --help line and its provenance record
  * ("options".NAME); see kvq-gen.c.  offset: where the value lands in the
  * tool's options struct — an int for FLAG (set to 1) and CHOICE (the
- * choice's index) and INT (min..max), a uint64_t for U64, a double
- * for REAL (positive, at most 1e30), a const char * for TEXT. */
-typedef enum cli_arg { CLI_ARG_FLAG, CLI_ARG_INT, CLI_ARG_U64, CLI_ARG_REAL, CLI_ARG_CHOICE, CLI_ARG_TEXT } cli_arg;
+ * choice's index) and INT (min..max), a long for LONG (min..max), a
+ * uint64_t for U64, a double for REAL (positive, at most real_max or
+ * 1e30), a const char * for TEXT; CUSTOM rows parse themselves. */
+typedef enum cli_arg {
+    CLI_ARG_FLAG, CLI_ARG_INT, CLI_ARG_LONG, CLI_ARG_U64, CLI_ARG_REAL, CLI_ARG_CHOICE, CLI_ARG_TEXT, CLI_ARG_CUSTOM
+} cli_arg;
 typedef struct cli_optrow {
     const char *name; /* --name, and its provenance key */
     int key;          /* getopt's value: a short option's character, or a value above 255 */
     cli_arg arg;
     size_t offset;
-    long min, max;                /* INT */
+    long min, max;                /* INT, LONG */
+    double real_max;              /* REAL: the largest value (0: 1e30) */
     const char *const *choices;   /* CHOICE: NULL-terminated */
+    /* CUSTOM: the parser of arg into at (base + offset) or, filling several
+     * fields, into the tool's options struct base; CLI_OK or the exit code
+     * after one line on stderr.  Never recorded by cli_optrows_record. */
+    int (*parse)(const char *prog, const char *arg, void *at, void *base);
     const char *expect;           /* the refusal's "expected ..." (NULL: from the kind and range) */
     int record;                   /* recorded in the provenance as it took effect */
     const char *metavar, *help;   /* the --help line */
@@ -322,6 +342,16 @@ int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, c
 void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base);
 /* The rows' --help lines: "  -k, --name METAVAR  help", wrapped at 80 columns. */
 void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n);
+/* A tool's whole option loop: cli_getopt over the rows' entries and extra
+ * (ended by a zero entry), each of the tool's options parsed by its row into
+ * base.  CLI_OK with *stop 0 when the options are in base (operands from
+ * optind); else *stop 1 and CLI_OK (--help, --version) or the exit code. */
+/* CUSTOM parsers the tools share: --format (a const char *, cli_format_option)
+ * and --progress (an int, cli_progress_option). */
+int cli_optrow_format(const char *prog, const char *arg, void *at, void *base);
+int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base);
+int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const struct option *extra,
+                       const char *shortopts, int argc, char **argv, void *base, int *stop);
 
 /* Every tool's main, the one start and end they share: the BLAS kernels
  * (cli_blas_setup, which may restart the tool), the check of stdout at exit,

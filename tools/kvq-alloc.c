@@ -23,68 +23,6 @@
 
 static const char *prog = "kvq-alloc";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME\n"
-        "                 --grid K=V1,V2,... [--grid ...] [--fixed K=V,...]\n"
-        "                 --budget B[,B...] -o OUT [options]\n"
-        "The per-layer assignment of a family's grid points that minimises the predicted\n"
-        "loss within each budget of mean stored bits per element (K and V together),\n"
-        "from each layer's sensitivity (dnll with only that layer quantized), then\n"
-        "evaluated in full beside the uniform points within the budget.\n\n"
-        "      --family NAME     the quantizer family (kvq-analyze --list-quantizers), or\n"
-        "                        a template tokens(SELECT; HI; LO) (its selector's keys)\n"
-        "  -g, --grid K=V1,V2    values of key K; repeatable (points: their product)\n"
-        "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
-        "  -b, --budget B[,B..]  mean stored bits per element over K and V (repeatable)\n"
-        "  -o, --output OUT      the allocations (CSV, or JSON lines for *.jsonl),\n"
-        "                        written atomically; beside it OUT.sensitivity.csv\n"
-        "                        (appended pass by pass), OUT.uniform.csv (every uniform\n"
-        "                        point evaluated) and OUT.meta.json (the provenance)\n"
-        CLI_META_HELP
-        "      --resume          keep the complete passes of OUT.sensitivity.csv, run\n"
-        "                        the rest\n"
-        "      --shard I/N       measure only the grid's valid points i with i mod N = I,\n"
-        "                        into the sensitivity table -o OUT itself (no --budget)\n"
-        "      --merge           kvq-alloc --merge MODEL SHARD... (the shards' tables,\n"
-        "                        with the run's other options): join them into\n"
-        "                        OUT.sensitivity.csv and allocate\n"
-        "      --policy P        prefill (default) or decode, as kvq-eval\n"
-        "      --stride N        decode: re-quantize the cache every N positions\n"
-        "                        (default 1)\n"
-        "      --chunk N         corpus evaluation in windows of N tokens (as kvq-eval)\n"
-        "      --chunks K        only the first K windows\n"
-        "      --calib FILE      calibration dump of the same model\n"
-        "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds\n"
-        "                        one)\n"
-        "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
-        "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
-        "      --max-tokens N    keep the first N tokens (BOS included)\n"
-        "      --progress WHEN   auto (default: on a terminal), always or never\n"
-        "      --threads N       worker threads (default: all cores)\n"
-        "      --seed N          seed of the quantizers' random streams (default 0)\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n\n"
-        "Example: kvq-alloc data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
-        "           --family kivi --grid kbits=2,4,8 --grid vbits=2,4,8 \\\n"
-        "           --fixed residual=0 --budget 3,4,6 -o alloc.csv\n");
-}
-
-enum {
-    OPT_FAMILY = 256,
-    OPT_RESUME,
-    OPT_POLICY,
-    OPT_STRIDE,
-    OPT_CHUNK,
-    OPT_CHUNKS,
-    OPT_CALIB,
-    OPT_PROGRESS,
-    OPT_SEED,
-    OPT_SHARD,
-    OPT_MERGE
-};
-
 enum { MAX_ARGS = 64, MAX_BUDGETS = 64 };
 
 typedef kvq_alloc_point point; /* a valid grid point and its sensitivity row per layer */
@@ -386,87 +324,112 @@ typedef struct alloc_job {
     progress_state ps;
 } alloc_job;
 
-/* The options into s; *stop: --help or --version answered (rc as they end). */
-static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
+/* --grid and --fixed: repeatable, up to MAX_ARGS each. */
+static int opt_grid(const char *p, const char *arg, void *at, void *base)
 {
-    static const struct option longopts[] = {
-        {"family", required_argument, 0, OPT_FAMILY}, {"grid", required_argument, 0, 'g'},
-        {"fixed", required_argument, 0, 'f'}, {"budget", required_argument, 0, 'b'},
-        {"output", required_argument, 0, 'o'}, {"resume", no_argument, 0, OPT_RESUME},
-        {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
-        {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
-        {"chunk", required_argument, 0, OPT_CHUNK}, {"chunks", required_argument, 0, OPT_CHUNKS},
-        {"calib", required_argument, 0, OPT_CALIB}, CLI_MODEL_LONGOPTS,
-        {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
-        CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    int rc = CLI_OK, c;
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &s->mo, .meta = s->meta};
-    while ((c = cli_getopt(&go, argc, argv, ":g:f:b:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
-        switch (c) {
-        case OPT_FAMILY: s->family = optarg; break;
-        case 'g':
-        case 'f':
-            if ((c == 'g' ? s->ngrids : s->nfixed) == MAX_ARGS) {
-                cli_error(prog, "more than %d --%s options", MAX_ARGS, c == 'g' ? "grid" : "fixed");
-                return CLI_USAGE;
-            }
-            if (c == 'g') s->grids[s->ngrids++] = optarg;
-            else s->fixed[s->nfixed++] = optarg;
-            break;
-        case 'b':
-            if (parse_budgets(optarg, s->budgets, &s->nbudgets)) {
-                cli_error(prog, "--budget %s: expected positive numbers of bits, comma-separated (at most %d)", optarg,
-                          MAX_BUDGETS);
-                return CLI_USAGE;
-            }
-            break;
-        case 'o': s->output = optarg; break;
-        case OPT_RESUME: s->resume = 1; break;
-        case OPT_MERGE: s->merge = 1; break;
-        case OPT_SHARD:
-            if (cli_parse_shard(optarg, &s->shard_i, &s->shard_n)) {
-                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_POLICY:
-            if (strcmp(optarg, "prefill") && strcmp(optarg, "decode")) {
-                cli_error(prog, "--policy %s: expected prefill or decode", optarg);
-                return CLI_USAGE;
-            }
-            s->decode = !strcmp(optarg, "decode");
-            break;
-        case OPT_STRIDE:
-        case OPT_CHUNK:
-        case OPT_CHUNKS: {
-            long *dst = c == OPT_STRIDE ? &s->stride : c == OPT_CHUNK ? &s->chunk : &s->chunks;
-            if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, dst)) {
-                cli_error(prog, "--%s %s: expected an integer %s", c == OPT_STRIDE ? "stride" : c == OPT_CHUNK ? "chunk"
-                          : "chunks", optarg, c == OPT_CHUNK ? "4..2^30" : "1..2^30");
-                return CLI_USAGE;
-            }
-            break;
-        }
-        case OPT_CALIB: s->calib = optarg; break;
-        case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
-            break;
-        case OPT_SEED:
-            if (cli_parse_u64(optarg, &s->seed)) {
-                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        }
-    }
-    /* --merge: MODEL SHARD...; else MODEL alone */
-    int nops = argc - optind;
-    if (s->merge && nops >= 2) s->nshards = nops - 1, argc = optind + 1;
-    else if (s->merge) {
-        cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)");
-        return CLI_USAGE;
-    }
+    alloc_job *s = base;
+    int grid = at == (void *)s->grids, *n = grid ? &s->ngrids : &s->nfixed;
+    if (*n == MAX_ARGS) return cli_error(p, "more than %d --%s options", MAX_ARGS, grid ? "grid" : "fixed"), CLI_USAGE;
+    ((const char **)at)[(*n)++] = arg;
+    return CLI_OK;
+}
+
+static int opt_budget(const char *p, const char *arg, void *at, void *base)
+{
+    alloc_job *s = base;
+    (void)at;
+    if (!parse_budgets(arg, s->budgets, &s->nbudgets)) return CLI_OK;
+    cli_error(p, "--budget %s: expected positive numbers of bits, comma-separated (at most %d)", arg, MAX_BUDGETS);
+    return CLI_USAGE;
+}
+
+static int opt_shard(const char *p, const char *arg, void *at, void *base)
+{
+    alloc_job *s = base;
+    (void)at;
+    return cli_shard_option(p, arg, &s->shard_i, &s->shard_n);
+}
+
+/* --policy: prefill or decode (*at: 1 for decode). */
+static int opt_policy(const char *p, const char *arg, void *at, void *base)
+{
+    (void)base;
+    if (strcmp(arg, "prefill") && strcmp(arg, "decode"))
+        return cli_error(p, "--policy %s: expected prefill or decode", arg), CLI_USAGE;
+    *(int *)at = !strcmp(arg, "decode");
+    return CLI_OK;
+}
+
+enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUNKS, OPT_CALIB, OPT_PROGRESS,
+       OPT_SEED, OPT_SHARD, OPT_MERGE };
+
+/* kvq-alloc's options, one row each (cli_optrow); the model's input and
+ * --threads, and the record's, are cli.h's groups.  The run records its
+ * options as they take effect (run_record), so no row is recorded here. */
+#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(alloc_job, field), __VA_ARGS__}
+static const cli_optrow rows[] = {
+    ROW("family", OPT_FAMILY, CLI_ARG_TEXT, family, .metavar = "NAME",
+        .help = "the quantizer family (kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) (its "
+                "selector's keys)"),
+    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, .metavar = "K=V1,V2",
+        .help = "values of key K; repeatable (points: their product)"),
+    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, .metavar = "K=V[,..]",
+        .help = "keys held fixed at every point; repeatable"),
+    ROW("budget", 'b', CLI_ARG_CUSTOM, budgets, .parse = opt_budget, .metavar = "B[,B..]",
+        .help = "mean stored bits per element over K and V (repeatable)"),
+    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "OUT",
+        .help = "the allocations (CSV, or JSON lines for *.jsonl), written atomically; beside it "
+                "OUT.sensitivity.csv (appended pass by pass), OUT.uniform.csv (every uniform point evaluated) and "
+                "OUT.meta.json (the provenance)"),
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
+        .help = "keep the complete passes of OUT.sensitivity.csv, run the rest"),
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+        .help = "measure only the grid's valid points i with i mod N = I, into the sensitivity table -o OUT itself "
+                "(no --budget)"),
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+        .help = "kvq-alloc --merge MODEL SHARD... (the shards' tables, with the run's other options): join them into "
+                "OUT.sensitivity.csv and allocate"),
+    ROW("policy", OPT_POLICY, CLI_ARG_CUSTOM, decode, .parse = opt_policy, .metavar = "P",
+        .help = "prefill (default) or decode, as kvq-eval"),
+    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+        .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
+    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
+        .metavar = "N", .help = "corpus evaluation in windows of N tokens (as kvq-eval)"),
+    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+        .metavar = "K", .help = "only the first K windows"),
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
+    ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress_mode, .parse = cli_optrow_progress, .metavar = "WHEN",
+        .help = "auto (default: on a terminal), always or never"),
+    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, .metavar = "N",
+        .help = "seed of the quantizers' random streams (default 0)"),
+};
+#undef ROW
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME\n"
+               "                 --grid K=V1,V2,... [--grid ...] [--fixed K=V,...]\n"
+               "                 --budget B[,B...] -o OUT [options]\n"
+               "The per-layer assignment of a family's grid points that minimises the predicted\n"
+               "loss within each budget of mean stored bits per element (K and V together),\n"
+               "from each layer's sensitivity (dnll with only that layer quantized), then\n"
+               "evaluated in full beside the uniform points within the budget.\n\n");
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, CLI_MODEL_HELP CLI_META_HELP CLI_HELP_VERSION_HELP
+               "\n"
+               "Example: kvq-alloc data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
+               "           --family kivi --grid kbits=2,4,8 --grid vbits=2,4,8 \\\n"
+               "           --fixed residual=0 --budget 3,4,6 -o alloc.csv\n");
+}
+
+/* What the options need together (after getopt): the operands (MODEL, and
+ * a merge's SHARD...), the required options, the exclusions. */
+static int check_options(int argc, char **argv, alloc_job *s)
+{
+    int rc, nops = argc - optind;
+    if (s->merge && nops >= 2) s->nshards = nops - 1, argc = optind + 1; /* --merge: MODEL SHARD...; else MODEL alone */
+    else if (s->merge) return cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)"), CLI_USAGE;
     if ((rc = cli_model_check(prog, argc, optind, &s->mo,
                               "kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME --grid ... --budget B -o OUT")))
         return rc;
@@ -485,6 +448,16 @@ static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
     if (s->chunks && !s->chunk) return cli_error(prog, "--chunks needs --chunk N"), CLI_USAGE;
     if (!s->output[0] || !strcmp(s->output, "-")) return cli_error(prog, "-o: expected a file name"), CLI_USAGE;
     return cli_meta_check_format(prog, s->meta, s->shard_n ? KVQ_FMT_CSV : cli_pick_format(NULL, s->output));
+}
+
+/* The options into s; *stop: --help or --version answered (rc as they end). */
+static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
+{
+    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &s->mo, .meta = s->meta};
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":g:f:b:o:hV", argc, argv, s, stop);
+    return rc || *stop ? rc : check_options(argc, argv, s);
 }
 
 /* The grid's valid points, the files (checked against the inputs), the

@@ -12,39 +12,6 @@
 
 static const char *prog = "kvq-analyze";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: kvq-analyze [options] DUMP...\n"
-        "Measure how quantizers distort the keys, values, attention scores and outputs\n"
-        "stored in kvq-dump/1 HDF5 files.\n\n"
-        "  -q, --quant SPEC      quantizer spec NAME[:key=value,...]; repeatable\n"
-        "                        (default: one configuration of every family)\n"
-        "      --calib FILE      calibration dump of the same model\n"
-        "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
-        "      --heads LIST      KV heads to analyse (default: all)\n"
-        "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
-        "                        random:N\n"
-        "      --per WHAT        pool results per head, layer (default) or model\n"
-        "      --format FMT      table, csv or jsonl (default: table on a terminal,\n"
-        "                        else csv; with -o, jsonl for *.jsonl names)\n"
-        "  -o, --output FILE     write results to FILE (atomically) instead of stdout,\n"
-        "                        and the run's provenance to FILE.meta.json\n"
-        CLI_META_HELP
-        "      --threads N       worker threads (default: all cores)\n"
-        "      --seed N          seed of the random streams (default 0)\n"
-        "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
-        "                        per-channel, kivi, kcvt, absmax) and every attention\n"
-        "                        metric on the GPU; the other quantizers on the CPU\n"
-        "      --progress WHEN   auto (default: a line on a terminal once a run takes\n"
-        "                        over a second), always or never\n"
-        "      --list-quantizers list quantizers, their keys and defaults\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n\n"
-        "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model \\\n"
-        "           data/stories260K.h5\n");
-}
-
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_LIST, OPT_PROGRESS };
 
 /* One run: its options as parsed, then what its steps share. */
@@ -52,7 +19,7 @@ typedef struct analyze_state {
     /* the options */
     cli_analysis an;
     const char *calib, *output, *format;
-    int progress_mode;
+    int progress_mode, list; /* list: --list-quantizers */
     kvq_spec *specs; /* -q's, or the default set */
     int nspecs;
     char **dumps; /* the DUMP operands */
@@ -68,39 +35,65 @@ typedef struct analyze_state {
     kvq_dump *dump;
 } analyze_state;
 
+/* -q: a spec. */
+static int opt_quant(const char *p, const char *arg, void *at, void *base)
+{
+    analyze_state *s = base;
+    (void)at;
+    return cli_add_spec(p, &s->specs, &s->nspecs, arg);
+}
+
+/* kvq-analyze's options, one row each (cli_optrow); --layers, --heads,
+ * --queries, --per, --threads, --seed and --device are the analysis group's
+ * (cli.h), --meta and --no-hash the record's.  record_options records the
+ * options as they take effect, so no row is recorded here. */
+#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(analyze_state, field), __VA_ARGS__}
+static const cli_optrow rows[] = {
+    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
+        .help = "quantizer spec NAME[:key=value,...]; repeatable (default: one configuration of every family)"),
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .metavar = "FMT",
+        .help = "table, csv or jsonl (default: table on a terminal, else csv; with -o, jsonl for *.jsonl names)"),
+    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
+        .help = "write results to FILE (atomically) instead of stdout, and the run's provenance to FILE.meta.json"),
+    ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress_mode, .parse = cli_optrow_progress, .metavar = "WHEN",
+        .help = "auto (default: a line on a terminal once a run takes over a second), always or never"),
+    ROW("list-quantizers", OPT_LIST, CLI_ARG_FLAG, list, .help = "list quantizers, their keys and defaults"),
+};
+#undef ROW
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-analyze [options] DUMP...\n"
+               "Measure how quantizers distort the keys, values, attention scores and outputs\n"
+               "stored in kvq-dump/1 HDF5 files.\n\n");
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
+               "      --heads LIST      KV heads to analyse (default: all)\n"
+               "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
+               "                        random:N\n"
+               "      --per WHAT        pool results per head, layer (default) or model\n"
+               "      --threads N       worker threads (default: all cores)\n"
+               "      --seed N          seed of the random streams (default 0)\n"
+               "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
+               "                        per-channel, kivi, kcvt, absmax) and every attention\n"
+               "                        metric on the GPU; the other quantizers on the CPU\n"
+               CLI_META_HELP CLI_HELP_VERSION_HELP "\n"
+               "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model \\\n"
+               "           data/stories260K.h5\n");
+}
+
 /* The options into s; *stop: --help, --version or --list-quantizers answered (rc as they end). */
 static int parse_options(int argc, char **argv, analyze_state *s, int *stop)
 {
-    static const struct option longopts[] = {
-        {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
-        CLI_ANALYSIS_LONGOPTS,
-        {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
-        {"list-quantizers", no_argument, 0, OPT_LIST}, {"progress", required_argument, 0, OPT_PROGRESS},
-        CLI_META_LONGOPTS,
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    int rc = CLI_OK, c;
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &s->an, .model = NULL, .meta = s->meta};
-    while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
-        switch (c) {
-        case 'q':
-            if ((rc = cli_add_spec(prog, &s->specs, &s->nspecs, optarg))) return rc;
-            break;
-        case OPT_CALIB: s->calib = optarg; break;
-        case OPT_FORMAT:
-            if ((rc = cli_format_option(prog, optarg, &s->format))) return rc;
-            break;
-        case 'o': s->output = optarg; break;
-        case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
-            break;
-        case OPT_LIST: kvq_registry_describe(stdout); return *stop = 1, CLI_OK;
-        }
-    }
-    if (optind >= argc) {
-        cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)");
-        return CLI_USAGE;
-    }
+    static const struct option extra[] = {CLI_ANALYSIS_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &s->an, .meta = s->meta};
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:o:hV", argc, argv, s, stop);
+    if (rc || *stop) return rc;
+    if (s->list) return kvq_registry_describe(stdout), *stop = 1, CLI_OK;
+    if (optind >= argc) return cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)"), CLI_USAGE;
     s->dumps = argv + optind, s->ndumps = argc - optind;
     return CLI_OK;
 }

@@ -9,88 +9,87 @@
 
 static const char *prog = "kvq-dump";
 
-static void usage(FILE *f)
+/* Everything kvq-dump's options set (the rows below land here). */
+typedef struct dump_args {
+    int *layers, nlayers; /* NULL: all */
+    const char *output;
+    cli_model mo;
+} dump_args;
+
+static int opt_layers(const char *p, const char *arg, void *at, void *base)
 {
-    fprintf(f,
-        "usage: kvq-dump MODEL (--text FILE | --tokens FILE) [options] -o OUT.h5\n"
-        "Run a model (GGUF v2/v3: llama, qwen2, qwen3, gemma3, phi3; or a llama2.c\n"
-        "checkpoint) over a text and write every layer's key, value, query and\n"
-        "pre-RoPE key, the token ids and the mean next-token loss as a kvq-dump/1\n"
-        "HDF5 file.\n\n"
-        "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds\n"
-        "                        one)\n"
-        "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
-        "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
-        "      --max-tokens N    keep the first N tokens (BOS included)\n"
-        "      --layers LIST     layers to write, e.g. 0-3,7 (default: all)\n"
-        "  -o, --output FILE     the dump to write (atomically), and its provenance to\n"
-        "                        FILE.meta.json\n"
-        "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
-        "      --threads N       worker threads (default: all cores)\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n\n"
-        "Example: kvq-dump stories260K.gguf --text story.txt -o story.h5\n");
+    dump_args *a = base;
+    (void)at;
+    free(a->layers), a->layers = NULL;
+    if (!cli_parse_list(arg, 4095, &a->layers, &a->nlayers)) return CLI_OK;
+    return cli_error(p, "--layers %s: expected a list like 0-3,7 of distinct layers", arg), CLI_USAGE;
 }
 
 enum { OPT_LAYERS = 256 };
+/* kvq-dump's own options (cli_optrow); the model's input and --threads, and
+ * the record's, are cli.h's groups; the run records what took effect. */
+static const cli_optrow rows[] = {
+    {.name = "layers", .key = OPT_LAYERS, .arg = CLI_ARG_CUSTOM, .parse = opt_layers, .metavar = "LIST",
+     .help = "layers to write, e.g. 0-3,7 (default: all)"},
+    {.name = "output", .key = 'o', .arg = CLI_ARG_TEXT, .offset = offsetof(dump_args, output), .metavar = "FILE",
+     .help = "the dump to write (atomically), and its provenance to FILE.meta.json"},
+};
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-dump MODEL (--text FILE | --tokens FILE) [options] -o OUT.h5\n"
+               "Run a model (GGUF v2/v3: llama, qwen2, qwen3, gemma3, phi3; or a llama2.c\n"
+               "checkpoint) over a text and write every layer's key, value, query and\n"
+               "pre-RoPE key, the token ids and the mean next-token loss as a kvq-dump/1\n"
+               "HDF5 file.\n\n" CLI_MODEL_HELP);
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, "      --no-hash         record the inputs' size and mtime, not their SHA-256\n" CLI_HELP_VERSION_HELP
+               "\nExample: kvq-dump stories260K.gguf --text story.txt -o story.h5\n");
+}
+
+/* The options into a, checked: MODEL, OUT (not an input), no inline record. */
+static int parse_options(int argc, char **argv, dump_args *a, cli_meta *meta, int *stop)
+{
+    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &a->mo, .meta = meta};
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, a, stop);
+    if (rc || *stop) return rc;
+    if ((rc = cli_model_check(prog, argc, optind, &a->mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5")))
+        return rc;
+    if (!a->output) return cli_error(prog, "no output given (-o OUT.h5)"), CLI_USAGE;
+    const char *in[] = {argv[optind], a->mo.text, a->mo.tokens, a->mo.tokenizer};
+    if ((rc = cli_check_output(prog, a->output, in, 4))) return rc;
+    if (cli_meta_inline(meta)) return cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json"), CLI_USAGE;
+    return CLI_OK;
+}
 
 static int run(int argc, char **argv, cli_meta *meta)
 {
-    static const struct option longopts[] = {
-        CLI_MODEL_LONGOPTS, {"layers", required_argument, 0, OPT_LAYERS},
-        {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
-        CLI_META_LONGOPTS, {0, 0, 0, 0}};
-    const char *output = NULL;
-    cli_model mo = {0};
-    int *layers = NULL, nlayers = 0, *ids = NULL, T = 0, rc = CLI_OK, c;
+    dump_args a = {0};
+    int *ids = NULL, T = 0, stop;
     kvq_model *m = NULL;
     kvq_error err = {0};
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &mo, .meta = meta};
-    while ((c = cli_getopt(&go, argc, argv, ":o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) goto done;
-        switch (c) {
-        case OPT_LAYERS:
-            free(layers), layers = NULL;
-            if (cli_parse_list(optarg, 4095, &layers, &nlayers)) {
-                cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case 'o': output = optarg; break;
-        }
-    }
-    if ((rc = cli_model_check(prog, argc, optind, &mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5")))
-        goto done;
-    if (!output) {
-        cli_error(prog, "no output given (-o OUT.h5)");
-        rc = CLI_USAGE; goto done;
-    }
-    {
-        const char *in[] = {argv[optind], mo.text, mo.tokens, mo.tokenizer};
-        if ((rc = cli_check_output(prog, output, in, 4))) goto done;
-    }
-    if (cli_meta_inline(meta)) {
-        cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json");
-        rc = CLI_USAGE; goto done;
-    }
-    if ((rc = cli_model_load(prog, argv, optind, &mo, &m, &ids, &T))) goto done;
+    int rc = parse_options(argc, argv, &a, meta, &stop);
+    if (rc || stop || (rc = cli_model_load(prog, argv, optind, &a.mo, &m, &ids, &T))) goto done;
     const kvq_model_info *in = kvq_model_get_info(m);
     cli_meta_operands(meta, argv + optind, argc - optind);
-    cli_meta_model(meta, argv[optind], &mo, in, T);
-    cli_meta_ints(meta, "options", "layers", layers, nlayers);
+    cli_meta_model(meta, argv[optind], &a.mo, in, T);
+    cli_meta_ints(meta, "options", "layers", a.layers, a.nlayers);
     double nll;
-    if ((rc = cli_meta_drop(prog, output))) goto done;
-    if (kvq_model_dump(m, ids, T, layers, nlayers, output, (int)mo.threads, &nll, &err)) {
+    if ((rc = cli_meta_drop(prog, a.output))) goto done;
+    if (kvq_model_dump(m, ids, T, a.layers, a.nlayers, a.output, (int)a.mo.threads, &nll, &err)) {
         rc = cli_fail(prog, &err);
         goto done;
     }
-    fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, output,
-            in->format, in->name, layers ? nlayers : in->n_layers, T, nll, exp(nll));
+    fprintf(stderr, "%s: %s: %s %s, %d layers, %d tokens, mean NLL %.4f nats (perplexity %.3f)\n", prog, a.output,
+            in->format, in->name, a.layers ? a.nlayers : in->n_layers, T, nll, exp(nll));
     cli_meta_double(meta, "result", "mean_nll", nll);
-    rc = cli_meta_write_hashed(meta, prog, output);
+    rc = cli_meta_write_hashed(meta, prog, a.output);
 done:
     kvq_model_close(m);
-    free(layers), free(ids);
+    free(a.layers), free(ids);
     return rc;
 }
 

@@ -17,92 +17,7 @@
 
 static const char *prog = "kvq-eval";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: kvq-eval MODEL (--text FILE | --tokens FILE) [-q SPEC]... [options]\n"
-        "       kvq-eval MODEL --tasks FILE.jsonl [-q SPEC]... [--per-depth B] [options]\n"
-        "Teacher-forced loss of a model (GGUF llama/qwen2/qwen3/gemma3/phi3, or llama2.c)\n"
-        "with each quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio,\n"
-        "KL, top-1.\n"
-        "\n"
-        "  -q, --quant SPEC      quantizer spec NAME[:key=value,...], or none (the exact\n"
-        "                        cache); repeatable (default: kvq-analyze's default set)\n"
-        "      --calib FILE      calibration dump of the same model (kvq-dump of another\n"
-        "                        text)\n"
-        "      --policy P        prefill (default: every layer's cache quantized once\n"
-        "                        over all T tokens, as papers' perplexity tables do),\n"
-        "                        decode (the cache as it holds t+1 tokens at position t),\n"
-        "                        or prefill,decode\n"
-        "      --stride N        decode: re-quantize the cache every N positions (default\n"
-        "                        1)\n"
-        "      --per-layer       one row per layer with only that layer quantized\n"
-        "      --chunk N         corpus evaluation (llama.cpp perplexity's protocol):\n"
-        "                        windows of N tokens, each from an empty cache with BOS\n"
-        "                        first when the model adds one, scoring each window's\n"
-        "                        second half\n"
-        "      --chunks K        evaluate only the first K windows\n"
-        "      --context N       the context protocol: the first N tokens (of each\n"
-        "                        window) prefilled exactly and their cache compressed\n"
-        "                        once, the rest teacher-forced on top (their own entries\n"
-        "                        exact with prefill, stored by the spec or a\n"
-        "                        tokens(...)'s HI with decode); only positions >= N are\n"
-        "                        scored\n"
-        "      --tasks FILE      retrieval tasks (JSON lines, kvq-gen --task): each\n"
-        "                        context's cache compressed as --context does, the\n"
-        "                        question and the answer on top; the answer scored:\n"
-        "                        answer_nll, exact (every answer token the arg-max),\n"
-        "                        recall_drop\n"
-        "      --per-depth B     with --tasks: also a row per depth bucket of width B\n"
-        "      --shard I/N       with --chunk: only the I-th of N contiguous shares of\n"
-        "                        the windows, each window's rows appended to -o OUT as it\n"
-        "                        ends (with the sums --merge pools, the run's fingerprint\n"
-        "                        and I/N); with --tasks: of the tasks, a row per task\n"
-        "                        written to -o OUT at the end\n"
-        "      --resume          continue a shard's OUT after its last whole window\n"
-        "      --merge           kvq-eval --merge SHARD... [-o OUT]: pool the shards'\n"
-        "                        windows (or tasks, with --per-depth B as the run's) into\n"
-        "                        the rows of one run (bit for bit)\n"
-        "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds\n"
-        "                        one)\n"
-        "      --tokens FILE     whitespace-separated token ids instead (any model)\n"
-        "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"
-        "      --max-tokens N    keep the first N tokens (BOS included)\n"
-        "      --format FMT      table, csv or jsonl (default: table on a terminal, else\n"
-        "                        csv; with -o, jsonl for *.jsonl names)\n"
-        "  -o, --output FILE     write results to FILE (atomically) instead of stdout,\n"
-        "                        and the run's provenance to FILE.meta.json\n"
-        CLI_META_HELP
-        "      --progress WHEN   auto (default: on a terminal), always or never\n"
-        "      --threads N       worker threads (default: all cores)\n"
-        "      --seed N          seed of the quantizers' random streams (default 0)\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n"
-        "\n"
-        "Example: kvq-eval data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
-        "           -q none -q kivi:bits=2 --policy prefill,decode\n"
-        "Across machines: kvq-eval M --text T --chunk 512 -q ... --shard I/4 \\\n"
-        "           -o shard-I.csv (I = 0..3), then\n"
-        "                 kvq-eval --merge shard-*.csv -o all.csv\n");
-}
-
-enum {
-    OPT_CALIB = 256,
-    OPT_POLICY,
-    OPT_STRIDE,
-    OPT_PER_LAYER,
-    OPT_FORMAT,
-    OPT_PROGRESS,
-    OPT_SEED,
-    OPT_CHUNK,
-    OPT_CHUNKS,
-    OPT_CONTEXT,
-    OPT_SHARD,
-    OPT_RESUME,
-    OPT_MERGE,
-    OPT_TASKS,
-    OPT_PER_DEPTH
-};
+static void usage(FILE *f);
 
 typedef struct progress_state {
     int on;
@@ -175,97 +90,116 @@ typedef struct eval_state {
     size_t ntasks;
 } eval_state;
 
+/* -q: a spec, or none. */
+static int opt_quant(const char *p, const char *arg, void *at, void *base)
+{
+    eval_state *s = base;
+    (void)p, (void)at;
+    return add_spec(&s->specs, &s->nspecs, arg);
+}
+
+/* --policy: prefill, decode or both, into policies[2]. */
+static int opt_policy(const char *p, const char *arg, void *at, void *base)
+{
+    int *pol = at;
+    (void)base;
+    if (!strcmp(arg, "prefill")) pol[0] = 1, pol[1] = 0;
+    else if (!strcmp(arg, "decode")) pol[0] = 0, pol[1] = 1;
+    else if (!strcmp(arg, "prefill,decode") || !strcmp(arg, "decode,prefill")) pol[0] = pol[1] = 1;
+    else return cli_error(p, "--policy %s: expected prefill, decode or prefill,decode", arg), CLI_USAGE;
+    return CLI_OK;
+}
+
+static int opt_shard(const char *p, const char *arg, void *at, void *base)
+{
+    eval_state *s = base;
+    (void)at;
+    return cli_shard_option(p, arg, &s->shard_i, &s->shard_n);
+}
+
+enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED, OPT_CHUNK,
+       OPT_CHUNKS, OPT_CONTEXT, OPT_SHARD, OPT_RESUME, OPT_MERGE, OPT_TASKS, OPT_PER_DEPTH };
+
+/* kvq-eval's options, one row each (cli_optrow); the model's input and
+ * --threads, and the record's, are cli.h's groups.  The run records its
+ * options as they take effect (record_options), so no row is recorded here. */
+#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(eval_state, field), __VA_ARGS__}
+static const cli_optrow rows[] = {
+    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
+        .help = "quantizer spec NAME[:key=value,...], or none (the exact cache); repeatable (default: kvq-analyze's "
+                "default set)"),
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE",
+        .help = "calibration dump of the same model (kvq-dump of another text)"),
+    ROW("policy", OPT_POLICY, CLI_ARG_CUSTOM, policies, .parse = opt_policy, .metavar = "P",
+        .help = "prefill (default: every layer's cache quantized once over all T tokens, as papers' perplexity "
+                "tables do), decode (the cache as it holds t+1 tokens at position t), or prefill,decode"),
+    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "a positive integer",
+        .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
+    ROW("per-layer", OPT_PER_LAYER, CLI_ARG_FLAG, per_layer, .help = "one row per layer with only that layer quantized"),
+    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
+        .metavar = "N",
+        .help = "corpus evaluation (llama.cpp perplexity's protocol): windows of N tokens, each from an empty cache "
+                "with BOS first when the model adds one, scoring each window's second half"),
+    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+        .metavar = "K", .help = "evaluate only the first K windows"),
+    ROW("context", OPT_CONTEXT, CLI_ARG_LONG, context, .min = 1, .max = 1L << 30,
+        .expect = "a positive integer (tokens)", .metavar = "N",
+        .help = "the context protocol: the first N tokens (of each window) prefilled exactly and their cache "
+                "compressed once, the rest teacher-forced on top (their own entries exact with prefill, stored by "
+                "the spec or a tokens(...)'s HI with decode); only positions >= N are scored"),
+    ROW("tasks", OPT_TASKS, CLI_ARG_TEXT, tasks_path, .metavar = "FILE",
+        .help = "retrieval tasks (JSON lines, kvq-gen --task): each context's cache compressed as --context does, "
+                "the question and the answer on top; the answer scored: answer_nll, exact (every answer token the "
+                "arg-max), recall_drop"),
+    ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .real_max = 1,
+        .expect = "a bucket width in (0, 1], e.g. 0.25", .metavar = "B",
+        .help = "with --tasks: also a row per depth bucket of width B"),
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+        .help = "with --chunk: only the I-th of N contiguous shares of the windows, each window's rows appended to "
+                "-o OUT as it ends (with the sums --merge pools, the run's fingerprint and I/N); with --tasks: of the "
+                "tasks, a row per task written to -o OUT at the end"),
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume, .help = "continue a shard's OUT after its last whole window"),
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+        .help = "kvq-eval --merge SHARD... [-o OUT]: pool the shards' windows (or tasks, with --per-depth B as the "
+                "run's) into the rows of one run (bit for bit)"),
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .metavar = "FMT",
+        .help = "table, csv or jsonl (default: table on a terminal, else csv; with -o, jsonl for *.jsonl names)"),
+    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
+        .help = "write results to FILE (atomically) instead of stdout, and the run's provenance to FILE.meta.json"),
+    ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress_mode, .parse = cli_optrow_progress, .metavar = "WHEN",
+        .help = "auto (default: on a terminal), always or never"),
+    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, .metavar = "N",
+        .help = "seed of the quantizers' random streams (default 0)"),
+};
+#undef ROW
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
 /* The options into s; *stop: --help or --version answered (rc as they end). */
 static int parse_options(int argc, char **argv, eval_state *s, int *stop)
 {
-    static const struct option longopts[] = {
-        {"quant", required_argument, 0, 'q'}, {"calib", required_argument, 0, OPT_CALIB},
-        {"policy", required_argument, 0, OPT_POLICY}, {"stride", required_argument, 0, OPT_STRIDE},
-        {"per-layer", no_argument, 0, OPT_PER_LAYER}, {"chunk", required_argument, 0, OPT_CHUNK},
-        {"chunks", required_argument, 0, OPT_CHUNKS}, {"context", required_argument, 0, OPT_CONTEXT},
-        {"shard", required_argument, 0, OPT_SHARD},
-        {"resume", no_argument, 0, OPT_RESUME}, {"merge", no_argument, 0, OPT_MERGE}, CLI_MODEL_LONGOPTS,
-        {"tasks", required_argument, 0, OPT_TASKS}, {"per-depth", required_argument, 0, OPT_PER_DEPTH},
-        {"format", required_argument, 0, OPT_FORMAT}, {"output", required_argument, 0, 'o'},
-        {"progress", required_argument, 0, OPT_PROGRESS}, {"seed", required_argument, 0, OPT_SEED},
-        CLI_META_LONGOPTS,
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    int rc = CLI_OK, c;
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = &s->mo, .meta = s->meta};
-    while ((c = cli_getopt(&go, argc, argv, ":q:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) return *stop = 1, rc;
-        switch (c) {
-        case 'q':
-            if ((rc = add_spec(&s->specs, &s->nspecs, optarg))) return rc;
-            break;
-        case OPT_CALIB: s->calib = optarg; break;
-        case OPT_POLICY:
-            if (!strcmp(optarg, "prefill")) s->policies[0] = 1, s->policies[1] = 0;
-            else if (!strcmp(optarg, "decode")) s->policies[0] = 0, s->policies[1] = 1;
-            else if (!strcmp(optarg, "prefill,decode") || !strcmp(optarg, "decode,prefill"))
-                s->policies[0] = s->policies[1] = 1;
-            else {
-                cli_error(prog, "--policy %s: expected prefill, decode or prefill,decode", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_STRIDE:
-            if (cli_parse_long(optarg, 1, 1L << 30, &s->stride)) {
-                cli_error(prog, "--stride %s: expected a positive integer", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_PER_LAYER: s->per_layer = 1; break;
-        case OPT_CHUNK:
-        case OPT_CHUNKS:
-            if (cli_parse_long(optarg, c == OPT_CHUNK ? 4 : 1, 1L << 30, c == OPT_CHUNK ? &s->chunk : &s->chunks)) {
-                cli_error(prog, "--%s %s: expected an integer %s", c == OPT_CHUNK ? "chunk" : "chunks", optarg,
-                          c == OPT_CHUNK ? "4..2^30" : "1..2^30");
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_CONTEXT:
-            if (cli_parse_long(optarg, 1, 1L << 30, &s->context)) {
-                cli_error(prog, "--context %s: expected a positive integer (tokens)", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_SHARD:
-            if (cli_parse_shard(optarg, &s->shard_i, &s->shard_n)) {
-                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_RESUME: s->resume = 1; break;
-        case OPT_MERGE: s->merge = 1; break;
-        case OPT_FORMAT:
-            if ((rc = cli_format_option(prog, optarg, &s->format))) return rc;
-            break;
-        case OPT_PROGRESS:
-            if ((rc = cli_progress_option(prog, optarg, &s->progress_mode))) return rc;
-            break;
-        case OPT_SEED:
-            if (cli_parse_u64(optarg, &s->seed)) {
-                cli_error(prog, "--seed %s: expected a non-negative integer", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        case OPT_TASKS: s->tasks_path = optarg; break;
-        case OPT_PER_DEPTH: {
-            char *end;
-            double b = strtod(optarg, &end);
-            if (end == optarg || *end || !(b > 0 && b <= 1)) {
-                cli_error(prog, "--per-depth %s: expected a bucket width in (0, 1], e.g. 0.25", optarg);
-                return CLI_USAGE;
-            }
-            s->per_depth = b;
-            break;
-        }
-        case 'o': s->output = optarg; break;
-        }
-    }
+    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &s->mo, .meta = s->meta};
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:o:hV", argc, argv, s, stop);
     s->argc = argc, s->argv = argv, s->optind = optind;
-    return CLI_OK;
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-eval MODEL (--text FILE | --tokens FILE) [-q SPEC]... [options]\n"
+               "       kvq-eval MODEL --tasks FILE.jsonl [-q SPEC]... [--per-depth B] [options]\n"
+               "Teacher-forced loss of a model (GGUF llama/qwen2/qwen3/gemma3/phi3, or llama2.c)\n"
+               "with each quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio,\n"
+               "KL, top-1.\n\n");
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, CLI_MODEL_HELP CLI_META_HELP CLI_HELP_VERSION_HELP
+               "\n"
+               "Example: kvq-eval data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
+               "           -q none -q kivi:bits=2 --policy prefill,decode\n"
+               "Across machines: kvq-eval M --text T --chunk 512 -q ... --shard I/4 \\\n"
+               "           -o shard-I.csv (I = 0..3), then\n"
+               "                 kvq-eval --merge shard-*.csv -o all.csv\n");
 }
 
 /* --merge: the shards' rows pooled; no model to run. */

@@ -164,16 +164,8 @@ static int parse_options(int argc, char **argv, gen_args *a, cli_meta *meta, int
 {
     static const struct option extra[] = {CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
                                            {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    struct option *longopts;
-    if (cli_optrows_longopts(rows, NROWS, extra, &longopts)) return *stop = 1, cli_error(prog, "out of memory"), CLI_RUNTIME;
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .meta = meta};
-    int rc = CLI_OK, c;
-    while (!rc && (c = cli_getopt(&go, argc, argv, ":o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) *stop = 1;
-        else if ((rc = cli_optrow_parse(prog, rows, NROWS, c, optarg, a)) == CLI_OPTROW_NONE) rc = CLI_OK;
-        if (rc) *stop = 1;
-    }
-    free(longopts);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, a, stop);
     a->o.dtype = (kvq_dtype)a->dtype, a->o.rope_style = (kvq_rope_style)(a->style + 1);
     a->o.with_query = !a->no_query, a->o.with_key_pre_rope = !a->no_pre;
     if (a->task >= 0) a->t.on = 1, a->t.kind = (kvq_task_kind)a->task;

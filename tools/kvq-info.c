@@ -12,23 +12,6 @@
 
 static const char *prog = "kvq-info";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: kvq-info [options] DUMP...\n"
-        "Describe kvq-dump/1 files: shapes, dtypes and per-layer statistics.\n\n"
-        "      --channels        write per-channel magnitudes as CSV instead\n"
-        "                        (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)\n"
-        "      --values L:H      write the keys and values of layer L, KV head H as CSV\n"
-        "                        (dump,layer,head,tensor,token,c0..c{D-1}; tensor is key,\n"
-        "                        value and key_pre_rope when the dump has it)\n"
-        "  -o, --output FILE     write to FILE (atomically) instead of stdout, and the\n"
-        "                        run's provenance to FILE.meta.json\n"
-        "      --no-hash         record the dumps' size and mtime, not their SHA-256\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n");
-}
-
 static const char *dtype_name(kvq_dtype t) { return t == KVQ_F16 ? "float16" : t == KVQ_F64 ? "float64" : "float32"; }
 
 /* One tensor's statistics row; st has H*D entries. */
@@ -104,6 +87,36 @@ done:
     return rc;
 }
 
+/* A dump's description: its header, and the per-layer table's head. */
+static void describe_header(FILE *f, const char *path, const kvq_dump_info *in)
+{
+    fprintf(f, "%s\n  model %s, format kvq-dump/1\n", path, in->model);
+    fprintf(f, "  %d layers, %d query heads, %d KV heads (%d query heads per KV head), head_dim %d, %d tokens\n",
+            in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim,
+            in->seq_len);
+    fprintf(f, "  key %s, value %s, query %s, key_pre_rope %s, rope tables %s\n",
+            dtype_name(in->key_dtype), dtype_name(in->value_dtype),
+            in->has_query ? dtype_name(in->query_dtype) : "absent",
+            in->has_key_pre_rope ? "present" : "absent", in->has_rope_table ? "present" : "absent");
+    fprintf(f, "  rope_theta %s", in->has_rope_theta ? "" : "unset");
+    if (in->has_rope_theta) fprintf(f, "%g", in->rope_theta);
+    fprintf(f, ", rope_style %s, query_prescaled %d\n",
+            in->rope_style == KVQ_ROPE_HALF          ? "half"
+            : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved"
+                                                     : "unset",
+            in->query_prescaled);
+    if (in->attn_scale > 0 || in->attn_softcap > 0 || in->window_layers)
+        fprintf(f, "  attention: attn_scale %g, attn_softcap %g, %d layer(s) with a sliding window\n",
+                in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap,
+                in->window_layers);
+    fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
+               "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
+    fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
+            "V absmax max/med", "V kurt", "V rms",
+            in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
+            in->has_query ? "      Q rms" : "");
+}
+
 static int describe(FILE *f, const char *path, int channels)
 {
     cli_progress pr = {0}; /* a line on a terminal once a long dump has taken a second */
@@ -117,33 +130,7 @@ static int describe(FILE *f, const char *path, int channels)
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     st = calloc((size_t)in->num_kv_heads * in->head_dim, sizeof *st);
     if (!st) { cli_error(prog, "%s: out of memory", path); rc = CLI_RUNTIME; goto done; }
-    if (!channels) {
-        fprintf(f, "%s\n  model %s, format kvq-dump/1\n", path, in->model);
-        fprintf(f, "  %d layers, %d query heads, %d KV heads (%d query heads per KV head), head_dim %d, %d tokens\n",
-                in->num_layers, in->num_heads, in->num_kv_heads, in->num_heads / in->num_kv_heads, in->head_dim,
-                in->seq_len);
-        fprintf(f, "  key %s, value %s, query %s, key_pre_rope %s, rope tables %s\n",
-                dtype_name(in->key_dtype), dtype_name(in->value_dtype),
-                in->has_query ? dtype_name(in->query_dtype) : "absent",
-                in->has_key_pre_rope ? "present" : "absent", in->has_rope_table ? "present" : "absent");
-        fprintf(f, "  rope_theta %s", in->has_rope_theta ? "" : "unset");
-        if (in->has_rope_theta) fprintf(f, "%g", in->rope_theta);
-        fprintf(f, ", rope_style %s, query_prescaled %d\n",
-                in->rope_style == KVQ_ROPE_HALF          ? "half"
-                : in->rope_style == KVQ_ROPE_INTERLEAVED ? "interleaved"
-                                                         : "unset",
-                in->query_prescaled);
-        if (in->attn_scale > 0 || in->attn_softcap > 0 || in->window_layers)
-            fprintf(f, "  attention: attn_scale %g, attn_softcap %g, %d layer(s) with a sliding window\n",
-                    in->attn_scale > 0 ? in->attn_scale : 1.0 / sqrt((double)in->head_dim), in->attn_softcap,
-                    in->window_layers);
-        fprintf(f, "  per layer: channel abs-max ratio = max/median of the per-(head,channel) abs-max;\n"
-                   "  kurtosis is Pearson's (normal = 3); rms over all elements\n");
-        fprintf(f, "  %5s  %13s %10s %10s  %13s %10s %10s%s%s\n", "layer", "K absmax max/med", "K kurt", "K rms",
-                "V absmax max/med", "V kurt", "V rms",
-                in->has_key_pre_rope ? "  pre-RoPE K max/med   kurt        rms" : "",
-                in->has_query ? "      Q rms" : "");
-    }
+    if (!channels) describe_header(f, path, in);
     int mode;
     cli_progress_option(prog, "auto", &mode);
     cli_progress_start(&pr, prog, mode, path);
@@ -181,84 +168,99 @@ done:
     return rc;
 }
 
-static int run(int argc, char **argv, cli_meta *meta)
+/* Everything kvq-info's options set (the rows below land here). */
+typedef struct info_args {
+    int channels;
+    long vlayer, vhead; /* --values L:H (-1: not given) */
+    const char *output;
+} info_args;
+
+/* --values L:H */
+static int opt_values(const char *p, const char *arg, void *at, void *base)
 {
-    static const struct option longopts[] = {
-        {"channels", no_argument, 0, 'c'}, {"values", required_argument, 0, 'v'},
-        {"output", required_argument, 0, 'o'}, CLI_META_LONGOPTS,
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-    int channels = 0, c, rc = CLI_OK, D = 0;
-    long vlayer = -1, vhead = -1;
-    const char *output = NULL;
-    cli_out out = {0};
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = NULL, .model = NULL, .meta = meta};
-    while ((c = cli_getopt(&go, argc, argv, ":o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) return rc;
-        switch (c) {
-        case 'c': channels = 1; break;
-        case 'v': {
-            char *colon = strchr(optarg, ':');
-            if (colon) *colon = '\0';
-            int bad =
-                !colon || cli_parse_long(optarg, 0, 1 << 20, &vlayer) || cli_parse_long(colon + 1, 0, 1 << 20, &vhead);
-            if (colon) *colon = ':';
-            if (bad) {
-                cli_error(prog, "--values %s: expected LAYER:HEAD, e.g. 0:1", optarg);
-                return CLI_USAGE;
-            }
-            break;
-        }
-        case 'o': output = optarg; break;
-        }
+    info_args *a = base;
+    (void)at;
+    const char *colon = strchr(arg, ':');
+    char layer[32];
+    if (colon && (size_t)(colon - arg) < sizeof layer) {
+        memcpy(layer, arg, (size_t)(colon - arg));
+        layer[colon - arg] = '\0';
+        if (!cli_parse_long(layer, 0, 1 << 20, &a->vlayer) && !cli_parse_long(colon + 1, 0, 1 << 20, &a->vhead))
+            return CLI_OK;
     }
-    if (optind >= argc) {
-        cli_error(prog, "no dump given (usage: kvq-info [--channels] DUMP...; see --help)");
-        return CLI_USAGE;
-    }
-    if (channels && vlayer >= 0) {
-        cli_error(prog, "--channels and --values write different tables: choose one");
-        return CLI_USAGE;
-    }
-    int crc = cli_check_output(prog, output, (const char *const *)argv + optind, argc - optind);
-    if (crc || (crc = cli_meta_check_format(prog, meta, KVQ_FMT_CSV))) return crc;
-    cli_meta_operands(meta, argv + optind, argc - optind);
-    for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
-    cli_meta_bool(meta, "options", "channels", channels);
-    if (vlayer >= 0) {
-        char v[48];
-        snprintf(v, sizeof v, "%ld:%ld", vlayer, vhead);
-        cli_meta_str(meta, "options", "values", v);
-    } else cli_meta_str(meta, "options", "values", NULL);
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) {
-        cli_out_abort(&out);
-        return CLI_RUNTIME;
-    }
-    /* the report is built in memory and written only when every dump
-     * succeeded: a failing run leaves nothing that looks like a result */
+    a->vlayer = a->vhead = -1;
+    return cli_error(p, "--values %s: expected LAYER:HEAD, e.g. 0:1", arg), CLI_USAGE;
+}
+
+enum { OPT_CHANNELS = 256, OPT_VALUES };
+#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(info_args, field), __VA_ARGS__}
+static const cli_optrow rows[] = {
+    ROW("channels", OPT_CHANNELS, CLI_ARG_FLAG, channels, .record = 1,
+        .help = "write per-channel magnitudes as CSV instead (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)"),
+    ROW("values", OPT_VALUES, CLI_ARG_CUSTOM, vlayer, .parse = opt_values, .metavar = "L:H",
+        .help = "write the keys and values of layer L, KV head H as CSV (dump,layer,head,tensor,token,c0..c{D-1}; "
+                "tensor is key, value and key_pre_rope when the dump has it)"),
+    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
+        .help = "write to FILE (atomically) instead of stdout, and the run's provenance to FILE.meta.json"),
+};
+#undef ROW
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-info [options] DUMP...\n"
+               "Describe kvq-dump/1 files: shapes, dtypes and per-layer statistics.\n\n");
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, "      --no-hash         record the dumps' size and mtime, not their SHA-256\n" CLI_HELP_VERSION_HELP);
+}
+
+/* The report of every dump, built in memory and written to out only when
+ * every dump succeeded: a failing run leaves nothing that looks like a result. */
+static int write_report(const info_args *a, char **dumps, int ndumps, cli_out *out)
+{
     char *text = NULL;
     size_t text_len = 0;
+    int rc = CLI_OK, D = 0;
     FILE *f = open_memstream(&text, &text_len);
-    if (!f) {
-        cli_error(prog, "out of memory");
+    if (!f) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    if (a->channels) fprintf(f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
+    for (int i = 0; i < ndumps && rc == CLI_OK; i++)
+        rc = a->vlayer >= 0 ? dump_values(f, dumps[i], a->vlayer, a->vhead, &D) : describe(f, dumps[i], a->channels);
+    if (fclose(f) != 0 && rc == CLI_OK) rc = (cli_error(prog, "out of memory for the report"), CLI_RUNTIME);
+    if (rc == CLI_OK && fwrite(text, 1, text_len, out->f) != text_len)
+        rc = cli_write_error(prog, a->output, KVQ_ERR_IO, errno);
+    free(text);
+    return rc;
+}
+
+static int run(int argc, char **argv, cli_meta *meta)
+{
+    static const struct option extra[] = {CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    info_args a = {.vlayer = -1, .vhead = -1};
+    cli_out out = {0};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .meta = meta};
+    int stop, rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, &a, &stop);
+    if (rc || stop) return rc;
+    if (optind >= argc)
+        return cli_error(prog, "no dump given (usage: kvq-info [--channels] DUMP...; see --help)"), CLI_USAGE;
+    if (a.channels && a.vlayer >= 0)
+        return cli_error(prog, "--channels and --values write different tables: choose one"), CLI_USAGE;
+    if ((rc = cli_check_output(prog, a.output, (const char *const *)argv + optind, argc - optind)) ||
+        (rc = cli_meta_check_format(prog, meta, KVQ_FMT_CSV)))
+        return rc;
+    cli_meta_operands(meta, argv + optind, argc - optind);
+    for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
+    cli_optrows_record(meta, rows, NROWS, &a);
+    char v[48];
+    snprintf(v, sizeof v, "%ld:%ld", a.vlayer, a.vhead);
+    cli_meta_str(meta, "options", "values", a.vlayer >= 0 ? v : NULL);
+    if (cli_out_open(&out, a.output, prog) || cli_out_attach_meta(&out, meta, prog)) {
         cli_out_abort(&out);
         return CLI_RUNTIME;
     }
-    if (channels) fprintf(f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
-    for (int i = optind; i < argc && rc == CLI_OK; i++)
-        rc = vlayer >= 0 ? dump_values(f, argv[i], vlayer, vhead, &D) : describe(f, argv[i], channels);
-    if (fclose(f) != 0 && rc == CLI_OK) {
-        cli_error(prog, "out of memory for the report");
-        rc = CLI_RUNTIME;
-    }
-    if (rc == CLI_OK && fwrite(text, 1, text_len, out.f) != text_len) {
-        rc = cli_write_error(prog, output, KVQ_ERR_IO, errno);
-        cli_out_abort(&out);
-    } else if (rc == CLI_OK) {
-        if (cli_meta_commit(&out, prog)) rc = CLI_RUNTIME;
-    } else {
-        cli_out_abort(&out);
-    }
-    free(text);
+    if ((rc = write_report(&a, argv + optind, argc - optind, &out))) cli_out_abort(&out);
+    else if (cli_meta_commit(&out, prog)) rc = CLI_RUNTIME;
     return rc;
 }
 

@@ -23,54 +23,6 @@
 
 static const char *prog = "kvq-sweep";
 
-static void usage(FILE *f)
-{
-    fprintf(f,
-        "usage: kvq-sweep [options] DUMP... --quant NAME --grid key=v1,v2,... -o OUT\n"
-        "       kvq-sweep --merge [--expect-grid --quant NAME --grid ...] FILE... -o OUT\n"
-        "Run one quantizer over the cartesian product of parameter values; each point\n"
-        "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
-        "appended to OUT as soon as the point is done.\n\n"
-        "  -q, --quant NAME      the quantizer (see kvq-analyze --list-quantizers), or a\n"
-        "                        template tokens(SELECT; HI; LO) whose selector's keys\n"
-        "                        (keep, sinks, recent, obs, pool) --grid sweeps\n"
-        "  -g, --grid K=V1,V2    values of key K; repeatable.  Points run in the order\n"
-        "                        of nested loops, the first --grid outermost\n"
-        "  -f, --fixed K=V[,..]  keys held fixed at every point; repeatable\n"
-        "  -o, --output OUT      results file (required; must not exist without\n"
-        "                        --resume);\n"
-        "                        OUT.meta.json records each run's provenance\n"
-        "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
-        "      --resume          continue OUT: keep its complete points, drop a trailing\n"
-        "                        partial row, run the rest (a missing OUT starts afresh)\n"
-        "      --shard I/N       run only the points p with p mod N = I\n"
-        "      --merge           join the shard outputs FILE... into OUT, checking that\n"
-        "                        the columns agree and that no point is duplicated\n"
-        "      --expect-grid     with --merge: prove that the --quant/--grid/--fixed grid\n"
-        "                        is complete (every valid point present, nothing else)\n"
-        "      --list-points     print the points (index, spec, valid or why not) and\n"
-        "                        exit\n"
-        "      --calib FILE      calibration dump of the same model\n"
-        "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
-        "      --heads LIST      KV heads to analyse (default: all)\n"
-        "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
-        "                        random:N\n"
-        "      --per WHAT        pool results per head, layer (default) or model\n"
-        "      --format FMT      csv or jsonl (default: jsonl for *.jsonl names, else\n"
-        "                        csv)\n"
-        "      --threads N       worker threads (default: all cores)\n"
-        "      --seed N          seed of the random streams (default 0)\n"
-        "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
-        "      --cache-mb N      memory for the shared work kept across points (default\n"
-        "                        4096); a dump that does not fit is re-read per point\n"
-        "      --progress WHEN   auto (default: a bar on a terminal, else one line per\n"
-        "                        point), always (a bar) or never\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         print the version\n\n"
-        "Example: kvq-sweep data/stories260K.h5 --quant kivi --grid group=32,64,128 \\\n"
-        "           --grid residual=32,64,128 --grid bits=2,3,4 -o kivi-sweep.csv\n");
-}
-
 enum { OPT_CALIB = 256, OPT_FORMAT, OPT_RESUME, OPT_SHARD, OPT_MERGE, OPT_EXPECT, OPT_LIST, OPT_CACHE,
        OPT_PROGRESS };
 
@@ -199,137 +151,161 @@ static void recorded_run(const char *runs, char run[17], char shard[48])
         if (sscanf(p, "\"shard\": \"%47[0-9/]\"", shard) != 1) shard[0] = '\0';
 }
 
+/* --merge's files, read and checked: a sweep's output each, whole, with the
+ * first's columns; *nunits: their points together. */
+static int merge_read(char **files, int nfiles, kvq_sweep_file *f, size_t *nunits)
+{
+    kvq_error err = {0};
+    *nunits = 0;
+    for (int i = 0; i < nfiles; i++) {
+        if (kvq_sweep_file_read(files[i], &f[i], &err)) return cli_fail(prog, &err);
+        if (!f[i].columns) return cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]), CLI_RUNTIME;
+        if (f[i].partial)
+            return cli_error(prog, "%s: ends in a partial row: an interrupted shard (finish it with --resume)",
+                             files[i]), CLI_RUNTIME;
+        if (f[i].fmt != f[0].fmt || strcmp(f[i].columns, f[0].columns))
+            return cli_error(prog, "%s: columns differ from %s's (expected: %s)", files[i], files[0], f[0].columns),
+                   CLI_RUNTIME;
+        *nunits += f[i].nunits;
+    }
+    return CLI_OK;
+}
+
+/* Every file's points in the order of their index into units[nunits]: no
+ * point twice, each with as many rows as the first; *rows: their rows. */
+static int merge_order(char **files, int nfiles, kvq_sweep_file *f, unit_ref *units, size_t nunits, size_t *rows)
+{
+    size_t n = 0;
+    for (int i = 0; i < nfiles; i++)
+        for (size_t k = 0; k < f[i].nunits; k++) units[n++] = (unit_ref){&f[i], files[i], &f[i].units[k]};
+    qsort(units, nunits, sizeof *units, cmp_unit); /* stable enough: equal points are an error */
+    *rows = 0;
+    for (size_t k = 0; k < nunits; k++) {
+        const kvq_sweep_unit *u = units[k].u;
+        if (k && u->point == units[k - 1].u->point)
+            return cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path,
+                             units[k].path), CLI_RUNTIME;
+        if (u->nrows != units[0].u->nrows)
+            return cli_error(prog, "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from "
+                             "another sweep", units[k].path, u->point, u->spec, u->nrows, units[0].u->point,
+                             units[0].path, units[0].u->nrows), CLI_RUNTIME;
+        *rows += u->nrows;
+    }
+    return CLI_OK;
+}
+
+/* --expect-grid: the merged points (in index order) are every valid point
+ * of the grid exactly once, with its spec, and nothing else. */
+static int merge_check_grid(const kvq_grid *grid, const unit_ref *units, size_t nunits)
+{
+    kvq_error err = {0};
+    size_t k = 0, missing = 0, invalid = 0;
+    char list[256] = "";
+    for (size_t p = 0; p < kvq_grid_size(grid); p++) {
+        kvq_spec sp;
+        int valid = kvq_grid_spec(grid, p, &sp, &err) == KVQ_OK;
+        int present = k < nunits && units[k].u->point == (long)p;
+        if (present && (!valid || strcmp(units[k].u->spec, sp.text)))
+            return cli_error(prog, "%s: point %zu is '%s'; the expected grid %s", units[k].path, p, units[k].u->spec,
+                             valid ? "has another spec there" : "has no valid point there"), CLI_RUNTIME;
+        if (!valid) invalid++;
+        if (valid && !present) {
+            size_t l = strlen(list);
+            if (missing < 10) snprintf(list + l, sizeof list - l, "%s%zu", missing ? ", " : "", p);
+            missing++;
+        }
+        k += present;
+    }
+    if (k < nunits)
+        return cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path,
+                         units[k].u->point, kvq_grid_size(grid)), CLI_RUNTIME;
+    if (missing)
+        return cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list,
+                         missing > 10 ? ", ..." : ""), CLI_RUNTIME;
+    fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog, nunits,
+            invalid);
+    return CLI_OK;
+}
+
+/* What the shards' records say of their runs, checked as the files go by:
+ * one run's fingerprint, each shard I of one N at most once. */
+typedef struct merge_runs {
+    char run0[17];
+    int from0;   /* the file whose record gave run0 */
+    long nshard; /* -1 until a record names its I/N */
+    int *holder; /* [nshard]: 1 + the file holding shard I, 0 none */
+} merge_runs;
+
+/* File i's recorded run and shard (recorded_run) against the others'. */
+static int merge_check_run(merge_runs *mr, char **files, int i, const char *run, const char *shard)
+{
+    long si, sn;
+    if (!mr->run0[0]) snprintf(mr->run0, sizeof mr->run0, "%s", run), mr->from0 = i;
+    if (strcmp(run, mr->run0))
+        return cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib or analysis "
+                         "options): not shards of one sweep", files[i], files[mr->from0], run, mr->run0), CLI_RUNTIME;
+    if (!shard[0] || cli_parse_shard(shard, &si, &sn)) return CLI_OK;
+    if (mr->nshard < 0) {
+        if (!(mr->holder = calloc((size_t)sn, sizeof *mr->holder))) return CLI_RUNTIME;
+        mr->nshard = sn;
+    }
+    if (sn != mr->nshard)
+        return cli_error(prog, "%s: shard %s of a sweep in %ld shards, %s's has %ld: not shards of one sweep",
+                         files[i], shard, sn, files[mr->from0], mr->nshard), CLI_RUNTIME;
+    if (mr->holder[si])
+        return cli_error(prog, "shard %s is in %s and %s: duplicated", shard, files[mr->holder[si] - 1], files[i]),
+               CLI_RUNTIME;
+    mr->holder[si] = i + 1;
+    return CLI_OK;
+}
+
+/* Provenance: the shards (and their runs, from their meta files), checked
+ * to be shares of one sweep. */
+static int merge_record_shards(const opts_t *o, char **files, int nfiles)
+{
+    merge_runs mr = {.nshard = -1};
+    int rc = CLI_OK;
+    cli_meta_operands(o->meta, files, nfiles);
+    for (int i = 0; i < nfiles && !rc; i++) {
+        char *mp = cli_meta_path(files[i]), *runs = NULL, run[17], shard[48];
+        if (!mp) return free(mr.holder), cli_error(prog, "out of memory"), CLI_RUNTIME;
+        cli_meta_input(o->meta, "shard", files[i]);
+        rc = cli_meta_read_runs(prog, mp, &runs);
+        if (!rc && !runs)
+            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", prog, files[i]);
+        recorded_run(runs, run, shard);
+        if (!rc && run[0]) rc = merge_check_run(&mr, files, i, run, shard);
+        cli_meta_prior_runs(o->meta, runs);
+        free(mp), free(runs);
+    }
+    free(mr.holder);
+    return rc;
+}
+
+/* kvq-sweep --merge: the files' points in index order into OUT, checked
+ * (merge_read, merge_order, --expect-grid's merge_check_grid) and recorded. */
 static int do_merge(const opts_t *o, char **files, int nfiles)
 {
-    int rc = CLI_OK, from0 = 0;
-    char run0[17] = "";
-    long nshard = -1;
-    int *holder = NULL; /* [nshard]: 1 + the file holding shard I, 0 none */
+    int rc = CLI_OK;
     kvq_error err = {0};
     kvq_grid *grid = NULL;
     kvq_sweep_file *f = calloc((size_t)nfiles, sizeof *f);
     unit_ref *units = NULL;
     size_t nunits = 0, rows = 0;
     cli_out out = {0};
-    if (!f) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
-    if (o->expect_grid &&
-        kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
+    if (!f) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    if (o->expect_grid && kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
         rc = cli_fail(prog, &err);
         goto done;
     }
-    for (int i = 0; i < nfiles; i++) {
-        if (kvq_sweep_file_read(files[i], &f[i], &err)) { rc = cli_fail(prog, &err); goto done; }
-        if (!f[i].columns) {
-            cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (f[i].partial) {
-            cli_error(prog, "%s: ends in a partial row: an interrupted shard (finish it with --resume)", files[i]);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (f[i].fmt != f[0].fmt || strcmp(f[i].columns, f[0].columns)) {
-            cli_error(prog, "%s: columns differ from %s's (expected: %s)", files[i], files[0], f[0].columns);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        nunits += f[i].nunits;
+    if ((rc = merge_read(files, nfiles, f, &nunits))) goto done;
+    if (!(units = calloc(nunits + 1, sizeof *units))) {
+        rc = (cli_error(prog, "out of memory"), CLI_RUNTIME);
+        goto done;
     }
-    units = calloc(nunits + 1, sizeof *units);
-    if (!units) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-    nunits = 0;
-    for (int i = 0; i < nfiles; i++)
-        for (size_t k = 0; k < f[i].nunits; k++) units[nunits++] = (unit_ref){&f[i], files[i], &f[i].units[k]};
-    qsort(units, nunits, sizeof *units, cmp_unit); /* stable enough: equal points are an error */
-    for (size_t k = 0; k < nunits; k++) {
-        const kvq_sweep_unit *u = units[k].u;
-        if (k && u->point == units[k - 1].u->point) {
-            cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path,
-                      units[k].path);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (u->nrows != units[0].u->nrows) {
-            cli_error(prog,
-                      "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from another sweep",
-                      units[k].path, u->point, u->spec, u->nrows, units[0].u->point, units[0].path, units[0].u->nrows);
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        rows += u->nrows;
-    }
-    if (grid) { /* every valid point exactly once, nothing else */
-        size_t k = 0, missing = 0, invalid = 0;
-        char list[256] = "";
-        for (size_t p = 0; p < kvq_grid_size(grid); p++) {
-            kvq_spec sp;
-            int valid = kvq_grid_spec(grid, p, &sp, &err) == KVQ_OK;
-            int present = k < nunits && units[k].u->point == (long)p;
-            if (present && (!valid || strcmp(units[k].u->spec, sp.text))) {
-                cli_error(prog, "%s: point %zu is '%s'; the expected grid %s", units[k].path, p, units[k].u->spec,
-                          valid ? "has another spec there" : "has no valid point there");
-                rc = CLI_RUNTIME;
-                goto done;
-            }
-            if (!valid) invalid++;
-            if (valid && !present) {
-                size_t l = strlen(list);
-                if (missing < 10) snprintf(list + l, sizeof list - l, "%s%zu", missing ? ", " : "", p);
-                missing++;
-            }
-            k += present;
-        }
-        if (k < nunits) {
-            cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path,
-                      units[k].u->point, kvq_grid_size(grid));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        if (missing) {
-            cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list,
-                      missing > 10 ? ", ..." : "");
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog,
-                nunits, invalid);
-    }
-    /* provenance: the shards (and their runs, from their meta files), then this merge */
-    cli_meta_operands(o->meta, files, nfiles);
-    for (int i = 0; i < nfiles; i++) {
-        char *mp = cli_meta_path(files[i]), *runs = NULL;
-        if (!mp) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-        cli_meta_input(o->meta, "shard", files[i]);
-        int mrc = cli_meta_read_runs(prog, mp, &runs);
-        if (!mrc && !runs) fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n",
-                                   prog, files[i]);
-        char run[17], shard[48];
-        long si, sn;
-        recorded_run(runs, run, shard);
-        if (!mrc && run[0]) { /* one run: the same fingerprint, each shard I of one N once */
-            if (!run0[0]) snprintf(run0, sizeof run0, "%s", run), from0 = i;
-            if (strcmp(run, run0)) {
-                cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib or analysis "
-                          "options): not shards of one sweep", files[i], files[from0], run, run0);
-                mrc = CLI_RUNTIME;
-            } else if (shard[0] && !cli_parse_shard(shard, &si, &sn)) {
-                if (nshard < 0 && !(holder = calloc((size_t)sn, sizeof *holder))) mrc = CLI_RUNTIME;
-                else if (nshard < 0) nshard = sn;
-                if (!mrc && sn != nshard) {
-                    cli_error(prog, "%s: shard %s of a sweep in %ld shards, %s's has %ld: not shards of one sweep",
-                              files[i], shard, sn, files[from0], nshard);
-                    mrc = CLI_RUNTIME;
-                } else if (!mrc && holder[si]) {
-                    cli_error(prog, "shard %s is in %s and %s: duplicated", shard, files[holder[si] - 1], files[i]);
-                    mrc = CLI_RUNTIME;
-                } else if (!mrc) holder[si] = i + 1;
-            }
-        }
-        cli_meta_prior_runs(o->meta, runs);
-        free(mp), free(runs);
-        if (mrc) { rc = mrc; goto done; }
-    }
+    if ((rc = merge_order(files, nfiles, f, units, nunits, &rows)) || (grid && (rc = merge_check_grid(grid, units, nunits))) ||
+        (rc = merge_record_shards(o, files, nfiles)))
+        goto done;
     meta_options(o, f[0].fmt);
     if (cli_out_open(&out, o->output, prog) || cli_out_attach_meta(&out, o->meta, prog)) {
         rc = CLI_RUNTIME;
@@ -344,7 +320,7 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
 done:
     if (out.f) cli_out_abort(&out);
     for (int i = 0; i < nfiles; i++) kvq_sweep_file_free(&f[i]);
-    free(f), free(units), free(holder);
+    free(f), free(units);
     kvq_grid_free(grid);
     return rc;
 }
@@ -696,121 +672,163 @@ done:
     return rc;
 }
 
+/* --grid and --fixed: repeatable. */
+static int opt_grid(const char *p, const char *arg, void *at, void *base)
+{
+    opts_t *o = base;
+    int grid = at == (void *)&o->grids;
+    if (push(grid ? &o->grids : &o->fixed, grid ? &o->ngrids : &o->nfixed, arg))
+        return cli_error(p, "out of memory"), CLI_RUNTIME;
+    return CLI_OK;
+}
+
+static int opt_format(const char *p, const char *arg, void *at, void *base)
+{
+    (void)base;
+    if (strcmp(arg, "csv") && strcmp(arg, "jsonl")) return cli_error(p, "--format %s: expected csv or jsonl", arg), CLI_USAGE;
+    *(const char **)at = arg;
+    return CLI_OK;
+}
+
+static int opt_shard(const char *p, const char *arg, void *at, void *base)
+{
+    opts_t *o = base;
+    (void)at;
+    return cli_shard_option(p, arg, &o->shard_i, &o->shard_n);
+}
+
+/* --progress: auto (-1), always (a bar) or never. */
+static int opt_progress(const char *p, const char *arg, void *at, void *base)
+{
+    (void)base;
+    int *mode = at;
+    if (!strcmp(arg, "auto")) *mode = -1;
+    else if (!strcmp(arg, "always")) *mode = PROGRESS_BAR;
+    else if (!strcmp(arg, "never")) *mode = PROGRESS_NEVER;
+    else return cli_error(p, "--progress %s: expected auto, always or never", arg), CLI_USAGE;
+    return CLI_OK;
+}
+
+/* kvq-sweep's options, one row each (cli_optrow); --layers, --heads,
+ * --queries, --per, --threads, --seed and --device are the analysis group's
+ * (cli.h), --meta and --no-hash the record's.  record_start records the
+ * options as they take effect, so no row is recorded here. */
+#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(opts_t, field), __VA_ARGS__}
+static const cli_optrow rows[] = {
+    ROW("quant", 'q', CLI_ARG_TEXT, quant, .metavar = "NAME",
+        .help = "the quantizer (see kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) whose "
+                "selector's keys (keep, sinks, recent, obs, pool) --grid sweeps"),
+    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, .metavar = "K=V1,V2",
+        .help = "values of key K; repeatable.  Points run in the order of nested loops, the first --grid outermost"),
+    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, .metavar = "K=V[,..]",
+        .help = "keys held fixed at every point; repeatable"),
+    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "OUT",
+        .help = "results file (required; must not exist without --resume); OUT.meta.json records each run's "
+                "provenance"),
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
+        .help = "continue OUT: keep its complete points, drop a trailing partial row, run the rest (a missing OUT "
+                "starts afresh)"),
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+        .help = "run only the points p with p mod N = I"),
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+        .help = "join the shard outputs FILE... into OUT, checking that the columns agree and that no point is "
+                "duplicated"),
+    ROW("expect-grid", OPT_EXPECT, CLI_ARG_FLAG, expect_grid,
+        .help = "with --merge: prove that the --quant/--grid/--fixed grid is complete (every valid point present, "
+                "nothing else)"),
+    ROW("list-points", OPT_LIST, CLI_ARG_FLAG, list_points,
+        .help = "print the points (index, spec, valid or why not) and exit"),
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = opt_format, .metavar = "FMT",
+        .help = "csv or jsonl (default: jsonl for *.jsonl names, else csv)"),
+    ROW("cache-mb", OPT_CACHE, CLI_ARG_LONG, cache_mb, .min = 0, .max = 1L << 30,
+        .expect = "a non-negative integer (MiB)", .metavar = "N",
+        .help = "memory for the shared work kept across points (default 4096); a dump that does not fit is re-read "
+                "per point"),
+    ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress, .parse = opt_progress, .metavar = "WHEN",
+        .help = "auto (default: a bar on a terminal, else one line per point), always (a bar) or never"),
+};
+#undef ROW
+enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvq-sweep [options] DUMP... --quant NAME --grid key=v1,v2,... -o OUT\n"
+               "       kvq-sweep --merge [--expect-grid --quant NAME --grid ...] FILE... -o OUT\n"
+               "Run one quantizer over the cartesian product of parameter values; each point\n"
+               "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
+               "appended to OUT as soon as the point is done.\n\n");
+    cli_optrows_usage(f, rows, NROWS);
+    fprintf(f, "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
+               "      --heads LIST      KV heads to analyse (default: all)\n"
+               "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
+               "                        random:N\n"
+               "      --per WHAT        pool results per head, layer (default) or model\n"
+               "      --threads N       worker threads (default: all cores)\n"
+               "      --seed N          seed of the random streams (default 0)\n"
+               "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
+               "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
+               CLI_HELP_VERSION_HELP "\n"
+               "Example: kvq-sweep data/stories260K.h5 --quant kivi --grid group=32,64,128 \\\n"
+               "           --grid residual=32,64,128 --grid bits=2,3,4 -o kivi-sweep.csv\n");
+}
+
+/* --merge's options: what a merge takes, and its FILE... operands. */
+static int check_merge(const opts_t *o, int noperands)
+{
+    if (o->resume || o->list_points || o->shard_n != 1)
+        return cli_error(prog, "--merge joins finished outputs: --resume, --shard and --list-points do not apply"),
+               CLI_USAGE;
+    if (!o->expect_grid && (o->quant || o->ngrids || o->nfixed))
+        return cli_error(prog, "--merge with --quant/--grid/--fixed: add --expect-grid to check the merge against "
+                         "that grid"), CLI_USAGE;
+    if (o->expect_grid && !o->quant)
+        return cli_error(prog, "--expect-grid needs the sweep's --quant (and --grid/--fixed)"), CLI_USAGE;
+    if (!noperands) return cli_error(prog, "--merge: no input files given (see --help)"), CLI_USAGE;
+    if (!o->output) return cli_error(prog, "--merge needs -o OUT"), CLI_USAGE;
+    return CLI_OK;
+}
+
+/* A sweep's options: the quantizer, OUT and the dumps. */
+static int check_sweep(const opts_t *o, int noperands)
+{
+    if (o->expect_grid) return cli_error(prog, "--expect-grid applies to --merge only"), CLI_USAGE;
+    if (!o->quant) return cli_error(prog, "no --quant NAME given (see --help)"), CLI_USAGE;
+    if (!o->list_points && !o->output)
+        return cli_error(prog, "no -o OUT given: a sweep writes its rows to a file (see --help)"), CLI_USAGE;
+    if (!o->list_points && !noperands)
+        return cli_error(prog, "no dump given (usage: kvq-sweep [options] DUMP... --quant NAME --grid ... -o OUT)"),
+               CLI_USAGE;
+    return CLI_OK;
+}
+
+/* The options into o, checked; *stop after --help or --version. */
+static int parse_options(int argc, char **argv, opts_t *o, int *stop)
+{
+    static const struct option extra[] = {CLI_ANALYSIS_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
+                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
+    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &o->an, .meta = o->meta};
+    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:g:f:o:hV", argc, argv, o, stop);
+    if (rc || *stop) return rc;
+    if (o->progress < 0) o->progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
+    if (cli_meta_inline(o->meta))
+        return cli_error(prog, "--meta inline: a sweep's OUT is appended across runs and merged; its record is "
+                         "OUT.meta.json"), CLI_USAGE;
+    const char *in[] = {o->calib}; /* the dumps, the calibration dump, or the merged files may not be OUT
+                                      (a --resume OUT is not an input) */
+    if ((rc = cli_check_output(prog, o->output, in, 1)) ||
+        (rc = cli_check_output(prog, o->output, (const char *const *)argv + optind, argc - optind)))
+        return rc;
+    return o->merge ? check_merge(o, argc - optind) : check_sweep(o, argc - optind);
+}
+
 static int run(int argc, char **argv, cli_meta *meta)
 {
-    static const struct option longopts[] = {
-        {"quant", required_argument, 0, 'q'}, {"grid", required_argument, 0, 'g'},
-        {"fixed", required_argument, 0, 'f'}, {"output", required_argument, 0, 'o'},
-        {"calib", required_argument, 0, OPT_CALIB}, CLI_ANALYSIS_LONGOPTS,
-        {"format", required_argument, 0, OPT_FORMAT}, {"resume", no_argument, 0, OPT_RESUME},
-        {"shard", required_argument, 0, OPT_SHARD}, {"merge", no_argument, 0, OPT_MERGE},
-        {"expect-grid", no_argument, 0, OPT_EXPECT}, {"list-points", no_argument, 0, OPT_LIST},
-        {"cache-mb", required_argument, 0, OPT_CACHE}, {"progress", required_argument, 0, OPT_PROGRESS},
-        CLI_META_LONGOPTS,
-        {"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
-
-    opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1};
-    int rc = CLI_OK, c;
+    opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1, .meta = meta};
     cli_analysis_init(&o.an);
-    o.meta = meta;
-    const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &o.an, .model = NULL, .meta = o.meta};
-    while ((c = cli_getopt(&go, argc, argv, ":q:g:f:o:hV", longopts, &rc)) != -1) {
-        if (c == CLI_GETOPT_STOP) goto done;
-        switch (c) {
-        case 'q': o.quant = optarg; break;
-        case 'g':
-            if (push(&o.grids, &o.ngrids, optarg)) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-            break;
-        case 'f':
-            if (push(&o.fixed, &o.nfixed, optarg)) { cli_error(prog, "out of memory"); rc = CLI_RUNTIME; goto done; }
-            break;
-        case 'o': o.output = optarg; break;
-        case OPT_CALIB: o.calib = optarg; break;
-        case OPT_FORMAT:
-            if (strcmp(optarg, "csv") && strcmp(optarg, "jsonl")) {
-                cli_error(prog, "--format %s: expected csv or jsonl", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            o.format = optarg;
-            break;
-        case OPT_RESUME: o.resume = 1; break;
-        case OPT_SHARD:
-            if (cli_parse_shard(optarg, &o.shard_i, &o.shard_n)) {
-                cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_MERGE: o.merge = 1; break;
-        case OPT_EXPECT: o.expect_grid = 1; break;
-        case OPT_LIST: o.list_points = 1; break;
-        case OPT_CACHE:
-            if (cli_parse_long(optarg, 0, 1L << 30, &o.cache_mb)) {
-                cli_error(prog, "--cache-mb %s: expected a non-negative integer (MiB)", optarg);
-                rc = CLI_USAGE; goto done;
-            }
-            break;
-        case OPT_PROGRESS:
-            if (!strcmp(optarg, "auto")) o.progress = -1;
-            else if (!strcmp(optarg, "always")) o.progress = PROGRESS_BAR;
-            else if (!strcmp(optarg, "never")) o.progress = PROGRESS_NEVER;
-            else {
-                cli_error(prog, "--progress %s: expected auto, always or never", optarg);
-                rc = CLI_USAGE;
-                goto done;
-            }
-            break;
-        }
-    }
-    if (o.progress < 0) o.progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
-    if (cli_meta_inline(o.meta)) {
-        cli_error(prog, "--meta inline: a sweep's OUT is appended across runs and merged; its record is OUT.meta.json");
-        rc = CLI_USAGE;
-        goto done;
-    }
-    { /* the dumps, the calibration dump, or the merged files may not be OUT (a --resume OUT is not an input) */
-        const char *in[] = {o.calib};
-        if ((rc = cli_check_output(prog, o.output, in, 1)) ||
-            (rc = cli_check_output(prog, o.output, (const char *const *)argv + optind, argc - optind)))
-            goto done;
-    }
-
-    if (o.merge) {
-        if (o.resume || o.list_points || o.shard_n != 1) {
-            cli_error(prog, "--merge joins finished outputs: --resume, --shard and --list-points do not apply");
-            rc = CLI_USAGE; goto done;
-        }
-        if (!o.expect_grid && (o.quant || o.ngrids || o.nfixed)) {
-            cli_error(prog,
-                      "--merge with --quant/--grid/--fixed: add --expect-grid to check the merge against that grid");
-            rc = CLI_USAGE; goto done;
-        }
-        if (o.expect_grid && !o.quant) {
-            cli_error(prog, "--expect-grid needs the sweep's --quant (and --grid/--fixed)");
-            rc = CLI_USAGE;
-            goto done;
-        }
-        if (optind >= argc) {
-            cli_error(prog, "--merge: no input files given (see --help)");
-            rc = CLI_USAGE;
-            goto done;
-        }
-        if (!o.output) { cli_error(prog, "--merge needs -o OUT"); rc = CLI_USAGE; goto done; }
-        rc = do_merge(&o, argv + optind, argc - optind);
-        goto done;
-    }
-    if (o.expect_grid) { cli_error(prog, "--expect-grid applies to --merge only"); rc = CLI_USAGE; goto done; }
-    if (!o.quant) { cli_error(prog, "no --quant NAME given (see --help)"); rc = CLI_USAGE; goto done; }
-    if (!o.list_points && !o.output) {
-        cli_error(prog, "no -o OUT given: a sweep writes its rows to a file (see --help)");
-        rc = CLI_USAGE;
-        goto done;
-    }
-    if (!o.list_points && optind >= argc) {
-        cli_error(prog, "no dump given (usage: kvq-sweep [options] DUMP... --quant NAME --grid ... -o OUT)");
-        rc = CLI_USAGE; goto done;
-    }
-    rc = do_sweep(&o, argv + optind, argc - optind);
-done:
+    int stop, rc = parse_options(argc, argv, &o, &stop);
+    if (!rc && !stop)
+        rc = o.merge ? do_merge(&o, argv + optind, argc - optind) : do_sweep(&o, argv + optind, argc - optind);
     free(o.grids), free(o.fixed);
     cli_analysis_free(&o.an);
     return rc;

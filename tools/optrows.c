@@ -49,20 +49,27 @@ int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, c
         if (!cli_parse_long(arg, r->min, r->max, &v)) return *(int *)at = (int)v, CLI_OK;
         snprintf(expect, sizeof expect, "an integer %ld..%ld", r->min, r->max);
         break;
+    case CLI_ARG_LONG:
+        if (!cli_parse_long(arg, r->min, r->max, (long *)at)) return CLI_OK;
+        snprintf(expect, sizeof expect, "an integer %ld..%ld", r->min, r->max);
+        break;
     case CLI_ARG_U64:
         if (!cli_parse_u64(arg, (uint64_t *)at)) return CLI_OK;
         snprintf(expect, sizeof expect, "a non-negative integer");
         break;
     case CLI_ARG_REAL:
         d = strtod(arg, &end);
-        if (end != arg && !*end && d > 0 && d <= 1e30) return *(double *)at = d, CLI_OK; /* positive, finite */
-        snprintf(expect, sizeof expect, "a positive number");
+        if (end != arg && !*end && d > 0 && d <= (r->real_max > 0 ? r->real_max : 1e30)) /* positive, finite */
+            return *(double *)at = d, CLI_OK;
+        if (r->real_max > 0) snprintf(expect, sizeof expect, "a number in (0, %g]", r->real_max);
+        else snprintf(expect, sizeof expect, "a positive number");
         break;
     case CLI_ARG_CHOICE:
         for (int i = 0; r->choices[i]; i++)
             if (!strcmp(arg, r->choices[i])) return *(int *)at = i, CLI_OK;
         choice_list(r->choices, expect, sizeof expect);
         break;
+    case CLI_ARG_CUSTOM: return r->parse(prog, arg, at, base);
     }
     cli_error(prog, "--%s %s: expected %s", r->name, arg, r->expect ? r->expect : expect);
     return CLI_USAGE;
@@ -80,9 +87,11 @@ void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const voi
             if (*(const char *const *)at) cli_meta_str(meta, "options", r->name, *(const char *const *)at);
             break;
         case CLI_ARG_INT: cli_meta_int(meta, "options", r->name, *(const int *)at); break;
+        case CLI_ARG_LONG: cli_meta_int(meta, "options", r->name, *(const long *)at); break;
         case CLI_ARG_U64: cli_meta_u64(meta, "options", r->name, *(const uint64_t *)at); break;
         case CLI_ARG_REAL: cli_meta_double(meta, "options", r->name, *(const double *)at); break;
         case CLI_ARG_CHOICE: cli_meta_str(meta, "options", r->name, r->choices[*(const int *)at]); break;
+        case CLI_ARG_CUSTOM: break;
         }
     }
 }
@@ -112,4 +121,35 @@ void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n)
         }
         fputc('\n', f);
     }
+}
+
+int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const struct option *extra,
+                       const char *shortopts, int argc, char **argv, void *base, int *stop)
+{
+    struct option *longopts;
+    *stop = 0;
+    if (cli_optrows_longopts(rows, n, extra, &longopts)) return *stop = 1, cli_error(go->prog, "out of memory"), CLI_RUNTIME;
+    int rc = CLI_OK, c;
+    while (!rc && (c = cli_getopt(go, argc, argv, shortopts, longopts, &rc)) != -1) {
+        if (c == CLI_GETOPT_STOP) {
+            *stop = 1;
+            break;
+        }
+        if ((rc = cli_optrow_parse(go->prog, rows, n, c, optarg, base)) == CLI_OPTROW_NONE) rc = CLI_OK;
+        if (rc) *stop = 1;
+    }
+    free(longopts);
+    return rc;
+}
+
+int cli_optrow_format(const char *prog, const char *arg, void *at, void *base)
+{
+    (void)base;
+    return cli_format_option(prog, arg, (const char **)at);
+}
+
+int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base)
+{
+    (void)base;
+    return cli_progress_option(prog, arg, (int *)at);
 }
