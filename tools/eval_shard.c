@@ -81,109 +81,106 @@ static int same_item(const kvq_csv *t, size_t rec, const cli_eval_row *r, const 
     return 1;
 }
 
+/* A shard's OUT opened for writing and locked: new, or with resume an
+ * existing regular file.  CLI_OK with s->fd, or the exit code after printing. */
+static int shard_lock(cli_eval_shard *s, int resume, int *exists)
+{
+    const char *prog = s->prog, *path = s->path;
+    struct stat st;
+    *exists = stat(path, &st) == 0;
+    if (*exists && !resume)
+        return cli_error(prog, "%s: exists; continue its windows with --resume, or choose another -o (nothing is "
+                         "overwritten)", path), CLI_RUNTIME;
+    if (*exists && !S_ISREG(st.st_mode))
+        return cli_error(prog, "%s: not a regular file (a shard's OUT is read back, cut and appended to)", path),
+               CLI_RUNTIME;
+    if ((s->fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) < 0)
+        return cli_error(prog, "%s: cannot write: %s", path, strerror(errno)), CLI_RUNTIME;
+    if (!flock(s->fd, LOCK_EX | LOCK_NB)) return CLI_OK; /* before reading: another run may be about to cut it */
+    if (errno == EWOULDBLOCK)
+        cli_error(prog, "%s: another kvq-eval run is writing it (it holds the lock); wait for it or choose another -o",
+                  path);
+    else cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
+    return CLI_RUNTIME;
+}
+
+/* Window w's rows at record rec of a resumed OUT: this run's, this shard's, each item's in order. */
+static int shard_check_window(const cli_eval_shard *s, const kvq_csv *t, size_t rec, int w)
+{
+    const char *prog = s->prog, *path = s->path;
+    char cs[16];
+    snprintf(cs, sizeof cs, "%d", s->chunk);
+    for (int i = 0; i < s->nitems; i++) {
+        double wv, nv;
+        size_t r = rec + (size_t)i, line = r + 1;
+        if (strcmp(kvq_csv_at(t, r, C_RUN), s->run))
+            return cli_error(prog, "%s: line %zu: of another run (fingerprint %s, this run's %s: another model, text, "
+                             "--chunk, --chunks, --context, --policy, --stride, --seed or --calib); remove it or "
+                             "choose another -o", path, line, kvq_csv_at(t, r, C_RUN), s->run), CLI_RUNTIME;
+        if (strcmp(kvq_csv_at(t, r, C_SHARD), s->shard))
+            return cli_error(prog, "%s: line %zu: a row of shard %s, this run is shard %s; remove it or choose "
+                             "another -o", path, line, kvq_csv_at(t, r, C_SHARD), s->shard), CLI_RUNTIME;
+        if (!same_item(t, r, &s->rows[i], cs) || kvq_csv_number(kvq_csv_at(t, r, C_WINDOW), &wv) || wv != w ||
+            kvq_csv_number(kvq_csv_at(t, r, C_WINDOWS), &nv) || nv != s->nwin)
+            return cli_error(prog, "%s: line %zu is not window %d of this run's shard (the same model, --chunk, "
+                             "--shard and -q in the same order); remove it or drop --resume", path, line, w),
+                   CLI_RUNTIME;
+    }
+    return CLI_OK;
+}
+
+/* --resume: the header, then whole windows w0.. of this run's items in
+ * order; *done: those windows, *keep: the bytes they end at. */
+static int shard_resume(cli_eval_shard *s, const kvq_csv *t, int w0, int w1, int *done, size_t *keep)
+{
+    int ok = t->ncols == NSHARD, w = w0, rc = CLI_OK;
+    for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(t, 0, c), EVAL_COLS[c]);
+    if (!ok)
+        return cli_error(s->prog, "%s: not a kvq-eval shard (its header is not a shard's); remove it or choose "
+                         "another -o", s->path), CLI_RUNTIME;
+    size_t rec = 1;
+    for (; rec + (size_t)s->nitems <= t->nrec && w < w1; w++, rec += (size_t)s->nitems)
+        if ((rc = shard_check_window(s, t, rec, w))) return rc;
+    if (rec < t->nrec && w == w1)
+        return cli_error(s->prog, "%s: has more rows than this shard's %d windows; remove it or drop --resume", s->path,
+                         w1 - w0), CLI_RUNTIME;
+    *done = w - w0;
+    *keep = t->end[(size_t)*done * (size_t)s->nitems]; /* the header and the whole windows */
+    s->whole = *done;
+    return CLI_OK;
+}
+
+/* OUT cut after its whole windows (keep bytes) and positioned there; a new one gets its header. */
+static int shard_start(cli_eval_shard *s, int exists, size_t keep)
+{
+    if (exists && ftruncate(s->fd, (off_t)keep))
+        return cli_error(s->prog, "%s: cannot cut its unfinished window: %s", s->path, strerror(errno)), CLI_RUNTIME;
+    if (lseek(s->fd, (off_t)keep, SEEK_SET) < 0)
+        return cli_error(s->prog, "%s: cannot seek: %s", s->path, strerror(errno)), CLI_RUNTIME;
+    if (keep) return CLI_OK;
+    if (cli_write_csv_header(s->prog, s->path, s->fd, EVAL_COLS, NSHARD, 6)) return CLI_RUNTIME;
+    if (fsync(s->fd)) return cli_error(s->prog, "%s: write failed: %s", s->path, strerror(errno)), CLI_RUNTIME;
+    return CLI_OK;
+}
+
 int cli_eval_shard_open(const char *prog, const char *path, int resume, const char *run, const char *shard,
                         const cli_eval_row *rows, int nitems, int chunk, int nwin, int w0, int w1, int *done,
                         cli_eval_shard **out)
 {
     *out = NULL, *done = 0;
     cli_eval_shard *s = calloc(1, sizeof *s);
-    if (!s) { cli_error(prog, "out of memory"); return CLI_RUNTIME; }
+    if (!s) return cli_error(prog, "out of memory"), CLI_RUNTIME;
     *s = (cli_eval_shard){.prog = prog, .path = path, .run = run, .shard = shard, .fd = -1, .rows = rows,
                           .nitems = nitems, .chunk = chunk, .nwin = nwin};
-    int rc = CLI_RUNTIME;
     kvq_csv t = {0};
     kvq_error err = {0};
-    struct stat st;
-    int exists = stat(path, &st) == 0;
-    if (exists && !resume) {
-        cli_error(prog, "%s: exists; continue its windows with --resume, or choose another -o (nothing is overwritten)",
-                  path);
-        goto fail;
-    }
-    if (exists && !S_ISREG(st.st_mode)) {
-        cli_error(prog, "%s: not a regular file (a shard's OUT is read back, cut and appended to)", path);
-        goto fail;
-    }
-    if ((s->fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) < 0) {
-        cli_error(prog, "%s: cannot write: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (flock(s->fd, LOCK_EX | LOCK_NB)) { /* before reading: another run may be about to cut it */
-        if (errno == EWOULDBLOCK)
-            cli_error(prog, "%s: another kvq-eval run is writing it (it holds the lock); wait for it or choose another "
-                      "-o", path);
-        else
-            cli_error(prog, "%s: cannot lock: %s", path, strerror(errno));
-        goto fail;
-    }
     size_t keep = 0;
-    if (exists && kvq_csv_read(path, &t, &err)) { rc = cli_fail(prog, &err); goto fail; }
-    if (t.nrec) { /* --resume: the header, then whole windows of this run's items, in order */
-        int ok = t.ncols == NSHARD;
-        for (int c = 0; ok && c < NSHARD; c++) ok = !strcmp(kvq_csv_at(&t, 0, c), EVAL_COLS[c]);
-        if (!ok) {
-            cli_error(prog, "%s: not a kvq-eval shard (its header is not a shard's); remove it or choose another -o",
-                      path);
-            goto fail;
-        }
-        char cs[16];
-        snprintf(cs, sizeof cs, "%d", chunk);
-        keep = 0;
-        size_t rec = 1;
-        int w = w0;
-        for (; rec + (size_t)nitems <= t.nrec && w < w1; w++, rec += (size_t)nitems) {
-            for (int i = 0; i < nitems; i++) {
-                double wv, nv;
-                size_t line = rec + 1 + (size_t)i;
-                if (strcmp(kvq_csv_at(&t, rec + (size_t)i, C_RUN), run)) {
-                    cli_error(prog, "%s: line %zu: of another run (fingerprint %s, this run's %s: another model, text, "
-                              "--chunk, --chunks, --context, --policy, --stride, --seed or --calib); remove it or "
-                              "choose another -o", path, line, kvq_csv_at(&t, rec + (size_t)i, C_RUN), run);
-                    goto fail;
-                }
-                if (strcmp(kvq_csv_at(&t, rec + (size_t)i, C_SHARD), shard)) {
-                    cli_error(prog, "%s: line %zu: a row of shard %s, this run is shard %s; remove it or choose "
-                              "another -o", path, line, kvq_csv_at(&t, rec + (size_t)i, C_SHARD), shard);
-                    goto fail;
-                }
-                if (!same_item(&t, rec + (size_t)i, &rows[i], cs) ||
-                    kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOW), &wv) || wv != w ||
-                    kvq_csv_number(kvq_csv_at(&t, rec + (size_t)i, C_WINDOWS), &nv) || nv != nwin) {
-                    cli_error(prog, "%s: line %zu is not window %d of this run's shard (the same model, --chunk, "
-                              "--shard and -q in the same order); remove it or drop --resume", path, rec + 1 + (size_t)i,
-                              w);
-                    goto fail;
-                }
-            }
-        }
-        if (rec < t.nrec && w == w1) {
-            cli_error(prog, "%s: has more rows than this shard's %d windows; remove it or drop --resume", path, w1 - w0);
-            goto fail;
-        }
-        *done = w - w0;
-        keep = t.end[(size_t)*done * (size_t)nitems]; /* the header and the whole windows */
-        s->whole = *done;
-    }
-    if (exists && ftruncate(s->fd, (off_t)keep)) {
-        cli_error(prog, "%s: cannot cut its unfinished window: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (lseek(s->fd, (off_t)keep, SEEK_SET) < 0) {
-        cli_error(prog, "%s: cannot seek: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!keep) { /* a new shard: its header */
-        if (cli_write_csv_header(prog, path, s->fd, EVAL_COLS, NSHARD, 6)) goto fail;
-        if (fsync(s->fd)) {
-            cli_error(prog, "%s: write failed: %s", path, strerror(errno));
-            goto fail;
-        }
-    }
+    int exists, rc = shard_lock(s, resume, &exists);
+    if (!rc && exists && kvq_csv_read(path, &t, &err)) rc = cli_fail(prog, &err);
+    if (!rc && t.nrec) rc = shard_resume(s, &t, w0, w1, done, &keep);
+    if (!rc) rc = shard_start(s, exists, keep);
     kvq_csv_free(&t);
-    *out = s;
-    return CLI_OK;
-fail:
-    kvq_csv_free(&t);
+    if (!rc) return *out = s, CLI_OK;
     if (s->fd >= 0) close(s->fd);
     free(s);
     return rc;

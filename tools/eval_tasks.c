@@ -169,122 +169,115 @@ static int item_of(task_merge *m, const kvq_csv *t, size_t rec)
     return -1;
 }
 
+/* Shard k read (tab[k]) and checked: its header, its task count and run
+ * fingerprint (the others'); its configurations added to m in the order
+ * first seen.  CLI_OK or the exit code after printing. */
+static int merge_scan_shard(const char *prog, task_merge *m, kvq_csv *tab, const char *file)
+{
+    kvq_error err = {0};
+    if (kvq_csv_read(file, tab, &err)) return cli_fail(prog, &err);
+    int ok = tab->ncols == SHARD_NCOLS && tab->nrec >= 1 && !tab->torn;
+    for (int c = 0; ok && c < SHARD_NCOLS; c++) ok = !strcmp(kvq_csv_at(tab, 0, c), SHARD_COLS[c]);
+    if (!ok)
+        return cli_error(prog, "%s: not a whole task shard of kvq-eval --tasks --shard (expected its header and "
+                         "complete rows)", file), CLI_RUNTIME;
+    for (size_t rec = 1; rec < tab->nrec; rec++) {
+        double n;
+        if (kvq_csv_number(kvq_csv_at(tab, rec, 1), &n) || n < 1 || n > 1e9 || n != floor(n) ||
+            (m->ntasks && (size_t)n != m->ntasks))
+            return cli_error(prog, "%s: line %zu: tasks %s: expected the run's task count%s", file, rec + 1,
+                             kvq_csv_at(tab, rec, 1), m->ntasks ? " (the shards disagree)" : ""), CLI_RUNTIME;
+        m->ntasks = (size_t)n;
+        const char *run = kvq_csv_at(tab, rec, S_RUN);
+        if (!m->run) m->run = run, m->run_file = file;
+        if (strcmp(run, m->run))
+            return cli_error(prog, "%s: line %zu: of another run than %s (fingerprint %s, not %s: another model, task "
+                             "file, --policy, --stride, --seed or --calib): not shards of one run", file, rec + 1,
+                             m->run_file, run, m->run), CLI_RUNTIME;
+        if (item_of(m, tab, rec) >= 0) continue;
+        cli_eval_row *nr = realloc(m->rows, (size_t)(m->nitems + 1) * sizeof *nr), r = {0};
+        if (!nr) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+        m->rows = nr;
+        if (!(r.model = keep(m, kvq_csv_at(tab, rec, 0))) || !(r.quantizer = keep(m, kvq_csv_at(tab, rec, 2))) ||
+            !(r.spec = keep(m, kvq_csv_at(tab, rec, 3))) || !(r.policy = keep(m, kvq_csv_at(tab, rec, 4))))
+            return cli_error(prog, "out of memory"), CLI_RUNTIME;
+        snprintf(r.layer, sizeof r.layer, "%s", kvq_csv_at(tab, rec, 5));
+        m->rows[m->nitems++] = r;
+    }
+    return CLI_OK;
+}
+
+/* Row rec of shard t into m's results: values a run can write, each task
+ * and configuration once, the exact model's the same in every shard. */
+static int merge_take_row(const char *prog, task_merge *m, const kvq_csv *t, size_t rec, const char *file)
+{
+    int i = item_of(m, t, rec), R = m->nitems + 1;
+    double task, v[7], d = NAN;
+    int bad = kvq_csv_number(kvq_csv_at(t, rec, S_TASK), &task) || task < 0 || task >= (double)m->ntasks ||
+              task != floor(task);
+    for (int c = 0; c < 7 && !bad; c++) bad = kvq_csv_number(kvq_csv_at(t, rec, S_NUM + c), &v[c]);
+    const char *ds = kvq_csv_at(t, rec, 6);
+    if (!bad && *ds) bad = kvq_csv_number(ds, &d) || !(d >= 0 && d <= 1);
+    /* values a run cannot write: NLLs below 0, exact not 0/1, bits or elements below 0 */
+    if (!bad) bad = !(v[0] >= 0) || !(v[1] >= 0) || (v[2] != 0 && v[2] != 1) || (v[3] != 0 && v[3] != 1) ||
+                    v[4] < 0 || v[5] < 0 || v[6] < 0;
+    if (bad)
+        return cli_error(prog, "%s: line %zu: expected a task index below %zu, a depth in 0..1 or none, NLLs >= 0, "
+                         "exact 0 or 1 and bits >= 0", file, rec + 1, m->ntasks), CLI_RUNTIME;
+    size_t ti = (size_t)task;
+    if (m->seen[ti * R + 1 + i])
+        return cli_error(prog, "%s: line %zu: task %zu of %s (%s) is in the shards twice", file, rec + 1, ti,
+                         m->rows[i].spec, m->rows[i].policy), CLI_RUNTIME;
+    m->seen[ti * R + 1 + i] = 1;
+    kvq_task_result *r0 = &m->res[ti * R], *ri = &m->res[ti * R + 1 + i];
+    if (m->seen[ti * R] && (r0->nll != v[0] || r0->exact != (int)v[2] || (isnan(m->depth[ti]) != isnan(d)) ||
+                            (!isnan(d) && m->depth[ti] != d)))
+        return cli_error(prog, "%s: line %zu: task %zu's exact model differs from another shard's (shards of other "
+                         "runs?)", file, rec + 1, ti), CLI_RUNTIME;
+    m->seen[ti * R] = 1, r0->nll = v[0], r0->exact = (int)v[2], m->depth[ti] = d;
+    ri->nll = v[1], ri->exact = (int)v[3], ri->k_bits = v[4], ri->v_bits = v[5], ri->elements = v[6];
+    return CLI_OK;
+}
+
+/* Every shard's rows into m's results, then every task of every configuration present. */
+static int merge_take_rows(const char *prog, task_merge *m, const kvq_csv *tab, char **files, int nfiles)
+{
+    int R = m->nitems + 1, rc = CLI_OK;
+    m->res = calloc(m->ntasks * (size_t)R, sizeof *m->res);
+    m->seen = calloc(m->ntasks * (size_t)R, 1);
+    m->depth = malloc(m->ntasks * sizeof *m->depth);
+    if (!m->res || !m->seen || !m->depth) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    for (size_t t = 0; t < m->ntasks; t++) m->depth[t] = NAN;
+    for (int k = 0; k < nfiles; k++)
+        for (size_t rec = 1; rec < tab[k].nrec && !rc; rec++) rc = merge_take_row(prog, m, &tab[k], rec, files[k]);
+    for (size_t t = 0; t < m->ntasks && !rc; t++)
+        for (int i = 0; i < m->nitems && !rc; i++)
+            if (!m->seen[t * R + 1 + i])
+                rc = (cli_error(prog, "--merge: task %zu of %zu of %s (%s) is in none of the shards (a shard "
+                                "missing?)", t, m->ntasks, m->rows[i].spec, m->rows[i].policy), CLI_RUNTIME);
+    return rc;
+}
+
 int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
                    cli_meta *meta)
 {
     task_merge m = {0};
     kvq_csv *tab = calloc((size_t)nfiles, sizeof *tab);
     cli_out out = {0};
-    int rc = CLI_RUNTIME;
-    kvq_error err = {0};
+    int rc = CLI_OK;
     if (!tab) return cli_error(prog, "out of memory"), CLI_RUNTIME;
-    /* every shard read and checked first: its header, its task count */
-    for (int k = 0; k < nfiles; k++) {
-        if (kvq_csv_read(files[k], &tab[k], &err)) {
-            rc = cli_fail(prog, &err);
-            goto done;
-        }
-        int ok = tab[k].ncols == SHARD_NCOLS && tab[k].nrec >= 1 && !tab[k].torn;
-        for (int c = 0; ok && c < SHARD_NCOLS; c++) ok = !strcmp(kvq_csv_at(&tab[k], 0, c), SHARD_COLS[c]);
-        if (!ok) {
-            cli_error(prog, "%s: not a whole task shard of kvq-eval --tasks --shard (expected its header and "
-                      "complete rows)", files[k]);
-            goto done;
-        }
-        for (size_t rec = 1; rec < tab[k].nrec; rec++) {
-            double n;
-            if (kvq_csv_number(kvq_csv_at(&tab[k], rec, 1), &n) || n < 1 || n > 1e9 || n != floor(n) ||
-                (m.ntasks && (size_t)n != m.ntasks)) {
-                cli_error(prog, "%s: line %zu: tasks %s: expected the run's task count%s", files[k], rec + 1,
-                          kvq_csv_at(&tab[k], rec, 1), m.ntasks ? " (the shards disagree)" : "");
-                goto done;
-            }
-            m.ntasks = (size_t)n;
-            const char *run = kvq_csv_at(&tab[k], rec, S_RUN);
-            if (!m.run) m.run = run, m.run_file = files[k];
-            if (strcmp(run, m.run)) {
-                cli_error(prog, "%s: line %zu: of another run than %s (fingerprint %s, not %s: another model, task "
-                          "file, --policy, --stride, --seed or --calib): not shards of one run", files[k], rec + 1,
-                          m.run_file, run, m.run);
-                goto done;
-            }
-            if (item_of(&m, &tab[k], rec) < 0) {
-                cli_eval_row *nr = realloc(m.rows, (size_t)(m.nitems + 1) * sizeof *nr);
-                if (!nr) goto oom;
-                m.rows = nr;
-                cli_eval_row r = {0};
-                if (!(r.model = keep(&m, kvq_csv_at(&tab[k], rec, 0))) ||
-                    !(r.quantizer = keep(&m, kvq_csv_at(&tab[k], rec, 2))) ||
-                    !(r.spec = keep(&m, kvq_csv_at(&tab[k], rec, 3))) ||
-                    !(r.policy = keep(&m, kvq_csv_at(&tab[k], rec, 4))))
-                    goto oom;
-                snprintf(r.layer, sizeof r.layer, "%s", kvq_csv_at(&tab[k], rec, 5));
-                m.rows[m.nitems++] = r;
-            }
-        }
-    }
-    if (!m.ntasks) {
-        cli_error(prog, "--merge: the shards hold no task rows");
-        goto done;
-    }
-    int R = m.nitems + 1;
-    m.res = calloc(m.ntasks * (size_t)R, sizeof *m.res);
-    m.seen = calloc(m.ntasks * (size_t)R, 1);
-    m.depth = malloc(m.ntasks * sizeof *m.depth);
-    if (!m.res || !m.seen || !m.depth) goto oom;
-    for (size_t t = 0; t < m.ntasks; t++) m.depth[t] = NAN;
-    for (int k = 0; k < nfiles; k++)
-        for (size_t rec = 1; rec < tab[k].nrec; rec++) {
-            const kvq_csv *t = &tab[k];
-            int i = item_of(&m, t, rec);
-            double task, v[7], d = NAN;
-            int bad = kvq_csv_number(kvq_csv_at(t, rec, S_TASK), &task) || task < 0 || task >= (double)m.ntasks ||
-                      task != floor(task);
-            for (int c = 0; c < 7 && !bad; c++) bad = kvq_csv_number(kvq_csv_at(t, rec, S_NUM + c), &v[c]);
-            const char *ds = kvq_csv_at(t, rec, 6);
-            if (!bad && *ds) bad = kvq_csv_number(ds, &d) || !(d >= 0 && d <= 1);
-            /* values a run cannot write: NLLs below 0, exact not 0/1, bits or elements below 0 */
-            if (!bad) bad = !(v[0] >= 0) || !(v[1] >= 0) || (v[2] != 0 && v[2] != 1) || (v[3] != 0 && v[3] != 1) ||
-                            v[4] < 0 || v[5] < 0 || v[6] < 0;
-            if (bad) {
-                cli_error(prog, "%s: line %zu: expected a task index below %zu, a depth in 0..1 or none, NLLs >= 0, "
-                          "exact 0 or 1 and bits >= 0", files[k], rec + 1, m.ntasks);
-                goto done;
-            }
-            size_t ti = (size_t)task;
-            if (m.seen[ti * R + 1 + i]) {
-                cli_error(prog, "%s: line %zu: task %zu of %s (%s) is in the shards twice", files[k], rec + 1, ti,
-                          m.rows[i].spec, m.rows[i].policy);
-                goto done;
-            }
-            m.seen[ti * R + 1 + i] = 1;
-            kvq_task_result *r0 = &m.res[ti * R], *ri = &m.res[ti * R + 1 + i];
-            if (m.seen[ti * R] && (r0->nll != v[0] || r0->exact != (int)v[2] ||
-                                   (isnan(m.depth[ti]) != isnan(d)) || (!isnan(d) && m.depth[ti] != d))) {
-                cli_error(prog, "%s: line %zu: task %zu's exact model differs from another shard's (shards of "
-                          "other runs?)", files[k], rec + 1, ti);
-                goto done;
-            }
-            m.seen[ti * R] = 1, r0->nll = v[0], r0->exact = (int)v[2], m.depth[ti] = d;
-            ri->nll = v[1], ri->exact = (int)v[3], ri->k_bits = v[4], ri->v_bits = v[5], ri->elements = v[6];
-        }
-    for (size_t t = 0; t < m.ntasks; t++)
-        for (int i = 0; i < m.nitems; i++)
-            if (!m.seen[t * R + 1 + i]) {
-                cli_error(prog, "--merge: task %zu of %zu of %s (%s) is in none of the shards (a shard missing?)", t,
-                          m.ntasks, m.rows[i].spec, m.rows[i].policy);
-                goto done;
-            }
+    for (int k = 0; k < nfiles && !rc; k++) rc = merge_scan_shard(prog, &m, &tab[k], files[k]);
+    if (!rc && !m.ntasks) rc = (cli_error(prog, "--merge: the shards hold no task rows"), CLI_RUNTIME);
+    if (rc || (rc = merge_take_rows(prog, &m, tab, files, nfiles))) goto done;
     cli_meta_double(meta, "options", "per-depth", per_depth);
     cli_meta_int(meta, "result", "tasks", (long long)m.ntasks);
     for (int k = 0; k < nfiles; k++) cli_meta_input(meta, "shard", files[k]);
-    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) goto done;
+    if (cli_out_open(&out, output, prog) || cli_out_attach_meta(&out, meta, prog)) {
+        rc = CLI_RUNTIME;
+        goto done;
+    }
     rc = cli_task_rows(prog, &out, fmt, m.rows, m.nitems, m.res, m.depth, m.ntasks, per_depth);
     if (!rc) rc = cli_meta_commit(&out, prog);
-    goto done;
-oom:
-    cli_error(prog, "out of memory");
-    rc = CLI_RUNTIME;
 done:
     if (out.f) cli_out_abort(&out);
     for (int k = 0; k < nfiles; k++) kvq_csv_free(&tab[k]);

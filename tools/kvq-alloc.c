@@ -175,123 +175,143 @@ typedef struct alloc_run {
     cli_meta *meta;
 } alloc_run;
 
-static int allocate(const alloc_run *a)
-{
-    int L = a->L, np = a->np, nb = a->nbudgets, rc = CLI_RUNTIME;
-    double n_l = 2.0 * a->in->n_kv_heads * a->in->head_dim; /* K and V elements of a layer per token */
+/* What allocate computes: the knapsack's allocations, then the items
+ * evaluated in full (the allocations [0, nbudgets), then the uniform points
+ * that fit the largest budget). */
+typedef struct alloc_result {
     kvq_allocation al;
-    int *uni = calloc((size_t)np, sizeof *uni), *best = calloc((size_t)nb, sizeof *best);
-    double *unll = calloc((size_t)np, sizeof *unll);
-    kvq_eval_item *items = calloc((size_t)(np + nb) + 1, sizeof *items);
-    kvq_report *rep = NULL, *urep = NULL;
-    cli_out out = {0}, uout = {0};
+    kvq_eval_item *items; /* [nit] */
+    int nit, *uni;        /* uni[point]: its item, -1 if it does not fit */
+    int *best;            /* [nbudgets]: the best uniform point within the budget, -1 none */
+    double *unll;         /* [np]: the uniform points' NLL (NaN: not evaluated) */
+    double nll_ref;
+} alloc_result;
+
+/* Step 2 and the full evaluation: the allocations, the uniform points within the largest budget. */
+static int alloc_evaluate(const alloc_run *a, alloc_result *r)
+{
+    int np = a->np, nb = a->nbudgets;
+    double n_l = 2.0 * a->in->n_kv_heads * a->in->head_dim; /* K and V elements of a layer per token */
     kvq_error err = {0};
     kvq_policy pol = a->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL;
-    kvq_status pst = kvq_alloc_plan(a->pts, np, L, n_l, a->budgets, nb, &al, &err);
+    kvq_status pst = kvq_alloc_plan(a->pts, np, a->L, n_l, a->budgets, nb, &r->al, &err);
     if (pst) { /* a budget's refusal names its option */
-        if (al.bad_budget >= 0) cli_error(prog, "--%s", err.msg);
+        if (r->al.bad_budget >= 0) cli_error(prog, "--%s", err.msg);
         else cli_fail(prog, &err);
-        rc = pst == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
-        goto done;
+        return pst == KVQ_ERR_USAGE ? CLI_USAGE : CLI_RUNTIME;
     }
-    if (!uni || !best || !unll || !items) {
-        cli_error(prog, "out of memory");
-        goto done;
-    }
-    /* the allocations and the uniform points within the largest budget, in full */
-    int nit = 0;
-    for (int b = 0; b < nb; b++) items[nit++] = (kvq_eval_item){.spec = &al.mix[b], .layer = -1, .policy = pol};
+    r->uni = calloc((size_t)np, sizeof *r->uni), r->best = calloc((size_t)nb, sizeof *r->best);
+    r->unll = calloc((size_t)np, sizeof *r->unll);
+    r->items = calloc((size_t)(np + nb) + 1, sizeof *r->items);
+    if (!r->uni || !r->best || !r->unll || !r->items) return cli_error(prog, "out of memory"), CLI_RUNTIME;
+    for (int b = 0; b < nb; b++) r->items[r->nit++] = (kvq_eval_item){.spec = &r->al.mix[b], .layer = -1, .policy = pol};
     for (int i = 0; i < np; i++) {
-        uni[i] = -1;
-        if (al.fits[i]) uni[i] = nit, items[nit++] = (kvq_eval_item){.spec = &a->pts[i].spec, .layer = -1, .policy = pol};
+        r->uni[i] = -1;
+        if (r->al.fits[i])
+            r->uni[i] = r->nit, r->items[r->nit++] = (kvq_eval_item){.spec = &a->pts[i].spec, .layer = -1, .policy = pol};
     }
     a->ps->validating = 1;
-    double nll_ref;
-    kvq_status est = kvq_model_eval(a->m, a->ids, a->T, items, nit, a->eo, &nll_ref, &err);
+    kvq_status est = kvq_model_eval(a->m, a->ids, a->T, r->items, r->nit, a->eo, &r->nll_ref, &err);
     if (a->ps->on) fputc('\n', stderr);
-    if (est) { rc = cli_fail(prog, &err); goto done; }
-    for (int i = 0; i < np; i++) unll[i] = uni[i] >= 0 ? items[uni[i]].nll : NAN;
+    if (est) return cli_fail(prog, &err);
+    for (int i = 0; i < np; i++) r->unll[i] = r->uni[i] >= 0 ? r->items[r->uni[i]].nll : NAN;
+    for (int b = 0; b < nb; b++) r->best[b] = kvq_alloc_best_uniform(&r->al, a->budgets[b], r->unll);
+    return CLI_OK;
+}
 
-    static const char *const cols[] = {"budget", "spec", "mean_bits", "k_bits", "v_bits", "dnll_pred",
-                                       "dnll", "dnll_se", "kl", "top1"};
-    enum { NCOL = sizeof cols / sizeof cols[0] };
-    kvq_format fmt = cli_pick_format(NULL, a->output);
-    if (fmt == KVQ_FMT_TABLE) fmt = KVQ_FMT_CSV;
-    if (cli_out_open(&out, a->output, prog) || cli_out_attach_meta(&out, a->meta, prog) ||
-        cli_out_open(&uout, a->uni_path, prog))
-        goto done;
-    rep = kvq_rows_new(out.f, fmt, cols, NCOL, 2);
-    urep = kvq_rows_new(uout.f, KVQ_FMT_CSV, cols + 1, NCOL - 1, 1);
-    kvq_status wst = !rep || !urep ? KVQ_ERR_NOMEM : KVQ_OK;
-    for (int b = 0; b < nb && !wst; b++) { /* each budget's allocation, then its best uniform point */
+static const char *const ALLOC_COLS[] = {"budget", "spec", "mean_bits", "k_bits", "v_bits", "dnll_pred",
+                                         "dnll", "dnll_se", "kl", "top1"};
+enum { ALLOC_NCOL = sizeof ALLOC_COLS / sizeof ALLOC_COLS[0] };
+
+/* Item it's row from its spec on (cells [1, ALLOC_NCOL)): pred is its predicted dnll. */
+static void alloc_cells(const kvq_eval_item *it, double pred, double nll_ref, kvq_cell *c)
+{
+    kvq_cell row[ALLOC_NCOL - 1] = {{.text = it->spec->text}, {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
+                                    {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
+                                    {.num = pred, .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
+                                    {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
+                                    {.num = it->top1, .is_num = 1}};
+    memcpy(c, row, sizeof row);
+}
+
+/* OUT's rows (each budget's allocation, then its best uniform point) and OUT.uniform.csv's. */
+static kvq_status alloc_rows(const alloc_run *a, const alloc_result *r, kvq_report *rep, kvq_report *urep)
+{
+    kvq_status wst = KVQ_OK;
+    for (int b = 0; b < a->nbudgets && !wst; b++) {
         char bt[32];
         snprintf(bt, sizeof bt, "%g", a->budgets[b]);
-        best[b] = kvq_alloc_best_uniform(&al, a->budgets[b], unll);
-        for (int r = 0; r < 2 && !wst; r++) {
-            const kvq_eval_item *it = r ? (best[b] >= 0 ? &items[uni[best[b]]] : NULL) : &items[b];
+        for (int u = 0; u < 2 && !wst; u++) {
+            const kvq_eval_item *it = u ? (r->best[b] >= 0 ? &r->items[r->uni[r->best[b]]] : NULL) : &r->items[b];
             if (!it) {
                 fprintf(stderr, "%s: note: --budget %g: no uniform point of the grid fits\n", prog, a->budgets[b]);
                 break;
             }
-            kvq_cell row[NCOL] = {{.text = bt}, {.text = it->spec->text},
-                                  {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
-                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = r ? al.upred[best[b]] : al.pred[b], .is_num = 1},
-                                  {.num = it->nll - nll_ref, .is_num = 1}, {.num = it->dnll_se, .is_num = 1},
-                                  {.num = it->kl, .is_num = 1}, {.num = it->top1, .is_num = 1}};
+            kvq_cell row[ALLOC_NCOL] = {{.text = bt}};
+            alloc_cells(it, u ? r->al.upred[r->best[b]] : r->al.pred[b], r->nll_ref, row + 1);
             errno = 0;
             wst = kvq_rows_add(rep, row);
         }
     }
-    for (int i = 0; i < np && !wst; i++) {
-        if (uni[i] < 0) continue;
-        const kvq_eval_item *it = &items[uni[i]];
-        kvq_cell row[NCOL - 1] = {{.text = it->spec->text}, {.num = (it->k_bits + it->v_bits) / 2, .is_num = 1},
-                                  {.num = it->k_bits, .is_num = 1}, {.num = it->v_bits, .is_num = 1},
-                                  {.num = al.upred[i], .is_num = 1}, {.num = it->nll - nll_ref, .is_num = 1},
-                                  {.num = it->dnll_se, .is_num = 1}, {.num = it->kl, .is_num = 1},
-                                  {.num = it->top1, .is_num = 1}};
+    for (int i = 0; i < a->np && !wst; i++) {
+        if (r->uni[i] < 0) continue;
+        kvq_cell row[ALLOC_NCOL - 1];
+        alloc_cells(&r->items[r->uni[i]], r->al.upred[i], r->nll_ref, row);
         errno = 0;
         wst = kvq_rows_add(urep, row);
     }
-    int werr = errno;
-    if (!wst) {
-        errno = 0;
-        wst = kvq_report_finish(rep);
-        rep = NULL;
-        werr = errno;
-    }
-    if (!wst) {
-        errno = 0;
-        wst = kvq_report_finish(urep);
-        urep = NULL;
-        werr = errno;
-    }
-    if (wst) {
-        rc = cli_write_error(prog, a->output, wst, werr);
-        goto done;
-    }
-    if (cli_meta_commit(&uout, prog) || cli_meta_commit(&out, prog)) goto done;
-    /* the summary: the four files, then each budget's allocation beside its best uniform point */
+    return wst;
+}
+
+/* The summary: the four files, then each budget's allocation beside its best uniform point. */
+static void alloc_summary(const alloc_run *a, const alloc_result *r)
+{
     fprintf(stderr, "%s: wrote %s (the allocations), %s (%d sensitivity passes), %s (%d uniform points), %s.meta.json\n",
-            prog, a->output, a->sens_path, np, a->uni_path, nit - nb, a->output);
-    for (int b = 0; b < nb; b++) {
-        const kvq_eval_item *ab = &items[b], *u = best[b] >= 0 ? &items[uni[best[b]]] : NULL;
+            prog, a->output, a->sens_path, a->np, a->uni_path, r->nit - a->nbudgets, a->output);
+    for (int b = 0; b < a->nbudgets; b++) {
+        const kvq_eval_item *ab = &r->items[b], *u = r->best[b] >= 0 ? &r->items[r->uni[r->best[b]]] : NULL;
         fprintf(stderr, "  budget %g: %s — %.4g bits, dnll %.4g", a->budgets[b], ab->spec->text,
-                (ab->k_bits + ab->v_bits) / 2, ab->nll - nll_ref);
+                (ab->k_bits + ab->v_bits) / 2, ab->nll - r->nll_ref);
         if (u)
             fprintf(stderr, "; best uniform %s — %.4g bits, dnll %.4g\n", u->spec->text, (u->k_bits + u->v_bits) / 2,
-                    u->nll - nll_ref);
+                    u->nll - r->nll_ref);
         else fputs("; no uniform point fits\n", stderr);
     }
-    rc = CLI_OK;
+}
+
+/* Steps 2 and 3 of docs/models.md#kvq-alloc: OUT, OUT.uniform.csv, the summary. */
+static int allocate(const alloc_run *a)
+{
+    alloc_result r = {0};
+    kvq_report *rep = NULL, *urep = NULL;
+    cli_out out = {0}, uout = {0};
+    kvq_format fmt = cli_pick_format(NULL, a->output);
+    int rc = alloc_evaluate(a, &r);
+    if (rc) goto done;
+    rc = CLI_RUNTIME;
+    if (cli_out_open(&out, a->output, prog) || cli_out_attach_meta(&out, a->meta, prog) ||
+        cli_out_open(&uout, a->uni_path, prog))
+        goto done;
+    rep = kvq_rows_new(out.f, fmt == KVQ_FMT_TABLE ? KVQ_FMT_CSV : fmt, ALLOC_COLS, ALLOC_NCOL, 2);
+    urep = kvq_rows_new(uout.f, KVQ_FMT_CSV, ALLOC_COLS + 1, ALLOC_NCOL - 1, 1);
+    kvq_status wst = !rep || !urep ? KVQ_ERR_NOMEM : alloc_rows(a, &r, rep, urep);
+    int werr = errno;
+    for (int k = 0; k < 2 && !wst; k++) { /* OUT's report, then the uniform points' */
+        errno = 0;
+        wst = kvq_report_finish(k ? urep : rep);
+        if (k) urep = NULL;
+        else rep = NULL;
+        werr = errno;
+    }
+    if (wst) rc = cli_write_error(prog, a->output, wst, werr);
+    else if (!cli_meta_commit(&uout, prog) && !cli_meta_commit(&out, prog)) alloc_summary(a, &r), rc = CLI_OK;
 done:
     kvq_report_discard(rep);
     kvq_report_discard(urep);
     if (out.f) cli_out_abort(&out);
     if (uout.f) cli_out_abort(&uout);
-    kvq_allocation_free(&al);
-    free(uni), free(best), free(unll), free(items);
+    kvq_allocation_free(&r.al);
+    free(r.uni), free(r.best), free(r.unll), free(r.items);
     return rc;
 }
 
@@ -460,9 +480,9 @@ static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
     return rc || *stop ? rc : check_options(argc, argv, s);
 }
 
-/* The grid's valid points, the files (checked against the inputs), the
- * calibration dump and the model; each point's stored bits. */
-static int open_inputs(alloc_job *s)
+/* The grid's valid points, and the files that hold what the run
+ * measures (checked against the inputs). */
+static int open_grid(alloc_job *s)
 {
     kvq_error err = {0};
     int rc;
@@ -493,6 +513,14 @@ static int open_inputs(alloc_job *s)
         (!s->shard_n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", s->sens_path, inputs, nin))) ||
         (s->uni_path && (rc = cli_check_side_file(prog, "the uniform points of -o", s->uni_path, inputs, nin))))
         return rc;
+    return CLI_OK;
+}
+
+/* The calibration dump and the model (its tokens), checked against the points and --chunk. */
+static int open_model(alloc_job *s)
+{
+    kvq_error err = {0};
+    int rc;
     if (s->calib && kvq_calib_open(s->calib, &s->cal, &err)) return cli_fail(prog, &err);
     for (int i = 0; i < s->np; i++)
         if ((rc = cli_check_calib(prog, &s->pts[i].spec, s->cal != NULL))) return rc;
@@ -512,6 +540,14 @@ static int open_inputs(alloc_job *s)
                   s->T, s->chunk);
         return CLI_RUNTIME;
     }
+    return CLI_OK;
+}
+
+/* The run's fingerprint (the sensitivity table's), each point's stored
+ * bits, and the budgets against the cheapest point. */
+static int measure_points(alloc_job *s)
+{
+    kvq_error err = {0};
     s->eo = (kvq_eval_opts){.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
                             .progress = pass_progress, .chunk = (int)s->chunk, .chunks = (int)s->chunks};
     s->sc = (sens_ctx){.pts = s->pts, .np = s->np, .L = s->L};
@@ -536,6 +572,14 @@ static int open_inputs(alloc_job *s)
             return CLI_USAGE;
         }
     return CLI_OK;
+}
+
+/* The grid's points, the files, the model; what each point stores. */
+static int open_inputs(alloc_job *s)
+{
+    int rc;
+    if ((rc = open_grid(s)) || (rc = open_model(s))) return rc;
+    return measure_points(s);
 }
 
 /* Provenance: the inputs and every option's effective value. */

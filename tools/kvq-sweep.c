@@ -439,14 +439,57 @@ static int open_inputs(sweep_t *sw)
     return CLI_OK;
 }
 
+/* --resume's OUT: locked (before it is read: a second run on OUT must not
+ * read what this one is about to truncate), its columns this sweep's, its
+ * complete points kept and an interrupted one cut (*keep: the bytes kept). */
+static int continue_out(sweep_t *sw, size_t *keep)
+{
+    opts_t *o = sw->o;
+    kvq_error err = {0};
+    kvq_sweep_file old = {0};
+    int rc;
+    if ((sw->fd = open(sw->target, O_WRONLY)) < 0)
+        return cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno)), CLI_RUNTIME;
+    if ((rc = lock_out(sw->fd, o->output))) return rc;
+    if (kvq_sweep_file_read(o->output, &old, &err)) return cli_fail(prog, &err);
+    if (old.columns && (old.fmt != sw->fmt || strcmp(old.columns, sw->header))) {
+        cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
+                  old.fmt == KVQ_FMT_JSONL ? "JSON lines" : "CSV", old.fmt != sw->fmt ? "found," : "with", sw->header);
+        rc = CLI_RUNTIME;
+    } else if (kvq_sweep_reconcile(o->output, &old, sw->grid, sw->state, sw->expect_rows, keep, &sw->ncomplete,
+                                   &err)) {
+        rc = cli_fail(prog, &err);
+    } else if (ftruncate(sw->fd, (off_t)*keep) != 0 || lseek(sw->fd, 0, SEEK_END) < 0) {
+        cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
+        rc = CLI_RUNTIME;
+    } else {
+        sw->nrun -= sw->ncomplete;
+        if (*keep < old.size)
+            fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output, old.size - *keep);
+    }
+    kvq_sweep_file_free(&old);
+    return rc;
+}
+
+/* A new OUT (where a symlink points), locked. */
+static int create_out(sweep_t *sw)
+{
+    opts_t *o = sw->o;
+    sw->fd = open(sw->target, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (sw->fd >= 0) return lock_out(sw->fd, o->output);
+    if (strcmp(sw->target, o->output))
+        cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, sw->target, strerror(errno));
+    else cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
+    return CLI_RUNTIME;
+}
+
 /* OUT: created, or continued with --resume (its complete points kept, an
  * interrupted one cut); locked for the run; the CSV header written. */
 static int open_out(sweep_t *sw)
 {
     opts_t *o = sw->o;
     kvq_error err = {0};
-    kvq_sweep_file old = {0};
-    int rc = CLI_OK, special;
+    int rc, special;
     sw->fmt = cli_pick_format(o->format, o->output); /* csv or jsonl: --format takes no table, -o is given */
     if (kvq_sweep_header(sw->grid, &sw->header, &sw->header_len)) return cli_error(prog, "out of memory"), CLI_RUNTIME;
     if (kvq_output_target(o->output, &sw->target, &special, &err)) return cli_fail(prog, &err);
@@ -462,45 +505,7 @@ static int open_out(sweep_t *sw)
         return CLI_RUNTIME;
     }
     size_t keep = 0;
-    if (sw->exists) {
-        /* the lock first: a second run on OUT must not read what this one is about to truncate */
-        if ((sw->fd = open(sw->target, O_WRONLY)) < 0) {
-            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
-            return CLI_RUNTIME;
-        }
-        if ((rc = lock_out(sw->fd, o->output))) return rc;
-        if (kvq_sweep_file_read(o->output, &old, &err)) return cli_fail(prog, &err);
-        if (old.columns && (old.fmt != sw->fmt || strcmp(old.columns, sw->header))) {
-            cli_error(prog, "%s: its columns are not this sweep's (%s %s expected: %s)", o->output,
-                      old.fmt == KVQ_FMT_JSONL ? "JSON lines" : "CSV", old.fmt != sw->fmt ? "found," : "with",
-                      sw->header);
-            rc = CLI_RUNTIME;
-        } else if (kvq_sweep_reconcile(o->output, &old, sw->grid, sw->state, sw->expect_rows, &keep, &sw->ncomplete,
-                                       &err)) {
-            rc = cli_fail(prog, &err);
-        } else if (ftruncate(sw->fd, (off_t)keep) != 0 || lseek(sw->fd, 0, SEEK_END) < 0) {
-            cli_error(prog, "%s: cannot continue it: %s", o->output, strerror(errno));
-            rc = CLI_RUNTIME;
-        } else {
-            sw->nrun -= sw->ncomplete;
-            if (keep < old.size)
-                fprintf(stderr, "%s: %s: dropped %zu bytes of an interrupted point\n", prog, o->output,
-                        old.size - keep);
-        }
-        kvq_sweep_file_free(&old);
-        if (rc) return rc;
-    } else {
-        sw->fd = open(sw->target, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (sw->fd < 0) {
-            if (strcmp(sw->target, o->output))
-                cli_error(prog, "%s: cannot create %s, where the symlink points: %s", o->output, sw->target,
-                          strerror(errno));
-            else
-                cli_error(prog, "%s: cannot create: %s", o->output, strerror(errno));
-            return CLI_RUNTIME;
-        }
-        if ((rc = lock_out(sw->fd, o->output))) return rc;
-    }
+    if ((rc = sw->exists ? continue_out(sw, &keep) : create_out(sw))) return rc;
     if (keep == 0 && sw->fmt == KVQ_FMT_CSV) {
         sw->header[sw->header_len] = '\n';
         int bad = cli_write_all(sw->fd, sw->header, sw->header_len + 1);
@@ -597,6 +602,38 @@ static int run_points(sweep_t *sw, size_t *written)
     return CLI_OK;
 }
 
+/* A finished sweep: OUT closed, and its record with OUT's checksum. */
+static int finish_sweep(sweep_t *sw, size_t written)
+{
+    opts_t *o = sw->o;
+    char hex[65];
+    int e, closed = close(sw->fd);
+    sw->fd = -1;
+    if (closed != 0) return cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)), CLI_RUNTIME;
+    if (cli_sha256_file(sw->target, hex, &e))
+        return cli_error(prog, "%s: cannot read it back: %s", o->output, strerror(e)), CLI_RUNTIME;
+    cli_meta_str(o->meta, "result", "status", "complete");
+    cli_meta_int(o->meta, "result", "points_written", (long long)written);
+    return cli_meta_write(o->meta, prog, o->output, hex);
+}
+
+/* Before the points run: what an interruption leaves (docs/tools.md), and the invalid points named. */
+static void announce_points(const sweep_t *sw)
+{
+    char head[512], tail[256];
+    snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, sw->o->output);
+    snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
+             sw->ncomplete + sw->nrun);
+    cli_interrupt_note(head, tail);
+    cli_interrupt_count((long)sw->ncomplete);
+    for (size_t p = 0; p < sw->npoints; p++) {
+        kvq_spec sp;
+        kvq_error err = {0};
+        if (sw->state[p] == KVQ_POINT_INVALID && kvq_grid_spec(sw->grid, p, &sp, &err))
+            fprintf(stderr, "%s: skipping invalid point %zu: %s\n", prog, p, err.msg);
+    }
+}
+
 static int do_sweep(opts_t *o, char **dumps, int ndumps)
 {
     sweep_t sw = {.o = o, .paths = dumps, .ndumps = ndumps, .fd = -1};
@@ -610,48 +647,16 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         goto done;
     }
     if ((rc = select_points(&sw)) || o->list_points || (rc = open_inputs(&sw)) || (rc = open_out(&sw))) goto done;
-    {
-        /* interrupted, the sweep says what OUT keeps and how to go on (docs/tools.md) */
-        char head[512], tail[256];
-        snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, o->output);
-        snprintf(tail, sizeof tail, " of %zu points complete; the same command with --resume continues\n",
-                 sw.ncomplete + sw.nrun);
-        cli_interrupt_note(head, tail);
-        cli_interrupt_count((long)sw.ncomplete);
-    }
     sweep_fingerprint(&sw);
     if ((rc = record_start(&sw))) goto done;
     started = 1;
-    for (size_t p = 0; p < sw.npoints; p++) {
-        kvq_spec sp;
-        kvq_error err = {0};
-        if (sw.state[p] == KVQ_POINT_INVALID && kvq_grid_spec(sw.grid, p, &sp, &err))
-            fprintf(stderr, "%s: skipping invalid point %zu: %s\n", prog, p, err.msg);
-    }
+    announce_points(&sw);
     double t0 = now();
     if ((rc = prepare_dumps(&sw))) goto done;
     double prep_s = now() - t0;
     if ((rc = run_points(&sw, &written))) goto done;
-    int closed = close(sw.fd);
-    sw.fd = -1;
-    if (closed != 0) {
-        cli_error(prog, "%s: write failed: %s", o->output, strerror(errno));
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    { /* the record of a finished run, with OUT's checksum */
-        char hex[65];
-        int e;
-        if (cli_sha256_file(sw.target, hex, &e)) {
-            cli_error(prog, "%s: cannot read it back: %s", o->output, strerror(e));
-            rc = CLI_RUNTIME;
-            goto done;
-        }
-        cli_meta_str(o->meta, "result", "status", "complete");
-        cli_meta_int(o->meta, "result", "points_written", (long long)written);
-        if ((rc = cli_meta_write(o->meta, prog, o->output, hex))) goto done;
-        started = 0;
-    }
+    if ((rc = finish_sweep(&sw, written))) goto done;
+    started = 0;
     double total = now() - t0;
     fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
             "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, sw.ncomplete,

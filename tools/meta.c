@@ -512,12 +512,32 @@ static int sb_input(sbuf *b, cli_meta *m, meta_input *in, int hash, const char *
     return CLI_OK;
 }
 
+/* The record's "kvq": the build, and the BLAS kernels in use and why (docs/performance.md#blas-kernels). */
+static void sb_build(sbuf *sb)
+{
+    kvq_build_info bi;
+    kvq_get_build_info(&bi);
+    sb_str(sb, ", \"kvq\": {\"version\": ");
+    sb_json(sb, bi.version);
+    sb_str(sb, ", \"commit\": ");
+    sb_json(sb, bi.commit[0] ? bi.commit : NULL);
+    sb_str(sb, ", \"simd\": ");
+    sb_json(sb, bi.simd);
+    sb_str(sb, ", \"blas\": ");
+    sb_json(sb, bi.blas);
+    char why[256];
+    kvq_blas_core_source(why, sizeof why);
+    sb_str(sb, ", \"blas_core\": ");
+    sb_json(sb, bi.blas_core);
+    sb_str(sb, ", \"blas_core_source\": ");
+    sb_json(sb, why);
+    sb_printf(sb, ", \"cuda_built\": %s}", bi.cuda_built ? "true" : "false");
+}
+
 /* The run as one line of JSON, ended now; NULL after printing why. */
 static char *run_json(cli_meta *m, const char *prog, const char *out_sha256)
 {
     sbuf b = {0};
-    kvq_build_info bi;
-    kvq_get_build_info(&bi);
     struct timespec now, t1;
     clock_gettime(CLOCK_REALTIME, &now);
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -529,21 +549,7 @@ static char *run_json(cli_meta *m, const char *prog, const char *out_sha256)
 
     sb_str(&b, "{\"tool\": ");
     sb_json(&b, m->tool);
-    sb_str(&b, ", \"kvq\": {\"version\": ");
-    sb_json(&b, bi.version);
-    sb_str(&b, ", \"commit\": ");
-    sb_json(&b, bi.commit[0] ? bi.commit : NULL);
-    sb_str(&b, ", \"simd\": ");
-    sb_json(&b, bi.simd);
-    sb_str(&b, ", \"blas\": ");
-    sb_json(&b, bi.blas);
-    char why[256]; /* the kernels in use, and why (docs/performance.md#blas-kernels) */
-    kvq_blas_core_source(why, sizeof why);
-    sb_str(&b, ", \"blas_core\": ");
-    sb_json(&b, bi.blas_core);
-    sb_str(&b, ", \"blas_core_source\": ");
-    sb_json(&b, why);
-    sb_printf(&b, ", \"cuda_built\": %s}", bi.cuda_built ? "true" : "false");
+    sb_build(&b);
     sb_printf(&b, ", \"command\": %s, \"cwd\": ", m->command ? m->command : "null");
     sb_json(&b, m->cwd);
     sb_str(&b, ", \"host\": ");
