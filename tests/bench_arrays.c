@@ -4,6 +4,7 @@
  *     kvq-bench-arrays K.f32 V.f32 H T D THREADS REPS SPEC...
  * prints "SPEC best_seconds" per spec. */
 #include "cli.h" /* cli_tune_malloc: the C baseline runs as the tools do */
+#include "analysis/analysis.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -24,6 +24,7 @@
  * rate measured in the same run.
  *   kvq-bench-model [BUILD_DIR] [TOKENS]   (run by `meson test --benchmark`) */
 #include "gguf_writer.h"
+#include "formats/formats.h"
 
 #include <cblas.h>
 #include <fcntl.h>

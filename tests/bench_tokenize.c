@@ -5,6 +5,7 @@
  * child's peak memory.
  *   kvq-bench-tokenize [BUILD_DIR]   (run by `meson test --benchmark`) */
 #include "gguf_writer.h"
+#include "formats/formats.h"
 
 #include <sys/resource.h>
 #include <sys/stat.h>

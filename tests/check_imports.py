@@ -3,10 +3,15 @@
 files, and every room (lib/<room>/) uses only the rooms before it in
 ORDER, as the README's layout says; with a second OBJDIR, the tools' shared
 files (libkvqcli) likewise: each uses only those before it in TOOLS_ORDER
-(tools/cli.h).   check_imports.py LIB_OBJDIR [TOOLS_OBJDIR]"""
+(tools/cli.h).  With the source root, the same order also holds for the
+headers: a file of a room includes only the internal headers of its own
+room and of the rooms before it (lib/internal.h is base's; the public
+kvq*.h at the top are everyone's), so no coupling hides in a header.
+    check_imports.py LIB_OBJDIR [TOOLS_OBJDIR [SOURCE_ROOT]]"""
 import collections
 import glob
 import os
+import re
 import subprocess
 import sys
 
@@ -65,7 +70,31 @@ def cycles(edges):
     return out
 
 
-def main(objdir, tools_objdir=None):
+def include_problems(src):
+    """Each `#include "..."` of lib/<room>/ against ORDER; the number of includes read."""
+    lib, bad, n = os.path.join(src, "lib"), [], 0
+    for f in sorted(glob.glob(os.path.join(lib, "*", "*.[ch]"))):
+        room = os.path.basename(os.path.dirname(f))
+        for inc in re.findall(r'^#include "([^"]+)"', open(f, encoding="utf-8").read(), flags=re.M):
+            target = os.path.normpath(os.path.join(os.path.dirname(f), inc))
+            if not os.path.exists(target):
+                target = os.path.normpath(os.path.join(lib, inc))
+            if not os.path.exists(target):
+                continue  # generated (kvq_config.h) or the CUDA module's (kernels/)
+            n += 1
+            rel = os.path.relpath(target, lib)
+            to = rel.split(os.sep)[0] if os.sep in rel else ("base" if rel == "internal.h" else None)
+            if to is None or to == room:
+                continue
+            if room not in ORDER or to not in ORDER:
+                bad.append(f"{os.path.relpath(f, lib)} includes {rel}: a room outside {ORDER}")
+            elif ORDER.index(to) > ORDER.index(room):
+                bad.append(f"{os.path.relpath(f, lib)} includes {rel}: {room}/ may include only "
+                           f"{', '.join(ORDER[:ORDER.index(room) + 1])}")
+    return bad, n
+
+
+def main(objdir, tools_objdir=None, src=None):
     edges = graph(objdir)
     if not edges:
         print(f"check_imports: error: {objdir}: no object files")
@@ -92,6 +121,10 @@ def main(objdir, tools_objdir=None):
                 elif TOOLS_ORDER.index(b) > TOOLS_ORDER.index(a):
                     bad.append(f"tools: {a} uses {sym} from {b}, which comes after it in {TOOLS_ORDER}")
         nfiles += len(tedges)
+    if src:
+        ibad, nincludes = include_problems(src)
+        assert nincludes > 50, nincludes
+        bad += ibad
     for b in bad:
         print("check_imports:", b)
     print(f"check_imports: {nfiles} files, {'no' if not bad else len(bad)} problems")
@@ -99,4 +132,4 @@ def main(objdir, tools_objdir=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+    sys.exit(main(*sys.argv[1:4]))

@@ -6,7 +6,7 @@
 #ifndef KVQ_GGUF_WRITER_H
 #define KVQ_GGUF_WRITER_H
 
-#include "internal.h" /* ggml type ids, the reference formats */
+#include "formats/formats.h" /* ggml type ids, the reference formats */
 
 #include <math.h>
 #include <stdint.h>

@@ -3,6 +3,7 @@
  * SentencePiece vocabulary), qwen2.gguf (f16, biases, no vocabulary) and
  * tiny-vocab.txt (a text its vocabulary covers). */
 #include "gguf_writer.h"
+#include "formats/formats.h"
 
 static int write_model(const char *dir, const char *name, const gw_model_opts *o)
 {

@@ -2,6 +2,7 @@
  * (docs/building-blocks.md): rotations, Lloyd–Max codebooks, k-means, low
  * rank, RoPE tables. */
 #include "testutil.h"
+#include "math/maths.h"
 
 #include <string.h>
 

@@ -15,6 +15,8 @@
  * its calibration state, prerope refuses a dump without RoPE. */
 #include "testutil.h"
 #include "simd.h"
+#include "math/maths.h"
+#include "formats/formats.h"
 
 #include <float.h>
 

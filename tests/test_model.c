@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "model/unicode.h"
 #include "testutil.h"
+#include "formats/formats.h"
 
 #include <stdio.h>
 

@@ -4,6 +4,7 @@
  * over the layers on the Pareto frontier of (bits, loss) of partial
  * assignments. */
 #include "../internal.h"
+#include "analysis.h"
 
 #include <errno.h>
 #include <math.h>

@@ -13,6 +13,7 @@
 #include "device.h"
 #include "../internal.h"
 #include "../quant/quant.h"
+#include "analysis.h"
 
 #include <cblas.h>
 #include <omp.h>

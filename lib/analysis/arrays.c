@@ -5,6 +5,7 @@
  * plain arrays and kvq_acc sums in, kvq_status and kvq_error out. */
 #define _GNU_SOURCE /* open_memstream */
 #include "../internal.h"
+#include "analysis.h"
 #include "../quant/quant.h"
 
 #include <math.h>

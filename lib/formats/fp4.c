@@ -24,6 +24,7 @@
  * nibble and element j + n/2 in its high nibble. */
 #include "../internal.h"
 #include "../simd.h"
+#include "formats.h"
 
 #include <math.h>
 #include <string.h>

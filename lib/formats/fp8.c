@@ -11,6 +11,7 @@
  * and on both sides of every rounding boundary. */
 #include "../internal.h"
 #include "../simd.h"
+#include "formats.h"
 
 #include <math.h>
 #include <string.h>

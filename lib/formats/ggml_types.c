@@ -20,6 +20,7 @@
  *   q6_K  {ql[128]; qh[64]; int8 scales[16]; d}       256 values, 210 bytes
  *   mxfp4, nvfp4: see fp4.c */
 #include "../internal.h"
+#include "formats.h"
 
 #include <float.h>
 #include <math.h>

@@ -16,6 +16,7 @@
  * gauss: closed forms through erfc and the normal density.
  * data: sorted samples with prefix sums (exact cell means in double). */
 #include "../internal.h"
+#include "maths.h"
 
 #include <math.h>
 #include <string.h>

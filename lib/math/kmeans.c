@@ -8,6 +8,7 @@
  * result does not depend on threads.  The objective is evaluated exactly
  * (double) for the caller's records. */
 #include "../internal.h"
+#include "maths.h"
 
 #include <cblas.h>
 #include <math.h>

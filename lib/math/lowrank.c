@@ -3,6 +3,7 @@
  * iteration (in double: cblas_dgemm + QR through LAPACKE dgeqrf/dorgqr), as in
  * GEAR's fake_poweriteration_group. */
 #include "../internal.h"
+#include "maths.h"
 
 #include <cblas.h>
 #include <lapacke.h>

@@ -4,6 +4,7 @@
  * `hadamard` (±1 diagonal, then the normalised Sylvester–Hadamard matrix,
  * applied with the O(D log D) fast Walsh–Hadamard transform). */
 #include "../internal.h"
+#include "maths.h"
 
 #include <cblas.h>
 #include <lapacke.h>

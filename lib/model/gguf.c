@@ -5,6 +5,7 @@
  * truncated or hostile file is an error naming what was wrong, never a read
  * out of bounds. */
 #include "model.h"
+#include "../formats/formats.h"
 
 #include <stdio.h>
 #include <string.h>

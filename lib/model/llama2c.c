@@ -4,6 +4,7 @@
  * then float32 weights in a fixed order; and its tokenizer.bin.  The file
  * has no magic, so its size must be exactly what the header implies. */
 #include "model.h"
+#include "../formats/formats.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -3,6 +3,7 @@
  * read-only, and the loaders describe its tensors without copying them.
  * Weights are dequantized later, a layer at a time (forward.c). */
 #include "model.h"
+#include "../formats/formats.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -5,6 +5,7 @@
 #define KVQ_MODEL_H
 
 #include "../internal.h"
+#include "../formats/formats.h"
 
 #include <stdint.h>
 

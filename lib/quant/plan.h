@@ -6,6 +6,9 @@
 
 #include "../internal.h"
 
+/* How a group's scale (and zero) is stored: fp16 (rounded, as stored) or fp32. */
+typedef enum kvq_scale_prec { KVQ_SCALE_FP16 = 0, KVQ_SCALE_FP32 = 1 } kvq_scale_prec;
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -6,9 +6,26 @@
 #define KVQ_QUANT_H
 
 #include "../internal.h"
+#include "../formats/formats.h"
+#include "../math/maths.h"
 #include "plan.h"
 
 #include <math.h>
+
+/* ----------------------------- group quantization (docs/building-blocks.md) */
+
+/* U(g; b) on one group of n values x[i*stride], written to y[i*stride]
+ * (y may equal x).  Reference definition: plain C, in the order docs/ writes it.
+ * Returns KVQ_ERR_NUMERIC if the rounded scale is not finite. */
+kvq_status kvq_group_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                  kvq_scale_prec prec);
+/* A(g; b), symmetric absmax (docs/building-blocks.md), same conventions. */
+kvq_status kvq_absmax_quantize_ref(const float *x, float *y, size_t n, size_t stride, int bits,
+                                   kvq_scale_prec prec);
+/* Optimised per-channel U: rows x[t*D + c] for t < n, every channel c < D is
+ * one group of n tokens.  Equal to the reference applied per channel. */
+kvq_status kvq_group_quantize_channels(const float *x, float *y, size_t n, size_t D, int bits,
+                                       kvq_scale_prec prec);
 
 typedef struct kvq_quantizer {
     const char *name;
