@@ -144,6 +144,11 @@ kvq_status kvq_spec_check_calib(const kvq_spec *spec, int have_calib, kvq_error 
 /* The tensors the spec reads besides K and V (KVQ_READ_*; a mix: all of its specs'). */
 unsigned kvq_spec_read_flags(const kvq_spec *spec);
 
+/* How many composite specs (mix(...), tokens(...)) this process has taken
+ * apart: each distinct text once, when it is first parsed, whatever uses it
+ * later (layers, dumps, the calibration, reports, DecodeCache); for tests. */
+unsigned long kvq_spec_splits(void);
+
 /* Mixed precision (docs/quantizers.md#mix): `mix(RANGE=SPEC;RANGE=SPEC;...)`
  * runs each layer with the spec of the range that holds it; RANGE is a
  * layer list as --layers takes it (a-b, a- to the last layer, a,b).  A

@@ -175,15 +175,15 @@ static void bench_tokens(const kvq_layer *L)
                            "tokens(snapkv:keep=0.25; none; drop)", "tokens(h2o:keep=0.25; none; drop)",
                            "tokens(zipcache:keep=0.25; none; drop)"};
     unsigned char *keep = malloc((size_t)L->H * T);
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    const kvq_tokens_parts *tp;
     kvq_error err = {0};
-    if (!keep || !tp) {
+    if (!keep) {
         fprintf(stderr, "kvq-bench: out of memory\n");
         exit(1);
     }
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         kvq_spec sp;
-        if (kvq_spec_parse(specs[i], &sp, &err) || kvq_tokens_split(&sp, tp, &err)) die(&err);
+        if (kvq_spec_parse(specs[i], &sp, &err) || kvq_tokens_parts_of(&sp, &tp, &err)) die(&err);
         double b = 1e30;
         for (int rep = 0; rep < 2; rep++) {
             double t0 = now();
@@ -193,7 +193,7 @@ static void bench_tokens(const kvq_layer *L)
         }
         printf("  %-42s %7.3f s  (%.2fx the attention pass)\n", specs[i], b, b / best);
     }
-    free(keep), free(tp);
+    free(keep);
 }
 
 /* Compression while decoding (SPEC §3.11): the cost of one compression step —
@@ -209,8 +209,8 @@ static void bench_tokens_online(const kvq_layer *L)
     C.query = malloc((size_t)Hq * n * D * sizeof(float));
     float **Sc = calloc((size_t)nt, sizeof *Sc);
     unsigned char *keep = malloc((size_t)H * n);
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
-    if (!C.key || !C.value || !C.query || !Sc || !keep || !tp) {
+    const kvq_tokens_parts *tp;
+    if (!C.key || !C.value || !C.query || !Sc || !keep) {
         fprintf(stderr, "kvq-bench: out of memory\n");
         exit(1);
     }
@@ -241,7 +241,7 @@ static void bench_tokens_online(const kvq_layer *L)
         snprintf(text, sizeof text, "tokens(%s%starget=%d,interval=%d; none; drop)", sels[i],
                  strchr(sels[i], ':') ? "," : ":", S, EVERY);
         kvq_spec sp;
-        if (kvq_spec_parse(text, &sp, &err) || kvq_tokens_split(&sp, tp, &err)) die(&err);
+        if (kvq_spec_parse(text, &sp, &err) || kvq_tokens_parts_of(&sp, &tp, &err)) die(&err);
         kvq_select_at at = {.target = S, .qrow0 = n - EVERY};
         double b = 1e30;
         for (int rep = 0; rep < 3; rep++) {
@@ -253,7 +253,7 @@ static void bench_tokens_online(const kvq_layer *L)
         printf("  %-58s %8.2f ms  (%.1fx those rows' attention)\n", text, b * 1e3, b / best);
     }
     for (int i = 0; i < nt; i++) free(Sc[i]);
-    free(Sc), free(keep), free(tp), free(C.key), free(C.value), free(C.query);
+    free(Sc), free(keep), free(C.key), free(C.value), free(C.query);
 }
 
 int main(int argc, char **argv)

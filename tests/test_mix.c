@@ -141,6 +141,45 @@ static const kvq_acc *cell(const kvq_analysis *a, int li, int hi, int s)
     return &a->acc[((size_t)li * a->nheads + hi) * a->nspecs + s];
 }
 
+/* A composite spec is taken apart once, when it is first parsed (spec.c's
+ * composite_of): its copies, every layer of every dump, the checks, the
+ * resolution and the calibration find the parts (kvq_spec_splits counts). */
+START_TEST(split_once)
+{
+    const char *text = "mix(0-1=tokens(h2o:keep=0.5; kivi:bits=4; drop);2,4=cluster:centroids=4;3=kivi:bits=2)";
+    unsigned long n0 = kvq_spec_splits();
+    kvq_spec sp, again, own;
+    kvq_error err;
+    ck_assert_int_eq(parse(text, &sp, &err), KVQ_OK);
+    ck_assert_uint_eq(kvq_spec_splits(), n0 + 2); /* the mix and its tokens(...) item */
+    ck_assert_int_eq(parse(text, &again, &err), KVQ_OK);
+    kvq_spec copy = sp;
+    for (int l = 0; l < 5; l++) ck_assert_int_eq(kvq_spec_for_layer(&copy, l, &own, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_spec_check_layers(&copy, 5, &err), KVQ_OK);
+    ck_assert_int_eq(kvq_spec_check_shape(&copy, 8, &err), KVQ_OK);
+    ck_assert(kvq_spec_read_flags(&copy) & KVQ_READ_QUERY); /* h2o's queries, found in the parts */
+    ck_assert(kvq_spec_needs_calib(&copy));
+    kvq_resolved_spec *r;
+    ck_assert_int_eq(kvq_spec_resolve(&copy, 5, &r, &err), KVQ_OK);
+    kvq_resolved_spec_free(r);
+    kvq_calib *calib;
+    ck_assert_int_eq(kvq_calib_open(CALIB, &calib, &err), KVQ_OK);
+    for (int dump = 0; dump < 2; dump++) { /* two dumps, every layer, with the calibration */
+        kvq_analysis a = analyse(&copy, 1, NULL, 0, calib);
+        ck_assert_int_eq(a.nlayers, 5);
+        kvq_analysis_free(&a);
+    }
+    kvq_calib_close(calib);
+    ck_assert_uint_eq(kvq_spec_splits(), n0 + 2);
+    /* a text that does not parse is split once too, and refused the same way each time */
+    kvq_error e1 = {0}, e2 = {0};
+    ck_assert_int_eq(kvq_spec_parse("tokens(h2o:keep=0.5; kivi:bits=4)", &sp, &e1), KVQ_ERR_USAGE);
+    ck_assert_int_eq(kvq_spec_parse("tokens(h2o:keep=0.5; kivi:bits=4)", &sp, &e2), KVQ_ERR_USAGE);
+    ck_assert_str_eq(e1.msg, e2.msg);
+    ck_assert_uint_eq(kvq_spec_splits(), n0 + 3);
+}
+END_TEST
+
 START_TEST(one_range_is_its_spec)
 {
     const char *plain[] = {"kivi:bits=2", "gear:rank=2", "turboquant", "fp8:scale=token"};
@@ -236,6 +275,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, resolved_once);
     tcase_add_test(tc, parsing);
+    tcase_add_test(tc, split_once);
     tcase_add_test(tc, one_range_is_its_spec);
     tcase_add_test(tc, two_ranges_are_their_specs);
     tcase_add_test(tc, pooled_bits_by_hand);

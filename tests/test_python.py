@@ -435,6 +435,14 @@ for ctx in (0, 10):
         ok &= np.array_equal(cache.keep(0), hi) and np.array_equal(kh[hi], kall[:, :t + 1][hi]) and \
             not kh[~hi].any() and hi[0].sum() <= S + I
     check(ok, f"DecodeCache knorm target={S},interval={I} (context {ctx}) holds the tokens a numpy simulation holds")
+# a DecodeCache's spec is taken apart once, whatever number of updates and layers (kvq_spec_splits counts)
+splits0 = kvq._lib.lib().kvq_spec_splits()
+cache = kvq.DecodeCache(f"tokens(knorm:target={S + 1},interval={I}; none; kivi:bits=4,residual=0)")
+for t in range(30):
+    for layer in range(2):
+        cache.update(layer, kall[:, t:t + 1], vall[:, t:t + 1])
+check(kvq._lib.lib().kvq_spec_splits() == splits0 + 1,
+      f"DecodeCache: 60 updates took its spec apart {kvq._lib.lib().kvq_spec_splits() - splits0} times (once)")
 try:
     kvq.DecodeCache("tokens(h2o:target=4,interval=2; none; drop)").update(0, kall[:, :3], vall[:, :3])
     check(False, "a query-needing selector without queries raises")

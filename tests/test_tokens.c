@@ -114,11 +114,11 @@ static void select_of(const char *text, const kvq_layer *L, const kvq_attn_mode 
                       unsigned char *keep, double *score)
 {
     kvq_spec sp;
-    kvq_tokens_parts tp;
+    const kvq_tokens_parts *tp;
     kvq_error err = {0};
     ck_assert_msg(kvq_spec_parse(text, &sp, &err) == KVQ_OK, "%s", err.msg);
-    ck_assert_int_eq(kvq_tokens_split(&sp, &tp, &err), KVQ_OK);
-    ck_assert_msg(kvq_tokens_select(&tp, L, mode, 9, 1, threads, keep, score, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_int_eq(kvq_tokens_parts_of(&sp, &tp, &err), KVQ_OK);
+    ck_assert_msg(kvq_tokens_select(tp, L, mode, 9, 1, threads, keep, score, &err) == KVQ_OK, "%s", err.msg);
 }
 
 static void expect_kept(const char *text, const kvq_layer *L, const char *want)

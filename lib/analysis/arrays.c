@@ -206,9 +206,9 @@ kvq_status kvq_select_arrays(const kvq_arrays_opts *o, int H, int T, int D, cons
         return kvq_fail(err, KVQ_ERR_USAGE, "target %d, first query row %d: expected target >= 0 and a row in 0..%d",
                         target, qrow0, T);
     kvq_spec sp;
-    kvq_tokens_parts tp;
+    const kvq_tokens_parts *tp;
     kvq_status st = kvq_spec_parse(o->spec ? o->spec : "", &sp, err);
-    if (st || (st = kvq_tokens_split(&sp, &tp, err))) return st;
+    if (st || (st = kvq_tokens_parts_of(&sp, &tp, err))) return st;
     int Hq = o->query ? o->num_heads : H;
     if (o->query && (Hq <= 0 || Hq % H))
         return kvq_fail(err, KVQ_ERR_USAGE, "query: %d heads: expected a multiple of the %d key heads", Hq, H);
@@ -220,7 +220,7 @@ kvq_status kvq_select_arrays(const kvq_arrays_opts *o, int H, int T, int D, cons
     kvq_layer L = {.H = H, .Hq = Hq, .T = T, .D = D, .key = (float *)key, .value = (float *)key,
                    .query = (float *)o->query};
     kvq_select_at at = {.target = target, .qrow0 = qrow0};
-    return kvq_tokens_select_at(&tp, &L, NULL, o->seed, o->layer, nt, target > 0 ? &at : NULL, keep, NULL, err);
+    return kvq_tokens_select_at(tp, &L, NULL, o->seed, o->layer, nt, target > 0 ? &at : NULL, keep, NULL, err);
 }
 
 /* kvq_analyze_csv on the file at path, or (path NULL) on the dump in memory m. */

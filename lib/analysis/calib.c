@@ -85,16 +85,15 @@ static kvq_status tokens_state(kvq_calib *c, const kvq_spec *spec, int layer, ui
             *state = e->state;
             return KVQ_OK;
         }
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
+    const kvq_tokens_parts *tp = NULL;
     kvq_tokens_calib *tc = calloc(1, sizeof *tc);
     calib_entry *e = calloc(1, sizeof *e);
-    kvq_status st = tp && tc && e ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = tc && e ? kvq_tokens_parts_of(spec, &tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     for (int lo = 0; lo < 2 && !st; lo++) {
         const kvq_spec *p = lo ? &tp->lo : &tp->hi;
         if ((lo ? tp->lo_kind : tp->hi_kind) == KVQ_PART_SPEC)
             st = kvq_calib_state(c, p, layer, seed, nthreads, &tc->state[lo], err);
     }
-    free(tp);
     if (st) {
         free(tc), free(e);
         return st;

@@ -283,8 +283,10 @@ typedef struct kvq_tokens_parts {
     kvq_token_part hi_kind, lo_kind;
     kvq_spec hi, lo; /* when the kind is KVQ_PART_SPEC */
 } kvq_tokens_parts;
-/* (spec.c, beside mix: specs inside a spec) */
-kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err);
+/* A tokens(...) spec's parts, taken apart once in the process when it was
+ * parsed (spec.c: composite specs are split by their parser alone); *out
+ * stays valid for the process. */
+kvq_status kvq_tokens_parts_of(const kvq_spec *spec, const kvq_tokens_parts **out, kvq_error *err);
 /* Layer l's tokens(...) taken apart once (kvq_spec_resolve), or NULL for a plain spec. */
 const kvq_tokens_parts *kvq_resolved_spec_parts(const kvq_resolved_spec *r, int layer);
 /* The parts of "tokens(A; B; C)" (text starting "tokens(", its last

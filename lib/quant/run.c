@@ -20,11 +20,9 @@ static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ct
 static kvq_status run_tokens(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
                              kvq_error *err, kvq_layer_runner run)
 {
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
-    kvq_status st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (!st) st = kvq_tokens_quantize(spec, tp, ctx, in, out, err, run);
-    free(tp);
-    return st;
+    const kvq_tokens_parts *tp;
+    kvq_status st = kvq_tokens_parts_of(spec, &tp, err);
+    return st ? st : kvq_tokens_quantize(spec, tp, ctx, in, out, err, run);
 }
 
 kvq_status kvq_quantize_layer(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,

@@ -6,6 +6,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,30 +125,90 @@ static kvq_status mix_item_spec(const char *text, const mix_item *it, kvq_spec *
     return KVQ_OK;
 }
 
-/* A mix's split form, re-made from its text (cheap; specs stay plain values). */
-static kvq_status mix_of(const kvq_spec *spec, mix **out, kvq_error *err)
+/* --------------------------------- composite specs, taken apart once */
+
+static kvq_status tokens_split(const char *text, kvq_tokens_parts *out, kvq_error *err);
+
+/* A mix(...) or tokens(...) text taken apart: its items and spans and each
+ * item's spec, or its SELECT, HI and LO.  Kept for the process (composite_of),
+ * so that specs stay plain values, copied freely with their text as the key,
+ * and every later use (each layer of each dump, the calibration, the report,
+ * each DecodeCache.update) finds the parts instead of splitting the text
+ * again.  A text that does not parse keeps its refusal. */
+typedef struct composite {
+    struct composite *next;
+    kvq_status status;
+    kvq_error err;          /* the refusal, when status is not KVQ_OK */
+    mix *m;                 /* a mix: its items and spans; NULL for tokens(...) */
+    kvq_spec *items;        /* a mix: [m->nitems] its items, parsed */
+    kvq_tokens_parts parts; /* a tokens(...) */
+    char text[KVQ_SPEC_MAX];
+} composite;
+
+enum { COMPOSITE_BUCKETS = 256 };
+static pthread_mutex_t composite_lock = PTHREAD_MUTEX_INITIALIZER;
+static composite *composites[COMPOSITE_BUCKETS];
+static unsigned long composite_splits;
+
+unsigned long kvq_spec_splits(void)
 {
-    *out = malloc(sizeof **out);
-    if (!*out) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    kvq_status st = mix_split(spec->text, *out, err);
-    if (st) {
-        free(*out);
-        *out = NULL;
-    }
+    pthread_mutex_lock(&composite_lock);
+    unsigned long n = composite_splits;
+    pthread_mutex_unlock(&composite_lock);
+    return n;
+}
+
+static composite *composite_find(const char *text, unsigned bucket)
+{
+    composite *c = composites[bucket];
+    while (c && strcmp(c->text, text)) c = c->next;
+    return c;
+}
+
+static kvq_status mix_item_spec(const char *text, const mix_item *it, kvq_spec *out, kvq_error *err);
+
+/* c->text as a mix: split (the one call of mix_split), then each item parsed. */
+static kvq_status mix_take_apart(composite *c)
+{
+    if (!(c->m = malloc(sizeof *c->m))) return kvq_fail(&c->err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = mix_split(c->text, c->m, &c->err);
+    if (!st && !(c->items = calloc((size_t)c->m->nitems, sizeof *c->items)))
+        st = kvq_fail(&c->err, KVQ_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < c->m->nitems; i++) st = mix_item_spec(c->text, &c->m->item[i], &c->items[i], &c->err);
     return st;
+}
+
+/* The parts of the composite spec `text` (mix(...) or tokens(...)), taken
+ * apart on its first use in the process; its refusal (into err) after. */
+static kvq_status composite_of(const char *text, const composite **out, kvq_error *err)
+{
+    unsigned h = 2166136261u; /* FNV-1a of the text */
+    for (const char *p = text; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    unsigned bucket = h % COMPOSITE_BUCKETS;
+    pthread_mutex_lock(&composite_lock);
+    composite *c = composite_find(text, bucket);
+    pthread_mutex_unlock(&composite_lock);
+    if (!c) { /* taken apart outside the lock: an item may be a composite itself */
+        composite *n = calloc(1, sizeof *n);
+        if (!n) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        snprintf(n->text, sizeof n->text, "%s", text);
+        n->status = !strncmp(text, "mix(", 4) ? mix_take_apart(n) : tokens_split(text, &n->parts, &n->err);
+        pthread_mutex_lock(&composite_lock);
+        if (!(c = composite_find(text, bucket))) /* else another thread's came first */
+            c = n, n->next = composites[bucket], composites[bucket] = n, n = NULL, composite_splits++;
+        pthread_mutex_unlock(&composite_lock);
+        if (n) free(n->m), free(n->items), free(n);
+    }
+    *out = c;
+    if (c->status && err) *err = c->err;
+    return c->status;
 }
 
 static kvq_status mix_parse(const char *text, kvq_spec *out, kvq_error *err)
 {
+    const composite *c;
     out->q = &kvq_q_mix;
-    mix *m;
-    kvq_status st = mix_of(out, &m, err);
-    for (int i = 0; !st && i < m->nitems; i++) {
-        kvq_spec sub;
-        st = mix_item_spec(text, &m->item[i], &sub, err);
-    }
-    free(m);
-    return st;
+    return composite_of(text, &c, err);
 }
 
 int kvq_spec_is_mix(const kvq_spec *spec) { return spec->q && spec->q->is_mix; }
@@ -212,9 +273,8 @@ void kvq_tokens_part(const char *text, const int cut[4], int k, int *b, int *e)
     trim(text, b, e);
 }
 
-kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_error *err)
+static kvq_status tokens_split(const char *text, kvq_tokens_parts *out, kvq_error *err)
 {
-    const char *text = spec->text;
     memset(out, 0, sizeof *out);
     int len = (int)strlen(text), cut[4];
     if (len < 9 || strncmp(text, "tokens(", 7) || text[len - 1] != ')')
@@ -249,12 +309,25 @@ kvq_status kvq_tokens_split(const kvq_spec *spec, kvq_tokens_parts *out, kvq_err
 /* out->text holds text (kvq_spec_parse checked its length). */
 static kvq_status tokens_parse(kvq_spec *out, kvq_error *err)
 {
+    const composite *c;
     out->q = &kvq_q_tokens;
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
-    if (!tp) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    kvq_status st = kvq_tokens_split(out, tp, err);
-    free(tp);
+    return composite_of(out->text, &c, err);
+}
+
+kvq_status kvq_tokens_parts_of(const kvq_spec *spec, const kvq_tokens_parts **out, kvq_error *err)
+{
+    const composite *c;
+    *out = NULL;
+    if (!kvq_spec_is_tokens(spec)) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected tokens(SELECT; HI; LO)", spec->text);
+    kvq_status st = composite_of(spec->text, &c, err);
+    if (!st) *out = &c->parts;
     return st;
+}
+
+/* A mix's parts (NULL and the refusal if it has none). */
+static kvq_status mix_of(const kvq_spec *spec, const composite **out, kvq_error *err)
+{
+    return composite_of(spec->text, out, err);
 }
 
 kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kvq_error *err)
@@ -263,16 +336,15 @@ kvq_status kvq_spec_for_layer(const kvq_spec *spec, int layer, kvq_spec *out, kv
         if (out != spec) *out = *spec;
         return KVQ_OK;
     }
-    mix *m;
-    kvq_status st = mix_of(spec, &m, err);
+    const composite *c;
+    kvq_status st = mix_of(spec, &c, err);
     if (st) return st;
     int item = -1;
-    for (int i = 0; i < m->nspans; i++)
-        if (m->span[i].lo <= layer && layer <= m->span[i].hi) item = m->span[i].item;
-    if (item < 0) st = kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range", spec->text, layer);
-    else st = mix_item_spec(spec->text, &m->item[item], out, err);
-    free(m);
-    return st;
+    for (int i = 0; i < c->m->nspans; i++)
+        if (c->m->span[i].lo <= layer && layer <= c->m->span[i].hi) item = c->m->span[i].item;
+    if (item < 0) return kvq_fail(err, KVQ_ERR_USAGE, "%s: layer %d is in no range", spec->text, layer);
+    *out = c->items[item];
+    return KVQ_OK;
 }
 
 /* Every layer 0..nlayers−1 in a range of m, and no range beyond them. */
@@ -297,11 +369,9 @@ static kvq_status mix_check_layers(const char *text, const mix *m, int nlayers, 
 kvq_status kvq_spec_check_layers(const kvq_spec *spec, int nlayers, kvq_error *err)
 {
     if (!kvq_spec_is_mix(spec)) return KVQ_OK;
-    mix *m;
-    kvq_status st = mix_of(spec, &m, err);
-    if (!st) st = mix_check_layers(spec->text, m, nlayers, err);
-    free(m);
-    return st;
+    const composite *c;
+    kvq_status st = mix_of(spec, &c, err);
+    return st ? st : mix_check_layers(spec->text, c->m, nlayers, err);
 }
 
 /* fn on spec and, for a tokens(...), on its HI and LO specs. */
@@ -315,13 +385,9 @@ static kvq_status each_spec(const kvq_spec *spec, kvq_status (*fn)(const kvq_spe
                             kvq_error *err)
 {
     if (!kvq_spec_is_mix(spec)) return each_leaf(spec, fn, ud, err);
-    mix *m;
-    kvq_status st = mix_of(spec, &m, err);
-    for (int i = 0; !st && i < m->nitems; i++) {
-        kvq_spec sub;
-        if (!(st = mix_item_spec(spec->text, &m->item[i], &sub, err))) st = each_leaf(&sub, fn, ud, err);
-    }
-    free(m);
+    const composite *c;
+    kvq_status st = mix_of(spec, &c, err);
+    for (int i = 0; !st && i < c->m->nitems; i++) st = each_leaf(&c->items[i], fn, ud, err);
     return st;
 }
 
@@ -330,11 +396,10 @@ static kvq_status each_leaf(const kvq_spec *spec, kvq_status (*fn)(const kvq_spe
 {
     kvq_status st = fn(spec, ud, err); /* a tokens(...) itself too: its selector's queries */
     if (st || !kvq_spec_is_tokens(spec)) return st;
-    kvq_tokens_parts *tp = malloc(sizeof *tp);
-    st = tp ? kvq_tokens_split(spec, tp, err) : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    const kvq_tokens_parts *tp;
+    st = kvq_tokens_parts_of(spec, &tp, err);
     if (!st && tp->hi_kind == KVQ_PART_SPEC) st = fn(&tp->hi, ud, err);
     if (!st && tp->lo_kind == KVQ_PART_SPEC) st = fn(&tp->lo, ud, err);
-    free(tp);
     return st;
 }
 
@@ -374,10 +439,9 @@ static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
 {
     (void)err;
     *(unsigned *)ud |= spec->q->read_flags;
-    kvq_tokens_parts *tp = kvq_spec_is_tokens(spec) ? malloc(sizeof *tp) : NULL; /* the selector's queries */
-    if (tp && !kvq_tokens_split(spec, tp, NULL) && kvq_token_selector_needs_queries(tp->selector))
+    const kvq_tokens_parts *tp; /* the selector's queries */
+    if (kvq_spec_is_tokens(spec) && !kvq_tokens_parts_of(spec, &tp, NULL) && kvq_token_selector_needs_queries(tp->selector))
         *(unsigned *)ud |= KVQ_READ_QUERY;
-    free(tp);
     return KVQ_OK;
 }
 
@@ -398,7 +462,7 @@ struct kvq_resolved_spec {
     unsigned flags;
     int *item;                /* [nlayers]: the item that holds layer l */
     kvq_spec *spec;           /* [nitems]: a mix's items (else the spec itself) */
-    kvq_tokens_parts **parts; /* [nitems]: a tokens(...) item taken apart, else NULL */
+    const kvq_tokens_parts **parts; /* [nitems]: a tokens(...) item's parts (composite_of's), else NULL */
 };
 
 /* fn on an item and, for a tokens(...), on its HI and LO specs (each_leaf's order). */
@@ -416,9 +480,11 @@ kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_resolved_spec
 {
     *out = NULL;
     kvq_resolved_spec *r = calloc(1, sizeof *r);
-    mix *m = NULL;
+    const composite *c = NULL;
+    const mix *m = NULL;
     kvq_status st = r ? KVQ_OK : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (!st && kvq_spec_is_mix(spec) && !(st = mix_of(spec, &m, err))) st = mix_check_layers(spec->text, m, nlayers, err);
+    if (!st && kvq_spec_is_mix(spec) && !(st = mix_of(spec, &c, err)))
+        m = c->m, st = mix_check_layers(spec->text, m, nlayers, err);
     if (st) goto fail;
     r->nlayers = nlayers, r->nitems = m ? m->nitems : 1;
     r->item = calloc((size_t)(nlayers > 0 ? nlayers : 1), sizeof *r->item);
@@ -428,11 +494,8 @@ kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_resolved_spec
         goto fail;
     }
     for (int i = 0; i < r->nitems && !st; i++) {
-        if (m) st = mix_item_spec(spec->text, &m->item[i], &r->spec[i], err);
-        else r->spec[i] = *spec;
-        if (!st && kvq_spec_is_tokens(&r->spec[i]))
-            st = (r->parts[i] = malloc(sizeof *r->parts[i])) ? kvq_tokens_split(&r->spec[i], r->parts[i], err)
-                                                             : kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        r->spec[i] = m ? c->items[i] : *spec;
+        if (kvq_spec_is_tokens(&r->spec[i])) st = kvq_tokens_parts_of(&r->spec[i], &r->parts[i], err);
     }
     for (int l = 0; m && l < nlayers; l++)
         for (int k = 0; k < m->nspans; k++)
@@ -442,11 +505,9 @@ kvq_status kvq_spec_resolve(const kvq_spec *spec, int nlayers, kvq_resolved_spec
         item_walk(r, i, flags_of, &r->flags, NULL); /* with a selector's queries */
     }
     if (st) goto fail;
-    free(m);
     *out = r;
     return KVQ_OK;
 fail:
-    free(m);
     kvq_resolved_spec_free(r);
     return st;
 }
@@ -454,7 +515,6 @@ fail:
 void kvq_resolved_spec_free(kvq_resolved_spec *r)
 {
     if (!r) return;
-    for (int i = 0; r->parts && i < r->nitems; i++) free(r->parts[i]);
     free(r->parts), free(r->spec), free(r->item), free(r);
 }
 

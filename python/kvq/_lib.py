@@ -226,6 +226,7 @@ _SIGNATURES = {
     "kvq_blas_note_choice": (None, [c_char_p]),
     "kvq_take_notes": (ctypes.c_size_t, [c_char_p, ctypes.c_size_t]),
     "kvq_free": (None, [_P]),
+    "kvq_spec_splits": (ctypes.c_ulong, []),
     "kvq_quantizer_count": (ctypes.c_size_t, []),
     "kvq_quantizer_at": (_P, [ctypes.c_size_t]),
     "kvq_selector_count": (ctypes.c_size_t, []),
