@@ -86,6 +86,13 @@ kvq_report *kvq_report_new(FILE *f, kvq_format fmt, const char *const *extra_col
  * the extra cells of every row (may be NULL). */
 kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
                                const kvq_spec *specs, kvq_per per, const char *const *extra);
+/* The rows of an analysis as kvq_report_analysis pools and orders them:
+ * fn(ud, layer, head, spec, text, m) per row, layer and head -1 for "all",
+ * text the row's spec (a mix's row of one layer: that layer's).  The first
+ * status other than KVQ_OK ends it and is returned. */
+typedef kvq_status (*kvq_row_fn)(void *ud, int layer, int head, const kvq_spec *spec, const char *text,
+                                 const kvq_metrics *m);
+kvq_status kvq_analysis_each_row(const kvq_analysis *a, const kvq_spec *specs, kvq_per per, kvq_row_fn fn, void *ud);
 /* Writes the CSV header now (nothing for JSONL/table) / never: for files
  * written in pieces (kvq-sweep appends one unit of rows per point). */
 kvq_status kvq_report_header(kvq_report *r);

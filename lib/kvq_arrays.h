@@ -93,6 +93,23 @@ kvq_status kvq_analyze_csv(const char *path, const kvq_analyze_csv_opts *o, char
  * m->name): the rows kvq_analyze_csv gives on that dump written to a file. */
 kvq_status kvq_analyze_csv_memory(const kvq_dump_mem *m, const kvq_analyze_csv_opts *o, char **csv, kvq_error *err);
 
+/* One row of kvq-analyze: layer and head (-1: "all", the row pools them),
+ * the family's name, the row's spec (a mix's row of one layer: that
+ * layer's) and the metrics, each column's value as kvq_metric_column names
+ * them (an attention column is absent, its CSV cell empty, when !m.has_attn). */
+typedef struct kvq_analysis_row {
+    int layer, head;
+    const char *quantizer;
+    char spec[KVQ_SPEC_MAX];
+    kvq_metrics m;
+} kvq_analysis_row;
+/* The rows kvq_analyze_csv writes (on the file at path, or on the dump in
+ * memory m: exactly one given), as values instead of text: *rows (free with
+ * kvq_free) holds *nrows of them, in the CSV's order; the dump column is the
+ * caller's own. */
+kvq_status kvq_analyze_rows(const char *path, const kvq_dump_mem *m, const kvq_analyze_csv_opts *o,
+                            kvq_analysis_row **rows, size_t *nrows, kvq_error *err);
+
 #ifdef __cplusplus
 }
 #endif

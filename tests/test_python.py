@@ -203,9 +203,9 @@ try:
 except kvq.Error as e:
     check("query: expected [Hq," in str(e), f"query heads: {e}")
 
-# ---------------------------------------------- kvq.analyze against the CSV
+# ------------------- kvq.analyze (kvq_analyze_rows: values, no CSV between) against the CSV
 for per, extra in (("head", ["--queries", "all", "--layers", "1-2"]), ("layer", []), ("model", ["--seed", "5"])):
-    specs = ["kivi:bits=2", "cluster", "turboquant"]
+    specs = ["kivi:bits=2", "cluster", "turboquant", "mix(0-2=kivi:bits=4;3-=fp8)"]  # a mix's layer rows: its own spec
     args = ["kvq-analyze", "--per", per, "--format", "csv", "--calib", CALIB] + extra
     for s in specs:
         args += ["-q", s]

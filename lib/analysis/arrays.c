@@ -56,6 +56,8 @@ static const struct abi_field {
     ABI(kvq_analyze_csv_opts, per), ABI(kvq_analyze_csv_opts, layers), ABI(kvq_analyze_csv_opts, nlayers),
     ABI(kvq_analyze_csv_opts, heads), ABI(kvq_analyze_csv_opts, nheads), ABI(kvq_analyze_csv_opts, queries),
     ABI(kvq_analyze_csv_opts, calib), ABI(kvq_analyze_csv_opts, seed), ABI(kvq_analyze_csv_opts, nthreads),
+    ABI(kvq_analysis_row, layer), ABI(kvq_analysis_row, head), ABI(kvq_analysis_row, quantizer),
+    ABI(kvq_analysis_row, spec), ABI(kvq_analysis_row, m),
     ABI(kvq_dump_mem, name), ABI(kvq_dump_mem, model), ABI(kvq_dump_mem, layers), ABI(kvq_dump_mem, nlayers),
     ABI(kvq_dump_mem, windows), ABI(kvq_dump_mem, rope_theta), ABI(kvq_dump_mem, rope_style),
     ABI(kvq_dump_mem, rope_cos), ABI(kvq_dump_mem, rope_sin), ABI(kvq_dump_mem, query_prescaled),
@@ -223,40 +225,62 @@ kvq_status kvq_select_arrays(const kvq_arrays_opts *o, int H, int T, int D, cons
     return kvq_tokens_select_at(tp, &L, NULL, o->seed, o->layer, nt, target > 0 ? &at : NULL, keep, NULL, err);
 }
 
+/* One analysis of the bindings: the specs parsed, the dump (a file, or in memory), its sums. */
+typedef struct binding_run {
+    kvq_spec *specs;
+    kvq_dump *d;
+    kvq_analysis a;
+} binding_run;
+
+static void binding_run_free(binding_run *r)
+{
+    kvq_analysis_free(&r->a);
+    kvq_dump_close(r->d);
+    free(r->specs);
+}
+
+/* kvq-analyze on the file at path, or (path NULL) on the dump in memory m, with ao's options. */
+static kvq_status binding_analyze(const char *path, const kvq_dump_mem *m, const kvq_analyze_csv_opts *ao,
+                                  binding_run *r, kvq_error *err)
+{
+    memset(r, 0, sizeof *r);
+    if (!ao) return kvq_fail(err, KVQ_ERR_USAGE, "the options are required");
+    if (!path && !m) return kvq_fail(err, KVQ_ERR_USAGE, "no dump given");
+    int nspecs = ao->nspecs, nthreads = ao->nthreads;
+    if (nspecs <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "no quantizer spec given");
+    if (nthreads < 0 || nthreads > KVQ_MAX_THREADS)
+        return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (all cores) or 1..%d", nthreads, KVQ_MAX_THREADS);
+    if (ao->per != KVQ_PER_HEAD && ao->per != KVQ_PER_LAYER && ao->per != KVQ_PER_MODEL)
+        return kvq_fail(err, KVQ_ERR_USAGE, "per: expected head, layer or model");
+    if (!(r->specs = kvq_alloc_array((size_t)nspecs, sizeof *r->specs))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = KVQ_OK;
+    kvq_analysis_opts o = {.specs = r->specs, .nspecs = nspecs, .layers = ao->layers, .nlayers = ao->nlayers,
+                           .heads = ao->heads, .nheads = ao->nheads, .seed = ao->seed, .nthreads = nthreads,
+                           .calib = ao->calib};
+    for (int s = 0; s < nspecs && !st; s++) st = kvq_spec_parse(ao->specs[s], &r->specs[s], err);
+    if (!st) st = kvq_query_sel_parse(ao->queries ? ao->queries : "last:64", &o.queries, err);
+    if (!st) st = path ? kvq_dump_open(path, &r->d, err) : kvq_dump_from_memory(m, &r->d, err);
+    if (!st) st = kvq_analyze_dump(r->d, &o, &r->a, err);
+    if (st) binding_run_free(r);
+    return st;
+}
+
 /* kvq_analyze_csv on the file at path, or (path NULL) on the dump in memory m. */
 static kvq_status analyze_csv(const char *path, const kvq_dump_mem *m, const kvq_analyze_csv_opts *ao, char **csv,
                               kvq_error *err)
 {
     *csv = NULL;
-    if (!ao) return kvq_fail(err, KVQ_ERR_USAGE, "the options are required");
-    const char *label = ao->label, *queries = ao->queries;
-    const char *const *spec_texts = ao->specs;
-    int nspecs = ao->nspecs, nthreads = ao->nthreads;
-    kvq_per per = ao->per;
-    if (nspecs <= 0) return kvq_fail(err, KVQ_ERR_USAGE, "no quantizer spec given");
-    if (nthreads < 0 || nthreads > KVQ_MAX_THREADS)
-        return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (all cores) or 1..%d", nthreads, KVQ_MAX_THREADS);
-    if (per != KVQ_PER_HEAD && per != KVQ_PER_LAYER && per != KVQ_PER_MODEL)
-        return kvq_fail(err, KVQ_ERR_USAGE, "per: expected head, layer or model");
-    kvq_spec *specs = kvq_alloc_array((size_t)nspecs, sizeof *specs);
-    if (!specs) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    kvq_status st = KVQ_OK;
-    kvq_analysis_opts o = {.specs = specs, .nspecs = nspecs, .layers = ao->layers, .nlayers = ao->nlayers,
-                           .heads = ao->heads, .nheads = ao->nheads, .seed = ao->seed, .nthreads = nthreads,
-                           .calib = ao->calib};
-    for (int s = 0; s < nspecs && !st; s++) st = kvq_spec_parse(spec_texts[s], &specs[s], err);
-    if (!st) st = kvq_query_sel_parse(queries ? queries : "last:64", &o.queries, err);
-    kvq_dump *d = NULL;
-    kvq_analysis a = {0};
-    if (!st) st = path ? kvq_dump_open(path, &d, err) : kvq_dump_from_memory(m, &d, err);
-    if (!st) st = kvq_analyze_dump(d, &o, &a, err);
+    binding_run run;
+    kvq_status st = binding_analyze(path, m, ao, &run, err);
+    if (st) return st;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = NULL;
     kvq_report *r = NULL;
-    if (!st && (!(f = open_memstream(&buf, &len)) || !(r = kvq_report_new(f, KVQ_FMT_CSV, NULL, 0))))
+    if (!(f = open_memstream(&buf, &len)) || !(r = kvq_report_new(f, KVQ_FMT_CSV, NULL, 0)))
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (!st && (st = kvq_report_analysis(r, label ? label : kvq_dump_path(d), &a, specs, per, NULL)))
+    if (!st && (st = kvq_report_analysis(r, ao->label ? ao->label : kvq_dump_path(run.d), &run.a, run.specs, ao->per,
+                                         NULL)))
         kvq_fail(err, st, "out of memory for the rows");
     if (r) {
         kvq_status fst = st ? (kvq_report_discard(r), KVQ_OK) : kvq_report_finish(r);
@@ -265,9 +289,7 @@ static kvq_status analyze_csv(const char *path, const kvq_dump_mem *m, const kvq
     if (f && fclose(f) && !st) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the rows");
     if (!st) *csv = buf;
     else free(buf);
-    kvq_analysis_free(&a);
-    kvq_dump_close(d);
-    free(specs);
+    binding_run_free(&run);
     return st;
 }
 
@@ -281,4 +303,40 @@ kvq_status kvq_analyze_csv_memory(const kvq_dump_mem *m, const kvq_analyze_csv_o
 {
     if (!m) return *csv = NULL, kvq_fail(err, KVQ_ERR_USAGE, "no dump given");
     return analyze_csv(NULL, m, o, csv, err);
+}
+
+/* kvq_analyze_rows' rows, filled in kvq_analysis_each_row's order. */
+typedef struct row_sink {
+    kvq_analysis_row *rows;
+    size_t n, cap;
+} row_sink;
+
+static kvq_status sink_row(void *ud, int layer, int head, const kvq_spec *spec, const char *text, const kvq_metrics *m)
+{
+    row_sink *s = ud;
+    if (s->n == s->cap) return KVQ_ERR_INTERNAL; /* more rows than the analysis has: cannot happen */
+    kvq_analysis_row *r = &s->rows[s->n++];
+    r->layer = layer, r->head = head, r->quantizer = spec->q->name, r->m = *m;
+    snprintf(r->spec, sizeof r->spec, "%s", text);
+    return KVQ_OK;
+}
+
+kvq_status kvq_analyze_rows(const char *path, const kvq_dump_mem *m, const kvq_analyze_csv_opts *o,
+                            kvq_analysis_row **rows, size_t *nrows, kvq_error *err)
+{
+    *rows = NULL, *nrows = 0;
+    if (path && m) return kvq_fail(err, KVQ_ERR_USAGE, "a dump file or a dump in memory, not both");
+    binding_run run;
+    kvq_status st = binding_analyze(path, m, o, &run, err);
+    if (st) return st;
+    size_t groups = o->per == KVQ_PER_HEAD ? (size_t)run.a.nlayers * run.a.nheads
+                    : o->per == KVQ_PER_LAYER ? (size_t)run.a.nlayers : 1;
+    row_sink s = {.cap = groups * (size_t)run.a.nspecs};
+    if (!(s.rows = kvq_alloc_array(s.cap ? s.cap : 1, sizeof *s.rows))) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!st && (st = kvq_analysis_each_row(&run.a, run.specs, o->per, sink_row, &s)))
+        kvq_fail(err, st, "the analysis has more rows than its layers, heads and specs");
+    binding_run_free(&run);
+    if (st) return free(s.rows), st;
+    *rows = s.rows, *nrows = s.n;
+    return KVQ_OK;
 }

@@ -172,15 +172,12 @@ static int is_number(const char *s)
 
 /* One row; layer/head < 0 print as `all`; extra: nextra cells (may be NULL). */
 static kvq_status report_row(kvq_report *r, const char *dump, int layer, int head,
-                              const kvq_spec *spec, const kvq_metrics *m, const char *const *extra)
+                              const kvq_spec *spec, const char *text, const kvq_metrics *m, const char *const *extra)
 {
     char ls[16], hs[16], num[40];
     if (layer < 0) snprintf(ls, sizeof ls, "all"); else snprintf(ls, sizeof ls, "%d", layer);
     if (head < 0) snprintf(hs, sizeof hs, "all"); else snprintf(hs, sizeof hs, "%d", head);
     FILE *f = r->f;
-    kvq_spec own; /* a mix's row of one layer names that layer's spec */
-    const char *text = spec->text;
-    if (layer >= 0 && kvq_spec_is_mix(spec) && !kvq_spec_for_layer(spec, layer, &own, NULL)) text = own.text;
 
     if (r->fmt == KVQ_FMT_TABLE) {
         if (!r->header_done) {
@@ -251,19 +248,27 @@ static kvq_status report_row(kvq_report *r, const char *dump, int layer, int hea
     return ferror(f) ? KVQ_ERR_IO : KVQ_OK;
 }
 
-kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
-                               const kvq_spec *specs, kvq_per per, const char *const *extra)
+/* One row to fn: its spec's text (a mix's row of one layer names that layer's spec). */
+static kvq_status each_row_call(kvq_row_fn fn, void *ud, int layer, int head, const kvq_spec *spec, const kvq_acc *acc)
+{
+    kvq_metrics m;
+    kvq_spec own;
+    const char *text = spec->text;
+    if (layer >= 0 && kvq_spec_is_mix(spec) && !kvq_spec_for_layer(spec, layer, &own, NULL)) text = own.text;
+    kvq_metrics_finalize(acc, &m);
+    return fn(ud, layer, head, spec, text, &m);
+}
+
+kvq_status kvq_analysis_each_row(const kvq_analysis *a, const kvq_spec *specs, kvq_per per, kvq_row_fn fn, void *ud)
 {
     int nl = a->nlayers, nh = a->nheads, ns = a->nspecs;
-    kvq_metrics m;
     kvq_status st = KVQ_OK;
     if (per == KVQ_PER_HEAD) {
         for (int li = 0; li < nl && !st; li++)
             for (int hi = 0; hi < nh && !st; hi++)
-                for (int s = 0; s < ns && !st; s++) {
-                    kvq_metrics_finalize(&a->acc[((size_t)li * nh + hi) * ns + s], &m);
-                    st = report_row(r, dump, a->layers[li], a->heads[hi], &specs[s], &m, extra);
-                }
+                for (int s = 0; s < ns && !st; s++)
+                    st = each_row_call(fn, ud, a->layers[li], a->heads[hi], &specs[s],
+                                       &a->acc[((size_t)li * nh + hi) * ns + s]);
         return st;
     }
     /* pooled: sums merged in (layer, head) order */
@@ -275,10 +280,30 @@ kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analys
                 if (per == KVQ_PER_LAYER && li != g) continue;
                 for (int hi = 0; hi < nh; hi++) kvq_acc_merge(&pooled, &a->acc[((size_t)li * nh + hi) * ns + s]);
             }
-            kvq_metrics_finalize(&pooled, &m);
-            st = report_row(r, dump, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &m, extra);
+            st = each_row_call(fn, ud, per == KVQ_PER_LAYER ? a->layers[g] : -1, -1, &specs[s], &pooled);
         }
     return st;
+}
+
+/* kvq_report_analysis's rows: the report, the dump's name and the extra cells. */
+typedef struct report_rows {
+    kvq_report *r;
+    const char *dump;
+    const char *const *extra;
+} report_rows;
+
+static kvq_status report_each(void *ud, int layer, int head, const kvq_spec *spec, const char *text,
+                              const kvq_metrics *m)
+{
+    const report_rows *rr = ud;
+    return report_row(rr->r, rr->dump, layer, head, spec, text, m, rr->extra);
+}
+
+kvq_status kvq_report_analysis(kvq_report *r, const char *dump, const kvq_analysis *a,
+                               const kvq_spec *specs, kvq_per per, const char *const *extra)
+{
+    report_rows rr = {r, dump, extra};
+    return kvq_analysis_each_row(a, specs, per, report_each, &rr);
 }
 
 kvq_report *kvq_rows_new(FILE *f, kvq_format fmt, const char *const *cols, int ncols, int ntext)

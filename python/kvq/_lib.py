@@ -139,6 +139,12 @@ def _mirror_metrics(handle):
     if desc["size"] > at:
         fields.append(("_tail", ctypes.c_char * (desc["size"] - at)))
     Metrics._fields_ = fields
+    AnalysisRow._fields_ = [("layer", c_int), ("head", c_int), ("quantizer", c_char_p), ("spec", ctypes.c_char * 1024),
+                            ("m", Metrics)]
+
+
+class AnalysisRow(ctypes.Structure):  # kvq_analysis_row (KVQ_SPEC_MAX 1024); its fields once Metrics has its own
+    _c_name = "kvq_analysis_row"
 
 
 class Param(ctypes.Structure):  # kvq_param
@@ -255,6 +261,9 @@ _SIGNATURES = {
     "kvq_analyze_csv": (c_int, [c_char_p, ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_analyze_csv_memory": (c_int, [ctypes.POINTER(DumpMem), ctypes.POINTER(AnalyzeCsvOpts), ctypes.POINTER(_P),
                                        ctypes.POINTER(_Err)]),
+    "kvq_analyze_rows": (c_int, [c_char_p, ctypes.POINTER(DumpMem), ctypes.POINTER(AnalyzeCsvOpts),
+                                 ctypes.POINTER(ctypes.POINTER(AnalysisRow)), ctypes.POINTER(ctypes.c_size_t),
+                                 ctypes.POINTER(_Err)]),
     "kvq_dump_open": (c_int, [c_char_p, ctypes.POINTER(_P), ctypes.POINTER(_Err)]),
     "kvq_dump_get_info": (ctypes.POINTER(DumpInfo), [_P]),
     "kvq_dump_model": (c_char_p, [_P]),
@@ -277,7 +286,7 @@ _SIGNATURES = {
 
 _lib = None
 _MIRRORED = (_Err, ReconAcc, AttnAcc, Acc, Metrics, Param, Spec, DumpInfo, Layer, AttnMode, Rope, ArraysOpts,
-             AnalyzeCsvOpts, DumpMem, Task)
+             AnalyzeCsvOpts, DumpMem, Task, AnalysisRow)
 
 
 def abi_mismatches(handle, classes=_MIRRORED):

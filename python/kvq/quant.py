@@ -1,6 +1,7 @@
 """quant.py — the quantizer registry, a quantizer on one layer's arrays, and
 whole analyses, over libkvq (lib/kvq.h: kvq_quantize_arrays,
-kvq_analyze_csv).  Every number is the one kvq-analyze computes."""
+kvq_analyze_rows: its rows as values, no CSV between).  Every number is
+the one kvq-analyze computes."""
 import collections
 import contextlib
 import ctypes
@@ -12,7 +13,6 @@ import numpy as np
 from . import _lib
 from ._arrays import as_f32, dptr, fptr
 from ._lib import Error
-from .output import parse_rows
 
 _TYPES = {0: "int", 1: "real", 2: "choice"}
 _STYLES = {None: 0, "interleaved": 1, "half": 2}
@@ -395,7 +395,9 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
     """kvq-analyze as a function: the rows `kvq-analyze --format csv` prints
     for one dump — a path, or in memory read_dump's dict or a list of layer
     dicts as write_dump takes them (read as that dump, no file written) — as
-    dicts (parse_rows).  specs: a spec or a list."""
+    dicts, each as parse_rows reads the CSV row (kvq_analyze_rows gives the
+    values themselves, so no text is written and read again).  specs: a
+    spec or a list."""
     if isinstance(specs, str):
         specs = [specs]
     specs = list(specs)
@@ -415,7 +417,8 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
     else:
         mem = _dump_in_memory(dump_or_layers, keep)
         name = label if label is not None else "layers"
-    L, err, out = _lib.lib(), _lib.new_error(), ctypes.c_void_p()
+    L, err = _lib.lib(), _lib.new_error()
+    rows, nrows = ctypes.POINTER(_lib.AnalysisRow)(), ctypes.c_size_t()
     arr = (ctypes.c_char_p * len(enc))(*enc)
     ip = ctypes.POINTER(ctypes.c_int)  # the arrays stay alive in arr, lay, hd for the call
     opts = _lib.AnalyzeCsvOpts(label=_text(name, "label"), specs=ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)),
@@ -424,15 +427,23 @@ def analyze(dump_or_layers, specs, *, per="layer", queries="last:64", calib=None
                                queries=_text(queries, "queries"), calib=None, seed=seed, nthreads=threads)
     with cal.using() if cal else contextlib.nullcontext() as ch:  # not closed while libkvq uses it
         opts.calib = ch
-        if mem is None:
-            st = L.kvq_analyze_csv(_text(path, "dump"), ctypes.byref(opts), ctypes.byref(out), ctypes.byref(err))
-        else:
-            st = L.kvq_analyze_csv_memory(ctypes.byref(mem), ctypes.byref(opts), ctypes.byref(out),
-                                          ctypes.byref(err))
+        st = L.kvq_analyze_rows(None if mem is not None else _text(path, "dump"),
+                                ctypes.byref(mem) if mem is not None else None, ctypes.byref(opts),
+                                ctypes.byref(rows), ctypes.byref(nrows), ctypes.byref(err))
     _lib.check(st, err)
     _lib.warn_notes()
     try:
-        text = ctypes.string_at(out).decode()
+        cols = _lib.metric_columns()
+        return [_row_dict(name, rows[i], cols) for i in range(nrows.value)]
     finally:
-        L.kvq_free(out)
-    return parse_rows(text)
+        L.kvq_free(rows)
+
+
+def _row_dict(dump, r, cols):
+    """A kvq_analysis_row as parse_rows reads the same CSV row: layer and head int or "all", the metric
+    columns floats in kvq_metric_column's order, an attention column None when the row has no attention."""
+    row = {"dump": dump, "layer": "all" if r.layer < 0 else r.layer, "head": "all" if r.head < 0 else r.head,
+           "quantizer": r.quantizer.decode(), "spec": r.spec.decode()}
+    for col, flags in cols:
+        row[col] = None if flags & 1 and not r.m.has_attn else float(getattr(r.m, col))
+    return row
