@@ -440,20 +440,22 @@ static void segment(const float *x, float *y, int H, int T, int D, int t0, int t
     for (int h = 0; h < H; h++) memcpy(y + (size_t)h * n, x + ((size_t)h * T + t0) * D, n * sizeof(float));
 }
 
-/* The feed-forward of several streams in lockstep: each weight tile of
- * the gate, up and down matrices is dequantized once and multiplied by the
- * rows of every stream waiting here (gemm_w's jobs), instead of once per
- * stream: the same sgemm calls on the same operands, so the results are
- * each stream's alone, bit for bit.  Slot i holds stream i's normed input
- * and its gate and up activations (slot 0 is the scratch's own); at most
- * cap streams wait, as many as FFN_GROUP_BYTES of slots hold. */
-enum { FFN_MAX_GROUP = 16 };
-#define FFN_GROUP_BYTES ((size_t)512 << 20)
-typedef struct fw_ffn {
-    kvq_fw_stream *st[FFN_MAX_GROUP]; /* the waiting streams, in the order they reached it */
+/* The rest of a layer (attention output and feed-forward) of several
+ * streams in lockstep: each weight tile of the output, gate, up and down
+ * matrices is dequantized once and multiplied by the rows of every stream
+ * waiting here (gemm_w's jobs), instead of once per stream: the same sgemm
+ * calls on the same operands, so the results are each stream's alone, bit
+ * for bit.  Slot i holds stream i's attention output (the scratch's att
+ * points to the slot of the stream attending), normed input, and gate and
+ * up activations (slot 0 is the scratch's own); at most cap streams wait,
+ * as many as REST_GROUP_BYTES of slots hold. */
+enum { REST_MAX_GROUP = 16 };
+#define REST_GROUP_BYTES ((size_t)512 << 20)
+typedef struct fw_rest {
+    kvq_fw_stream *st[REST_MAX_GROUP]; /* the waiting streams, in the order they reached it */
     int n, cap, nslots;               /* waiting; the most that may; slots allocated (0: none yet) */
-    float *xn[FFN_MAX_GROUP], *g[FFN_MAX_GROUP], *u[FFN_MAX_GROUP], *xo[FFN_MAX_GROUP];
-} fw_ffn;
+    float *xn[REST_MAX_GROUP], *g[REST_MAX_GROUP], *u[REST_MAX_GROUP], *xo[REST_MAX_GROUP], *att[REST_MAX_GROUP];
+} fw_rest;
 
 typedef struct fw_ctx {
     kvq_model *m;
@@ -466,7 +468,7 @@ typedef struct fw_ctx {
     int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
     unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
     float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
-    fw_ffn ffn;                   /* the streams whose feed-forward waits for the others' (lockstep) */
+    fw_rest rest;                 /* the streams whose rest of the layer waits for the others' (lockstep) */
 } fw_ctx;
 
 /* Rows [r0, r1) of y [.][out] = x [.][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
@@ -566,22 +568,6 @@ static int cache_is_exact(const fw_ctx *c, int t0, int t1)
             memcmp(s->vq + (size_t)h * n, s->Vh + ((size_t)h * T + t0) * D, n * sizeof(float)))
             return 0;
     return 1;
-}
-
-/* x [T][dim] += a [T][in] · Wᵀ on rows [r0, T), RMS-normed first by
- * post_norm when the model has one (gemma3; tmp [T][dim] holds the
- * product), else accumulated by the product itself. */
-static kvq_status residual_add(fw_ctx *c, float *x, const float *a, kvq_wtensor *W, const float *post_norm,
-                               float *tmp, int r0, int T, kvq_error *err)
-{
-    const kvq_model_info *in = &c->m->info;
-    int dim = in->dim;
-    if (!post_norm) return linear(c, x, a, W, NULL, r0, T, 1, err);
-    kvq_status st = linear(c, tmp, a, W, NULL, r0, T, 0, err);
-    if (st) return st;
-    rmsnorm(tmp, tmp, post_norm, r0, T, dim, in->norm_eps, c->nt);
-    for (size_t i = (size_t)r0 * dim, n = (size_t)T * dim; i < n; i++) x[i] += tmp[i];
-    return KVQ_OK;
 }
 
 /* GELU, tanh form, as ggml_gelu. */
@@ -975,51 +961,66 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
 
 /* Slot i's buffers (slot 0: the scratch's); the others allocated at the
  * first group that needs them.  KVQ_OK, or out of memory. */
-static kvq_status ffn_slots(fw_ctx *c, int n, kvq_error *err)
+static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err)
 {
-    fw_ffn *f = &c->ffn;
+    fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
     size_t T = (size_t)c->o->T;
-    if (!f->nslots) f->xn[0] = c->s.xn, f->g[0] = c->s.g, f->u[0] = c->s.u, f->xo[0] = c->s.xo, f->nslots = 1;
+    if (!f->nslots)
+        f->xn[0] = c->s.xn, f->g[0] = c->s.g, f->u[0] = c->s.u, f->xo[0] = c->s.xo, f->att[0] = c->s.att, f->nslots = 1;
+    size_t qd = (size_t)in->n_heads * in->head_dim;
     for (; f->nslots < n; f->nslots++) {
         int i = f->nslots;
         f->xn[i] = kvq_alloc_array(T, in->dim * sizeof(float)), f->xo[i] = kvq_alloc_array(T, in->dim * sizeof(float));
         f->g[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float)), f->u[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
-        if (!f->xn[i] || !f->xo[i] || !f->g[i] || !f->u[i]) {
-            free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]);
-            return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the feed-forward of %d streams", n);
+        f->att[i] = kvq_alloc_array(T, qd * sizeof(float));
+        if (!f->xn[i] || !f->xo[i] || !f->g[i] || !f->u[i] || !f->att[i]) {
+            free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]), free(f->att[i]);
+            return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the rest of the layer of %d streams", n);
         }
     }
     return KVQ_OK;
 }
 
-static void ffn_free(fw_ffn *f)
+/* The next waiting stream's slot as the scratch's attention output, before it attends. */
+static kvq_status rest_next(fw_ctx *c, kvq_error *err)
 {
-    for (int i = 1; i < f->nslots; i++) free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]);
+    kvq_status st = rest_slots(c, c->rest.n + 1, err);
+    if (!st) c->s.att = c->rest.att[c->rest.n];
+    return st;
+}
+
+/* The slots, the scratch's own attention output back in place. */
+static void rest_free(fw_ctx *c)
+{
+    fw_rest *f = &c->rest;
+    if (f->nslots) c->s.att = f->att[0];
+    for (int i = 1; i < f->nslots; i++) free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]), free(f->att[i]);
     memset(f, 0, sizeof *f);
 }
 
 /* How many streams' feed-forward may wait together: the slots of all of
- * them, or as many as FFN_GROUP_BYTES hold (at least one). */
-static int ffn_group_cap(const kvq_model_info *in, int T, int ns)
+ * them, or as many as REST_GROUP_BYTES hold (at least one). */
+static int rest_group_cap(const kvq_model_info *in, int T, int ns)
 {
-    size_t slot = (size_t)T * (2 * (size_t)in->dim + 2 * (size_t)in->ffn_dim) * sizeof(float);
-    size_t cap = slot ? FFN_GROUP_BYTES / slot : 1;
+    size_t qd = (size_t)in->n_heads * in->head_dim;
+    size_t slot = (size_t)T * (2 * (size_t)in->dim + 2 * (size_t)in->ffn_dim + qd) * sizeof(float);
+    size_t cap = slot ? REST_GROUP_BYTES / slot : 1;
     if (cap < 1) cap = 1;
-    if (cap > FFN_MAX_GROUP) cap = FFN_MAX_GROUP;
+    if (cap > REST_MAX_GROUP) cap = REST_MAX_GROUP;
     return (int)(cap < (size_t)ns ? cap : (size_t)ns);
 }
 
 /* x [T][dim] += a · Wᵀ on rows [r0, T) of each waiting stream (a: slot
  * i's activations in acts[i]), RMS-normed first by post_norm when the
  * model has one (gemma3; the product in slot i's xo). */
-static kvq_status ffn_residual(fw_ctx *c, float *const *acts, kvq_wtensor *W, const float *post_norm, int r0,
+static kvq_status rest_residual(fw_ctx *c, float *const *acts, kvq_wtensor *W, const float *post_norm, int r0,
                                kvq_error *err)
 {
-    fw_ffn *f = &c->ffn;
+    fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
     int T = c->o->T, dim = in->dim;
-    fw_gemm g[FFN_MAX_GROUP];
+    fw_gemm g[REST_MAX_GROUP];
     for (int i = 0; i < f->n; i++)
         g[i] = (fw_gemm){.x = acts[i], .y = post_norm ? f->xo[i] : f->st[i]->x, .r0 = r0, .r1 = T, .ldy = dim};
     kvq_status st = gemm_w(c->m, c->tile, c->nt, W, 0, dim, g, f->n, post_norm ? 0.0f : 1.0f, err);
@@ -1031,24 +1032,26 @@ static kvq_status ffn_residual(fw_ctx *c, float *const *acts, kvq_wtensor *W, co
     return st;
 }
 
-/* The feed-forward of every waiting stream, rows [r0, T): x += ffn(x)
- * (gemma3: RMS-normed before the residual add), each weight tile once for
- * all of them; then each stream's hidden state checked finite (layer l). */
+/* The rest of layer l of every waiting stream, rows [r0, T): x +=
+ * attention output · Woᵀ, then x += ffn(x) (gemma3: each RMS-normed before
+ * its residual add), each weight tile once for all of them; then each
+ * stream's hidden state checked finite. */
 static kvq_status check_finite(const fw_ctx *c, const kvq_fw_stream *st, int l, int r0, kvq_error *err);
-static kvq_status ffn_flush(fw_ctx *c, int l, int r0, kvq_error *err)
+static kvq_status rest_flush(fw_ctx *c, int l, int r0, kvq_error *err)
 {
-    fw_ffn *f = &c->ffn;
+    fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
     const fw_weights *w = &c->w;
     int T = c->o->T, dim = in->dim, F = in->ffn_dim, nt = c->nt, n = f->n;
     if (!n) return KVQ_OK;
-    fw_gemm gg[FFN_MAX_GROUP], gu[FFN_MAX_GROUP];
+    kvq_status rc = rest_residual(c, f->att, w->wo, w->post_attn_norm, r0, err);
+    if (rc) return f->n = 0, rc;
+    fw_gemm gg[REST_MAX_GROUP], gu[REST_MAX_GROUP];
     for (int i = 0; i < n; i++) {
         rmsnorm(f->xn[i], f->st[i]->x, w->ffn_norm, r0, T, dim, in->norm_eps, nt);
         gg[i] = (fw_gemm){.x = f->xn[i], .y = f->g[i], .r0 = r0, .r1 = T, .ldy = F};
         gu[i] = (fw_gemm){.x = f->xn[i], .y = f->u[i], .r0 = r0, .r1 = T, .ldy = F};
     }
-    kvq_status rc;
     if ((rc = gemm_w(c->m, c->tile, nt, w->w_gate, 0, F, gg, n, 0.0f, err)) ||
         (rc = gemm_w(c->m, c->tile, nt, w->w_up, 0, F, gu, n, 0.0f, err)))
         return f->n = 0, rc;
@@ -1067,23 +1070,20 @@ static kvq_status ffn_flush(fw_ctx *c, int l, int r0, kvq_error *err)
             }
         }
     }
-    rc = ffn_residual(c, f->g, w->w_down, w->post_ffn_norm, r0, err);
+    rc = rest_residual(c, f->g, w->w_down, w->post_ffn_norm, r0, err);
     for (int i = 0; !rc && i < n; i++) rc = check_finite(c, f->st[i], l, r0, err);
     f->n = 0;
     return rc;
 }
 
-/* The rest of layer l for stream st, rows [r0, T): x += attention output ·
- * Woᵀ now (gemma3: RMS-normed first), then its feed-forward waits for the
- * other streams' (ffn_flush), which a full group runs at once. */
+/* The rest of layer l for stream st, whose attention output is in the
+ * next slot (rest_next): it waits for the other streams' (rest_flush), which
+ * a full group runs at once. */
 static kvq_status layer_rest(fw_ctx *c, kvq_fw_stream *st, int l, int r0, kvq_error *err)
 {
-    const fw_weights *w = &c->w;
-    fw_ffn *f = &c->ffn;
-    kvq_status rc = residual_add(c, st->x, c->s.att, w->wo, w->post_attn_norm, c->s.xo, r0, c->o->T, err);
-    if (rc || (rc = ffn_slots(c, f->n + 1, err))) return rc;
+    fw_rest *f = &c->rest;
     f->st[f->n++] = st;
-    return f->n == f->cap ? ffn_flush(c, l, r0, err) : KVQ_OK;
+    return f->n == f->cap ? rest_flush(c, l, r0, err) : KVQ_OK;
 }
 
 /* Fails naming the layer, position and stream if rows [r0, T) of st's hidden state hold a non-finite value. */
@@ -1123,22 +1123,24 @@ static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
         kvq_fw_stream *st = &o->s[i];
         if (!c->was_following[i]) continue;
         int same = 1;
-        if ((rc = layer_attention(c, st, l, r0, &same, err))) return rc;
+        if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err))) return rc;
         if (same) continue;
         memcpy(st->x, ex->x, (size_t)T * dim * sizeof(float)); /* it leaves the exact stream here */
         st->follows = 0;
         if ((rc = layer_rest(c, st, l, r0, err))) return rc;
     }
     int same = 0;
-    if ((rc = layer_attention(c, ex, l, r0, &same, err)) || (rc = layer_rest(c, ex, l, r0, err))) return rc;
+    if ((rc = rest_next(c, err)) || (rc = layer_attention(c, ex, l, r0, &same, err)) ||
+        (rc = layer_rest(c, ex, l, r0, err)))
+        return rc;
     for (int i = 1; i < o->ns; i++) {
         kvq_fw_stream *st = &o->s[i];
         if (c->was_following[i] || st->follows) continue;
-        if ((rc = layer_qkv(c, st->x, l, r0, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
-            (rc = layer_rest(c, st, l, r0, err)))
+        if ((rc = layer_qkv(c, st->x, l, r0, err)) || (rc = rest_next(c, err)) ||
+            (rc = layer_attention(c, st, l, r0, &same, err)) || (rc = layer_rest(c, st, l, r0, err)))
             return rc;
     }
-    return ffn_flush(c, l, r0, err); /* the streams still waiting */
+    return rest_flush(c, l, r0, err); /* the streams still waiting */
 }
 
 /* ------------------------------------------------------ output head */
@@ -1342,7 +1344,7 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     for (int i = 1; i < o->ns; i++)
         for (int l = 0; o->s[i].spec && l < in->n_layers; l++) pressed |= decoding_parts(&o->s[i], l) != NULL;
     if ((rc = scratch_alloc(&c.s, in, T, quantized, pressed ? 2 : o->context > 0, c.nt, err))) goto done;
-    c.ffn.cap = ffn_group_cap(in, T, o->ns);
+    c.rest.cap = rest_group_cap(in, T, o->ns);
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
     if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&
@@ -1378,7 +1380,7 @@ done:
     free(c.was_following);
     for (int i = 0; c.tile && i < c.nt; i++) free(c.tile[i]);
     free(c.tile);
-    ffn_free(&c.ffn);
+    rest_free(&c);
     scratch_free(&c.s);
     kvq_rope_free(&c.rope);
     kvq_rope_free(&c.rope_swa);
