@@ -25,6 +25,7 @@ shared = os.environ.get("KVQ_MODEL_DIR", os.path.join(src, "..", "shared", "data
 model = os.path.join(shared, "model", "stories260K.gguf")
 text = os.path.join(shared, "texts", "story_main.txt")
 tmp = tempfile.mkdtemp(prefix="kvq-test-meta.")
+os.environ["KVQ_HASH_CACHE"] = os.path.join(tmp, "sha256-cache")  # the tools' cache of checksums: this test's own
 
 
 def run(tool, *args, cwd=tmp, expect=0):
@@ -163,6 +164,36 @@ if m:
     check(len(r["options"]["quant"]) >= 5 and r["options"]["format"] == "jsonl" and r["options"]["threads"] == 1,
           f"analyze default set: the specs it ran are recorded ({r['options']['quant']})")
     reproduces(r, "b.jsonl", "analyze default set")
+
+# --- the checksums of unchanged files (tools/hash.c): a file hashed once is not read again while
+# stat(2) says the same of it (device, inode, size, mtime, ctime); a file changed within 2 s is not kept
+cache = os.environ["KVQ_HASH_CACHE"]
+if os.path.exists(cache):
+    os.unlink(cache)
+shutil.copy(dump, os.path.join(tmp, "c.h5"))
+run("kvq-analyze", "-q", "kivi:bits=2", "-o", "c0.csv", "c.h5")  # c.h5's ctime is now: hashed, not kept
+check(not os.path.exists(cache) or "c.h5" not in open(cache).read(), "hash cache: a file changed just now is not kept")
+time.sleep(2.1)
+recs = []
+for out in ("c1.csv", "c2.csv"):
+    run("kvq-analyze", "-q", "kivi:bits=2", "-o", out, "c.h5")
+    m = load_meta(os.path.join(tmp, out))
+    recs.append(m["runs"][0]["inputs"][0] if m else {})
+want = sha256(os.path.join(tmp, "c.h5"))
+check(recs[0].get("sha256") == want and "sha256_cached" not in recs[0], "hash cache: the first run hashes the file")
+check(recs[1].get("sha256") == want and recs[1].get("sha256_cached") is True,
+      "hash cache: the next run takes the checksum of the unchanged file from the cache")
+os.utime(os.path.join(tmp, "c.h5"))  # a new mtime and ctime: another state of the file
+time.sleep(2.1)
+run("kvq-analyze", "-q", "kivi:bits=2", "-o", "c3.csv", "c.h5")
+m = load_meta(os.path.join(tmp, "c3.csv"))
+i = m["runs"][0]["inputs"][0] if m else {}
+check(i.get("sha256") == want and "sha256_cached" not in i, "hash cache: a touched file is hashed again")
+os.environ["KVQ_HASH_CACHE"] = "off"
+os.unlink(cache)
+run("kvq-analyze", "-q", "kivi:bits=2", "-o", "c4.csv", "c.h5")
+check(not os.path.exists(cache), "KVQ_HASH_CACHE=off: no cache written")
+os.environ["KVQ_HASH_CACHE"] = cache
 
 # --- --no-hash, --meta inline
 run("kvq-analyze", "-q", "kcvt:bits=2", "--no-hash", "-o", "n.csv", "d.h5")

@@ -423,6 +423,16 @@ int cli_sha256_mem(const void *p, size_t n, char hex[65]);
  * cli_hasher_add queues the first `size` bytes of path (NULL: no memory or no
  * thread: hash it yourself); cli_hash_job_wait waits for that hash (0, or
  * -1 with *saved_errno); cli_hasher_free stops an unfinished hash and frees. */
+/* The checksums of files earlier runs hashed (git's index does the same):
+ * kept by what stat(2) says of the file — device, inode, size, mtime and
+ * ctime to the nanosecond; no call sets a ctime back, so a file written
+ * since has another key — in $KVQ_HASH_CACHE (off: none), else
+ * $XDG_CACHE_HOME/kvq/sha256, else ~/.cache/kvq/sha256.  lookup: 0 and the
+ * SHA-256 of the file in that state, or -1.  store: kept for a regular file
+ * whose ctime is two seconds old or more; failures are silent (a cache). */
+struct stat;
+int cli_hash_cache_lookup(const struct stat *st, char hex[65]);
+void cli_hash_cache_store(const char *path, const struct stat *st, const char hex[65]);
 typedef struct cli_hasher cli_hasher;
 typedef struct cli_hash_job cli_hash_job;
 cli_hasher *cli_hasher_new(void);

@@ -33,6 +33,8 @@ typedef struct meta_input {
     int noted;      /* its "not a regular file" note printed */
     cli_hash_job *job; /* its hash in the background (NULL: hashed when the record is written) */
     char sha[65]; /* once hashed ("" before): a sweep writes its record twice */
+    int cached;   /* sha from the cache of unchanged files (cli_hash_cache_lookup) */
+    int stored;   /* sha put in that cache by this run */
 } meta_input;
 
 typedef struct meta_entry {
@@ -230,8 +232,12 @@ static void add_input(cli_meta *m, const char *role, const char *path, int exten
     }
     in->stat_errno = stat(path, &in->st) ? errno : 0;
     in->extended = extended;
-    /* hashed from now on, while the run works: the bytes it has now */
-    if (!m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode) && (m->hasher || (m->hasher = cli_hasher_new())))
+    /* known from an earlier run on the file as it is, or hashed from now on,
+     * while the run works: the bytes it has now (an extended input's are
+     * its first st_size bytes, the whole file in that state too) */
+    int hashable = !m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode);
+    if (hashable && !cli_hash_cache_lookup(&in->st, in->sha)) in->cached = 1;
+    else if (hashable && (m->hasher || (m->hasher = cli_hasher_new())))
         in->job = cli_hasher_add(m->hasher, path, (long long)in->st.st_size);
     m->ninputs++;
 }
@@ -500,14 +506,18 @@ static int sb_input(sbuf *b, cli_meta *m, meta_input *in, int hash, const char *
             return CLI_RUNTIME;
         }
         sb_printf(b, "\"%s\"", in->sha);
+        if (in->cached) sb_str(b, ", \"sha256_cached\": true");
     } else sb_str(b, "null");
     struct stat now;
-    if (hashable && stat(in->path, &now) == 0 &&
-        (in->extended ? now.st_size < in->st.st_size
-                      : now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
-                            now.st_mtim.tv_nsec != in->st.st_mtim.tv_nsec || now.st_ctim.tv_sec != in->st.st_ctim.tv_sec ||
-                            now.st_ctim.tv_nsec != in->st.st_ctim.tv_nsec))
-        sb_str(b, ", \"changed_during_run\": true");
+    int changed = hashable && stat(in->path, &now) == 0 &&
+                  (in->extended ? now.st_size < in->st.st_size
+                                : now.st_size != in->st.st_size || now.st_mtim.tv_sec != in->st.st_mtim.tv_sec ||
+                                      now.st_mtim.tv_nsec != in->st.st_mtim.tv_nsec ||
+                                      now.st_ctim.tv_sec != in->st.st_ctim.tv_sec ||
+                                      now.st_ctim.tv_nsec != in->st.st_ctim.tv_nsec);
+    if (changed) sb_str(b, ", \"changed_during_run\": true");
+    else if (hash && hashable && !in->cached && !in->stored && !in->extended) /* the next run need not read it */
+        cli_hash_cache_store(in->path, &in->st, in->sha), in->stored = 1;
     sb_str(b, "}");
     return CLI_OK;
 }
