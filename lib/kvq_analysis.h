@@ -160,6 +160,9 @@ typedef struct kvq_sweep_file {
 kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
 void kvq_sweep_file_free(kvq_sweep_file *f);
 
+/* A shard's "I/N" (--shard of kvq-sweep, kvq-eval, kvq-alloc): 0 <= I < N <= 10^6, whole decimals; 0, or -1. */
+int kvq_shard_parse(const char *s, long *i, long *n);
+
 /* The points of a sweep (or shard) and what its OUT already holds (docs/tools.md#sweeps):
  * state[p] for each of the grid's points, 0 another shard's, 1 to run,
  * 2 invalid (no spec), 3 complete. */

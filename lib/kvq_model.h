@@ -128,6 +128,47 @@ void kvq_eval_sums_add(kvq_eval_sums *acc, const kvq_eval_sums *w);
  * dnll_se) from its pooled sums. */
 void kvq_eval_item_finish(kvq_eval_item *it, const kvq_eval_sums *s);
 
+/* kvq-eval's result files (eval_files.c, docs/models.md#shards): a row's
+ * identity (the configuration), the columns (a shard's rows add the window
+ * and the sums the run pools), a row's cells (npos: 16 bytes for the
+ * positions' text). */
+typedef struct kvq_eval_row {
+    const char *model, *quantizer, *spec, *policy;
+    char layer[16];
+} kvq_eval_row;
+enum { KVQ_EVAL_NCOLS = 17 }; /* kvq_eval_cells fills this many */
+const char *const *kvq_eval_columns(int shard, int *ncols);
+void kvq_eval_cells(const kvq_eval_row *r, const kvq_eval_item *it, double nll_ref, const char *tokens, char *npos,
+                    kvq_cell *row);
+/* A corpus shard of a run: its file, the run's fingerprint (16 hex digits,
+ * kvq_eval_fingerprint), "I/N", its items' rows, --chunk and the run's windows. */
+typedef struct kvq_eval_shard_id {
+    const char *path, *run, *shard;
+    const kvq_eval_row *rows;
+    int nitems, chunk, nwin;
+} kvq_eval_shard_id;
+/* A shard file t (read with kvq_csv_read) that a run of shard s resumes:
+ * its header, then whole windows w0.. of this run's items in order (rows
+ * of another run or shard, or more than the shard's windows, refused);
+ * *done: those windows, *keep: the bytes they end at. */
+kvq_status kvq_eval_shard_resume(const kvq_eval_shard_id *s, const kvq_csv *t, int w0, int w1, int *done, size_t *keep,
+                                 kvq_error *err);
+/* Window `window`'s rows of shard s (CSV, no header) to f: each item's row
+ * with the sums the run pools (ref: the exact model's, sums: [nitems]). */
+kvq_status kvq_eval_shard_rows(const kvq_eval_shard_id *s, int window, const kvq_eval_sums *ref,
+                               const kvq_eval_sums *sums, FILE *f);
+/* kvq-eval --merge: shard files read, checked to be the whole of one run
+ * (one fingerprint, each shard and window once, every window, one exact
+ * stream per window, sums a run can write) and their windows' sums pooled
+ * in window order; _rows writes the rows of that run (bit for bit the
+ * unsharded run's) to rep.  files must outlive the merge. */
+typedef struct kvq_eval_merge kvq_eval_merge;
+kvq_status kvq_eval_merge_open(const char *const *files, int nfiles, kvq_eval_merge **out, kvq_error *err);
+long kvq_eval_merge_windows(const kvq_eval_merge *m);
+int kvq_eval_merge_items(const kvq_eval_merge *m);
+kvq_status kvq_eval_merge_rows(const kvq_eval_merge *m, kvq_report *rep);
+void kvq_eval_merge_free(kvq_eval_merge *m);
+
 typedef struct kvq_eval_opts {
     int stride;        /* decode: the cache is re-quantized every `stride` positions (1: exact decode) */
     uint64_t seed;
@@ -263,6 +304,23 @@ typedef struct kvq_task_summary {
 } kvq_task_summary;
 void kvq_task_pool(const kvq_task_result *res, size_t ntasks, int nitems, int item, const unsigned char *select,
                    kvq_task_summary *out);
+
+/* kvq-eval --tasks's result files (task_files.c): the rows of a run to f
+ * (per configuration over all tasks and, with per_depth B > 0, one per
+ * depth bucket), a shard's rows (one per task and configuration, tasks
+ * [t0, t1) of ntasks; res holds only those), whether a file starts with a
+ * shard's header, and the merge of shards into the rows of one run (bit for
+ * bit), each task and configuration once and every one present. */
+kvq_status kvq_task_rows(FILE *f, kvq_format fmt, const kvq_eval_row *rows, int nitems, const kvq_task_result *res,
+                         const double *depth, size_t ntasks, double per_depth);
+kvq_status kvq_task_shard_rows(FILE *f, const kvq_eval_row *rows, int nitems, const kvq_task_result *res,
+                               const double *depth, size_t t0, size_t t1, size_t ntasks, const char *run);
+int kvq_is_task_shard(const char *path);
+typedef struct kvq_task_merge kvq_task_merge;
+kvq_status kvq_task_merge_open(const char *const *files, int nfiles, kvq_task_merge **out, kvq_error *err);
+size_t kvq_task_merge_tasks(const kvq_task_merge *m);
+kvq_status kvq_task_merge_rows(const kvq_task_merge *m, FILE *f, kvq_format fmt, double per_depth);
+void kvq_task_merge_free(kvq_task_merge *m);
 
 #ifdef __cplusplus
 }

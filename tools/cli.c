@@ -26,20 +26,9 @@ int cli_parse_long(const char *s, long min, long max, long *out)
     return 0;
 }
 
-int cli_parse_shard(const char *s, long *i, long *n)
-{
-    const char *slash = s ? strchr(s, '/') : NULL;
-    char head[32];
-    if (!slash || (size_t)(slash - s) >= sizeof head) return -1;
-    memcpy(head, s, (size_t)(slash - s));
-    head[slash - s] = '\0';
-    if (cli_parse_long(head, 0, 1000000, i) || cli_parse_long(slash + 1, 1, 1000000, n) || *i >= *n) return -1;
-    return 0;
-}
-
 int cli_shard_option(const char *prog, const char *arg, long *i, long *n)
 {
-    if (!cli_parse_shard(arg, i, n)) return CLI_OK;
+    if (!kvq_shard_parse(arg, i, n)) return CLI_OK;
     cli_error(prog, "--shard %s: expected I/N with 0 <= I < N, e.g. 0/4", arg);
     return CLI_USAGE;
 }

@@ -33,9 +33,7 @@ int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 /* Writes all of buf to fd (retrying short writes): 0, or -1 with errno. */
 int cli_write_all(int fd, const void *buf, size_t len);
-/* --shard I/N: 0 <= I < N <= 10^6; 0, or -1. */
-int cli_parse_shard(const char *s, long *i, long *n);
-/* --shard I/N into *i, *n: CLI_OK, or CLI_USAGE after "--shard ARG: expected I/N ...". */
+/* --shard I/N into *i, *n (kvq_shard_parse): CLI_OK, or CLI_USAGE after "--shard ARG: expected I/N ...". */
 int cli_shard_option(const char *prog, const char *arg, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
 int cli_parse_list(const char *s, int max, int **out, int *n);
@@ -145,27 +143,13 @@ void cli_temp_unregister(const char *tmp);
 void cli_interrupt_note(const char *head, const char *tail);
 void cli_interrupt_count(long n);
 
-/* kvq-eval's rows (eval_shard.c): the identity of one configuration's
- * row, the columns (a shard's add the window and the sums it pools), and a
- * row's cells (npos: 16 bytes for the positions' text). */
-typedef struct cli_eval_row {
-    const char *model, *quantizer, *spec, *policy;
-    char layer[16];
-} cli_eval_row;
-/* kvq-eval's columns (a shard's file adds its own after them); cli_eval_cells fills CLI_EVAL_NCOLS cells */
-enum { CLI_EVAL_NCOLS = 17 };
-const char *const *cli_eval_columns(int shard, int *ncols);
-void cli_eval_cells(const cli_eval_row *r, const kvq_eval_item *it, double nll_ref, const char *tokens, char *npos,
-                    kvq_cell *row);
-/* kvq-eval --shard (docs/models.md#shards): OUT created, or with resume
- * continued after its last whole window of this shard's windows [w0, w1)
- * (*done of them; rows of another run or shard refused), locked for the
+/* kvq-eval --shard (docs/models.md#shards): OUT (id->path) created, or
+ * with resume continued after its last whole window of this shard's
+ * windows [w0, w1) (*done of them; kvq_eval_shard_resume), locked for the
  * run; cli_eval_shard_window is the kvq_eval_opts.window_done that appends
- * a window's rows and fsyncs.  run: the run's fingerprint (16 hex digits,
- * kvq_eval_fingerprint), shard: "I/N"; both strings outlive the shard. */
+ * a window's rows and fsyncs.  id's strings and rows outlive the shard. */
 typedef struct cli_eval_shard cli_eval_shard;
-int cli_eval_shard_open(const char *prog, const char *path, int resume, const char *run, const char *shard,
-                        const cli_eval_row *rows, int nitems, int chunk, int nwin, int w0, int w1, int *done,
+int cli_eval_shard_open(const char *prog, const kvq_eval_shard_id *id, int resume, int w0, int w1, int *done,
                         cli_eval_shard **out);
 kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
                                  kvq_error *err);
@@ -178,12 +162,11 @@ int cli_eval_merge(const char *prog, char **files, int nfiles, const char *outpu
  * tasks and, with per_depth B > 0, one per depth bucket; a shard's rows
  * (one per task and configuration, tasks [t0, t1) of ntasks; res holds
  * only those); --merge of such shards into the rows of one run. */
-int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const cli_eval_row *rows, int nitems,
+int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const kvq_eval_row *rows, int nitems,
                   const kvq_task_result *res, const double *depth, size_t ntasks, double per_depth);
-int cli_task_shard_rows(const char *prog, cli_out *out, const cli_eval_row *rows, int nitems,
+int cli_task_shard_rows(const char *prog, cli_out *out, const kvq_eval_row *rows, int nitems,
                         const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks,
                         const char *run);
-int cli_is_task_shard(const char *path); /* 1: the file starts with a task shard's header */
 int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
                    cli_meta *meta);
 

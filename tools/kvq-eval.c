@@ -76,7 +76,7 @@ typedef struct eval_state {
     const kvq_model_info *in;
     int *ids, T, nwin;
     kvq_eval_item *items; /* [nitems]: spec × policy × layer */
-    cli_eval_row *rows;   /* [nitems]: each item's row identity */
+    kvq_eval_row *rows;   /* [nitems]: each item's row identity */
     kvq_spec *owns;       /* [nitems]: a mix's spec of the row's layer */
     int nitems;
     char policy_name[2][40];
@@ -217,7 +217,7 @@ static int merge(eval_state *s)
     if (rc) return rc;
     kvq_format mfmt = cli_pick_format(s->format, s->output);
     cli_meta_str(s->meta, "options", "output", s->output);
-    if (cli_is_task_shard(shards[0])) /* kvq-eval --tasks --shard's */
+    if (kvq_is_task_shard(shards[0])) /* kvq-eval --tasks --shard's */
         return cli_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
     if (s->per_depth) return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
     return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
@@ -325,7 +325,7 @@ static int make_items(eval_state *s)
         const kvq_spec *sp = it->spec, *text = sp;
         if (sp && it->layer >= 0 && kvq_spec_is_mix(sp) && !kvq_spec_for_layer(sp, it->layer, &s->owns[i], NULL))
             text = &s->owns[i];
-        s->rows[i] = (cli_eval_row){.model = s->in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
+        s->rows[i] = (kvq_eval_row){.model = s->in->name, .quantizer = sp ? kvq_quantizer_name(sp->q) : "none",
                                     .spec = sp ? text->text : "none",
                                     .policy = s->policy_name[it->policy == KVQ_POLICY_DECODE]};
         if (it->layer < 0) snprintf(s->rows[i].layer, sizeof s->rows[i].layer, "all");
@@ -363,7 +363,7 @@ static int open_out(eval_state *s)
     s->w0 = 0, s->w1 = s->nwin;
     if (!s->shard_n) {
         int ncol;
-        const char *const *cols = cli_eval_columns(0, &ncol);
+        const char *const *cols = kvq_eval_columns(0, &ncol);
         if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) return CLI_RUNTIME;
         if (!(s->rep = kvq_rows_new(s->out.f, s->fmt, cols, ncol, 6)))
             return cli_error(prog, "out of memory"), CLI_RUNTIME;
@@ -383,9 +383,9 @@ static int open_out(eval_state *s)
     cli_meta_int(meta, "result", "windows", s->nwin);
     cli_meta_int(meta, "result", "window_begin", s->w0);
     cli_meta_int(meta, "result", "window_end", s->w1);
-    if ((rc = cli_eval_shard_open(prog, s->output, s->resume, s->run, s->shard_id, s->rows, s->nitems, (int)s->chunk,
-                                  s->nwin, s->w0, s->w1, &s->wdone, &s->shard)))
-        return rc;
+    kvq_eval_shard_id id = {.path = s->output, .run = s->run, .shard = s->shard_id, .rows = s->rows,
+                            .nitems = s->nitems, .chunk = (int)s->chunk, .nwin = s->nwin};
+    if ((rc = cli_eval_shard_open(prog, &id, s->resume, s->w0, s->w1, &s->wdone, &s->shard))) return rc;
     if (s->wdone) { /* the runs that wrote those windows stay in the record */
         char *mp = cli_meta_path(s->output), *runs = NULL;
         if (!mp) return cli_error(prog, "out of memory"), CLI_RUNTIME;
@@ -456,8 +456,8 @@ static int evaluate(eval_state *s)
     char toks[16], npos[16];
     snprintf(toks, sizeof toks, "%ld", s->chunk ? (long)s->nwin * s->chunk : (long)s->T);
     for (int i = 0; i < s->nitems; i++) {
-        kvq_cell row[CLI_EVAL_NCOLS];
-        cli_eval_cells(&s->rows[i], &s->items[i], nll_ref, toks, npos, row);
+        kvq_cell row[KVQ_EVAL_NCOLS];
+        kvq_eval_cells(&s->rows[i], &s->items[i], nll_ref, toks, npos, row);
         errno = 0;
         kvq_status wst = kvq_rows_add(s->rep, row);
         if (wst) return cli_write_error(prog, s->output, wst, errno);

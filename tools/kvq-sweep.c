@@ -244,7 +244,7 @@ static int merge_check_run(merge_runs *mr, char **files, int i, const char *run,
     if (strcmp(run, mr->run0))
         return cli_error(prog, "%s: of another run than %s (fingerprint %s, not %s: other dumps, --calib or analysis "
                          "options): not shards of one sweep", files[i], files[mr->from0], run, mr->run0), CLI_RUNTIME;
-    if (!shard[0] || cli_parse_shard(shard, &si, &sn)) return CLI_OK;
+    if (!shard[0] || kvq_shard_parse(shard, &si, &sn)) return CLI_OK;
     if (mr->nshard < 0) {
         if (!(mr->holder = calloc((size_t)sn, sizeof *mr->holder))) return CLI_RUNTIME;
         mr->nshard = sn;
@@ -617,8 +617,8 @@ static int finish_sweep(sweep_t *sw, size_t written)
     return cli_meta_write(o->meta, prog, o->output, hex);
 }
 
-/* Before the points run: what an interruption leaves (docs/tools.md), and the invalid points named. */
-static void announce_points(const sweep_t *sw)
+/* What an interruption leaves (docs/tools.md), said from as soon as OUT is open. */
+static void interrupt_note(const sweep_t *sw)
 {
     char head[512], tail[256];
     snprintf(head, sizeof head, "%s: interrupted: %s keeps ", prog, sw->o->output);
@@ -626,6 +626,11 @@ static void announce_points(const sweep_t *sw)
              sw->ncomplete + sw->nrun);
     cli_interrupt_note(head, tail);
     cli_interrupt_count((long)sw->ncomplete);
+}
+
+/* The invalid points of the grid, named before the run. */
+static void name_invalid_points(const sweep_t *sw)
+{
     for (size_t p = 0; p < sw->npoints; p++) {
         kvq_spec sp;
         kvq_error err = {0};
@@ -647,10 +652,11 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
         goto done;
     }
     if ((rc = select_points(&sw)) || o->list_points || (rc = open_inputs(&sw)) || (rc = open_out(&sw))) goto done;
+    interrupt_note(&sw);
     sweep_fingerprint(&sw);
     if ((rc = record_start(&sw))) goto done;
     started = 1;
-    announce_points(&sw);
+    name_invalid_points(&sw);
     double t0 = now();
     if ((rc = prepare_dumps(&sw))) goto done;
     double prep_s = now() - t0;

@@ -15,7 +15,32 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+
+/* s, a whole decimal (strtol's syntax) in [lo, hi]; 0, or -1. */
+static int parse_range(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    if (!*s) return -1;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+int kvq_shard_parse(const char *s, long *i, long *n)
+{
+    const char *slash = s ? strchr(s, '/') : NULL;
+    char head[32];
+    if (!slash || (size_t)(slash - s) >= sizeof head) return -1;
+    memcpy(head, s, (size_t)(slash - s));
+    head[slash - s] = '\0';
+    if (parse_range(head, 0, 1000000, i) || parse_range(slash + 1, 1, 1000000, n) || *i >= *n) return -1;
+    return 0;
+}
 
 /* --------------------------------------------------------------- the grid */
 
