@@ -52,6 +52,8 @@ typedef struct kvq_metrics {
  * shows it); 0 past the last (i counts from 0), else 1. */
 enum { KVQ_METRIC_ATTN = 1u, KVQ_METRIC_TABLE = 2u };
 int kvq_metric_column(int i, const char **name, unsigned *flags);
+/* Column i's value in m (i below the number of columns kvq_metric_column names). */
+double kvq_metric_value(const kvq_metrics *m, int i);
 
 /* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
 void kvq_recon_accumulate(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);

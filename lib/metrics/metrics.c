@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* Reference: one element at a time, in index order. */
@@ -130,12 +131,14 @@ void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m)
 static const struct {
     const char *name;
     unsigned flags;
+    size_t offset; /* of its value in kvq_metrics */
 } metric_columns[] = {
 #define KVQ_METRIC_IS_ATTN_K 0
 #define KVQ_METRIC_IS_ATTN_V 0
 #define KVQ_METRIC_IS_ATTN_ACC 0
 #define KVQ_METRIC_IS_ATTN_ATTN KVQ_METRIC_ATTN
-#define KVQ_METRIC(column, sums, table, value) {#column, KVQ_METRIC_IS_ATTN_##sums | ((table) ? KVQ_METRIC_TABLE : 0u)},
+#define KVQ_METRIC(column, sums, table, value)                                                              \
+    {#column, KVQ_METRIC_IS_ATTN_##sums | ((table) ? KVQ_METRIC_TABLE : 0u), offsetof(kvq_metrics, column)},
 #include "../kvq_metric_cols.def"
 #undef KVQ_METRIC
 };
@@ -145,6 +148,13 @@ int kvq_metric_column(int i, const char **name, unsigned *flags)
     if (i < 0 || (size_t)i >= sizeof metric_columns / sizeof metric_columns[0]) return 0;
     *name = metric_columns[i].name, *flags = metric_columns[i].flags;
     return 1;
+}
+
+double kvq_metric_value(const kvq_metrics *m, int i)
+{
+    double v;
+    memcpy(&v, (const char *)m + metric_columns[i].offset, sizeof v);
+    return v;
 }
 
 /* ------------------------------------------------------ query positions */
