@@ -33,6 +33,10 @@ int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_u64(const char *s, uint64_t *out);
 /* Writes all of buf to fd (retrying short writes): 0, or -1 with errno. */
 int cli_write_all(int fd, const void *buf, size_t len);
+/* A --shard I/N: i of n (n 0 until given, where a tool has no default). */
+typedef struct cli_shard {
+    long i, n;
+} cli_shard;
 /* --shard I/N into *i, *n (kvq_shard_parse): CLI_OK, or CLI_USAGE after "--shard ARG: expected I/N ...". */
 int cli_shard_option(const char *prog, const char *arg, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
@@ -48,6 +52,15 @@ enum { CLI_OPT_LAYERS = 512, CLI_OPT_HEADS, CLI_OPT_QUERIES, CLI_OPT_PER, CLI_OP
     {"threads", required_argument, 0, CLI_OPT_THREADS}, {"seed", required_argument, 0, CLI_OPT_SEED}, \
     {"device", required_argument, 0, CLI_OPT_DEVICE}
 
+/* Their --help lines, all but --device's (each tool says what it runs there). */
+#define CLI_ANALYSIS_HELP                                                                  \
+    "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"                \
+    "      --heads LIST      KV heads to analyse (default: all)\n"                          \
+    "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"         \
+    "                        random:N\n"                                                  \
+    "      --per WHAT        pool results per head, layer (default) or model\n"           \
+    "      --threads N       worker threads (default: all cores)\n"                       \
+    "      --seed N          seed of the random streams (default 0)\n"
 typedef struct cli_analysis {
     int *layers, nlayers, *heads, nheads; /* NULL: all */
     kvq_query_sel queries;                /* default last:64 */
@@ -329,10 +342,11 @@ void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n);
  * (ended by a zero entry), each of the tool's options parsed by its row into
  * base.  CLI_OK with *stop 0 when the options are in base (operands from
  * optind); else *stop 1 and CLI_OK (--help, --version) or the exit code. */
-/* CUSTOM parsers the tools share: --format (a const char *, cli_format_option)
- * and --progress (an int, cli_progress_option). */
+/* CUSTOM parsers the tools share: --format (a const char *, cli_format_option),
+ * --progress (an int, cli_progress_option) and --shard (a cli_shard). */
 int cli_optrow_format(const char *prog, const char *arg, void *at, void *base);
 int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base);
+int cli_optrow_shard(const char *prog, const char *arg, void *at, void *base); /* a cli_shard */
 int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const struct option *extra,
                        const char *shortopts, int argc, char **argv, void *base, int *stop);
 

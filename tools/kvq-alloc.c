@@ -321,7 +321,8 @@ typedef struct alloc_job {
     const char *family, *output, *calib, *grids[MAX_ARGS], *fixed[MAX_ARGS];
     int ngrids, nfixed, nbudgets, resume, merge, decode, progress_mode;
     double budgets[MAX_BUDGETS];
-    long stride, chunk, chunks, shard_i, shard_n;
+    long stride, chunk, chunks;
+    cli_shard share; /* --shard I/N (n 0: none) */
     uint64_t seed;
     cli_model mo;
     char **argv; /* the model is argv[optind]; a merge's shards follow it */
@@ -363,13 +364,6 @@ static int opt_budget(const char *p, const char *arg, void *at, void *base)
     return CLI_USAGE;
 }
 
-static int opt_shard(const char *p, const char *arg, void *at, void *base)
-{
-    alloc_job *s = base;
-    (void)at;
-    return cli_shard_option(p, arg, &s->shard_i, &s->shard_n);
-}
-
 /* --policy: prefill or decode (*at: 1 for decode). */
 static int opt_policy(const char *p, const char *arg, void *at, void *base)
 {
@@ -403,7 +397,7 @@ static const cli_optrow rows[] = {
                 "OUT.meta.json (the provenance)"),
     ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
         .help = "keep the complete passes of OUT.sensitivity.csv, run the rest"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
         .help = "measure only the grid's valid points i with i mod N = I, into the sensitivity table -o OUT itself "
                 "(no --budget)"),
     ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
@@ -454,20 +448,20 @@ static int check_options(int argc, char **argv, alloc_job *s)
                               "kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME --grid ... --budget B -o OUT")))
         return rc;
     s->argv = argv, s->optind = optind, s->shards = argv + optind + 1;
-    if (!s->family || !s->ngrids || !s->output || (!s->nbudgets && !s->shard_n)) {
+    if (!s->family || !s->ngrids || !s->output || (!s->nbudgets && !s->share.n)) {
         cli_error(prog, "%s required (see --help)", !s->family ? "--family NAME" : !s->ngrids ? "--grid K=V1,V2,..."
                   : !s->output ? "-o OUT" : "--budget B");
         return CLI_USAGE;
     }
-    if (s->shard_n && (s->nbudgets || s->merge)) {
-        cli_error(prog, "--shard %ld/%ld measures sensitivities only: --budget and --merge go to the merge", s->shard_i,
-                  s->shard_n);
+    if (s->share.n && (s->nbudgets || s->merge)) {
+        cli_error(prog, "--shard %ld/%ld measures sensitivities only: --budget and --merge go to the merge", s->share.i,
+                  s->share.n);
         return CLI_USAGE;
     }
     if (s->merge && s->resume) return cli_error(prog, "--merge joins finished shards: --resume does not apply"), CLI_USAGE;
     if (s->chunks && !s->chunk) return cli_error(prog, "--chunks needs --chunk N"), CLI_USAGE;
     if (!s->output[0] || !strcmp(s->output, "-")) return cli_error(prog, "-o: expected a file name"), CLI_USAGE;
-    return cli_meta_check_format(prog, s->meta, s->shard_n ? KVQ_FMT_CSV : cli_pick_format(NULL, s->output));
+    return cli_meta_check_format(prog, s->meta, s->share.n ? KVQ_FMT_CSV : cli_pick_format(NULL, s->output));
 }
 
 /* The options into s; *stop: --help or --version answered (rc as they end). */
@@ -499,7 +493,7 @@ static int open_grid(alloc_job *s)
     }
     if (!s->np) return cli_error(prog, "the grid has no valid point"), CLI_USAGE;
     /* the sensitivity table: the shard's -o, or OUT.sensitivity.csv */
-    if (s->shard_n) {
+    if (s->share.n) {
         if (!(s->sens_path = strdup(s->output))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
     } else if (asprintf(&s->sens_path, "%s.sensitivity.csv", s->output) < 0 ||
                asprintf(&s->uni_path, "%s.uniform.csv", s->output) < 0) {
@@ -510,7 +504,7 @@ static int open_grid(alloc_job *s)
     int nin = 5;
     for (int i = 0; i < s->nshards && nin < MAX_ARGS + 5; i++) inputs[nin++] = s->shards[i];
     if ((rc = cli_check_output(prog, s->output, inputs, nin)) ||
-        (!s->shard_n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", s->sens_path, inputs, nin))) ||
+        (!s->share.n && (rc = cli_check_side_file(prog, "the sensitivity table of -o", s->sens_path, inputs, nin))) ||
         (s->uni_path && (rc = cli_check_side_file(prog, "the uniform points of -o", s->uni_path, inputs, nin))))
         return rc;
     return CLI_OK;
@@ -602,9 +596,9 @@ static void record_options(const alloc_job *s)
     }
     cli_meta_bool(meta, "options", "resume", s->resume);
     cli_meta_bool(meta, "options", "merge", s->merge);
-    if (s->shard_n) {
+    if (s->share.n) {
         char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
+        snprintf(sh, sizeof sh, "%ld/%ld", s->share.i, s->share.n);
         cli_meta_str(meta, "options", "shard", sh);
     }
     cli_meta_str(meta, "options", "policy", s->decode ? "decode" : "prefill");
@@ -669,7 +663,7 @@ static int measure(alloc_job *s)
     kvq_error err = {0};
     int rc;
     for (int i = 0; i < s->np; i++)
-        if (!s->shard_n || i % s->shard_n == s->shard_i) s->mine++, s->ndone += s->pts[i].done;
+        if (!s->share.n || i % s->share.n == s->share.i) s->mine++, s->ndone += s->pts[i].done;
     cli_meta_int(s->meta, "result", "passes_resumed", s->merge ? 0 : s->ndone);
     cli_meta_int(s->meta, "result", "passes_run", s->mine - s->ndone);
     kvq_eval_item *items = calloc((size_t)s->L + 1, sizeof *items);
@@ -689,7 +683,7 @@ static int measure(alloc_job *s)
     rc = CLI_OK;
     for (int i = 0; i < s->np && !rc; i++) {
         point *pt = &s->pts[i];
-        if (pt->done || (s->shard_n && i % s->shard_n != s->shard_i)) continue;
+        if (pt->done || (s->share.n && i % s->share.n != s->share.i)) continue;
         for (int l = 0; l < s->L; l++)
             items[l] = (kvq_eval_item){.spec = &pt->spec, .layer = l,
                                        .policy = s->decode ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL};
@@ -733,11 +727,11 @@ static int run(int argc, char **argv, cli_meta *meta)
         if (s.resume && !s.created) cli_meta_input_extended(meta, "sensitivity (resumed)", s.sens_path);
     }
     if ((rc = measure(&s))) goto done;
-    if (s.shard_n) { /* a shard's table is its result (even with no point of its own): its record, with its checksum */
+    if (s.share.n) { /* a shard's table is its result (even with no point of its own): its record, with its checksum */
         if (s.created) cli_temp_unregister(s.sens_path), s.created = 0;
         if ((rc = cli_meta_write_hashed(meta, prog, s.sens_path))) goto done;
-        fprintf(stderr, "%s: %s: shard %ld/%ld complete (%d of the grid's %d points)\n", prog, s.sens_path, s.shard_i,
-                s.shard_n, s.mine, s.np);
+        fprintf(stderr, "%s: %s: shard %ld/%ld complete (%d of the grid's %d points)\n", prog, s.sens_path, s.share.i,
+                s.share.n, s.mine, s.np);
         goto done;
     }
     /* 2-3. the allocations, evaluated beside the uniform points */

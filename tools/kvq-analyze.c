@@ -69,13 +69,7 @@ static void usage(FILE *f)
                "Measure how quantizers distort the keys, values, attention scores and outputs\n"
                "stored in kvq-dump/1 HDF5 files.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
-               "      --heads LIST      KV heads to analyse (default: all)\n"
-               "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
-               "                        random:N\n"
-               "      --per WHAT        pool results per head, layer (default) or model\n"
-               "      --threads N       worker threads (default: all cores)\n"
-               "      --seed N          seed of the random streams (default 0)\n"
+    fprintf(f, CLI_ANALYSIS_HELP
                "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
                "                        per-channel, kivi, kcvt, absmax) and every attention\n"
                "                        metric on the GPU; the other quantizers on the CPU\n"

@@ -61,7 +61,8 @@ typedef struct eval_state {
     const char *output, *format, *calib, *tasks_path;
     double per_depth; /* --per-depth B (0: none) */
     int progress_mode; /* cli_progress_option's; -1 until --progress or "auto" sets it */
-    long stride, chunk, chunks, context, shard_i, shard_n;
+    long stride, chunk, chunks, context;
+    cli_shard share; /* --shard I/N (n 0: none) */
     int resume, merge, per_layer, policies[2];
     uint64_t seed;
     cli_model mo;
@@ -110,13 +111,6 @@ static int opt_policy(const char *p, const char *arg, void *at, void *base)
     return CLI_OK;
 }
 
-static int opt_shard(const char *p, const char *arg, void *at, void *base)
-{
-    eval_state *s = base;
-    (void)at;
-    return cli_shard_option(p, arg, &s->shard_i, &s->shard_n);
-}
-
 enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED, OPT_CHUNK,
        OPT_CHUNKS, OPT_CONTEXT, OPT_SHARD, OPT_RESUME, OPT_MERGE, OPT_TASKS, OPT_PER_DEPTH };
 
@@ -154,7 +148,7 @@ static const cli_optrow rows[] = {
     ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .real_max = 1,
         .expect = "a bucket width in (0, 1], e.g. 0.25", .metavar = "B",
         .help = "with --tasks: also a row per depth bucket of width B"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
         .help = "with --chunk: only the I-th of N contiguous shares of the windows, each window's rows appended to "
                 "-o OUT as it ends (with the sums --merge pools, the run's fingerprint and I/N); with --tasks: of the "
                 "tasks, a row per task written to -o OUT at the end"),
@@ -205,7 +199,7 @@ static void usage(FILE *f)
 /* --merge: the shards' rows pooled; no model to run. */
 static int merge(eval_state *s)
 {
-    if (s->shard_n || s->resume || s->nspecs || s->chunk || s->chunks || s->context || s->calib || s->per_layer ||
+    if (s->share.n || s->resume || s->nspecs || s->chunk || s->chunks || s->context || s->calib || s->per_layer ||
         s->mo.text || s->mo.tokens || s->tasks_path) {
         cli_error(prog, "--merge pools finished shards: their options are in their rows (only -o, --format, --meta "
                   "and, for task shards, --per-depth apply)");
@@ -258,16 +252,16 @@ static int open_inputs(eval_state *s)
     if ((rc = cli_model_check(prog, s->argc, s->optind, &s->mo,
                               "kvq-eval MODEL (--text FILE | --tokens FILE) -q SPEC...")))
         return rc;
-    if (s->shard_n && (!s->chunk || !s->output || !strcmp(s->output, "-"))) {
+    if (s->share.n && (!s->chunk || !s->output || !strcmp(s->output, "-"))) {
         cli_error(prog, "--shard %ld/%ld: needs --chunk N and -o OUT (its windows' rows are appended to OUT)",
-                  s->shard_i, s->shard_n);
+                  s->share.i, s->share.n);
         return CLI_USAGE;
     }
-    if (s->resume && !s->shard_n) {
+    if (s->resume && !s->share.n) {
         cli_error(prog, "--resume continues a shard (--shard I/N; --shard 0/1 for a whole corpus run)");
         return CLI_USAGE;
     }
-    if (s->shard_n && s->format && strcmp(s->format, "csv")) {
+    if (s->share.n && s->format && strcmp(s->format, "csv")) {
         cli_error(prog, "--format %s: a shard is written as CSV (--merge writes any format)", s->format);
         return CLI_USAGE;
     }
@@ -361,7 +355,7 @@ static int open_out(eval_state *s)
     cli_meta *meta = s->meta;
     int rc;
     s->w0 = 0, s->w1 = s->nwin;
-    if (!s->shard_n) {
+    if (!s->share.n) {
         int ncol;
         const char *const *cols = kvq_eval_columns(0, &ncol);
         if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) return CLI_RUNTIME;
@@ -369,8 +363,8 @@ static int open_out(eval_state *s)
             return cli_error(prog, "out of memory"), CLI_RUNTIME;
         return CLI_OK;
     }
-    s->w0 = (int)(s->nwin * s->shard_i / s->shard_n), s->w1 = (int)(s->nwin * (s->shard_i + 1) / s->shard_n);
-    snprintf(s->shard_id, sizeof s->shard_id, "%ld/%ld", s->shard_i, s->shard_n);
+    s->w0 = (int)(s->nwin * s->share.i / s->share.n), s->w1 = (int)(s->nwin * (s->share.i + 1) / s->share.n);
+    snprintf(s->shard_id, sizeof s->shard_id, "%ld/%ld", s->share.i, s->share.n);
     /* the run: model, text and the options that change rows (the rows name the configurations) */
     kvq_eval_opts fo = {.stride = (int)s->stride, .seed = s->seed, .chunk = (int)s->chunk, .chunks = (int)s->chunks,
                         .context = (int)s->context};
@@ -401,7 +395,7 @@ static int open_out(eval_state *s)
     static char note_head[1024], note_tail[256];
     snprintf(note_head, sizeof note_head, "%s: interrupted: %s keeps ", prog, s->output);
     snprintf(note_tail, sizeof note_tail, " of shard %ld/%ld's %d windows; the same command with --resume "
-             "continues\n", s->shard_i, s->shard_n, s->w1 - s->w0);
+             "continues\n", s->share.i, s->share.n, s->w1 - s->w0);
     cli_interrupt_note(note_head, note_tail);
     cli_interrupt_count(s->wdone);
     return CLI_OK;
@@ -409,7 +403,7 @@ static int open_out(eval_state *s)
 
 static void say_complete(const eval_state *s)
 {
-    fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, s->output, s->shard_i, s->shard_n,
+    fprintf(stderr, "%s: %s: shard %ld/%ld complete (windows %d..%d of %d)\n", prog, s->output, s->share.i, s->share.n,
             s->w0, s->w1 - 1, s->nwin);
 }
 
@@ -436,7 +430,7 @@ static int evaluate(eval_state *s)
     kvq_eval_opts eo = {.stride = (int)s->stride, .seed = s->seed, .nthreads = (int)s->mo.threads, .calib = s->cal,
                         .progress = s->chunk ? NULL : progress, .ud = &ps, .chunk = (int)s->chunk,
                         .chunks = (int)s->chunks, .window_progress = window_progress, .context = (int)s->context};
-    if (s->shard_n) {
+    if (s->share.n) {
         if (s->w0 + s->wdone == s->w1) return finish_shard(s, 1); /* every window of the shard is in OUT */
         eo.window_begin = s->w0 + s->wdone, eo.window_end = s->w1;
         eo.window_done = cli_eval_shard_window;
@@ -491,10 +485,10 @@ static int open_tasks(eval_state *s)
         cli_error(prog, "--tasks --shard writes its share whole: no --resume (rerun the shard)");
         return CLI_USAGE;
     }
-    if (s->shard_n && (!s->output || !strcmp(s->output, "-") || s->per_depth ||
+    if (s->share.n && (!s->output || !strcmp(s->output, "-") || s->per_depth ||
                        (s->format && strcmp(s->format, "csv")))) {
         cli_error(prog, "--tasks --shard %ld/%ld: needs -o OUT, written as CSV, and no --per-depth (give it to "
-                  "--merge)", s->shard_i, s->shard_n);
+                  "--merge)", s->share.i, s->share.n);
         return CLI_USAGE;
     }
     if (s->optind != s->argc - 1) {
@@ -547,11 +541,11 @@ static int evaluate_tasks(eval_state *s)
                         .window_progress = window_progress, .ud = &ps};
     /* a shard: its contiguous share of the tasks */
     size_t t0 = 0, t1 = s->ntasks;
-    if (s->shard_n) {
-        t0 = (size_t)(s->ntasks * (size_t)s->shard_i / (size_t)s->shard_n);
-        t1 = (size_t)(s->ntasks * (size_t)(s->shard_i + 1) / (size_t)s->shard_n);
+    if (s->share.n) {
+        t0 = (size_t)(s->ntasks * (size_t)s->share.i / (size_t)s->share.n);
+        t1 = (size_t)(s->ntasks * (size_t)(s->share.i + 1) / (size_t)s->share.n);
         char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", s->shard_i, s->shard_n);
+        snprintf(sh, sizeof sh, "%ld/%ld", s->share.i, s->share.n);
         cli_meta_str(meta, "options", "shard", sh);
         cli_meta_int(meta, "result", "task_begin", (long long)t0);
         cli_meta_int(meta, "result", "task_end", (long long)t1);
@@ -569,7 +563,7 @@ static int evaluate_tasks(eval_state *s)
         return cli_fail(prog, &err);
     }
     if (cli_out_open(&s->out, s->output, prog) || cli_out_attach_meta(&s->out, meta, prog)) rc = CLI_RUNTIME;
-    else if (s->shard_n) {
+    else if (s->share.n) {
         /* the run: the model, the task file and the options that change rows (the rows name the configurations) */
         uint64_t h = kvq_fingerprint_file(KVQ_FINGERPRINT_SEED, s->argv[s->optind]);
         h = kvq_fingerprint_file(h, s->tasks_path);

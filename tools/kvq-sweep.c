@@ -33,7 +33,8 @@ typedef struct {
     int ngrids, nfixed;
     const char *quant, *output, *calib, *format;
     cli_analysis an; /* --layers, --heads, --queries, --per, --threads, --seed */
-    long shard_i, shard_n, cache_mb;
+    long cache_mb;
+    cli_shard share; /* --shard I/N (default 0/1) */
     int resume, merge, expect_grid, list_points, progress;
     cli_meta *meta;
 } opts_t;
@@ -117,7 +118,7 @@ static void meta_options(const opts_t *o, kvq_format fmt)
         return;
     }
     char shard[48];
-    snprintf(shard, sizeof shard, "%ld/%ld", o->shard_i, o->shard_n);
+    snprintf(shard, sizeof shard, "%ld/%ld", o->share.i, o->share.n);
     cli_meta_bool(m, "options", "resume", o->resume);
     cli_meta_str(m, "options", "shard", shard);
     cli_meta_str(m, "options", "calib", o->calib);
@@ -396,7 +397,7 @@ static int select_points(sweep_t *sw)
     if (kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &sw->grid, &err)) return cli_fail(prog, &err);
     sw->npoints = kvq_grid_size(sw->grid);
     if (!(sw->state = calloc(sw->npoints, 1))) return cli_error(prog, "out of memory"), CLI_RUNTIME;
-    kvq_sweep_select(sw->grid, o->shard_i, o->shard_n, sw->state, &sw->nrun, &sw->ninvalid);
+    kvq_sweep_select(sw->grid, o->share.i, o->share.n, sw->state, &sw->nrun, &sw->ninvalid);
     kvq_spec needs_calib = {0}; /* the first point that needs a calibration dump */
     for (size_t p = 0; p < sw->npoints; p++) {
         kvq_spec sp;
@@ -529,7 +530,7 @@ static int record_start(sweep_t *sw)
     if (rc) return rc;
     char run[17], shard[48], want[48];
     recorded_run(runs, run, shard);
-    snprintf(want, sizeof want, "%ld/%ld", o->shard_i, o->shard_n);
+    snprintf(want, sizeof want, "%ld/%ld", o->share.i, o->share.n);
     if (run[0] && strcmp(run, sw->run)) {
         cli_error(prog, "%s: written by another run (fingerprint %s, this run's %s: other dumps, --calib or "
                   "analysis options); remove it or choose another -o", o->output, run, sw->run);
@@ -666,7 +667,7 @@ static int do_sweep(opts_t *o, char **dumps, int ndumps)
     double total = now() - t0;
     fprintf(stderr, "%s: %s: %zu points written, %zu already complete, %zu invalid skipped (shard %ld/%ld of %zu grid "
             "points); %.2f s: shared work %.2f s, %.3f s per point\n", prog, o->output, written, sw.ncomplete,
-            sw.ninvalid, o->shard_i, o->shard_n, sw.npoints, total, prep_s,
+            sw.ninvalid, o->share.i, o->share.n, sw.npoints, total, prep_s,
             written ? (total - prep_s) / (double)written : 0.0);
 done:
     if (started && rc) { /* a failed run says so in the record (an interrupted one stays "running") */
@@ -701,13 +702,6 @@ static int opt_format(const char *p, const char *arg, void *at, void *base)
     return CLI_OK;
 }
 
-static int opt_shard(const char *p, const char *arg, void *at, void *base)
-{
-    opts_t *o = base;
-    (void)at;
-    return cli_shard_option(p, arg, &o->shard_i, &o->shard_n);
-}
-
 /* --progress: auto (-1), always (a bar) or never. */
 static int opt_progress(const char *p, const char *arg, void *at, void *base)
 {
@@ -739,7 +733,7 @@ static const cli_optrow rows[] = {
     ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
         .help = "continue OUT: keep its complete points, drop a trailing partial row, run the rest (a missing OUT "
                 "starts afresh)"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, shard_i, .parse = opt_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
         .help = "run only the points p with p mod N = I"),
     ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
         .help = "join the shard outputs FILE... into OUT, checking that the columns agree and that no point is "
@@ -770,13 +764,7 @@ static void usage(FILE *f)
                "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
                "appended to OUT as soon as the point is done.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"
-               "      --heads LIST      KV heads to analyse (default: all)\n"
-               "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"
-               "                        random:N\n"
-               "      --per WHAT        pool results per head, layer (default) or model\n"
-               "      --threads N       worker threads (default: all cores)\n"
-               "      --seed N          seed of the random streams (default 0)\n"
+    fprintf(f, CLI_ANALYSIS_HELP
                "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
                "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
                CLI_HELP_VERSION_HELP "\n"
@@ -787,7 +775,7 @@ static void usage(FILE *f)
 /* --merge's options: what a merge takes, and its FILE... operands. */
 static int check_merge(const opts_t *o, int noperands)
 {
-    if (o->resume || o->list_points || o->shard_n != 1)
+    if (o->resume || o->list_points || o->share.n != 1)
         return cli_error(prog, "--merge joins finished outputs: --resume, --shard and --list-points do not apply"),
                CLI_USAGE;
     if (!o->expect_grid && (o->quant || o->ngrids || o->nfixed))
@@ -835,7 +823,7 @@ static int parse_options(int argc, char **argv, opts_t *o, int *stop)
 
 static int run(int argc, char **argv, cli_meta *meta)
 {
-    opts_t o = {.shard_n = 1, .cache_mb = 4096, .progress = -1, .meta = meta};
+    opts_t o = {.share.n = 1, .cache_mb = 4096, .progress = -1, .meta = meta};
     cli_analysis_init(&o.an);
     int stop, rc = parse_options(argc, argv, &o, &stop);
     if (!rc && !stop)

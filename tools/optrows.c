@@ -153,3 +153,10 @@ int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base)
     (void)base;
     return cli_progress_option(prog, arg, (int *)at);
 }
+
+int cli_optrow_shard(const char *prog, const char *arg, void *at, void *base)
+{
+    cli_shard *sh = at;
+    (void)base;
+    return cli_shard_option(prog, arg, &sh->i, &sh->n);
+}
