@@ -211,6 +211,20 @@ static size_t chunk_rows(int T, size_t npos)
     return chunk > npos ? npos : chunk;
 }
 
+/* The G query heads of a KV head share their K, V and each K′, V′: when
+ * every head's rows fit one chunk (the default last:64 does), each product
+ * runs once for all G heads (M = G × rows), so OpenBLAS packs K, V, K′ and
+ * V′ once instead of G times; the heads' arrays lie one after the other.
+ * Every row's product and every sum is taken in the same order as head by
+ * head, so the results are the same bit for bit.  At most GROUP_FLOATS of
+ * scores a matrix, else head by head. */
+enum { GROUP_FLOATS = 1 << 22 };
+static int group_heads(int G, int T, size_t npos)
+{
+    size_t chunk = chunk_rows(T, npos);
+    return G > 1 && npos <= chunk && (size_t)G * npos * (size_t)T <= GROUP_FLOATS ? G : 1;
+}
+
 /* The exact side of one chunk of query rows of one query head. */
 typedef struct {
     int nc, ncol;      /* rows, columns (keys 0..ncol-1 seen by the last row) */
@@ -222,28 +236,36 @@ typedef struct {
     double s_ref2, a_ref2, o_ref2;
 } ref_chunk;
 
-/* Fills c->Qc, S, A, O, rs and the norms from the chunk's query rows [nc][D]. */
-static void ref_chunk_compute(ref_chunk *c, const float *Qrows, const float *K, const float *V, int D,
-                              const att_mode *m)
+/* Fills Qc, S, A, O, rs and the norms of g consecutive chunks c[0..g) (the
+ * same rows of g query heads, their arrays one after the other) from the
+ * heads' query rows Qrows[j] at stride qstride floats. */
+static void ref_chunk_compute(ref_chunk *c, int g, const float *Qrows, size_t qstride, const float *K, const float *V,
+                              int D, const att_mode *m)
 {
     int nc = c->nc, ncol = c->ncol;
-    memcpy(c->Qc, Qrows, (size_t)nc * D * sizeof(float));
-    /* S = Qc·Kᵀ, A = softmax, O = A·V */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, K, D, 0.0f, c->S, ncol);
-    double s2 = 0, a2 = 0, o2 = 0;
-    for (int i = 0; i < nc; i++) {
-        float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
-        int lo;
-        c->rs[i] = mode_row(srow, arow, c->p[i], ncol, m, 0, &lo);
+    for (int j = 0; j < g; j++) memcpy(c[j].Qc, Qrows + (size_t)j * qstride, (size_t)nc * D * sizeof(float));
+    /* S = Qc·Kᵀ, A = softmax, O = A·V: one product for the g heads */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, K, D, 0.0f, c->S, ncol);
+    for (int j = 0; j < g; j++) {
+        double s2 = 0, a2 = 0;
+        for (int i = 0; i < nc; i++) {
+            float *srow = c[j].S + (size_t)i * ncol, *arow = c[j].A + (size_t)i * ncol;
+            int lo;
+            c[j].rs[i] = mode_row(srow, arow, c->p[i], ncol, m, 0, &lo);
 #pragma omp simd reduction(+ : s2, a2)
-        for (int u = lo; u <= c->p[i]; u++) {
-            s2 += (double)srow[u] * srow[u];
-            a2 += (double)arow[u] * arow[u];
+            for (int u = lo; u <= c->p[i]; u++) {
+                s2 += (double)srow[u] * srow[u];
+                a2 += (double)arow[u] * arow[u];
+            }
         }
+        c[j].s_ref2 = s2, c[j].a_ref2 = a2;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, V, D, 0.0f, c->O, D);
-    for (size_t i = 0; i < (size_t)nc * D; i++) o2 += (double)c->O[i] * c->O[i];
-    c->s_ref2 = s2, c->a_ref2 = a2, c->o_ref2 = o2;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g * nc, D, ncol, 1.0f, c->A, ncol, V, D, 0.0f, c->O, D);
+    for (int j = 0; j < g; j++) {
+        double o2 = 0;
+        for (size_t i = 0; i < (size_t)nc * D; i++) o2 += (double)c[j].O[i] * c[j].O[i];
+        c[j].o_ref2 = o2;
+    }
 }
 
 /* Per-quantizer workspace: chunk rows × T scores and softmax, × D outputs. */
@@ -268,51 +290,68 @@ static void quant_ws_free(quant_ws *w)
     free(w->Sq), free(w->Aq), free(w->Ov), free(w->Oj), free(w->rq);
 }
 
-/* Compares one exact chunk with each quantizer's K'/V' [T][D]. */
-static void ref_chunk_compare(const ref_chunk *c, int D, const att_mode *m, int nquant,
+/* One row of a quantizer's attention against the exact row (c's row i; its
+ * scores in sqrow, softmax into aqrow): the score, softmax and KL sums and
+ * the top-1 count into ac. */
+static void compare_row(const ref_chunk *c, int i, const att_mode *m, const unsigned char *keep, float *sqrow,
+                        float *aqrow, row_stats *rq, kvq_softmax_compare_fn *fused, kvq_attn_acc *ac)
+{
+    int ncol = c->ncol, p = c->p[i], lo = m->plain ? 0 : row_lo(m, p);
+    const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
+    if (keep) { /* dropped keys: plain C */
+        *rq = masked_row(srow, arow, c->rs[i], sqrow, aqrow, p, ncol, m, keep, ac);
+    } else if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
+        double sum;
+        if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
+        fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
+              m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &rq->m, &sum,
+              &rq->argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+        rq->lse = log(sum);
+        rq->argmax += lo;
+    } else {
+        *rq = mode_row(sqrow, aqrow, p, ncol, m, 0, &lo);
+        ac->s_diff2 += sq_diff(srow + lo, sqrow + lo, (size_t)(p - lo) + 1, NULL);
+        ac->a_diff2 += sq_diff(arow + lo, aqrow + lo, (size_t)(p - lo) + 1, NULL);
+        ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, *rq, p);
+    }
+    ac->top1_same += c->rs[i].argmax == rq->argmax;
+}
+
+/* Compares g consecutive exact chunks (the same rows of g query heads, their
+ * arrays one after the other) with each quantizer's K'/V' [T][D]: each
+ * product once for the g heads, the sums head by head as for one head. */
+static void ref_chunk_compare(const ref_chunk *c, int g, int D, const att_mode *m, int nquant,
                               const float *const *Kq, const float *const *Vq, const unsigned char *const *Mq,
                               kvq_attn_acc *acc, quant_ws *w)
 {
     int nc = c->nc, ncol = c->ncol;
+    size_t hs = (size_t)nc * ncol, ho = (size_t)nc * D; /* one head's scores, outputs */
     kvq_softmax_compare_fn *fused = kvq_simd_active()        ? kvq_softmax_compare_avx512
                                     : kvq_simd_avx2_active() ? kvq_softmax_compare_avx2
                                                              : NULL; /* the reference */
     for (int q = 0; q < nquant; q++) {
         kvq_attn_acc *ac = &acc[q];
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 0.0f, w->Sq, ncol);
-        for (int i = 0; i < nc; i++) {
-            const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
-            float *sqrow = w->Sq + (size_t)i * ncol, *aqrow = w->Aq + (size_t)i * ncol;
-            int p = c->p[i], lo = m->plain ? 0 : row_lo(m, p);
-            if (Mq && Mq[q]) { /* dropped keys: plain C */
-                w->rq[i] = masked_row(srow, arow, c->rs[i], sqrow, aqrow, p, ncol, m, Mq[q], ac);
-            } else if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
-                double sum;
-                if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
-                fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
-                      m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &w->rq[i].m,
-                      &sum, &w->rq[i].argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
-                w->rq[i].lse = log(sum);
-                w->rq[i].argmax += lo;
-            } else {
-                w->rq[i] = mode_row(sqrow, aqrow, p, ncol, m, 0, &lo);
-                ac->s_diff2 += sq_diff(srow + lo, sqrow + lo, (size_t)(p - lo) + 1, NULL);
-                ac->a_diff2 += sq_diff(arow + lo, aqrow + lo, (size_t)(p - lo) + 1, NULL);
-                ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, w->rq[i], p);
-            }
-            ac->top1_same += c->rs[i].argmax == w->rq[i].argmax;
-        }
-        if (!(Mq && Mq[q])) ac->mass_sum += nc; /* every key kept: the whole attention */
+        const unsigned char *keep = Mq ? Mq[q] : NULL;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 0.0f, w->Sq,
+                    ncol);
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < nc; i++)
+                compare_row(&c[j], i, m, keep, w->Sq + j * hs + (size_t)i * ncol, w->Aq + j * hs + (size_t)i * ncol,
+                            &w->rq[(size_t)j * nc + i], fused, ac);
         /* A·V' (exact attention, quantized values) and A'·V' (both) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov, D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f, w->Oj,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g * nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov,
                     D);
-        ac->o_diff2 += sq_diff(c->O, w->Ov, (size_t)nc * D, NULL);
-        ac->o_joint_diff2 += sq_diff(c->O, w->Oj, (size_t)nc * D, NULL);
-        ac->s_ref2 += c->s_ref2;
-        ac->a_ref2 += c->a_ref2;
-        ac->o_ref2 += c->o_ref2;
-        ac->rows += nc;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g * nc, D, ncol, 1.0f, w->Aq, ncol, Vq[q], D, 0.0f,
+                    w->Oj, D);
+        for (int j = 0; j < g; j++) {
+            if (!keep) ac->mass_sum += nc; /* every key kept: the whole attention */
+            ac->o_diff2 += sq_diff(c[j].O, w->Ov + j * ho, ho, NULL);
+            ac->o_joint_diff2 += sq_diff(c[j].O, w->Oj + j * ho, ho, NULL);
+            ac->s_ref2 += c[j].s_ref2;
+            ac->a_ref2 += c[j].a_ref2;
+            ac->o_ref2 += c[j].o_ref2;
+            ac->rows += nc;
+        }
     }
 }
 
@@ -355,27 +394,27 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
     if (npos == 0) return KVQ_OK;
     const att_mode m = make_mode(mode, D);
     size_t chunk = chunk_rows(T, npos);
+    int g = group_heads(G, T, npos); /* heads per product */
+    size_t rows = (size_t)g * chunk;
     quant_ws w = {0};
-    ref_chunk c = {0};
-    c.Qc = kvq_alloc_array(chunk * D, sizeof(float));
-    c.S = kvq_alloc_array(chunk * T, sizeof(float));
-    c.A = kvq_alloc_array(chunk * T, sizeof(float));
-    c.O = kvq_alloc_array(chunk * D, sizeof(float));
-    c.rs = kvq_alloc_array(chunk, sizeof *c.rs);
-    kvq_status st = quant_ws_alloc(&w, chunk, T, D, err);
-    if (!st && !(c.Qc && c.S && c.A && c.O && c.rs))
-        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
-    for (int j = 0; j < G && !st; j++) {
-        const float *Qj = Qrows + (size_t)j * npos * D;
+    ref_chunk *c = calloc((size_t)g, sizeof *c);
+    float *Qc = kvq_alloc_array(rows * D, sizeof(float)), *S = kvq_alloc_array(rows * T, sizeof(float));
+    float *A = kvq_alloc_array(rows * T, sizeof(float)), *O = kvq_alloc_array(rows * D, sizeof(float));
+    row_stats *rs = kvq_alloc_array(rows, sizeof *rs);
+    kvq_status st = quant_ws_alloc(&w, rows, T, D, err);
+    if (!st && !(c && Qc && S && A && O && rs))
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", rows, T);
+    for (int j0 = 0; j0 < G && !st; j0 += g)
         for (size_t r0 = 0; r0 < npos; r0 += chunk) {
-            c.nc = (int)(npos - r0 < chunk ? npos - r0 : chunk);
-            c.p = pos + r0;
-            c.ncol = c.p[c.nc - 1] + 1; /* positions ascend: the last row sees the most keys */
-            ref_chunk_compute(&c, Qj + r0 * D, K, V, D, &m);
-            ref_chunk_compare(&c, D, &m, nquant, Kq, Vq, Mq, acc, &w);
+            int nc = (int)(npos - r0 < chunk ? npos - r0 : chunk), ncol = pos[r0 + nc - 1] + 1; /* positions ascend */
+            for (int j = 0; j < g; j++)
+                c[j] = (ref_chunk){.nc = nc, .ncol = ncol, .p = pos + r0, .Qc = Qc + (size_t)j * nc * D,
+                                   .S = S + (size_t)j * nc * ncol, .A = A + (size_t)j * nc * ncol,
+                                   .O = O + (size_t)j * nc * D, .rs = rs + (size_t)j * nc};
+            ref_chunk_compute(c, g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &m);
+            ref_chunk_compare(c, g, D, &m, nquant, Kq, Vq, Mq, acc, &w);
         }
-    }
-    free(c.Qc), free(c.S), free(c.A), free(c.O), free(c.rs);
+    free(c), free(Qc), free(S), free(A), free(O), free(rs);
     quant_ws_free(&w);
     return st;
 }
@@ -383,7 +422,7 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
 /* ------------------------------------------------- cached exact attention */
 
 struct kvq_attn_ref {
-    int G, T, D;
+    int G, T, D, g; /* g: heads per product (group_heads) */
     att_mode mode;
     size_t npos, chunk, nchunk; /* chunks per query head */
     int *pos;                   /* [npos] */
@@ -455,23 +494,22 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
                         G, npos);
     }
     memcpy(r->pos, pos, npos * sizeof *pos);
+    r->g = group_heads(G, T, npos);
     float *m = r->mem;
-    for (int j = 0; j < G; j++) {
-        const float *Qj = Qrows + (size_t)j * npos * D;
+    for (int j0 = 0; j0 < G; j0 += r->g)
         for (size_t k = 0; k < r->nchunk; k++) {
-            ref_chunk *c = &r->c[(size_t)j * r->nchunk + k];
             size_t r0 = k * r->chunk;
-            c->nc = (int)(npos - r0 < r->chunk ? npos - r0 : r->chunk);
-            c->p = r->pos + r0;
-            c->ncol = c->p[c->nc - 1] + 1;
-            c->rs = r->rs + (size_t)j * npos + r0;
-            c->Qc = m, m += (size_t)c->nc * D;
-            c->O = m, m += (size_t)c->nc * D;
-            c->S = m, m += (size_t)c->nc * c->ncol;
-            c->A = m, m += (size_t)c->nc * c->ncol;
-            ref_chunk_compute(c, Qj + r0 * D, K, V, D, &r->mode);
+            int nc = (int)(npos - r0 < r->chunk ? npos - r0 : r->chunk), ncol = r->pos[r0 + nc - 1] + 1;
+            ref_chunk *c = &r->c[(size_t)j0 * r->nchunk + k]; /* g > 1: one chunk per head, consecutive */
+            for (int j = 0; j < r->g; j++) /* each array of the g heads one after the other */
+                c[j] = (ref_chunk){.nc = nc, .ncol = ncol, .p = r->pos + r0, .rs = r->rs + (size_t)(j0 + j) * npos + r0,
+                                   .Qc = m + (size_t)j * nc * D,
+                                   .O = m + (size_t)r->g * nc * D + (size_t)j * nc * D,
+                                   .S = m + 2 * (size_t)r->g * nc * D + (size_t)j * nc * ncol,
+                                   .A = m + 2 * (size_t)r->g * nc * D + (size_t)r->g * nc * ncol + (size_t)j * nc * ncol};
+            m += (size_t)r->g * nc * (2 * (size_t)D + 2 * (size_t)ncol);
+            ref_chunk_compute(c, r->g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &r->mode);
         }
-    }
     *out = r;
     return KVQ_OK;
 }
@@ -488,9 +526,9 @@ kvq_status kvq_attn_ref_compare_masked(const kvq_attn_ref *r, int nquant, const 
 {
     if (r->npos == 0) return KVQ_OK;
     quant_ws w = {0};
-    kvq_status st = quant_ws_alloc(&w, r->chunk, r->T, r->D, err);
-    for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i++)
-        ref_chunk_compare(&r->c[i], r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
+    kvq_status st = quant_ws_alloc(&w, (size_t)r->g * r->chunk, r->T, r->D, err);
+    for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i += r->g == 1 ? 1 : (size_t)r->g)
+        ref_chunk_compare(&r->c[i], r->g, r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
     quant_ws_free(&w);
     return st;
 }
