@@ -111,6 +111,16 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
                                      kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
                                      const float *const *Kq, const float *const *Vq,
                                      const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err);
+/* A thread's scratch for the two calls below (_ws), kept from head to head
+ * by a caller that makes many, so that no head's workspace is fresh memory
+ * (a page fault a page); grown as needed, freed by kvq_attn_ws_free. */
+typedef struct kvq_attn_ws kvq_attn_ws;
+kvq_attn_ws *kvq_attn_ws_new(void); /* NULL: out of memory */
+void kvq_attn_ws_free(kvq_attn_ws *ws);
+kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                 kvq_attn_mode mode, const int *pos, size_t npos, int nquant, const float *const *Kq,
+                                 const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
+                                 kvq_attn_ws *ws, kvq_error *err);
 /* The exact side of one KV head's attention (query rows, S, A, O in the
  * chunks kvq_attention_head uses), computed once and kept, so that any number
  * of later quantizers are compared against it with bit-identical sums. */
@@ -128,6 +138,8 @@ kvq_status kvq_attn_ref_compare(const kvq_attn_ref *ref, int nquant, const float
 kvq_status kvq_attn_ref_compare_masked(const kvq_attn_ref *ref, int nquant, const float *const *Kq,
                                        const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
                                        kvq_error *err);
+kvq_status kvq_attn_ref_compare_ws(const kvq_attn_ref *ref, int nquant, const float *const *Kq, const float *const *Vq,
+                                   const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_attn_ws *ws, kvq_error *err);
 /* Memory kvq_attn_ref_new will hold for these shapes, in bytes. */
 size_t kvq_attn_ref_bytes(int G, int T, int D, const int *pos, size_t npos);
 void kvq_attn_ref_free(kvq_attn_ref *ref);

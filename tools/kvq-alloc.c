@@ -204,11 +204,13 @@ static int alloc_evaluate(const alloc_run *a, alloc_result *r)
     r->unll = calloc((size_t)np, sizeof *r->unll);
     r->items = calloc((size_t)(np + nb) + 1, sizeof *r->items);
     if (!r->uni || !r->best || !r->unll || !r->items) return cli_error(prog, "out of memory"), CLI_RUNTIME;
-    for (int b = 0; b < nb; b++) r->items[r->nit++] = (kvq_eval_item){.spec = &r->al.mix[b], .layer = -1, .policy = pol};
+    for (int b = 0; b < nb; b++)
+        r->items[r->nit++] = (kvq_eval_item){.spec = &r->al.mix[b], .layer = -1, .policy = pol};
     for (int i = 0; i < np; i++) {
         r->uni[i] = -1;
         if (r->al.fits[i])
-            r->uni[i] = r->nit, r->items[r->nit++] = (kvq_eval_item){.spec = &a->pts[i].spec, .layer = -1, .policy = pol};
+            r->uni[i] = r->nit,
+            r->items[r->nit++] = (kvq_eval_item){.spec = &a->pts[i].spec, .layer = -1, .policy = pol};
     }
     a->ps->validating = 1;
     kvq_status est = kvq_model_eval(a->m, a->ids, a->T, r->items, r->nit, a->eo, &r->nll_ref, &err);
@@ -380,7 +382,8 @@ enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUN
 /* kvq-alloc's options, one row each (cli_optrow); the model's input and
  * --threads, and the record's, are cli.h's groups.  The run records its
  * options as they take effect (run_record), so no row is recorded here. */
-#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(alloc_job, field), __VA_ARGS__}
+#define ROW(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(alloc_job, field), __VA_ARGS__}
 static const cli_optrow rows[] = {
     ROW("family", OPT_FAMILY, CLI_ARG_TEXT, family, .metavar = "NAME",
         .help = "the quantizer family (kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) (its "
@@ -443,7 +446,8 @@ static int check_options(int argc, char **argv, alloc_job *s)
 {
     int rc, nops = argc - optind;
     if (s->merge && nops >= 2) s->nshards = nops - 1, argc = optind + 1; /* --merge: MODEL SHARD...; else MODEL alone */
-    else if (s->merge) return cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)"), CLI_USAGE;
+    else if (s->merge)
+        return cli_error(prog, "--merge: expected MODEL SHARD... (the shards' sensitivity tables)"), CLI_USAGE;
     if ((rc = cli_model_check(prog, argc, optind, &s->mo,
                               "kvq-alloc MODEL (--text FILE | --tokens FILE) --family NAME --grid ... --budget B -o OUT")))
         return rc;

@@ -47,7 +47,8 @@ static int opt_quant(const char *p, const char *arg, void *at, void *base)
  * --queries, --per, --threads, --seed and --device are the analysis group's
  * (cli.h), --meta and --no-hash the record's.  record_options records the
  * options as they take effect, so no row is recorded here. */
-#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(analyze_state, field), __VA_ARGS__}
+#define ROW(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(analyze_state, field), __VA_ARGS__}
 static const cli_optrow rows[] = {
     ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
         .help = "quantizer spec NAME[:key=value,...]; repeatable (default: one configuration of every family)"),
@@ -87,7 +88,8 @@ static int parse_options(int argc, char **argv, analyze_state *s, int *stop)
     int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:o:hV", argc, argv, s, stop);
     if (rc || *stop) return rc;
     if (s->list) return kvq_registry_describe(stdout), *stop = 1, CLI_OK;
-    if (optind >= argc) return cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)"), CLI_USAGE;
+    if (optind >= argc)
+        return cli_error(prog, "no dump given (usage: kvq-analyze [options] DUMP...; see --help)"), CLI_USAGE;
     s->dumps = argv + optind, s->ndumps = argc - optind;
     return CLI_OK;
 }

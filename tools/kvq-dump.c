@@ -61,7 +61,8 @@ static int parse_options(int argc, char **argv, dump_args *a, cli_meta *meta, in
     if (!a->output) return cli_error(prog, "no output given (-o OUT.h5)"), CLI_USAGE;
     const char *in[] = {argv[optind], a->mo.text, a->mo.tokens, a->mo.tokenizer};
     if ((rc = cli_check_output(prog, a->output, in, 4))) return rc;
-    if (cli_meta_inline(meta)) return cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json"), CLI_USAGE;
+    if (cli_meta_inline(meta))
+        return cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json"), CLI_USAGE;
     return CLI_OK;
 }
 

@@ -117,7 +117,8 @@ enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_P
 /* kvq-eval's options, one row each (cli_optrow); the model's input and
  * --threads, and the record's, are cli.h's groups.  The run records its
  * options as they take effect (record_options), so no row is recorded here. */
-#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(eval_state, field), __VA_ARGS__}
+#define ROW(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(eval_state, field), __VA_ARGS__}
 static const cli_optrow rows[] = {
     ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
         .help = "quantizer spec NAME[:key=value,...], or none (the exact cache); repeatable (default: kvq-analyze's "
@@ -129,7 +130,8 @@ static const cli_optrow rows[] = {
                 "tables do), decode (the cache as it holds t+1 tokens at position t), or prefill,decode"),
     ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "a positive integer",
         .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
-    ROW("per-layer", OPT_PER_LAYER, CLI_ARG_FLAG, per_layer, .help = "one row per layer with only that layer quantized"),
+    ROW("per-layer", OPT_PER_LAYER, CLI_ARG_FLAG, per_layer,
+        .help = "one row per layer with only that layer quantized"),
     ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
         .metavar = "N",
         .help = "corpus evaluation (llama.cpp perplexity's protocol): windows of N tokens, each from an empty cache "

@@ -193,7 +193,8 @@ static int opt_values(const char *p, const char *arg, void *at, void *base)
 }
 
 enum { OPT_CHANNELS = 256, OPT_VALUES };
-#define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(info_args, field), __VA_ARGS__}
+#define ROW(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(info_args, field), __VA_ARGS__}
 static const cli_optrow rows[] = {
     ROW("channels", OPT_CHANNELS, CLI_ARG_FLAG, channels, .record = 1,
         .help = "write per-channel magnitudes as CSV instead (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)"),

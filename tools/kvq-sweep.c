@@ -273,7 +273,8 @@ static int merge_record_shards(const opts_t *o, char **files, int nfiles)
         cli_meta_input(o->meta, "shard", files[i]);
         rc = cli_meta_read_runs(prog, mp, &runs);
         if (!rc && !runs)
-            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", prog, files[i]);
+            fprintf(stderr, "%s: note: %s: no meta file; the merge records the shard's checksum only\n", prog,
+                    files[i]);
         recorded_run(runs, run, shard);
         if (!rc && run[0]) rc = merge_check_run(&mr, files, i, run, shard);
         cli_meta_prior_runs(o->meta, runs);
@@ -304,7 +305,8 @@ static int do_merge(const opts_t *o, char **files, int nfiles)
         rc = (cli_error(prog, "out of memory"), CLI_RUNTIME);
         goto done;
     }
-    if ((rc = merge_order(files, nfiles, f, units, nunits, &rows)) || (grid && (rc = merge_check_grid(grid, units, nunits))) ||
+    if ((rc = merge_order(files, nfiles, f, units, nunits, &rows)) ||
+        (grid && (rc = merge_check_grid(grid, units, nunits))) ||
         (rc = merge_record_shards(o, files, nfiles)))
         goto done;
     meta_options(o, f[0].fmt);
@@ -697,7 +699,8 @@ static int opt_grid(const char *p, const char *arg, void *at, void *base)
 static int opt_format(const char *p, const char *arg, void *at, void *base)
 {
     (void)base;
-    if (strcmp(arg, "csv") && strcmp(arg, "jsonl")) return cli_error(p, "--format %s: expected csv or jsonl", arg), CLI_USAGE;
+    if (strcmp(arg, "csv") && strcmp(arg, "jsonl"))
+        return cli_error(p, "--format %s: expected csv or jsonl", arg), CLI_USAGE;
     *(const char **)at = arg;
     return CLI_OK;
 }

@@ -128,7 +128,8 @@ int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, 
 {
     struct option *longopts;
     *stop = 0;
-    if (cli_optrows_longopts(rows, n, extra, &longopts)) return *stop = 1, cli_error(go->prog, "out of memory"), CLI_RUNTIME;
+    if (cli_optrows_longopts(rows, n, extra, &longopts))
+        return *stop = 1, cli_error(go->prog, "out of memory"), CLI_RUNTIME;
     int rc = CLI_OK, c;
     while (!rc && (c = cli_getopt(go, argc, argv, shortopts, longopts, &rc)) != -1) {
         if (c == CLI_GETOPT_STOP) {

@@ -219,7 +219,7 @@ static void head_masks(const kvq_quant_out *slot, int nspecs, int h, int T, cons
 
 static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
                                const kvq_attn_ref *ref, const float *qrows, int nspecs, const kvq_quant_out *slot,
-                               const int *pos, size_t npos, kvq_acc *acc, kvq_error *err)
+                               const int *pos, size_t npos, kvq_acc *acc, kvq_attn_ws *ws, kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
@@ -238,10 +238,10 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
         head_masks(slot, nspecs, h, L->T, Mh);
         /* query heads h*G .. h*G+G-1 read KV head h */
         if (ref)
-            st = kvq_attn_ref_compare_masked(ref, nspecs, Kh, Vh, Mh, aa, err);
+            st = kvq_attn_ref_compare_ws(ref, nspecs, Kh, Vh, Mh, aa, ws, err);
         else
-            st = kvq_attention_rows_masked(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos,
-                                           nspecs, Kh, Vh, Mh, aa, err);
+            st = kvq_attention_rows_ws(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos,
+                                       nspecs, Kh, Vh, Mh, aa, ws, err);
         if (!st) merge_attn(acc, aa, nspecs);
     }
     free(Kh), free(Vh), free(Mh), free(aa);
@@ -401,6 +401,24 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
     return KVQ_OK;
 }
 
+/* n threads' attention workspaces (NULL: out of memory). */
+static kvq_attn_ws **ws_array_new(int n)
+{
+    kvq_attn_ws **ws = calloc((size_t)n, sizeof *ws);
+    for (int i = 0; ws && i < n; i++)
+        if (!(ws[i] = kvq_attn_ws_new())) {
+            while (i--) kvq_attn_ws_free(ws[i]);
+            free(ws), ws = NULL;
+        }
+    return ws;
+}
+
+static void ws_array_free(kvq_attn_ws **ws, int n)
+{
+    for (int i = 0; ws && i < n; i++) kvq_attn_ws_free(ws[i]);
+    free(ws);
+}
+
 static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
                                kvq_error *err)
 {
@@ -408,8 +426,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     const char *path = p->path;
     kvq_status st = KVQ_OK;
     memset(out, 0, sizeof *out);
-    int ns = out->nspecs = o->nspecs, nl = out->nlayers = p->nl, nh = out->nheads = p->nh;
-    int H = info->num_kv_heads;
+    int ns = out->nspecs = o->nspecs, nl = out->nlayers = p->nl, nh = out->nheads = p->nh, H = info->num_kv_heads;
     out->has_attn = info->has_query;
     if (o->device && (st = device_layers_plain(p, err))) return st;
     size_t nacc = (size_t)nl * nh * ns;
@@ -420,13 +437,15 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     kvq_resolved_spec **res = calloc((size_t)ns + 1, sizeof *res); /* each spec parsed once for the dump's layers */
     kvq_status *hst = calloc((size_t)nh, sizeof *hst);
     kvq_error *herr = calloc((size_t)nh, sizeof *herr);
+    int nws = kvq_threads(o->nthreads);
+    kvq_attn_ws **ws = ws_array_new(nws); /* each thread's, kept from head to head */
     kvq_layer read = {0};
     float *qrows = NULL; /* streamed: the layer's query rows */
     float *qall = NULL;  /* every query row [Hq][T][D], for selectors */
     int *allpos = kvq_alloc_array((size_t)info->seq_len + 1, sizeof *allpos);
     size_t bytes;
     for (int t = 0; allpos && t < info->seq_len; t++) allpos[t] = t;
-    if (!out->acc || !out->layers || !out->heads || !slot || !res || !hst || !herr || !allpos) {
+    if (!out->acc || !out->layers || !out->heads || !slot || !res || !hst || !herr || !allpos || !ws) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -436,13 +455,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: layer size overflows", path);
         goto done;
     }
-    for (int s = 0; s < ns; s++) {
-        if (slot_alloc(&slot[s], H, info->seq_len, bytes)) {
+    for (int s = 0; s < ns && !st; s++)
+        if (slot_alloc(&slot[s], H, info->seq_len, bytes))
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
                           2 * bytes);
-            goto done;
-        }
-    }
+    if (st) goto done;
     if (p->L && (o->device ? !p->qsel : !!p->qsel)) {
         st = kvq_fail(err, KVQ_ERR_USAGE, "%s: prepared for the %s, analysed on the %s", path,
                       p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
@@ -477,7 +494,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), p->heads[hi], !o->device,
                                    p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
                                    qr, ns, slot, p->pos, p->npos,
-                                   out->acc + ((size_t)li * nh + hi) * ns, &herr[hi]);
+                                   out->acc + ((size_t)li * nh + hi) * ns, ws[omp_get_thread_num()], &herr[hi]);
         for (int hi = 0; hi < nh; hi++)
             if (hst[hi]) {
                 st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", path, layer, herr[hi].msg);
@@ -497,6 +514,7 @@ done:
     free(qrows), free(qall), free(allpos);
     for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
     for (int s = 0; s < ns && res; s++) kvq_resolved_spec_free(res[s]);
+    ws_array_free(ws, nws);
     free(slot), free(res), free(hst), free(herr);
     if (st) kvq_analysis_free(out);
     return st;

@@ -252,7 +252,8 @@ static kvq_status binding_analyze(const char *path, const kvq_dump_mem *m, const
         return kvq_fail(err, KVQ_ERR_USAGE, "threads %d: expected 0 (all cores) or 1..%d", nthreads, KVQ_MAX_THREADS);
     if (ao->per != KVQ_PER_HEAD && ao->per != KVQ_PER_LAYER && ao->per != KVQ_PER_MODEL)
         return kvq_fail(err, KVQ_ERR_USAGE, "per: expected head, layer or model");
-    if (!(r->specs = kvq_alloc_array((size_t)nspecs, sizeof *r->specs))) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!(r->specs = kvq_alloc_array((size_t)nspecs, sizeof *r->specs)))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     kvq_status st = KVQ_OK;
     kvq_analysis_opts o = {.specs = r->specs, .nspecs = nspecs, .layers = ao->layers, .nlayers = ao->nlayers,
                            .heads = ao->heads, .nheads = ao->nheads, .seed = ao->seed, .nthreads = nthreads,
@@ -332,7 +333,8 @@ kvq_status kvq_analyze_rows(const char *path, const kvq_dump_mem *m, const kvq_a
     size_t groups = o->per == KVQ_PER_HEAD ? (size_t)run.a.nlayers * run.a.nheads
                     : o->per == KVQ_PER_LAYER ? (size_t)run.a.nlayers : 1;
     row_sink s = {.cap = groups * (size_t)run.a.nspecs};
-    if (!(s.rows = kvq_alloc_array(s.cap ? s.cap : 1, sizeof *s.rows))) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    if (!(s.rows = kvq_alloc_array(s.cap ? s.cap : 1, sizeof *s.rows)))
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!st && (st = kvq_analysis_each_row(&run.a, run.specs, o->per, sink_row, &s)))
         kvq_fail(err, st, "the analysis has more rows than its layers, heads and specs");
     binding_run_free(&run);

@@ -218,11 +218,11 @@ static size_t chunk_rows(int T, size_t npos)
  * Every row's product and every sum is taken in the same order as head by
  * head, so the results are the same bit for bit.  At most GROUP_FLOATS of
  * scores a matrix, else head by head. */
-enum { GROUP_FLOATS = 1 << 22 };
+enum { GROUP_FLOATS = 1 << 22, KVQ_MAX_GROUP = 64 };
 static int group_heads(int G, int T, size_t npos)
 {
     size_t chunk = chunk_rows(T, npos);
-    return G > 1 && npos <= chunk && (size_t)G * npos * (size_t)T <= GROUP_FLOATS ? G : 1;
+    return G > 1 && G <= KVQ_MAX_GROUP && npos <= chunk && (size_t)G * npos * (size_t)T <= GROUP_FLOATS ? G : 1;
 }
 
 /* The exact side of one chunk of query rows of one query head. */
@@ -274,20 +274,46 @@ typedef struct {
     row_stats *rq;
 } quant_ws;
 
-static kvq_status quant_ws_alloc(quant_ws *w, size_t chunk, int T, int D, kvq_error *err)
+/* A thread's workspace, kept from head to head by a caller that has many
+ * (kvq-analyze's driver: fresh pages each head cost a page fault apiece, 7 %
+ * of its cycles on a 2-core VM): one block of floats and one of row stats,
+ * grown to the largest need and never shrunk. */
+struct kvq_attn_ws {
+    float *f;
+    row_stats *rs;
+    size_t nf, nrs;
+};
+
+kvq_attn_ws *kvq_attn_ws_new(void) { return calloc(1, sizeof(kvq_attn_ws)); }
+
+void kvq_attn_ws_free(kvq_attn_ws *w)
 {
-    w->Sq = kvq_alloc_array(chunk * T, sizeof(float));
-    w->Aq = kvq_alloc_array(chunk * T, sizeof(float));
-    w->Ov = kvq_alloc_array(chunk * D, sizeof(float));
-    w->Oj = kvq_alloc_array(chunk * D, sizeof(float));
-    w->rq = kvq_alloc_array(chunk, sizeof *w->rq);
-    if (w->Sq && w->Aq && w->Ov && w->Oj && w->rq) return KVQ_OK;
-    return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", chunk, T);
+    if (!w) return;
+    free(w->f), free(w->rs), free(w);
 }
 
-static void quant_ws_free(quant_ws *w)
+/* At least nf floats and nrs row stats in w. */
+static kvq_status ws_reserve(kvq_attn_ws *w, size_t nf, size_t nrs, kvq_error *err)
 {
-    free(w->Sq), free(w->Aq), free(w->Ov), free(w->Oj), free(w->rq);
+    if (nf > w->nf) {
+        free(w->f), w->nf = 0;
+        if (!(w->f = kvq_alloc_array(nf, sizeof(float)))) goto nomem;
+        w->nf = nf;
+    }
+    if (nrs > w->nrs) {
+        free(w->rs), w->nrs = 0;
+        if (!(w->rs = kvq_alloc_array(nrs, sizeof *w->rs))) goto nomem;
+        w->nrs = nrs;
+    }
+    return KVQ_OK;
+nomem:
+    return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu floats)", nf);
+}
+
+/* The quantizers' workspace for rows × T scores from w's floats at f and row stats at rs. */
+static void quant_ws_at(quant_ws *q, float *f, row_stats *rs, size_t rows, int T, int D)
+{
+    q->Sq = f, q->Aq = f + rows * T, q->Ov = f + 2 * rows * T, q->Oj = f + 2 * rows * T + rows * D, q->rq = rs;
 }
 
 /* One row of a quantizer's attention against the exact row (c's row i; its
@@ -391,20 +417,33 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
                                      const float *const *Kq, const float *const *Vq,
                                      const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_error *err)
 {
+    kvq_attn_ws *ws = kvq_attn_ws_new();
+    if (!ws) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = kvq_attention_rows_ws(Qrows, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, Mq, acc, ws, err);
+    kvq_attn_ws_free(ws);
+    return st;
+}
+
+kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                 kvq_attn_mode mode, const int *pos, size_t npos, int nquant, const float *const *Kq,
+                                 const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
+                                 kvq_attn_ws *ws, kvq_error *err)
+{
     if (npos == 0) return KVQ_OK;
     const att_mode m = make_mode(mode, D);
     size_t chunk = chunk_rows(T, npos);
     int g = group_heads(G, T, npos); /* heads per product */
-    size_t rows = (size_t)g * chunk;
-    quant_ws w = {0};
-    ref_chunk *c = calloc((size_t)g, sizeof *c);
-    float *Qc = kvq_alloc_array(rows * D, sizeof(float)), *S = kvq_alloc_array(rows * T, sizeof(float));
-    float *A = kvq_alloc_array(rows * T, sizeof(float)), *O = kvq_alloc_array(rows * D, sizeof(float));
-    row_stats *rs = kvq_alloc_array(rows, sizeof *rs);
-    kvq_status st = quant_ws_alloc(&w, rows, T, D, err);
-    if (!st && !(c && Qc && S && A && O && rs))
-        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for attention workspace (%zu rows x %d)", rows, T);
-    for (int j0 = 0; j0 < G && !st; j0 += g)
+    size_t rows = (size_t)g * chunk, half = rows * (2 * (size_t)T + 2 * (size_t)D);
+    ref_chunk c[KVQ_MAX_GROUP];
+    quant_ws w;
+    kvq_status st = g <= KVQ_MAX_GROUP ? ws_reserve(ws, 2 * half, 2 * rows, err)
+                                       : kvq_fail(err, KVQ_ERR_USAGE, "%d query heads a KV head: at most %d", g,
+                                                  KVQ_MAX_GROUP);
+    if (st) return st;
+    float *Qc = ws->f, *S = Qc + rows * D, *A = S + rows * T, *O = A + rows * T; /* the exact side, then w */
+    row_stats *rs = ws->rs;
+    quant_ws_at(&w, ws->f + half, ws->rs + rows, rows, T, D);
+    for (int j0 = 0; j0 < G; j0 += g)
         for (size_t r0 = 0; r0 < npos; r0 += chunk) {
             int nc = (int)(npos - r0 < chunk ? npos - r0 : chunk), ncol = pos[r0 + nc - 1] + 1; /* positions ascend */
             for (int j = 0; j < g; j++)
@@ -414,9 +453,7 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
             ref_chunk_compute(c, g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &m);
             ref_chunk_compare(c, g, D, &m, nquant, Kq, Vq, Mq, acc, &w);
         }
-    free(c), free(Qc), free(S), free(A), free(O), free(rs);
-    quant_ws_free(&w);
-    return st;
+    return KVQ_OK;
 }
 
 /* ------------------------------------------------- cached exact attention */
@@ -506,7 +543,8 @@ kvq_status kvq_attn_ref_new_rows(const float *Qrows, int G, const float *K, cons
                                    .Qc = m + (size_t)j * nc * D,
                                    .O = m + (size_t)r->g * nc * D + (size_t)j * nc * D,
                                    .S = m + 2 * (size_t)r->g * nc * D + (size_t)j * nc * ncol,
-                                   .A = m + 2 * (size_t)r->g * nc * D + (size_t)r->g * nc * ncol + (size_t)j * nc * ncol};
+                                   .A = m + 2 * (size_t)r->g * nc * D + (size_t)r->g * nc * ncol +
+                                        (size_t)j * nc * ncol};
             m += (size_t)r->g * nc * (2 * (size_t)D + 2 * (size_t)ncol);
             ref_chunk_compute(c, r->g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &r->mode);
         }
@@ -524,13 +562,25 @@ kvq_status kvq_attn_ref_compare_masked(const kvq_attn_ref *r, int nquant, const 
                                        const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
                                        kvq_error *err)
 {
-    if (r->npos == 0) return KVQ_OK;
-    quant_ws w = {0};
-    kvq_status st = quant_ws_alloc(&w, (size_t)r->g * r->chunk, r->T, r->D, err);
-    for (size_t i = 0; i < (size_t)r->G * r->nchunk && !st; i += r->g == 1 ? 1 : (size_t)r->g)
-        ref_chunk_compare(&r->c[i], r->g, r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
-    quant_ws_free(&w);
+    kvq_attn_ws *ws = kvq_attn_ws_new();
+    if (!ws) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+    kvq_status st = kvq_attn_ref_compare_ws(r, nquant, Kq, Vq, Mq, acc, ws, err);
+    kvq_attn_ws_free(ws);
     return st;
+}
+
+kvq_status kvq_attn_ref_compare_ws(const kvq_attn_ref *r, int nquant, const float *const *Kq, const float *const *Vq,
+                                   const unsigned char *const *Mq, kvq_attn_acc *acc, kvq_attn_ws *ws, kvq_error *err)
+{
+    if (r->npos == 0) return KVQ_OK;
+    size_t rows = (size_t)r->g * r->chunk;
+    quant_ws w;
+    kvq_status st = ws_reserve(ws, rows * (2 * (size_t)r->T + 2 * (size_t)r->D), rows, err);
+    if (st) return st;
+    quant_ws_at(&w, ws->f, ws->rs, rows, r->T, r->D);
+    for (size_t i = 0; i < (size_t)r->G * r->nchunk; i += r->g == 1 ? 1 : (size_t)r->g)
+        ref_chunk_compare(&r->c[i], r->g, r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
+    return KVQ_OK;
 }
 
 /* ----------------------------------------------------------- reference */

@@ -16,7 +16,8 @@ static const char *const EVAL_COLS[] = {"model", "tokens", "quantizer", "spec", 
                                         "nll_ref", "nll", "dnll", "ppl_ratio", "kl", "top1", "positions", "dnll_se",
                                         "cache_tokens",
                                         /* a shard's rows: the window and what the run pools */
-                                        "run", "shard", "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum", "top1_sum",
+                                        "run", "shard", "window", "windows", "nll_ref_sum", "nll_sum", "kl_sum",
+                                        "top1_sum",
                                         "k_bits_sum", "v_bits_sum", "elements", "d_n", "d_mean", "d_m2",
                                         "cache_tokens_sum"};
 enum { NSTD = KVQ_EVAL_NCOLS, NSHARD = 32, NSUMS = 11, C_MODEL = 0, C_TOKENS, C_QUANT, C_SPEC, C_POLICY, C_LAYER,
@@ -307,7 +308,8 @@ static kvq_status merge_index(kvq_eval_merge *m)
         long si = -1, sn = -1, wv = 0;
         size_t n = 0;
         for (size_t rec = 1; rec < m->t[f].nrec; rec += n) {
-            if ((st = merge_shard_of(m, f, rec, &si, &sn)) || (st = merge_window(m, f, rec, si, sn, &wv, &n))) return st;
+            if ((st = merge_shard_of(m, f, rec, &si, &sn)) || (st = merge_window(m, f, rec, si, sn, &wv, &n)))
+                return st;
             m->win[m->nw++] = (shard_win){f, rec, wv};
         }
     }

@@ -972,7 +972,8 @@ static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err)
     for (; f->nslots < n; f->nslots++) {
         int i = f->nslots;
         f->xn[i] = kvq_alloc_array(T, in->dim * sizeof(float)), f->xo[i] = kvq_alloc_array(T, in->dim * sizeof(float));
-        f->g[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float)), f->u[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
+        f->g[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
+        f->u[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
         f->att[i] = kvq_alloc_array(T, qd * sizeof(float));
         if (!f->xn[i] || !f->xo[i] || !f->g[i] || !f->u[i] || !f->att[i]) {
             free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]), free(f->att[i]);

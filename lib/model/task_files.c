@@ -167,21 +167,21 @@ static kvq_status merge_scan_shard(task_merge *m, kvq_csv *tab, const char *file
     int ok = tab->ncols == SHARD_NCOLS && tab->nrec >= 1 && !tab->torn;
     for (int c = 0; ok && c < SHARD_NCOLS; c++) ok = !strcmp(kvq_csv_at(tab, 0, c), SHARD_COLS[c]);
     if (!ok)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a whole task shard of kvq-eval --tasks --shard (expected its header and "
-                         "complete rows)", file);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: not a whole task shard of kvq-eval --tasks --shard (expected its "
+                        "header and complete rows)", file);
     for (size_t rec = 1; rec < tab->nrec; rec++) {
         double n;
         if (kvq_csv_number(kvq_csv_at(tab, rec, 1), &n) || n < 1 || n > 1e9 || n != floor(n) ||
             (m->ntasks && (size_t)n != m->ntasks))
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: tasks %s: expected the run's task count%s", file, rec + 1,
-                             kvq_csv_at(tab, rec, 1), m->ntasks ? " (the shards disagree)" : "");
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: tasks %s: expected the run's task count%s", file,
+                            rec + 1, kvq_csv_at(tab, rec, 1), m->ntasks ? " (the shards disagree)" : "");
         m->ntasks = (size_t)n;
         const char *run = kvq_csv_at(tab, rec, S_RUN);
         if (!m->run) m->run = run, m->run_file = file;
         if (strcmp(run, m->run))
-            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: of another run than %s (fingerprint %s, not %s: another model, task "
-                             "file, --policy, --stride, --seed or --calib): not shards of one run", file, rec + 1,
-                             m->run_file, run, m->run);
+            return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: of another run than %s (fingerprint %s, not %s: "
+                            "another model, task file, --policy, --stride, --seed or --calib): not shards of one run",
+                            file, rec + 1, m->run_file, run, m->run);
         if (item_of(m, tab, rec) >= 0) continue;
         kvq_eval_row *nr = realloc(m->rows, (size_t)(m->nitems + 1) * sizeof *nr), r = {0};
         if (!nr) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
@@ -210,18 +210,18 @@ static kvq_status merge_take_row(task_merge *m, const kvq_csv *t, size_t rec, co
     if (!bad) bad = !(v[0] >= 0) || !(v[1] >= 0) || (v[2] != 0 && v[2] != 1) || (v[3] != 0 && v[3] != 1) ||
                     v[4] < 0 || v[5] < 0 || v[6] < 0;
     if (bad)
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: expected a task index below %zu, a depth in 0..1 or none, NLLs >= 0, "
-                         "exact 0 or 1 and bits >= 0", file, rec + 1, m->ntasks);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: expected a task index below %zu, a depth in 0..1 or none, "
+                        "NLLs >= 0, exact 0 or 1 and bits >= 0", file, rec + 1, m->ntasks);
     size_t ti = (size_t)task;
     if (m->seen[ti * R + 1 + i])
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: task %zu of %s (%s) is in the shards twice", file, rec + 1, ti,
-                         m->rows[i].spec, m->rows[i].policy);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: task %zu of %s (%s) is in the shards twice", file, rec + 1,
+                        ti, m->rows[i].spec, m->rows[i].policy);
     m->seen[ti * R + 1 + i] = 1;
     kvq_task_result *r0 = &m->res[ti * R], *ri = &m->res[ti * R + 1 + i];
     if (m->seen[ti * R] && (r0->nll != v[0] || r0->exact != (int)v[2] || (isnan(m->depth[ti]) != isnan(d)) ||
                             (!isnan(d) && m->depth[ti] != d)))
-        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: task %zu's exact model differs from another shard's (shards of other "
-                         "runs?)", file, rec + 1, ti);
+        return kvq_fail(err, KVQ_ERR_FORMAT, "%s: line %zu: task %zu's exact model differs from another shard's "
+                        "(shards of other runs?)", file, rec + 1, ti);
     m->seen[ti * R] = 1, r0->nll = v[0], r0->exact = (int)v[2], m->depth[ti] = d;
     ri->nll = v[1], ri->exact = (int)v[3], ri->k_bits = v[4], ri->v_bits = v[5], ri->elements = v[6];
     return KVQ_OK;
@@ -243,8 +243,8 @@ static kvq_status merge_take_rows(task_merge *m, const kvq_csv *tab, const char 
     for (size_t t = 0; t < m->ntasks && !rc; t++)
         for (int i = 0; i < m->nitems && !rc; i++)
             if (!m->seen[t * R + 1 + i])
-                rc = kvq_fail(err, KVQ_ERR_FORMAT, "--merge: task %zu of %zu of %s (%s) is in none of the shards (a shard "
-                                "missing?)", t, m->ntasks, m->rows[i].spec, m->rows[i].policy);
+                rc = kvq_fail(err, KVQ_ERR_FORMAT, "--merge: task %zu of %zu of %s (%s) is in none of the shards (a "
+                              "shard missing?)", t, m->ntasks, m->rows[i].spec, m->rows[i].policy);
     return rc;
 }
 

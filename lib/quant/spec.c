@@ -318,7 +318,8 @@ kvq_status kvq_tokens_parts_of(const kvq_spec *spec, const kvq_tokens_parts **ou
 {
     const composite *c;
     *out = NULL;
-    if (!kvq_spec_is_tokens(spec)) return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected tokens(SELECT; HI; LO)", spec->text);
+    if (!kvq_spec_is_tokens(spec))
+        return kvq_fail(err, KVQ_ERR_USAGE, "%s: expected tokens(SELECT; HI; LO)", spec->text);
     kvq_status st = composite_of(spec->text, &c, err);
     if (!st) *out = &c->parts;
     return st;
@@ -440,7 +441,8 @@ static kvq_status flags_of(const kvq_spec *spec, void *ud, kvq_error *err)
     (void)err;
     *(unsigned *)ud |= spec->q->read_flags;
     const kvq_tokens_parts *tp; /* the selector's queries */
-    if (kvq_spec_is_tokens(spec) && !kvq_tokens_parts_of(spec, &tp, NULL) && kvq_token_selector_needs_queries(tp->selector))
+    if (kvq_spec_is_tokens(spec) && !kvq_tokens_parts_of(spec, &tp, NULL) &&
+        kvq_token_selector_needs_queries(tp->selector))
         *(unsigned *)ud |= KVQ_READ_QUERY;
     return KVQ_OK;
 }
