@@ -329,8 +329,9 @@ typedef struct cli_optrow {
     const char *metavar, *help;   /* the --help line */
 } cli_optrow;
 enum { CLI_OPTROW_NONE = 1 };
-/* getopt's table: the rows, then extra (ended by a zero entry); malloc'ed into *out; -1 out of memory. */
-int cli_optrows_longopts(const cli_optrow *rows, int n, const struct option *extra, struct option **out);
+/* getopt's table: the rows, then the option groups go has (model, analysis,
+ * the record's) and -h, -V; malloc'ed into *out; -1 out of memory. */
+int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out);
 /* The row whose key getopt returned: its argument checked into base + offset.  CLI_OK,
  * CLI_USAGE after one line on stderr, or CLI_OPTROW_NONE when no row has that key. */
 int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, const char *arg, void *base);
@@ -338,17 +339,17 @@ int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, c
 void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base);
 /* The rows' --help lines: "  -k, --name METAVAR  help", wrapped at 80 columns. */
 void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n);
-/* A tool's whole option loop: cli_getopt over the rows' entries and extra
- * (ended by a zero entry), each of the tool's options parsed by its row into
- * base.  CLI_OK with *stop 0 when the options are in base (operands from
- * optind); else *stop 1 and CLI_OK (--help, --version) or the exit code. */
 /* CUSTOM parsers the tools share: --format (a const char *, cli_format_option),
  * --progress (an int, cli_progress_option) and --shard (a cli_shard). */
 int cli_optrow_format(const char *prog, const char *arg, void *at, void *base);
 int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base);
 int cli_optrow_shard(const char *prog, const char *arg, void *at, void *base); /* a cli_shard */
-int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const struct option *extra,
-                       const char *shortopts, int argc, char **argv, void *base, int *stop);
+/* A tool's whole option loop: cli_getopt over the rows' entries and go's
+ * groups (cli_optrows_longopts), each of the tool's options parsed by its row
+ * into base.  CLI_OK with *stop 0 when the options are in base (operands
+ * from optind); else *stop 1 and CLI_OK (--help, --version) or the exit code. */
+int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const char *shortopts, int argc,
+                       char **argv, void *base, int *stop);
 
 /* Every tool's main, the one start and end they share: the BLAS kernels
  * (cli_blas_setup, which may restart the tool), the check of stdout at exit,

@@ -366,15 +366,7 @@ static int opt_budget(const char *p, const char *arg, void *at, void *base)
     return CLI_USAGE;
 }
 
-/* --policy: prefill or decode (*at: 1 for decode). */
-static int opt_policy(const char *p, const char *arg, void *at, void *base)
-{
-    (void)base;
-    if (strcmp(arg, "prefill") && strcmp(arg, "decode"))
-        return cli_error(p, "--policy %s: expected prefill or decode", arg), CLI_USAGE;
-    *(int *)at = !strcmp(arg, "decode");
-    return CLI_OK;
-}
+static const char *const policies[] = {"prefill", "decode", NULL}; /* --policy: decode is 1 */
 
 enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUNKS, OPT_CALIB, OPT_PROGRESS,
        OPT_SEED, OPT_SHARD, OPT_MERGE };
@@ -406,7 +398,7 @@ static const cli_optrow rows[] = {
     ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
         .help = "kvq-alloc --merge MODEL SHARD... (the shards' tables, with the run's other options): join them into "
                 "OUT.sensitivity.csv and allocate"),
-    ROW("policy", OPT_POLICY, CLI_ARG_CUSTOM, decode, .parse = opt_policy, .metavar = "P",
+    ROW("policy", OPT_POLICY, CLI_ARG_CHOICE, decode, .choices = policies, .metavar = "P",
         .help = "prefill (default) or decode, as kvq-eval"),
     ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
         .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
@@ -471,10 +463,8 @@ static int check_options(int argc, char **argv, alloc_job *s)
 /* The options into s; *stop: --help or --version answered (rc as they end). */
 static int parse_options(int argc, char **argv, alloc_job *s, int *stop)
 {
-    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &s->mo, .meta = s->meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":g:f:b:o:hV", argc, argv, s, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":g:f:b:o:hV", argc, argv, s, stop);
     return rc || *stop ? rc : check_options(argc, argv, s);
 }
 

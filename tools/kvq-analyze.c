@@ -82,10 +82,8 @@ static void usage(FILE *f)
 /* The options into s; *stop: --help, --version or --list-quantizers answered (rc as they end). */
 static int parse_options(int argc, char **argv, analyze_state *s, int *stop)
 {
-    static const struct option extra[] = {CLI_ANALYSIS_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &s->an, .meta = s->meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:o:hV", argc, argv, s, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":q:o:hV", argc, argv, s, stop);
     if (rc || *stop) return rc;
     if (s->list) return kvq_registry_describe(stdout), *stop = 1, CLI_OK;
     if (optind >= argc)

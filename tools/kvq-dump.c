@@ -51,10 +51,8 @@ static void usage(FILE *f)
 /* The options into a, checked: MODEL, OUT (not an input), no inline record. */
 static int parse_options(int argc, char **argv, dump_args *a, cli_meta *meta, int *stop)
 {
-    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &a->mo, .meta = meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, a, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":o:hV", argc, argv, a, stop);
     if (rc || *stop) return rc;
     if ((rc = cli_model_check(prog, argc, optind, &a->mo, "kvq-dump MODEL (--text FILE | --tokens FILE) -o OUT.h5")))
         return rc;

@@ -173,10 +173,8 @@ enum { NROWS = sizeof rows / sizeof rows[0] };
 /* The options into s; *stop: --help or --version answered (rc as they end). */
 static int parse_options(int argc, char **argv, eval_state *s, int *stop)
 {
-    static const struct option extra[] = {CLI_MODEL_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .model = &s->mo, .meta = s->meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:o:hV", argc, argv, s, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":q:o:hV", argc, argv, s, stop);
     s->argc = argc, s->argv = argv, s->optind = optind;
     return rc;
 }

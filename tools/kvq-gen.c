@@ -162,10 +162,8 @@ static int apply_preset(int argc, char **argv, gen_args *a)
 /* The options, row by row; *stop after --help, --version or a refusal. */
 static int parse_options(int argc, char **argv, gen_args *a, cli_meta *meta, int *stop)
 {
-    static const struct option extra[] = {CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .meta = meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, a, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":o:hV", argc, argv, a, stop);
     a->o.dtype = (kvq_dtype)a->dtype, a->o.rope_style = (kvq_rope_style)(a->style + 1);
     a->o.with_query = !a->no_query, a->o.with_key_pre_rope = !a->no_pre;
     if (a->task >= 0) a->t.on = 1, a->t.kind = (kvq_task_kind)a->task;

@@ -236,12 +236,10 @@ static int write_report(const info_args *a, char **dumps, int ndumps, cli_out *o
 
 static int run(int argc, char **argv, cli_meta *meta)
 {
-    static const struct option extra[] = {CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     info_args a = {.vlayer = -1, .vhead = -1};
     cli_out out = {0};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .meta = meta};
-    int stop, rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":o:hV", argc, argv, &a, &stop);
+    int stop, rc = cli_optrows_getopt(&go, rows, NROWS, ":o:hV", argc, argv, &a, &stop);
     if (rc || stop) return rc;
     if (optind >= argc)
         return cli_error(prog, "no dump given (usage: kvq-info [--channels] DUMP...; see --help)"), CLI_USAGE;

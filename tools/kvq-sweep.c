@@ -807,10 +807,8 @@ static int check_sweep(const opts_t *o, int noperands)
 /* The options into o, checked; *stop after --help or --version. */
 static int parse_options(int argc, char **argv, opts_t *o, int *stop)
 {
-    static const struct option extra[] = {CLI_ANALYSIS_LONGOPTS, CLI_META_LONGOPTS, {"help", no_argument, 0, 'h'},
-                                           {"version", no_argument, 0, 'V'}, {0, 0, 0, 0}};
     const cli_getopt_ctx go = {.prog = prog, .usage = usage, .analysis = &o->an, .meta = o->meta};
-    int rc = cli_optrows_getopt(&go, rows, NROWS, extra, ":q:g:f:o:hV", argc, argv, o, stop);
+    int rc = cli_optrows_getopt(&go, rows, NROWS, ":q:g:f:o:hV", argc, argv, o, stop);
     if (rc || *stop) return rc;
     if (o->progress < 0) o->progress = isatty(STDERR_FILENO) ? PROGRESS_BAR : PROGRESS_LINES;
     if (cli_meta_inline(o->meta))

@@ -8,16 +8,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cli_optrows_longopts(const cli_optrow *rows, int n, const struct option *extra, struct option **out)
+/* The option groups cli_getopt parses for a context that has them, then -h and -V. */
+static const struct option model_group[] = {CLI_MODEL_LONGOPTS, {0, 0, 0, 0}};
+static const struct option analysis_group[] = {CLI_ANALYSIS_LONGOPTS, {0, 0, 0, 0}};
+static const struct option meta_group[] = {CLI_META_LONGOPTS, {0, 0, 0, 0}};
+static const struct option help_version[] = {{"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
+                                             {0, 0, 0, 0}};
+
+int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out)
 {
-    int ne = 0;
-    while (extra && extra[ne].name) ne++;
-    struct option *o = calloc((size_t)(n + ne + 1), sizeof *o);
+    const struct option *groups[] = {go->model ? model_group : NULL, go->analysis ? analysis_group : NULL,
+                                     go->meta ? meta_group : NULL, help_version};
+    enum { NGROUPS = sizeof groups / sizeof groups[0] };
+    int total = n;
+    for (int g = 0; g < NGROUPS; g++)
+        for (int i = 0; groups[g] && groups[g][i].name; i++) total++;
+    struct option *o = calloc((size_t)total + 1, sizeof *o);
     if (!o) return -1;
     for (int i = 0; i < n; i++)
         o[i] = (struct option){rows[i].name, rows[i].arg == CLI_ARG_FLAG ? no_argument : required_argument, 0,
                                rows[i].key};
-    for (int i = 0; i < ne; i++) o[n + i] = extra[i];
+    for (int g = 0, k = n; g < NGROUPS; g++)
+        for (int i = 0; groups[g] && groups[g][i].name; i++) o[k++] = groups[g][i];
     *out = o;
     return 0;
 }
@@ -123,12 +135,12 @@ void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n)
     }
 }
 
-int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const struct option *extra,
-                       const char *shortopts, int argc, char **argv, void *base, int *stop)
+int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const char *shortopts, int argc,
+                       char **argv, void *base, int *stop)
 {
     struct option *longopts;
     *stop = 0;
-    if (cli_optrows_longopts(rows, n, extra, &longopts))
+    if (cli_optrows_longopts(rows, n, go, &longopts))
         return *stop = 1, cli_error(go->prog, "out of memory"), CLI_RUNTIME;
     int rc = CLI_OK, c;
     while (!rc && (c = cli_getopt(go, argc, argv, shortopts, longopts, &rc)) != -1) {

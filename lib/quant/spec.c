@@ -165,8 +165,6 @@ static composite *composite_find(const char *text, unsigned bucket)
     return c;
 }
 
-static kvq_status mix_item_spec(const char *text, const mix_item *it, kvq_spec *out, kvq_error *err);
-
 /* c->text as a mix: split (the one call of mix_split), then each item parsed. */
 static kvq_status mix_take_apart(composite *c)
 {
