@@ -70,18 +70,19 @@ double kvq_rng_uniform(kvq_rng *r);          /* [0, 1), 53 bits */
 double kvq_rng_normal(kvq_rng *r);           /* N(0, 1), Box–Muller */
 uint64_t kvq_rng_below(kvq_rng *r, uint64_t n); /* uniform in [0, n), unbiased */
 
-/* Stream tags for kvq_rng_init's third index.  Streams that exist for K and
- * for V use tag + tensor (0 = K, 1 = V). */
+/* Stream tags for kvq_rng_init's third index.  The shared streams are named
+ * here; a family's own streams come from its registry row (quant.h's
+ * kvq_family_stream: its name's tag, or the tag it had before tags came
+ * from names).  Streams that exist for K and for V use tag + tensor (0 = K, 1 = V). */
 enum {
     KVQ_STREAM_KEY = 0, KVQ_STREAM_VALUE = 1, KVQ_STREAM_QUERIES = 2, KVQ_STREAM_GEN = 3,
-    KVQ_STREAM_ROTATE = 4,  /* rotation of (layer, head, K/V): 4, 5 */
-    KVQ_STREAM_LOWRANK = 6, /* GEAR power-iteration start of (layer, head, K/V): 6, 7 */
-    KVQ_STREAM_KMEANS = 8,  /* k-means++ seeding of (layer, head, K/V): 8, 9 */
-    KVQ_STREAM_QJL = 10,    /* TurboQuant's QJL matrix S of (layer, head, K/V): 10, 11 */
-    KVQ_STREAM_VQ = 12,     /* vq's codebooks of (layer, head, K/V, group g): 12 + K/V + 2·g */
-    KVQ_STREAM_TOKENS = 0x7fffffff, /* tokens(random...)'s scores of (layer, KV head): past vq's tags */
-    KVQ_STREAM_TASKS = 0x7ffffffe   /* kvq-gen --task's words of (kind, task) */
+    KVQ_STREAM_ROTATE = 4,        /* rotation of (layer, head, K/V): 4, 5 */
+    KVQ_STREAM_TASKS = 0x7ffffffe /* kvq-gen --task's words of (kind, task) */
 };
+/* The first tag of a named family's streams: FNV-1a (64 bits) of the name
+ * with the top bit set, so it is far from every tag above and from the
+ * families' kept tags, all below 2^31. */
+uint64_t kvq_stream_of_name(const char *name);
 
 #ifdef __cplusplus
 }

@@ -185,8 +185,8 @@ START_TEST(kmeans_monotone_and_reproducible)
     double obj[IT + 1];
     kvq_rng r1, r2;
     kvq_error err;
-    kvq_rng_init(&r1, 5, 0, 0, KVQ_STREAM_KMEANS);
-    kvq_rng_init(&r2, 5, 0, 0, KVQ_STREAM_KMEANS);
+    kvq_rng_init(&r1, 5, 0, 0, kvq_stream_of_name("kmeans test"));
+    kvq_rng_init(&r2, 5, 0, 0, kvq_stream_of_name("kmeans test"));
     ck_assert_int_eq(kvq_kmeans(x, N, D, K, IT, &r1, c1, a1, obj, &it1, &err), KVQ_OK);
     ck_assert_int_eq(kvq_kmeans(x, N, D, K, IT, &r2, c2, a2, NULL, &it2, &err), KVQ_OK);
     ck_assert_int_eq(it1, it2);
@@ -238,7 +238,7 @@ START_TEST(lowrank_svd_and_power)
     ck_assert_int_eq(kvq_lowrank_svd(E, T, D, 2, L, &err), KVQ_OK);
     ck_assert(fro_diff(E, L, T * D) < 1e-4);
     kvq_rng r;
-    kvq_rng_init(&r, 0, 0, 0, KVQ_STREAM_LOWRANK);
+    kvq_rng_init(&r, 0, 0, 0, kvq_stream_of_name("power test"));
     ck_assert_int_eq(kvq_lowrank_power(E, T, D, 2, 1, &r, L, &err), KVQ_OK);
     ck_assert(fro_diff(E, L, T * D) < 1e-3);
     /* a generic matrix: the power iteration approaches the SVD as loop grows,
@@ -250,7 +250,7 @@ START_TEST(lowrank_svd_and_power)
     double best = fro_diff(E, L, T * D), prev = INFINITY;
     const int loops[] = {1, 2, 3, 4, 6, 8};
     for (size_t i = 0; i < sizeof loops / sizeof loops[0]; i++) {
-        kvq_rng_init(&r, 0, 0, 0, KVQ_STREAM_LOWRANK);
+        kvq_rng_init(&r, 0, 0, 0, kvq_stream_of_name("power test"));
         ck_assert_int_eq(kvq_lowrank_power(E, T, D, 3, loops[i], &r, L, &err), KVQ_OK);
         double e = fro_diff(E, L, T * D);
         ck_assert_msg(e >= best * (1 - 1e-5), "loop %d: %g below the SVD's %g", loops[i], e, best);

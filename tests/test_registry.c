@@ -302,11 +302,60 @@ START_TEST(every_registered_quantizer)
 }
 END_TEST
 
+/* One range of stream tags: [first, first + n). */
+typedef struct {
+    const char *who;
+    uint64_t first, n;
+    const void *code; /* the quantize function: variants of one code may share their streams */
+} tag_range;
+
+static int ranges_meet(const tag_range *a, const tag_range *b)
+{
+    return a->first < b->first + b->n && b->first < a->first + a->n;
+}
+
+/* Stream tags come from the families' rows (docs/building-blocks.md#random-numbers):
+ * no two families' ranges, nor a shared stream of internal.h, overlap; the
+ * tags kept from before names are the five families' and the random
+ * selector's (a new family takes its name's tag: this count never grows). */
+START_TEST(stream_tags_disjoint)
+{
+    tag_range r[64] = {
+        {"key/value", KVQ_STREAM_KEY, 2, NULL}, {"queries", KVQ_STREAM_QUERIES, 1, NULL},
+        {"gen", KVQ_STREAM_GEN, 1, NULL},       {"rotation", KVQ_STREAM_ROTATE, 2, NULL},
+        {"tasks", KVQ_STREAM_TASKS, 1, NULL},
+    };
+    int n = 5, kept = 0;
+    for (size_t i = 0; i < kvq_quantizer_count() + kvq_selector_count(); i++) {
+        const kvq_quantizer *q = i < kvq_quantizer_count() ? kvq_quantizer_at(i)
+                                                           : kvq_selector_at(i - kvq_quantizer_count());
+        if (!q->nstreams) continue;
+        ck_assert_msg(!q->stream_tag_kept || q->stream_tag_kept < (1ull << 31), "%s: kept tag too high", q->name);
+        kept += q->stream_tag_kept != 0;
+        ck_assert(n < 64);
+        r[n++] = (tag_range){q->name, kvq_family_stream(q, 0), q->nstreams,
+                             q->quantize ? (const void *)q->quantize : (const void *)q->quantize_head};
+        ck_assert(r[n - 1].first + q->nstreams > r[n - 1].first); /* no wrap-around */
+    }
+    ck_assert_int_eq(kept, 6);
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++) {
+            int shared = r[a].code && r[a].code == r[b].code && r[a].first == r[b].first && r[a].n == r[b].n;
+            ck_assert_msg(shared || !ranges_meet(&r[a], &r[b]), "%s and %s draw from the same stream tags", r[a].who,
+                          r[b].who);
+        }
+    /* a name's tag: FNV-1a with the top bit set (FNV's published vectors for "a" and "") */
+    ck_assert(kvq_stream_of_name("a") == (0xaf63dc4c8601ec8cull | 1ull << 63));
+    ck_assert(kvq_stream_of_name("") == (0xcbf29ce484222325ull | 1ull << 63));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("registry");
     TCase *tc = tcase_create("registry");
     tcase_add_test(tc, every_registered_quantizer);
+    tcase_add_test(tc, stream_tags_disjoint);
     tcase_set_timeout(tc, 300);
     suite_add_tcase(s, tc);
     return run_suite(s);

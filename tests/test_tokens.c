@@ -193,7 +193,11 @@ START_TEST(tokens_rankings_by_hand)
     unsigned char k1[T], k2[T];
     select_of("tokens(random:keep=0.5; none; drop)", &L, NULL, 1, k1, sc);
     kvq_rng r;
-    kvq_rng_init(&r, 9, 1, 0, KVQ_STREAM_TOKENS);
+    const kvq_quantizer *rnd = NULL; /* the random selector's row names its stream */
+    for (size_t i = 0; i < kvq_selector_count(); i++)
+        if (!strcmp(kvq_selector_at(i)->name, "random")) rnd = kvq_selector_at(i);
+    ck_assert(rnd && rnd->nstreams == 1);
+    kvq_rng_init(&r, 9, 1, 0, kvq_family_stream(rnd, 0));
     for (int u = 0; u < T; u++) ck_assert(sc[u] == kvq_rng_uniform(&r));
     select_of("tokens(random:keep=0.5; none; drop)", &L, NULL, 2, k2, sc);
     ck_assert(!memcmp(k1, k2, T) && k1[0] + k1[1] + k1[2] + k1[3] + k1[4] + k1[5] == 3);

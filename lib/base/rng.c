@@ -28,6 +28,13 @@ void kvq_rng_init(kvq_rng *r, uint64_t seed, uint64_t a, uint64_t b, uint64_t c)
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
 }
 
+uint64_t kvq_stream_of_name(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a's offset basis and prime */
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++) h = (h ^ *c) * 0x100000001b3ull;
+    return h | (1ull << 63);
+}
+
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 uint64_t kvq_rng_u64(kvq_rng *r)

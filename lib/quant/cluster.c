@@ -76,7 +76,7 @@ static kvq_status cluster_calibrate(const kvq_spec *sp, const kvq_quant_ctx *ctx
         if (st) continue;
         int h = task / 2, tensor = task % 2;
         kvq_rng rng;
-        kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_KMEANS + tensor));
+        kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, kvq_family_stream(sp->q, (uint64_t)tensor));
         const float *x = (tensor ? cal->value : keys) + (size_t)h * T * D;
         float *centres = (tensor ? s->vc : s->kc) + (size_t)h * per;
         sts[task] = kvq_kmeans(x, (size_t)T, D, C, 100, &rng, centres, NULL, NULL, NULL, &errs[task]);
@@ -241,4 +241,6 @@ const kvq_quantizer kvq_q_cluster = {
     .calib_key = cluster_calib_key,
     .calibrate = cluster_calibrate,
     .calib_free = cluster_free,
+    .nstreams = 2, /* k-means++ seeding of K and of V */
+    .stream_tag_kept = 8,
 };

@@ -318,7 +318,7 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
         } else {
             kvq_rng rng;
             kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
-                         (uint64_t)(KVQ_STREAM_LOWRANK + j->tensor));
+                         kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
             st = kvq_lowrank_power(E, T, D, r, j->o->loop, &rng, L, err);
         }
         if (!st) {
@@ -527,7 +527,7 @@ static kvq_status gear_tensor_ref(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
             st = kvq_lowrank_svd(E, T, D, r, L, err);
         } else {
             kvq_rng rng;
-            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_LOWRANK + tensor));
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, kvq_family_stream(sp->q, (uint64_t)tensor));
             st = kvq_lowrank_power(E, T, D, r, o->loop, &rng, L, err);
         }
         for (size_t i = 0; i < (size_t)T * D && !st; i++) y[AT(h, 0, 0) + i] += L[i];
@@ -570,6 +570,8 @@ const kvq_quantizer kvq_q_gear = {
     .default_spec = "",
     .quantize = gear_layer,
     .reference = gear_reference,
+    .nstreams = 2, /* the power iteration's start of K and of V */
+    .stream_tag_kept = 6,
 };
 
 const kvq_quantizer kvq_q_gear_l = {
@@ -581,4 +583,6 @@ const kvq_quantizer kvq_q_gear_l = {
     .check = gear_l_check,
     .quantize = gear_layer,
     .reference = gear_reference,
+    .nstreams = 2, /* the power iteration's start of K and of V */
+    .stream_tag_kept = 6,
 };

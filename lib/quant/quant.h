@@ -85,7 +85,22 @@ typedef struct kvq_quantizer {
     int is_mix;
     /* `tokens(SELECT; HI; LO)` (parsed in spec.c, run by tokens.c): its text is the spec too. */
     int is_tokens;
+    /* Seeded streams (docs/building-blocks.md#random-numbers): how many
+     * consecutive tags the family draws from (0 = none, 2 = one for K and
+     * one for V), the first being kvq_stream_of_name(name).  stream_tag_kept
+     * is that first tag for the families that drew random numbers before tags
+     * came from names, kept so that their seeded results stay as published;
+     * a new family leaves it 0.  test_registry checks that no two families'
+     * ranges, nor a shared stream of internal.h, overlap. */
+    uint64_t nstreams;
+    uint64_t stream_tag_kept;
 } kvq_quantizer;
+
+/* Tag of the family's stream i (< nstreams) for kvq_rng_init. */
+static inline uint64_t kvq_family_stream(const kvq_quantizer *q, uint64_t i)
+{
+    return (q->stream_tag_kept ? q->stream_tag_kept : kvq_stream_of_name(q->name)) + i;
+}
 
 /* Round half to even for |v| < 2^22 (callers clamp v to their code range
  * first).  Adding and subtracting 1.5·2^23 rounds in the FPU's default mode

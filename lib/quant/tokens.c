@@ -112,7 +112,9 @@ SELECTOR(sel_snapkv, "snapkv", "mean attention of the last `obs` queries, averag
 SELECTOR(sel_tova, "tova", "attention of the last query, averaged over all query heads (TOVA)", sel_params,
          sel_check);
 SELECTOR(sel_knorm, "knorm", "lowest key norm first (KnormPress)", sel_params, sel_check);
-SELECTOR(sel_random, "random", "the seeded generator", sel_params, sel_check);
+static const kvq_quantizer sel_random = {.name = "random", .description = "the seeded generator",
+                                         .params = sel_params, .nparams = sizeof sel_params / sizeof sel_params[0],
+                                         .check = sel_check, .nstreams = 1, .stream_tag_kept = 0x7fffffff};
 SELECTOR(sel_keydiff, "keydiff", "least like the head's mean normalised key first: -cos(k_u, anchor) (KeyDiff)",
          sel_params, sel_check);
 
@@ -414,7 +416,7 @@ static kvq_status key_scores(kvq_selector sel, const kvq_layer *in, uint64_t see
     if (sel == KVQ_SEL_RANDOM)
         for (int h = 0; h < H; h++) {
             kvq_rng r;
-            kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, KVQ_STREAM_TOKENS);
+            kvq_rng_init(&r, seed, (uint64_t)layer, (uint64_t)h, kvq_family_stream(&sel_random, 0));
             for (int u = 0; u < T; u++) sc[(size_t)h * T + u] = kvq_rng_uniform(&r);
         }
     return KVQ_OK;

@@ -82,7 +82,7 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
         float *z = kvq_alloc_array(n, sizeof *z), *scale = kvq_alloc_array((size_t)T, sizeof *scale);
         if (S && r && z && scale) {
             kvq_rng rng; /* S row by row from the (layer, head, K/V) stream */
-            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, (uint64_t)(KVQ_STREAM_QJL + tensor));
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, kvq_family_stream(sp->q, (uint64_t)tensor));
             for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
             for (size_t i = 0; i < n; i++) r[i] = x[i] - y[i];
             qjl_rows(r, z, scale, S, T, D);
@@ -125,4 +125,6 @@ const kvq_quantizer kvq_q_turboquant = {
     .check = turboquant_check,
     .quantize_head = turboquant_head,
     .reference_head = turboquant_reference_head,
+    .nstreams = 2, /* the QJL matrix S of K and of V */
+    .stream_tag_kept = 10,
 };

@@ -460,9 +460,9 @@ static kvq_status run_books(const kvq_spec *sp, const vq_shape *s, const kvq_qua
         }
         gather(tensor ? xv : xk, s, T, hs, g, m.res);
         kvq_rng rng;
-        /* stream: (seed, layer, head or 2^64−1 for all heads, 12 + tensor + 2·g) */
+        /* stream: (seed, layer, head or 2^64−1 for all heads, its stream tensor + 2·g) */
         kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, s->NH == 1 ? UINT64_MAX : (uint64_t)hs,
-                     (uint64_t)KVQ_STREAM_VQ + (uint64_t)tensor + 2u * (uint64_t)g);
+                     kvq_family_stream(sp->q, (uint64_t)tensor + 2u * (uint64_t)g));
         vq_where at = {ctx->layer, tensor, s->NH == 1 ? -1 : hs, g, s->c};
         float *book = books ? (float *)books + (size_t)b * book_floats(s) : trained + (size_t)b * book_floats(s);
         sts[b] = run_stages(&m, n, s, book, books == NULL, &rng, assign, &at, &errs[b]);
@@ -595,4 +595,6 @@ const kvq_quantizer kvq_q_vq = {
     .calib_key = vq_calib_key,
     .calibrate = vq_calibrate,
     .calib_free = vq_state_free,
+    .nstreams = 2u << 28, /* codebook seeding of (K/V, sub-vector g): tensor + 2·g, head_dim < 2^28 */
+    .stream_tag_kept = 12,
 };
