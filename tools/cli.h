@@ -1,7 +1,7 @@
 /* cli.h — what the kvq tools share: one-line errors, checked number and
  * list parsing, and output files written atomically (temporary + rename).
  * Its files, each using only those after it (tests/check_imports.py):
- * eval_shard.c (kvq-eval's rows), cli.c (options, specs, models), meta.c
+ * optrows.c (options as rows), cli.c (options, specs, models), meta.c
  * (provenance, and OUT's commit with it), hash.c (SHA-256), out.c (errors,
  * atomic output). */
 #ifndef KVQ_CLI_H
@@ -155,33 +155,6 @@ void cli_temp_unregister(const char *tmp);
  * an interrupted run that removed its temporary says nothing was written. */
 void cli_interrupt_note(const char *head, const char *tail);
 void cli_interrupt_count(long n);
-
-/* kvq-eval --shard (docs/models.md#shards): OUT (id->path) created, or
- * with resume continued after its last whole window of this shard's
- * windows [w0, w1) (*done of them; kvq_eval_shard_resume), locked for the
- * run; cli_eval_shard_window is the kvq_eval_opts.window_done that appends
- * a window's rows and fsyncs.  id's strings and rows outlive the shard. */
-typedef struct cli_eval_shard cli_eval_shard;
-int cli_eval_shard_open(const char *prog, const kvq_eval_shard_id *id, int resume, int w0, int w1, int *done,
-                        cli_eval_shard **out);
-kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
-                                 kvq_error *err);
-int cli_eval_shard_close(cli_eval_shard *s);
-/* kvq-eval --merge: the shards' windows pooled in window order into the
- * rows of one run (to output, atomically, with the shards' runs in its meta). */
-int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta);
-
-/* kvq-eval --tasks's rows (eval_tasks.c): per configuration a row over all
- * tasks and, with per_depth B > 0, one per depth bucket; a shard's rows
- * (one per task and configuration, tasks [t0, t1) of ntasks; res holds
- * only those); --merge of such shards into the rows of one run. */
-int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const kvq_eval_row *rows, int nitems,
-                  const kvq_task_result *res, const double *depth, size_t ntasks, double per_depth);
-int cli_task_shard_rows(const char *prog, cli_out *out, const kvq_eval_row *rows, int nitems,
-                        const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks,
-                        const char *run);
-int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
-                   cli_meta *meta);
 
 /* Every tool calls this first (docs/performance.md#blas-kernels): when
  * OpenBLAS chose kernels below what this CPU runs and the user set no

@@ -5,7 +5,7 @@
  * runs in its record.  What the rows hold, the check of a resumed OUT and
  * the merge itself are the library's (lib/model/eval_files.c); this file
  * keeps the files' locking and writing, the record and the messages. */
-#include "cli.h"
+#include "eval_files.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-struct cli_eval_shard {
+struct eval_shard {
     const char *prog;
     kvq_eval_shard_id id;
     int fd;
@@ -24,7 +24,7 @@ struct cli_eval_shard {
 
 /* A shard's OUT opened for writing and locked: new, or with resume an
  * existing regular file.  CLI_OK with s->fd, or the exit code after printing. */
-static int shard_lock(cli_eval_shard *s, int resume, int *exists)
+static int shard_lock(eval_shard *s, int resume, int *exists)
 {
     const char *prog = s->prog, *path = s->id.path;
     struct stat st;
@@ -46,7 +46,7 @@ static int shard_lock(cli_eval_shard *s, int resume, int *exists)
 }
 
 /* OUT cut after its whole windows (keep bytes) and positioned there; a new one gets its header. */
-static int shard_start(cli_eval_shard *s, int exists, size_t keep)
+static int shard_start(eval_shard *s, int exists, size_t keep)
 {
     const char *path = s->id.path;
     int ncols;
@@ -61,13 +61,13 @@ static int shard_start(cli_eval_shard *s, int exists, size_t keep)
     return CLI_OK;
 }
 
-int cli_eval_shard_open(const char *prog, const kvq_eval_shard_id *id, int resume, int w0, int w1, int *done,
-                        cli_eval_shard **out)
+int eval_shard_open(const char *prog, const kvq_eval_shard_id *id, int resume, int w0, int w1, int *done,
+                        eval_shard **out)
 {
     *out = NULL, *done = 0;
-    cli_eval_shard *s = calloc(1, sizeof *s);
+    eval_shard *s = calloc(1, sizeof *s);
     if (!s) return cli_error(prog, "out of memory"), CLI_RUNTIME;
-    *s = (cli_eval_shard){.prog = prog, .id = *id, .fd = -1};
+    *s = (eval_shard){.prog = prog, .id = *id, .fd = -1};
     kvq_csv t = {0};
     kvq_error err = {0};
     size_t keep = 0;
@@ -89,10 +89,10 @@ static kvq_status fail(kvq_error *err, kvq_status st, const char *path, int wind
     return st;
 }
 
-kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
+kvq_status eval_shard_window(void *ud, int window, const kvq_eval_sums *ref, const kvq_eval_sums *sums,
                                  kvq_error *err)
 {
-    cli_eval_shard *s = ud;
+    eval_shard *s = ud;
     char *buf = NULL;
     size_t len = 0;
     FILE *ms = open_memstream(&buf, &len);
@@ -114,7 +114,7 @@ kvq_status cli_eval_shard_window(void *ud, int window, const kvq_eval_sums *ref,
     return KVQ_OK;
 }
 
-int cli_eval_shard_close(cli_eval_shard *s)
+int eval_shard_close(eval_shard *s)
 {
     if (!s) return CLI_OK;
     int rc = CLI_OK;
@@ -150,7 +150,7 @@ static int merge_provenance(const char *prog, char **files, int nfiles, long nwi
     return cli_meta_check_format(prog, meta, fmt);
 }
 
-int cli_eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
+int eval_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, cli_meta *meta)
 {
     kvq_eval_merge *m = NULL;
     kvq_report *rep = NULL;

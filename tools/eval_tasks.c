@@ -3,11 +3,11 @@
  * configuration) written to OUT, and `--merge` of such shards written as
  * one run's rows with the shards in its record.  The rows, the checks and
  * the pooling are the library's (lib/model/task_files.c). */
-#include "cli.h"
+#include "eval_files.h"
 
 #include <errno.h>
 
-int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const kvq_eval_row *rows, int nitems,
+int eval_task_rows(const char *prog, cli_out *out, kvq_format fmt, const kvq_eval_row *rows, int nitems,
                   const kvq_task_result *res, const double *depth, size_t ntasks, double per_depth)
 {
     errno = 0;
@@ -15,7 +15,7 @@ int cli_task_rows(const char *prog, cli_out *out, kvq_format fmt, const kvq_eval
     return st ? cli_write_error(prog, out->path, st, errno) : CLI_OK;
 }
 
-int cli_task_shard_rows(const char *prog, cli_out *out, const kvq_eval_row *rows, int nitems,
+int eval_task_shard_rows(const char *prog, cli_out *out, const kvq_eval_row *rows, int nitems,
                         const kvq_task_result *res, const double *depth, size_t t0, size_t t1, size_t ntasks,
                         const char *run)
 {
@@ -24,7 +24,7 @@ int cli_task_shard_rows(const char *prog, cli_out *out, const kvq_eval_row *rows
     return st ? cli_write_error(prog, out->path, st, errno) : CLI_OK;
 }
 
-int cli_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
+int eval_task_merge(const char *prog, char **files, int nfiles, const char *output, kvq_format fmt, double per_depth,
                    cli_meta *meta)
 {
     kvq_task_merge *m = NULL;

@@ -3,7 +3,7 @@
  * quantizer's cache (prefill: the whole cache quantized at once; decode:
  * the cache as generation holds it), and the loss, KL and top-1 changes are
  * reported per quantizer (and per layer with --per-layer). */
-#include "cli.h"
+#include "eval_files.h"
 
 #include <inttypes.h>
 
@@ -84,7 +84,7 @@ typedef struct eval_state {
     kvq_format fmt;
     int w0, w1, wdone; /* a shard's windows, and those already in OUT */
     char run[17], shard_id[48]; /* a shard's run fingerprint and I/N */
-    cli_eval_shard *shard;
+    eval_shard *shard;
     cli_out out;
     kvq_report *rep;
     kvq_task *tasks; /* --tasks */
@@ -212,9 +212,9 @@ static int merge(eval_state *s)
     kvq_format mfmt = cli_pick_format(s->format, s->output);
     cli_meta_str(s->meta, "options", "output", s->output);
     if (kvq_is_task_shard(shards[0])) /* kvq-eval --tasks --shard's */
-        return cli_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
+        return eval_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
     if (s->per_depth) return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
-    return cli_eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
+    return eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
 }
 
 /* The calibration dump, the specs (the default set when none is given) and
@@ -379,7 +379,7 @@ static int open_out(eval_state *s)
     cli_meta_int(meta, "result", "window_end", s->w1);
     kvq_eval_shard_id id = {.path = s->output, .run = s->run, .shard = s->shard_id, .rows = s->rows,
                             .nitems = s->nitems, .chunk = (int)s->chunk, .nwin = s->nwin};
-    if ((rc = cli_eval_shard_open(prog, &id, s->resume, s->w0, s->w1, &s->wdone, &s->shard))) return rc;
+    if ((rc = eval_shard_open(prog, &id, s->resume, s->w0, s->w1, &s->wdone, &s->shard))) return rc;
     if (s->wdone) { /* the runs that wrote those windows stay in the record */
         char *mp = cli_meta_path(s->output), *runs = NULL;
         if (!mp) return cli_error(prog, "out of memory"), CLI_RUNTIME;
@@ -412,7 +412,7 @@ static void say_complete(const eval_state *s)
 static int finish_shard(eval_state *s, int say_first)
 {
     if (say_first) say_complete(s);
-    int rc = cli_eval_shard_close(s->shard);
+    int rc = eval_shard_close(s->shard);
     s->shard = NULL;
     if (!rc) rc = cli_meta_write_hashed(s->meta, prog, s->output);
     if (!rc && !say_first) say_complete(s);
@@ -433,7 +433,7 @@ static int evaluate(eval_state *s)
     if (s->share.n) {
         if (s->w0 + s->wdone == s->w1) return finish_shard(s, 1); /* every window of the shard is in OUT */
         eo.window_begin = s->w0 + s->wdone, eo.window_end = s->w1;
-        eo.window_done = cli_eval_shard_window;
+        eo.window_done = eval_shard_window;
         eo.window_ud = s->shard;
     }
     const kvq_model_info *in = s->in;
@@ -571,10 +571,10 @@ static int evaluate_tasks(eval_state *s)
         long long v[] = {s->stride, (long long)s->seed, s->policies[0], s->policies[1]};
         snprintf(s->run, sizeof s->run, "%016" PRIx64, kvq_fingerprint_bytes(h, v, sizeof v));
         cli_meta_str(meta, "result", "run", s->run);
-        rc = cli_task_shard_rows(prog, &s->out, s->rows, s->nitems, res, depth, t0, t1, s->ntasks, s->run);
+        rc = eval_task_shard_rows(prog, &s->out, s->rows, s->nitems, res, depth, t0, t1, s->ntasks, s->run);
     }
     else
-        rc = cli_task_rows(prog, &s->out, s->fmt, s->rows, s->nitems, res, depth, s->ntasks, s->per_depth);
+        rc = eval_task_rows(prog, &s->out, s->fmt, s->rows, s->nitems, res, depth, s->ntasks, s->per_depth);
     free(res), free(depth);
     if (rc) return rc;
     return cli_meta_commit(&s->out, prog) ? CLI_RUNTIME : CLI_OK;
@@ -611,7 +611,7 @@ done:
     if (s.out.f) cli_out_abort(&s.out);
     kvq_model_close(s.m);
     kvq_calib_close(s.cal);
-    cli_eval_shard_close(s.shard);
+    eval_shard_close(s.shard);
     free(s.specs), free(s.owns), free(s.rows), free(s.items), free(s.ids);
     kvq_tasks_free(s.tasks, s.ntasks);
     return rc;
