@@ -7,6 +7,8 @@
  *   A: one Llama-3-8B-shaped layer (32 query / 8 KV heads, D 128, 4096
  *      tokens, float16), two 2-bit quantizers;
  *   B: four such layers of 8192 tokens, kvq-analyze's default set;
+ *   B': B with as many per-token quantizers instead (the attention
+ *      pipeline alone: B − B' is what the default set's quantizers cost);
  * and prints the wall time (best of the runs), the floor (the FLOP count at
  * the sgemm rate measured here, in this run, on the same shapes with the
  * same threads: one single-threaded sgemm per thread, as kvq runs them),
@@ -190,6 +192,28 @@ int main(int argc, char **argv)
     char name[128];
     snprintf(name, sizeof name, "B  4 layers x 8192 tokens, default set (%d quantizers)", ndefault);
     report(name, 4, 8192, ndefault, P, nt, best, best_rss);
+
+    /* B': B's attention work (the same dump, as many quantizers, the same
+     * products) with quantizers that cost little of their own, per-token at
+     * other bits and groups: the attention pipeline against the floor,
+     * apart from what the default set's quantizers cost themselves
+     * (rotations, GEAR's low rank in double, searches). */
+    enum { MAXQ = 14 };
+    char cheap[MAXQ][48], *bp[2 * MAXQ + 5];
+    int nb = 0, nq = ndefault < MAXQ ? ndefault : MAXQ;
+    bp[nb++] = tool;
+    for (int i = 0; i < nq; i++) {
+        snprintf(cheap[i], sizeof cheap[i], "per-token:bits=%d%s", 2 + i % 7, i < 7 ? "" : ",group=64");
+        bp[nb++] = "-q", bp[nb++] = cheap[i];
+    }
+    bp[nb++] = "--per", bp[nb++] = "model", bp[nb++] = b_path, bp[nb] = NULL;
+    best = 1e30;
+    for (int r = 0; r < 2; r++) {
+        double t = run_tool(bp, &rss);
+        if (t < best) best = t, best_rss = rss;
+    }
+    snprintf(name, sizeof name, "B' B's attention work, %d per-token quantizers (B less the quantizers' own work)", nq);
+    report(name, 4, 8192, nq, P, nt, best, best_rss);
 
     /* provenance: A's analysis of a one-layer dump (58 MB) with -o, which
      * hashes the dump (and OUT) into OUT.meta.json while it works, against
