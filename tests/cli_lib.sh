@@ -32,3 +32,13 @@ expect() {
         sed 's/^/  stderr: /' "$tmp/err" | head -5
     fi
 }
+
+# recorded TOOL OUT...: every recorded option row of tools/kvq-TOOL.c reaches the
+# record of one of the OUTs in $tmp (tests/check_option_record.py)
+recorded() {
+    local tool=$1 metas=() o
+    shift
+    for o; do metas+=("$tmp/$o.meta.json"); done
+    /usr/bin/python3 "$src/tests/check_option_record.py" "$src/tools/kvq-$tool.c" "${metas[@]}" \
+        && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-$tool's recorded rows"; }
+}

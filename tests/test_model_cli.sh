@@ -402,6 +402,13 @@ csv.writer(open(sys.argv[5], "w"), lineterminator="\n").writerows(rows)' "$tmp/a
     for i in 0 1; do "$eval" "$m" --text "$t" --chunk 64 -q none -q kivi:bits=2 -q per-token:bits=4 --shard $i/2 --progress never -o "$tmp/ec$i.csv" 2>/dev/null; done
     "$eval" --merge "$tmp/ec0.csv" "$tmp/ec1.csv" -o "$tmp/ecm.csv" 2>/dev/null
     cmp -s "$tmp/ec.csv" "$tmp/ecm.csv" && [ -s "$tmp/ec.csv" ] && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: stories260K --chunk 64 shards merged differ"; }
+    # every recorded row of kvq-dump, kvq-eval and kvq-alloc reaches OUT.meta.json, in the record of
+    # the kind of run that records it (a shard, a --merge, a --tasks run; tests/check_option_record.py)
+    "$build/tools/kvq-gen" --task kv --count 2 --context-tokens 40 -o "$tmp/rows.jsonl" 2>/dev/null
+    "$eval" "$m" --tasks "$tmp/rows.jsonl" -q none --per-depth 0.5 --progress never -o "$tmp/rows-t.csv" 2>/dev/null
+    recorded dump tiny.h5
+    recorded eval ec1.csv ecm.csv rows-t.csv
+    recorded alloc al.csv as0.csv
 else
     echo "test_model_cli: bundled model checks skipped: $shared/model absent"
 fi

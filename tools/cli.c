@@ -104,59 +104,6 @@ int cli_analysis_device(const char *prog, cli_analysis *a)
     return kvq_device_open_cuda(&a->device, &err) ? cli_fail(prog, &err) : CLI_OK;
 }
 
-int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a)
-{
-    kvq_error err = {0};
-    switch (c) {
-    case CLI_OPT_LAYERS:
-        free(a->layers), a->layers = NULL;
-        if (cli_parse_list(arg, 999, &a->layers, &a->nlayers)) {
-            cli_error(prog, "--layers %s: expected a list like 0-3,7 of distinct layers", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_HEADS:
-        free(a->heads), a->heads = NULL;
-        if (cli_parse_list(arg, 1 << 20, &a->heads, &a->nheads)) {
-            cli_error(prog, "--heads %s: expected a list like 0-1,3 of distinct KV heads", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_QUERIES:
-        return kvq_query_sel_parse(arg, &a->queries, &err) ? cli_fail(prog, &err) : CLI_OK;
-    case CLI_OPT_PER:
-        if (!strcmp(arg, "head")) a->per = KVQ_PER_HEAD;
-        else if (!strcmp(arg, "layer")) a->per = KVQ_PER_LAYER;
-        else if (!strcmp(arg, "model")) a->per = KVQ_PER_MODEL;
-        else {
-            cli_error(prog, "--per %s: expected head, layer or model", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_THREADS:
-        if (cli_parse_long(arg, 1, 4096, &a->threads)) {
-            cli_error(prog, "--threads %s: expected an integer 1..4096", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_SEED:
-        if (cli_parse_u64(arg, &a->seed)) {
-            cli_error(prog, "--seed %s: expected a non-negative integer", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_DEVICE:
-        if (!strcmp(arg, "cpu") || !strcmp(arg, "cuda")) {
-            a->cuda = !strcmp(arg, "cuda");
-            return CLI_OK;
-        }
-        cli_error(prog, "--device %s: expected cpu or cuda", arg);
-        return CLI_USAGE;
-    default:
-        return CLI_NOT_MINE;
-    }
-}
-
 static double cli_now(void)
 {
     struct timespec ts;
@@ -307,29 +254,6 @@ int cli_model_tokens(const char *prog, const kvq_model *m, const cli_model *mo, 
     }
     *T = (int)n;
     return CLI_OK;
-}
-
-int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo)
-{
-    switch (c) {
-    case CLI_OPT_TEXT: mo->text = arg; return CLI_OK;
-    case CLI_OPT_TOKENS: mo->tokens = arg; return CLI_OK;
-    case CLI_OPT_TOKENIZER: mo->tokenizer = arg; return CLI_OK;
-    case CLI_OPT_MAX_TOKENS:
-        if (cli_parse_long(arg, 2, 1L << 30, &mo->max_tokens)) {
-            cli_error(prog, "--max-tokens %s: expected an integer 2..2^30", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    case CLI_OPT_MODEL_THREADS:
-        if (cli_parse_long(arg, 1, 4096, &mo->threads)) {
-            cli_error(prog, "--threads %s: expected an integer 1..4096", arg);
-            return CLI_USAGE;
-        }
-        return CLI_OK;
-    default:
-        return CLI_NOT_MINE;
-    }
 }
 
 int cli_model_check(const char *prog, int argc, int optind, const cli_model *mo, const char *synopsis)
@@ -523,37 +447,5 @@ void cli_print_notes(const char *prog)
     for (char *line = buf, *nl; *line; line = nl + 1) { /* one "PROG: note: ..." per kind */
         if (!(nl = strchr(line, '\n'))) break;
         fprintf(stderr, "%s: note: %.*s\n", prog, (int)(nl - line), line);
-    }
-}
-
-int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,
-               int *rc)
-{
-    opterr = 0; /* the messages are ours */
-    for (;;) {
-        int c = getopt_long(argc, argv, shortopts, longopts, NULL);
-        if (c == -1) return -1;
-        int r = CLI_NOT_MINE;
-        if (g->analysis) r = cli_analysis_option(g->prog, c, optarg, g->analysis);
-        if (r == CLI_NOT_MINE && g->model) r = cli_model_option(g->prog, c, optarg, g->model);
-        if (r == CLI_NOT_MINE && g->meta) r = cli_meta_option(g->prog, c, optarg, g->meta);
-        if (r == CLI_OK) continue;
-        if (r != CLI_NOT_MINE) {
-            *rc = r;
-            return CLI_GETOPT_STOP;
-        }
-        switch (c) {
-        case 'h': g->usage(stdout); *rc = CLI_OK; return CLI_GETOPT_STOP;
-        case 'V': cli_version(g->prog); *rc = CLI_OK; return CLI_GETOPT_STOP;
-        case ':':
-            cli_error(g->prog, "option %s needs a value (see --help)", argv[optind - 1]);
-            *rc = CLI_USAGE;
-            return CLI_GETOPT_STOP;
-        case '?':
-            cli_error(g->prog, "unknown option %s (see --help)", argv[optind - 1]);
-            *rc = CLI_USAGE;
-            return CLI_GETOPT_STOP;
-        default: return c;
-        }
     }
 }

@@ -43,24 +43,9 @@ int cli_shard_option(const char *prog, const char *arg, long *i, long *n);
 int cli_parse_list(const char *s, int max, int **out, int *n);
 
 /* The analysis options kvq-analyze and kvq-sweep share: their getopt_long
- * codes, table rows (CLI_ANALYSIS_LONGOPTS) and parsed values. */
+ * codes (their rows: cli_analysis_rows) and parsed values. */
 enum { CLI_OPT_LAYERS = 512, CLI_OPT_HEADS, CLI_OPT_QUERIES, CLI_OPT_PER, CLI_OPT_THREADS, CLI_OPT_SEED,
        CLI_OPT_DEVICE };
-#define CLI_ANALYSIS_LONGOPTS                                                                       \
-    {"layers", required_argument, 0, CLI_OPT_LAYERS}, {"heads", required_argument, 0, CLI_OPT_HEADS}, \
-    {"queries", required_argument, 0, CLI_OPT_QUERIES}, {"per", required_argument, 0, CLI_OPT_PER},   \
-    {"threads", required_argument, 0, CLI_OPT_THREADS}, {"seed", required_argument, 0, CLI_OPT_SEED}, \
-    {"device", required_argument, 0, CLI_OPT_DEVICE}
-
-/* Their --help lines, all but --device's (each tool says what it runs there). */
-#define CLI_ANALYSIS_HELP                                                                  \
-    "      --layers LIST     layers to analyse, e.g. 0-3,7 (default: all)\n"                \
-    "      --heads LIST      KV heads to analyse (default: all)\n"                          \
-    "      --queries SEL     query rows: last:N (default last:64), all, every:N,\n"         \
-    "                        random:N\n"                                                  \
-    "      --per WHAT        pool results per head, layer (default) or model\n"           \
-    "      --threads N       worker threads (default: all cores)\n"                       \
-    "      --seed N          seed of the random streams (default 0)\n"
 typedef struct cli_analysis {
     int *layers, nlayers, *heads, nheads; /* NULL: all */
     kvq_query_sel queries;                /* default last:64 */
@@ -71,9 +56,6 @@ typedef struct cli_analysis {
     kvq_device *device;                   /* opened by cli_analysis_device */
 } cli_analysis;
 void cli_analysis_init(cli_analysis *a);
-/* Parses option `c` if it is one of CLI_OPT_*: returns CLI_OK or the exit
- * code after printing the error; CLI_NOT_MINE if `c` is not an analysis option. */
-int cli_analysis_option(const char *prog, int c, const char *arg, cli_analysis *a);
 /* Opens the GPU if --device cuda asked for one (after parsing, before any
  * work): CLI_OK, or CLI_RUNTIME after printing why there is none. */
 int cli_analysis_device(const char *prog, cli_analysis *a);
@@ -173,19 +155,9 @@ void cli_version(const char *prog);
  * a block, and not given back between layers, they reuse warm pages. */
 void cli_tune_malloc(void);
 
-/* The options kvq-dump and kvq-eval share: the model's input and threads. */
+/* The options kvq-dump, kvq-eval and kvq-alloc share: the model's input and
+ * threads (their rows: cli_model_rows). */
 enum { CLI_OPT_TEXT = 640, CLI_OPT_TOKENS, CLI_OPT_TOKENIZER, CLI_OPT_MAX_TOKENS, CLI_OPT_MODEL_THREADS };
-#define CLI_MODEL_LONGOPTS                                                                                  \
-    {"text", required_argument, 0, CLI_OPT_TEXT}, {"tokens", required_argument, 0, CLI_OPT_TOKENS},         \
-    {"tokenizer", required_argument, 0, CLI_OPT_TOKENIZER}, {"max-tokens", required_argument, 0, CLI_OPT_MAX_TOKENS}, \
-    {"threads", required_argument, 0, CLI_OPT_MODEL_THREADS}
-#define CLI_MODEL_HELP                                                                    \
-    "      --text FILE       text, tokenized as llama.cpp does (BOS if the model adds\n"   \
-    "                        one)\n"                                                      \
-    "      --tokens FILE     whitespace-separated token ids instead (any model)\n"        \
-    "      --tokenizer FILE  llama2.c tokenizer.bin (llama2.c checkpoints only)\n"        \
-    "      --max-tokens N    keep the first N tokens (BOS included)\n"                    \
-    "      --threads N       worker threads (default: all cores)\n"
 typedef struct cli_model {
     const char *text, *tokens, *tokenizer;
     long max_tokens, threads; /* 0: no cut, all cores */
@@ -193,9 +165,6 @@ typedef struct cli_model {
     long uses;                /* the most tokens the run can use (--chunk N --chunks K: N·K; 0: all):
                                  no more is read */
 } cli_model;
-/* Parses option `c` if it is one of CLI_OPT_TEXT..: CLI_OK or the exit code
- * after printing the error; CLI_NOT_MINE if `c` is not a model option. */
-int cli_model_option(const char *prog, int c, const char *arg, cli_model *mo);
 /* After getopt: exactly one MODEL operand and one of --text/--tokens; CLI_OK
  * or CLI_USAGE after printing (the message names `synopsis`). */
 int cli_model_check(const char *prog, int argc, int optind, const cli_model *mo, const char *synopsis);
@@ -246,15 +215,10 @@ int cli_read_file(const char *prog, const char *path, char **buf, size_t *len);
  * the command line, the directory), filled with the inputs and every
  * option's effective value, and written beside OUT at commit.  Allocation
  * failures are remembered and reported when it is written. */
-enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH };
-#define CLI_META_HELP                                                                     \
-    "      --meta WHERE      file (default): the run's provenance in OUT.meta.json;\n"  \
-    "                        inline: also as the first line of jsonl output\n"          \
-    "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
+enum { CLI_OPT_META = 700, CLI_OPT_NO_HASH }; /* their rows: cli_meta_rows */
 #define CLI_HELP_VERSION_HELP                                                             \
     "  -h, --help            this help\n"                                                 \
     "  -V, --version         print the version\n"
-#define CLI_META_LONGOPTS {"meta", required_argument, 0, CLI_OPT_META}, {"no-hash", no_argument, 0, CLI_OPT_NO_HASH}
 cli_meta *cli_meta_begin(const char *tool, int argc, char **argv); /* NULL: out of memory */
 void cli_meta_free(cli_meta *m);
 /* The option loop every tool shares: getopt_long over shortopts (starting
@@ -295,23 +259,51 @@ typedef struct cli_optrow {
     const char *const *choices;   /* CHOICE: NULL-terminated */
     /* CUSTOM: the parser of arg into at (base + offset) or, filling several
      * fields, into the tool's options struct base; CLI_OK or the exit code
-     * after one line on stderr.  Never recorded by cli_optrows_record. */
+     * after one line on stderr.  Recorded through record_fn. */
     int (*parse)(const char *prog, const char *arg, void *at, void *base);
     const char *expect;           /* the refusal's "expected ..." (NULL: from the kind and range) */
-    int record;                   /* recorded in the provenance as it took effect */
+    int record;                   /* CLI_RECORD_* bits: recorded in the provenance as it took effect */
+    /* The value as recorded, where the row's kind does not say it (a CUSTOM
+     * row's, an effective value the tool resolved): puts "options".NAME into meta. */
+    void (*record_fn)(struct cli_meta *meta, const struct cli_optrow *row, const void *base);
+    size_t aux_offset; /* the field a record_fn reads beside offset's: a list's count, a resolved value */
     const char *metavar, *help;   /* the --help line */
 } cli_optrow;
 enum { CLI_OPTROW_NONE = 1 };
+/* cli_optrow.record: CLI_RECORD, in the record of a run (a TEXT left NULL is
+ * not recorded); with CLI_RECORD_NULL, null then (a TEXT NULL, an INT or LONG 0);
+ * CLI_RECORD_ALT, in the record of the tool's other kind of run, which
+ * records only those: a --merge (kvq-sweep, kvq-eval), a --task (kvq-gen). */
+enum { CLI_RECORD = 1, CLI_RECORD_NULL = 2, CLI_RECORD_ALT = 4 };
+/* record_fns the tools share: a list row (a const char ** at offset, its
+ * count an int at aux_offset: a list, [] when empty); the specs of -q (a
+ * kvq_spec * at offset, their count an int at aux_offset: their texts, as
+ * given or the default set); --format as it took effect (a kvq_format at
+ * aux_offset); --shard (a cli_shard at offset, as "I/N"; N = 0, none given: not recorded). */
+void cli_optrow_record_list(struct cli_meta *meta, const cli_optrow *row, const void *base);
+void cli_optrow_record_specs(struct cli_meta *meta, const cli_optrow *row, const void *base);
+void cli_optrow_record_format(struct cli_meta *meta, const cli_optrow *row, const void *base);
+void cli_optrow_record_shard(struct cli_meta *meta, const cli_optrow *row, const void *base); /* "I/N" */
+/* an int * at offset, its count an int at aux_offset: a list, null when NULL (all) */
+void cli_optrow_record_ints(struct cli_meta *meta, const cli_optrow *row, const void *base);
 /* getopt's table: the rows, then the option groups go has (model, analysis,
  * the record's) and -h, -V; malloc'ed into *out; -1 out of memory. */
 int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out);
 /* The row whose key getopt returned: its argument checked into base + offset.  CLI_OK,
  * CLI_USAGE after one line on stderr, or CLI_OPTROW_NONE when no row has that key. */
 int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, const char *arg, void *base);
-/* Every recorded row's value, as it took effect, into the record's "options". */
-void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base);
-/* The rows' --help lines: "  -k, --name METAVAR  help", wrapped at 80 columns. */
+/* Every recorded row's value, as it took effect, into the record's "options"
+ * in the rows' order: the rows with CLI_RECORD, or with alt those with CLI_RECORD_ALT. */
+void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base, int alt);
+/* The rows' --help lines: "  -k, --name METAVAR  help", wrapped at 80
+ * columns (a row without help is the tool's to describe). */
 void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n);
+/* The option groups as rows, which cli_getopt parses for a context that has
+ * them: the analysis options (optrows.c; --device has no help line, each
+ * tool says what it runs there), the model's input and threads (optrows.c),
+ * the provenance record's --meta and --no-hash (meta.c). */
+extern const cli_optrow cli_analysis_rows[], cli_model_rows[], cli_meta_rows[];
+extern const int cli_analysis_nrows, cli_model_nrows, cli_meta_nrows;
 /* CUSTOM parsers the tools share: --format (a const char *, cli_format_option),
  * --progress (an int, cli_progress_option) and --shard (a cli_shard). */
 int cli_optrow_format(const char *prog, const char *arg, void *at, void *base);
@@ -334,8 +326,6 @@ enum { CLI_MAIN_TUNE_MALLOC = 1, CLI_MAIN_TEMP_HOOKS = 2 };
 /* The library's notes of the run (kvq_take_notes), one "PROG: note: ..." line each. */
 void cli_print_notes(const char *prog);
 int cli_main(const char *prog, int argc, char **argv, unsigned flags, int (*run)(int, char **, cli_meta *));
-/* --meta file|inline and --no-hash: CLI_OK, CLI_USAGE after printing, CLI_NOT_MINE if not ours. */
-int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m);
 /* --meta inline needs JSON lines: CLI_OK or CLI_USAGE after printing. */
 int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt);
 int cli_meta_inline(const cli_meta *m);
@@ -360,10 +350,11 @@ void cli_meta_u64(cli_meta *m, const char *section, const char *key, uint64_t va
 void cli_meta_double(cli_meta *m, const char *section, const char *key, double val);
 void cli_meta_bool(cli_meta *m, const char *section, const char *key, int val);
 void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int *v, int n);
-/* --layers, --heads, --queries, --per, --threads (resolved), --seed, --device. */
+/* The analysis group's rows as they took effect (optrows.c): --layers,
+ * --heads, --queries, --per, --threads (resolved), --seed, --device. */
 void cli_meta_analysis(cli_meta *m, const cli_analysis *an);
-/* A model in the loop: the model file, text/tokens/tokenizer as inputs and
- * options, --max-tokens, --threads (resolved), and the model's name,
+/* A model in the loop (optrows.c): the model file, text/tokens/tokenizer as
+ * inputs, the model group's rows (--threads resolved), and the model's name,
  * architecture, format, shape and the T tokens the run used. */
 void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, const kvq_model_info *in, int T);
 /* Earlier runs of the same OUT (a sweep's --resume, --merge's shards): one

@@ -144,8 +144,6 @@ static int merge_provenance(const char *prog, char **files, int nfiles, long nwi
         free(mp), free(runs);
         if (mrc) return mrc;
     }
-    cli_meta_bool(meta, "options", "merge", 1);
-    cli_meta_str(meta, "options", "format", cli_format_name(fmt));
     cli_meta_int(meta, "result", "windows", nwin);
     return cli_meta_check_format(prog, meta, fmt);
 }

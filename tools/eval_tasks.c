@@ -31,7 +31,6 @@ int eval_task_merge(const char *prog, char **files, int nfiles, const char *outp
     kvq_error err = {0};
     cli_out out = {0};
     if (kvq_task_merge_open((const char *const *)files, nfiles, &m, &err)) return cli_fail(prog, &err);
-    cli_meta_double(meta, "options", "per-depth", per_depth);
     cli_meta_int(meta, "result", "tasks", (long long)kvq_task_merge_tasks(m));
     for (int k = 0; k < nfiles; k++) cli_meta_input(meta, "shard", files[k]);
     int rc = CLI_RUNTIME;

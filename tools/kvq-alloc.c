@@ -371,48 +371,75 @@ static const char *const policies[] = {"prefill", "decode", NULL}; /* --policy: 
 enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUNKS, OPT_CALIB, OPT_PROGRESS,
        OPT_SEED, OPT_SHARD, OPT_MERGE };
 
+/* Record functions of the rows whose value the record says in its own way:
+ * --grid's and --fixed's arrays (their count an int at aux_offset), the budgets. */
+static void record_texts(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const char *const *v = (const char *const *)((const char *)base + row->offset);
+    int n = *(const int *)((const char *)base + row->aux_offset);
+    cli_meta_empty_list(meta, "options", row->name);
+    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", row->name, v[i]);
+}
+
+static void record_budgets(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const alloc_job *s = base;
+    cli_meta_empty_list(meta, "options", row->name);
+    for (int b = 0; b < s->nbudgets; b++) {
+        char bt[32];
+        snprintf(bt, sizeof bt, "%.17g", s->budgets[b]);
+        cli_meta_list(meta, "options", row->name, bt);
+    }
+}
+
 /* kvq-alloc's options, one row each (cli_optrow); the model's input and
- * --threads, and the record's, are cli.h's groups.  The run records its
- * options as they take effect (run_record), so no row is recorded here. */
+ * --threads, and the record's, are cli.h's groups.  The recorded rows go
+ * into the provenance as they took effect. */
 #define ROW(nm, k, kind, field, ...) \
     {.name = nm, .key = k, .arg = kind, .offset = offsetof(alloc_job, field), __VA_ARGS__}
+#define REC .record = CLI_RECORD
 static const cli_optrow rows[] = {
-    ROW("family", OPT_FAMILY, CLI_ARG_TEXT, family, .metavar = "NAME",
+    ROW("family", OPT_FAMILY, CLI_ARG_TEXT, family, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "NAME",
         .help = "the quantizer family (kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) (its "
                 "selector's keys)"),
-    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, .metavar = "K=V1,V2",
+    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, REC, .record_fn = record_texts,
+        .aux_offset = offsetof(alloc_job, ngrids), .metavar = "K=V1,V2",
         .help = "values of key K; repeatable (points: their product)"),
-    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, .metavar = "K=V[,..]",
+    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, REC, .record_fn = record_texts,
+        .aux_offset = offsetof(alloc_job, nfixed), .metavar = "K=V[,..]",
         .help = "keys held fixed at every point; repeatable"),
-    ROW("budget", 'b', CLI_ARG_CUSTOM, budgets, .parse = opt_budget, .metavar = "B[,B..]",
+    ROW("budget", 'b', CLI_ARG_CUSTOM, budgets, .parse = opt_budget, REC, .record_fn = record_budgets, .metavar = "B[,B..]",
         .help = "mean stored bits per element over K and V (repeatable)"),
     ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "OUT",
         .help = "the allocations (CSV, or JSON lines for *.jsonl), written atomically; beside it "
                 "OUT.sensitivity.csv (appended pass by pass), OUT.uniform.csv (every uniform point evaluated) and "
                 "OUT.meta.json (the provenance)"),
-    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume, REC,
         .help = "keep the complete passes of OUT.sensitivity.csv, run the rest"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, REC,
+        .record_fn = cli_optrow_record_shard, .metavar = "I/N",
         .help = "measure only the grid's valid points i with i mod N = I, into the sensitivity table -o OUT itself "
                 "(no --budget)"),
-    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge, REC,
         .help = "kvq-alloc --merge MODEL SHARD... (the shards' tables, with the run's other options): join them into "
                 "OUT.sensitivity.csv and allocate"),
-    ROW("policy", OPT_POLICY, CLI_ARG_CHOICE, decode, .choices = policies, .metavar = "P",
+    ROW("policy", OPT_POLICY, CLI_ARG_CHOICE, decode, .choices = policies, REC, .metavar = "P",
         .help = "prefill (default) or decode, as kvq-eval"),
-    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, REC, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
         .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
-    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
+    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .record = CLI_RECORD | CLI_RECORD_NULL, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
         .metavar = "N", .help = "corpus evaluation in windows of N tokens (as kvq-eval)"),
-    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, .record = CLI_RECORD | CLI_RECORD_NULL, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
         .metavar = "K", .help = "only the first K windows"),
-    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "FILE",
+        .help = "calibration dump of the same model"),
     ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress_mode, .parse = cli_optrow_progress, .metavar = "WHEN",
         .help = "auto (default: on a terminal), always or never"),
-    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, .metavar = "N",
+    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, REC, .metavar = "N",
         .help = "seed of the quantizers' random streams (default 0)"),
 };
 #undef ROW
+#undef REC
 enum { NROWS = sizeof rows / sizeof rows[0] };
 
 static void usage(FILE *f)
@@ -425,7 +452,9 @@ static void usage(FILE *f)
                "from each layer's sensitivity (dnll with only that layer quantized), then\n"
                "evaluated in full beside the uniform points within the budget.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, CLI_MODEL_HELP CLI_META_HELP CLI_HELP_VERSION_HELP
+    cli_optrows_usage(f, cli_model_rows, cli_model_nrows);
+    cli_optrows_usage(f, cli_meta_rows, cli_meta_nrows);
+    fprintf(f, CLI_HELP_VERSION_HELP
                "\n"
                "Example: kvq-alloc data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
                "           --family kivi --grid kbits=2,4,8 --grid vbits=2,4,8 \\\n"
@@ -577,30 +606,7 @@ static void record_options(const alloc_job *s)
     cli_meta_operands(meta, s->argv + s->optind, 1);
     cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, s->T);
     cli_meta_input(meta, "calib", s->calib);
-    cli_meta_str(meta, "options", "family", s->family);
-    cli_meta_empty_list(meta, "options", "grid");
-    for (int i = 0; i < s->ngrids; i++) cli_meta_list(meta, "options", "grid", s->grids[i]);
-    cli_meta_empty_list(meta, "options", "fixed");
-    for (int i = 0; i < s->nfixed; i++) cli_meta_list(meta, "options", "fixed", s->fixed[i]);
-    cli_meta_empty_list(meta, "options", "budget");
-    for (int b = 0; b < s->nbudgets; b++) {
-        char bt[32];
-        snprintf(bt, sizeof bt, "%.17g", s->budgets[b]);
-        cli_meta_list(meta, "options", "budget", bt);
-    }
-    cli_meta_bool(meta, "options", "resume", s->resume);
-    cli_meta_bool(meta, "options", "merge", s->merge);
-    if (s->share.n) {
-        char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", s->share.i, s->share.n);
-        cli_meta_str(meta, "options", "shard", sh);
-    }
-    cli_meta_str(meta, "options", "policy", s->decode ? "decode" : "prefill");
-    cli_meta_int(meta, "options", "stride", s->stride);
-    cli_meta_int_set(meta, "options", "chunk", s->chunk);
-    cli_meta_int_set(meta, "options", "chunks", s->chunks);
-    cli_meta_str(meta, "options", "calib", s->calib);
-    cli_meta_u64(meta, "options", "seed", s->seed);
+    cli_optrows_record(meta, rows, NROWS, s, 0);
     cli_meta_str(meta, "result", "run", s->sc.run);
     cli_meta_str(meta, "result", "sensitivity", s->sens_path);
     cli_meta_str(meta, "result", "uniform", s->uni_path);

@@ -45,15 +45,19 @@ static int opt_quant(const char *p, const char *arg, void *at, void *base)
 
 /* kvq-analyze's options, one row each (cli_optrow); --layers, --heads,
  * --queries, --per, --threads, --seed and --device are the analysis group's
- * (cli.h), --meta and --no-hash the record's.  record_options records the
- * options as they take effect, so no row is recorded here. */
+ * (cli.h), --meta and --no-hash the record's.  The recorded rows go into the
+ * provenance as they took effect: the default set's specs, the format chosen. */
 #define ROW(nm, k, kind, field, ...) \
     {.name = nm, .key = k, .arg = kind, .offset = offsetof(analyze_state, field), __VA_ARGS__}
+#define AUX(field) .aux_offset = offsetof(analyze_state, field)
 static const cli_optrow rows[] = {
-    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
+    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .record = CLI_RECORD,
+        .record_fn = cli_optrow_record_specs, AUX(nspecs), .metavar = "SPEC",
         .help = "quantizer spec NAME[:key=value,...]; repeatable (default: one configuration of every family)"),
-    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
-    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .metavar = "FMT",
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "FILE",
+        .help = "calibration dump of the same model"),
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .record = CLI_RECORD,
+        .record_fn = cli_optrow_record_format, AUX(fmt), .metavar = "FMT",
         .help = "table, csv or jsonl (default: table on a terminal, else csv; with -o, jsonl for *.jsonl names)"),
     ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
         .help = "write results to FILE (atomically) instead of stdout, and the run's provenance to FILE.meta.json"),
@@ -62,6 +66,7 @@ static const cli_optrow rows[] = {
     ROW("list-quantizers", OPT_LIST, CLI_ARG_FLAG, list, .help = "list quantizers, their keys and defaults"),
 };
 #undef ROW
+#undef AUX
 enum { NROWS = sizeof rows / sizeof rows[0] };
 
 static void usage(FILE *f)
@@ -70,11 +75,12 @@ static void usage(FILE *f)
                "Measure how quantizers distort the keys, values, attention scores and outputs\n"
                "stored in kvq-dump/1 HDF5 files.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, CLI_ANALYSIS_HELP
-               "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
+    cli_optrows_usage(f, cli_analysis_rows, cli_analysis_nrows);
+    fprintf(f, "      --device DEV      cpu (default) or cuda: the uniform families (per-token,\n"
                "                        per-channel, kivi, kcvt, absmax) and every attention\n"
-               "                        metric on the GPU; the other quantizers on the CPU\n"
-               CLI_META_HELP CLI_HELP_VERSION_HELP "\n"
+               "                        metric on the GPU; the other quantizers on the CPU\n");
+    cli_optrows_usage(f, cli_meta_rows, cli_meta_nrows);
+    fprintf(f, CLI_HELP_VERSION_HELP "\n"
                "Example: kvq-analyze -q kivi:bits=2,group=32,residual=128 --per model \\\n"
                "           data/stories260K.h5\n");
 }
@@ -129,10 +135,8 @@ static void record_options(const analyze_state *s)
     cli_meta_operands(meta, s->dumps, s->ndumps);
     for (int i = 0; i < s->ndumps; i++) cli_meta_input(meta, "dump", s->dumps[i]);
     cli_meta_input(meta, "calib", s->calib);
-    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
-    cli_meta_str(meta, "options", "calib", s->calib);
+    cli_optrows_record(meta, rows, NROWS, s, 0);
     cli_meta_analysis(meta, &s->an);
-    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
 }
 
 /* OUT (never one of the inputs), written under a temporary name, and its report. */

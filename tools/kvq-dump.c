@@ -29,7 +29,9 @@ enum { OPT_LAYERS = 256 };
 /* kvq-dump's own options (cli_optrow); the model's input and --threads, and
  * the record's, are cli.h's groups; the run records what took effect. */
 static const cli_optrow rows[] = {
-    {.name = "layers", .key = OPT_LAYERS, .arg = CLI_ARG_CUSTOM, .parse = opt_layers, .metavar = "LIST",
+    {.name = "layers", .key = OPT_LAYERS, .arg = CLI_ARG_CUSTOM, .offset = offsetof(dump_args, layers),
+     .parse = opt_layers, .record = CLI_RECORD, .record_fn = cli_optrow_record_ints,
+     .aux_offset = offsetof(dump_args, nlayers), .metavar = "LIST",
      .help = "layers to write, e.g. 0-3,7 (default: all)"},
     {.name = "output", .key = 'o', .arg = CLI_ARG_TEXT, .offset = offsetof(dump_args, output), .metavar = "FILE",
      .help = "the dump to write (atomically), and its provenance to FILE.meta.json"},
@@ -42,7 +44,8 @@ static void usage(FILE *f)
                "Run a model (GGUF v2/v3: llama, qwen2, qwen3, gemma3, phi3; or a llama2.c\n"
                "checkpoint) over a text and write every layer's key, value, query and\n"
                "pre-RoPE key, the token ids and the mean next-token loss as a kvq-dump/1\n"
-               "HDF5 file.\n\n" CLI_MODEL_HELP);
+               "HDF5 file.\n\n");
+    cli_optrows_usage(f, cli_model_rows, cli_model_nrows);
     cli_optrows_usage(f, rows, NROWS);
     fprintf(f, "      --no-hash         record the inputs' size and mtime, not their SHA-256\n" CLI_HELP_VERSION_HELP
                "\nExample: kvq-dump stories260K.gguf --text story.txt -o story.h5\n");
@@ -75,7 +78,7 @@ static int run(int argc, char **argv, cli_meta *meta)
     const kvq_model_info *in = kvq_model_get_info(m);
     cli_meta_operands(meta, argv + optind, argc - optind);
     cli_meta_model(meta, argv[optind], &a.mo, in, T);
-    cli_meta_ints(meta, "options", "layers", a.layers, a.nlayers);
+    cli_optrows_record(meta, rows, NROWS, &a, 0);
     double nll;
     if ((rc = cli_meta_drop(prog, a.output))) goto done;
     if (kvq_model_dump(m, ids, T, a.layers, a.nlayers, a.output, (int)a.mo.threads, &nll, &err)) {

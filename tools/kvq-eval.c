@@ -64,6 +64,7 @@ typedef struct eval_state {
     long stride, chunk, chunks, context;
     cli_shard share; /* --shard I/N (n 0: none) */
     int resume, merge, per_layer, policies[2];
+    int task_merge; /* --merge of --tasks shards */
     uint64_t seed;
     cli_model mo;
     kvq_spec *specs; /* -q's, or the default set */
@@ -111,63 +112,91 @@ static int opt_policy(const char *p, const char *arg, void *at, void *base)
     return CLI_OK;
 }
 
+/* Record functions of the rows whose value the record says in its own way. */
+static void record_policy(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const int *pol = (const int *)((const char *)base + row->offset);
+    cli_meta_str(meta, "options", row->name, pol[0] && pol[1] ? "prefill,decode" : pol[0] ? "prefill" : "decode");
+}
+
+static void record_per_depth(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const eval_state *s = base; /* a --tasks run's, or its shards' merge */
+    if (s->tasks_path || s->task_merge) cli_meta_double(meta, "options", row->name, s->per_depth);
+}
+
+static void record_resume(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const eval_state *s = base; /* a corpus shard's (a task shard is never resumed) */
+    if (s->share.n && !s->tasks_path) cli_meta_bool(meta, "options", row->name, s->resume);
+}
+
 enum { OPT_CALIB = 256, OPT_POLICY, OPT_STRIDE, OPT_PER_LAYER, OPT_FORMAT, OPT_PROGRESS, OPT_SEED, OPT_CHUNK,
        OPT_CHUNKS, OPT_CONTEXT, OPT_SHARD, OPT_RESUME, OPT_MERGE, OPT_TASKS, OPT_PER_DEPTH };
 
 /* kvq-eval's options, one row each (cli_optrow); the model's input and
- * --threads, and the record's, are cli.h's groups.  The run records its
- * options as they take effect (record_options), so no row is recorded here. */
+ * --threads, and the record's, are cli.h's groups.  The recorded rows go into
+ * the provenance as they took effect (a --merge run's: its output). */
 #define ROW(nm, k, kind, field, ...) \
     {.name = nm, .key = k, .arg = kind, .offset = offsetof(eval_state, field), __VA_ARGS__}
+#define REC .record = CLI_RECORD
+#define REC_NULL .record = CLI_RECORD | CLI_RECORD_NULL
 static const cli_optrow rows[] = {
-    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, .metavar = "SPEC",
+    ROW("quant", 'q', CLI_ARG_CUSTOM, specs, .parse = opt_quant, REC, .record_fn = cli_optrow_record_specs,
+        .aux_offset = offsetof(eval_state, nspecs), .metavar = "SPEC",
         .help = "quantizer spec NAME[:key=value,...], or none (the exact cache); repeatable (default: kvq-analyze's "
                 "default set)"),
-    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE",
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, REC_NULL, .metavar = "FILE",
         .help = "calibration dump of the same model (kvq-dump of another text)"),
-    ROW("policy", OPT_POLICY, CLI_ARG_CUSTOM, policies, .parse = opt_policy, .metavar = "P",
+    ROW("policy", OPT_POLICY, CLI_ARG_CUSTOM, policies, .parse = opt_policy, REC, .record_fn = record_policy,
+        .metavar = "P",
         .help = "prefill (default: every layer's cache quantized once over all T tokens, as papers' perplexity "
                 "tables do), decode (the cache as it holds t+1 tokens at position t), or prefill,decode"),
-    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, .min = 1, .max = 1L << 30, .expect = "a positive integer",
+    ROW("stride", OPT_STRIDE, CLI_ARG_LONG, stride, REC, .min = 1, .max = 1L << 30, .expect = "a positive integer",
         .metavar = "N", .help = "decode: re-quantize the cache every N positions (default 1)"),
-    ROW("per-layer", OPT_PER_LAYER, CLI_ARG_FLAG, per_layer,
+    ROW("per-layer", OPT_PER_LAYER, CLI_ARG_FLAG, per_layer, REC,
         .help = "one row per layer with only that layer quantized"),
-    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
+    ROW("chunk", OPT_CHUNK, CLI_ARG_LONG, chunk, REC_NULL, .min = 4, .max = 1L << 30, .expect = "an integer 4..2^30",
         .metavar = "N",
         .help = "corpus evaluation (llama.cpp perplexity's protocol): windows of N tokens, each from an empty cache "
                 "with BOS first when the model adds one, scoring each window's second half"),
-    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
+    ROW("chunks", OPT_CHUNKS, CLI_ARG_LONG, chunks, REC_NULL, .min = 1, .max = 1L << 30, .expect = "an integer 1..2^30",
         .metavar = "K", .help = "evaluate only the first K windows"),
-    ROW("context", OPT_CONTEXT, CLI_ARG_LONG, context, .min = 1, .max = 1L << 30,
+    ROW("context", OPT_CONTEXT, CLI_ARG_LONG, context, REC_NULL, .min = 1, .max = 1L << 30,
         .expect = "a positive integer (tokens)", .metavar = "N",
         .help = "the context protocol: the first N tokens (of each window) prefilled exactly and their cache "
                 "compressed once, the rest teacher-forced on top (their own entries exact with prefill, stored by "
                 "the spec or a tokens(...)'s HI with decode); only positions >= N are scored"),
-    ROW("tasks", OPT_TASKS, CLI_ARG_TEXT, tasks_path, .metavar = "FILE",
+    ROW("tasks", OPT_TASKS, CLI_ARG_TEXT, tasks_path, REC, .metavar = "FILE",
         .help = "retrieval tasks (JSON lines, kvq-gen --task): each context's cache compressed as --context does, "
                 "the question and the answer on top; the answer scored: answer_nll, exact (every answer token the "
                 "arg-max), recall_drop"),
-    ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .real_max = 1,
+    ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .record = CLI_RECORD | CLI_RECORD_ALT, .record_fn = record_per_depth, .real_max = 1,
         .expect = "a bucket width in (0, 1], e.g. 0.25", .metavar = "B",
         .help = "with --tasks: also a row per depth bucket of width B"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, REC,
+        .record_fn = cli_optrow_record_shard, .metavar = "I/N",
         .help = "with --chunk: only the I-th of N contiguous shares of the windows, each window's rows appended to "
                 "-o OUT as it ends (with the sums --merge pools, the run's fingerprint and I/N); with --tasks: of the "
                 "tasks, a row per task written to -o OUT at the end"),
-    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume, .help = "continue a shard's OUT after its last whole window"),
-    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume, REC, .record_fn = record_resume,
+        .help = "continue a shard's OUT after its last whole window"),
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge, .record = CLI_RECORD_ALT,
         .help = "kvq-eval --merge SHARD... [-o OUT]: pool the shards' windows (or tasks, with --per-depth B as the "
                 "run's) into the rows of one run (bit for bit)"),
-    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .metavar = "FMT",
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = cli_optrow_format, .record = CLI_RECORD | CLI_RECORD_ALT,
+        .record_fn = cli_optrow_record_format, .aux_offset = offsetof(eval_state, fmt), .metavar = "FMT",
         .help = "table, csv or jsonl (default: table on a terminal, else csv; with -o, jsonl for *.jsonl names)"),
-    ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
+    ROW("output", 'o', CLI_ARG_TEXT, output, .record = CLI_RECORD_ALT, .metavar = "FILE",
         .help = "write results to FILE (atomically) instead of stdout, and the run's provenance to FILE.meta.json"),
     ROW("progress", OPT_PROGRESS, CLI_ARG_CUSTOM, progress_mode, .parse = cli_optrow_progress, .metavar = "WHEN",
         .help = "auto (default: on a terminal), always or never"),
-    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, .metavar = "N",
+    ROW("seed", OPT_SEED, CLI_ARG_U64, seed, REC, .metavar = "N",
         .help = "seed of the quantizers' random streams (default 0)"),
 };
 #undef ROW
+#undef REC
+#undef REC_NULL
 enum { NROWS = sizeof rows / sizeof rows[0] };
 
 /* The options into s; *stop: --help or --version answered (rc as they end). */
@@ -187,7 +216,9 @@ static void usage(FILE *f)
                "with each quantizer's KV cache against the exact cache: nll, dnll, ppl_ratio,\n"
                "KL, top-1.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, CLI_MODEL_HELP CLI_META_HELP CLI_HELP_VERSION_HELP
+    cli_optrows_usage(f, cli_model_rows, cli_model_nrows);
+    cli_optrows_usage(f, cli_meta_rows, cli_meta_nrows);
+    fprintf(f, CLI_HELP_VERSION_HELP
                "\n"
                "Example: kvq-eval data/kvq-retrieval.gguf --text data/retrieval-main.txt \\\n"
                "           -q none -q kivi:bits=2 --policy prefill,decode\n"
@@ -209,12 +240,13 @@ static int merge(eval_state *s)
     char **shards = s->argv + s->optind;
     int nshards = s->argc - s->optind, rc = cli_check_output(prog, s->output, (const char *const *)shards, nshards);
     if (rc) return rc;
-    kvq_format mfmt = cli_pick_format(s->format, s->output);
-    cli_meta_str(s->meta, "options", "output", s->output);
-    if (kvq_is_task_shard(shards[0])) /* kvq-eval --tasks --shard's */
-        return eval_task_merge(prog, shards, nshards, s->output, mfmt, s->per_depth, s->meta);
-    if (s->per_depth) return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
-    return eval_merge(prog, shards, nshards, s->output, mfmt, s->meta);
+    s->fmt = cli_pick_format(s->format, s->output);
+    s->task_merge = kvq_is_task_shard(shards[0]); /* kvq-eval --tasks --shard's */
+    if (!s->task_merge && s->per_depth)
+        return cli_error(prog, "--per-depth: the shards are not of a --tasks run"), CLI_USAGE;
+    cli_optrows_record(s->meta, rows, NROWS, s, 1);
+    if (s->task_merge) return eval_task_merge(prog, shards, nshards, s->output, s->fmt, s->per_depth, s->meta);
+    return eval_merge(prog, shards, nshards, s->output, s->fmt, s->meta);
 }
 
 /* The calibration dump, the specs (the default set when none is given) and
@@ -335,17 +367,7 @@ static void record_options(const eval_state *s)
     cli_meta_operands(meta, s->argv + s->optind, s->argc - s->optind);
     cli_meta_model(meta, s->argv[s->optind], &s->mo, s->in, s->T);
     cli_meta_input(meta, "calib", s->calib);
-    for (int i = 0; i < s->nspecs; i++) cli_meta_list(meta, "options", "quant", s->specs[i].text);
-    cli_meta_str(meta, "options", "calib", s->calib);
-    cli_meta_str(meta, "options", "policy",
-                 s->policies[0] && s->policies[1] ? "prefill,decode" : s->policies[0] ? "prefill" : "decode");
-    cli_meta_int(meta, "options", "stride", s->stride);
-    cli_meta_bool(meta, "options", "per-layer", s->per_layer);
-    cli_meta_int_set(meta, "options", "chunk", s->chunk);
-    cli_meta_int_set(meta, "options", "chunks", s->chunks);
-    cli_meta_int_set(meta, "options", "context", s->context);
-    cli_meta_u64(meta, "options", "seed", s->seed);
-    cli_meta_str(meta, "options", "format", cli_format_name(s->fmt));
+    cli_optrows_record(meta, rows, NROWS, s, 0);
 }
 
 /* Where the rows go: a shard's share of the windows, appended to OUT
@@ -371,9 +393,7 @@ static int open_out(eval_state *s)
     snprintf(s->run, sizeof s->run, "%016" PRIx64,
              kvq_eval_fingerprint(s->m, s->ids, s->T, s->policies[1] ? KVQ_POLICY_DECODE : KVQ_POLICY_PREFILL, &fo,
                                   s->calib));
-    cli_meta_str(meta, "options", "shard", s->shard_id);
     cli_meta_str(meta, "result", "run", s->run);
-    cli_meta_bool(meta, "options", "resume", s->resume);
     cli_meta_int(meta, "result", "windows", s->nwin);
     cli_meta_int(meta, "result", "window_begin", s->w0);
     cli_meta_int(meta, "result", "window_end", s->w1);
@@ -531,8 +551,6 @@ static int evaluate_tasks(eval_state *s)
     cli_meta *meta = s->meta;
     record_options(s); /* T 0: the tasks' own tokens */
     cli_meta_input(meta, "tasks", s->tasks_path);
-    cli_meta_str(meta, "options", "tasks", s->tasks_path);
-    cli_meta_double(meta, "options", "per-depth", s->per_depth);
     cli_meta_int(meta, "result", "tasks", (long long)s->ntasks);
     if (s->progress_mode < 0) cli_progress_option(prog, "auto", &s->progress_mode);
     progress_state ps = {s->progress_mode == CLI_PROGRESS_ALWAYS ||
@@ -544,9 +562,6 @@ static int evaluate_tasks(eval_state *s)
     if (s->share.n) {
         t0 = (size_t)(s->ntasks * (size_t)s->share.i / (size_t)s->share.n);
         t1 = (size_t)(s->ntasks * (size_t)(s->share.i + 1) / (size_t)s->share.n);
-        char sh[48];
-        snprintf(sh, sizeof sh, "%ld/%ld", s->share.i, s->share.n);
-        cli_meta_str(meta, "options", "shard", sh);
         cli_meta_int(meta, "result", "task_begin", (long long)t0);
         cli_meta_int(meta, "result", "task_end", (long long)t1);
     }

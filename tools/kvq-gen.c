@@ -52,11 +52,7 @@ static int write_tasks(const task_opts *t, uint64_t seed, const char *output, cl
             goto done;
         }
     }
-    cli_meta_str(meta, "options", "task", kvq_task_kind_name(t->kind));
-    cli_meta_int(meta, "options", "count", t->count);
-    cli_meta_int(meta, "options", "context-tokens", t->context_tokens);
-    cli_meta_u64(meta, "options", "seed", seed);
-    cli_meta_str(meta, "options", "token-count", m ? "model" : "approximate");
+    cli_meta_str(meta, "options", "token-count", m ? "model" : "approximate"); /* the rows: run() */
     cli_meta_input(meta, "model", t->model);
     if (kvq_tasks_generate(t->kind, (size_t)t->count, (int)t->context_tokens, seed, m ? count_model_tokens : NULL, m,
                            &tasks, &err)) {
@@ -100,36 +96,36 @@ static const cli_optrow rows[] = {
     ROW("preset", OPT_PRESET, CLI_ARG_CHOICE, preset, .choices = presets, .metavar = "NAME",
         .help = "tiny (default) or llama3-8b (32 query heads, 8 KV heads, head_dim 128, 4096 tokens, 4 layers); "
                 "options below override"),
-    ROW("layers", OPT_LAYERS, CLI_ARG_INT, o.num_layers, .min = 1, .max = 1000, .record = 1, .metavar = "N",
+    ROW("layers", OPT_LAYERS, CLI_ARG_INT, o.num_layers, .min = 1, .max = 1000, .record = CLI_RECORD, .metavar = "N",
         .help = "layers"),
-    ROW("heads", OPT_HEADS, CLI_ARG_INT, o.num_heads, .min = 1, .max = 1 << 16, .record = 1, .metavar = "N",
+    ROW("heads", OPT_HEADS, CLI_ARG_INT, o.num_heads, .min = 1, .max = 1 << 16, .record = CLI_RECORD, .metavar = "N",
         .help = "query heads"),
-    ROW("kv-heads", OPT_KV, CLI_ARG_INT, o.num_kv_heads, .min = 1, .max = 1 << 16, .record = 1, .metavar = "N",
+    ROW("kv-heads", OPT_KV, CLI_ARG_INT, o.num_kv_heads, .min = 1, .max = 1 << 16, .record = CLI_RECORD, .metavar = "N",
         .help = "KV heads (divides --heads)"),
-    ROW("head-dim", OPT_DIM, CLI_ARG_INT, o.head_dim, .min = 2, .max = 4096, .record = 1, .metavar = "N",
+    ROW("head-dim", OPT_DIM, CLI_ARG_INT, o.head_dim, .min = 2, .max = 4096, .record = CLI_RECORD, .metavar = "N",
         .help = "head dimension (even)"),
-    ROW("tokens", OPT_TOKENS, CLI_ARG_INT, o.seq_len, .min = 1, .max = 1 << 24, .record = 1, .metavar = "N",
+    ROW("tokens", OPT_TOKENS, CLI_ARG_INT, o.seq_len, .min = 1, .max = 1 << 24, .record = CLI_RECORD, .metavar = "N",
         .help = "sequence length"),
-    ROW("dtype", OPT_DTYPE, CLI_ARG_CHOICE, dtype, .choices = dtypes, .record = 1, .metavar = "T",
+    ROW("dtype", OPT_DTYPE, CLI_ARG_CHOICE, dtype, .choices = dtypes, .record = CLI_RECORD, .metavar = "T",
         .help = "float16 or float32 (default) or float64"),
-    ROW("rope-style", OPT_STYLE, CLI_ARG_CHOICE, style, .choices = styles, .record = 1, .metavar = "S",
+    ROW("rope-style", OPT_STYLE, CLI_ARG_CHOICE, style, .choices = styles, .record = CLI_RECORD, .metavar = "S",
         .help = "interleaved (default) or half"),
-    ROW("rope-theta", OPT_THETA, CLI_ARG_REAL, o.rope_theta, .record = 1, .metavar = "X",
+    ROW("rope-theta", OPT_THETA, CLI_ARG_REAL, o.rope_theta, .record = CLI_RECORD, .metavar = "X",
         .help = "RoPE base (default 10000)"),
-    ROW("outliers", OPT_OUTLIERS, CLI_ARG_INT, o.outlier_channels, .min = 0, .max = 2048, .record = 1,
+    ROW("outliers", OPT_OUTLIERS, CLI_ARG_INT, o.outlier_channels, .min = 0, .max = 2048, .record = CLI_RECORD,
         .metavar = "N", .help = "outlier channels per KV head in pre-RoPE keys (default 4)"),
-    ROW("outlier-scale", OPT_OSCALE, CLI_ARG_REAL, o.outlier_scale, .record = 1, .metavar = "X",
+    ROW("outlier-scale", OPT_OSCALE, CLI_ARG_REAL, o.outlier_scale, .record = CLI_RECORD, .metavar = "X",
         .help = "their magnitude factor (default 8)"),
-    ROW("peak", OPT_PEAK, CLI_ARG_REAL, o.peak, .record = 1, .metavar = "X",
+    ROW("peak", OPT_PEAK, CLI_ARG_REAL, o.peak, .record = CLI_RECORD, .metavar = "X",
         .help = "query-key alignment; larger = more peaked attention (default 8)"),
-    ROW("no-query", OPT_NOQ, CLI_ARG_FLAG, no_query, .record = 1, .help = "omit queries"),
-    ROW("no-key-pre-rope", OPT_NOPRE, CLI_ARG_FLAG, no_pre, .record = 1, .help = "omit pre-RoPE keys"),
-    ROW("seed", OPT_SEED, CLI_ARG_U64, o.seed, .record = 1, .metavar = "N", .help = "seed (default 0)"),
-    ROW("task", OPT_TASK, CLI_ARG_CHOICE, task, .choices = kinds, .metavar = "KIND",
+    ROW("no-query", OPT_NOQ, CLI_ARG_FLAG, no_query, .record = CLI_RECORD, .help = "omit queries"),
+    ROW("no-key-pre-rope", OPT_NOPRE, CLI_ARG_FLAG, no_pre, .record = CLI_RECORD, .help = "omit pre-RoPE keys"),
+    ROW("seed", OPT_SEED, CLI_ARG_U64, o.seed, .record = CLI_RECORD | CLI_RECORD_ALT, .metavar = "N", .help = "seed (default 0)"),
+    ROW("task", OPT_TASK, CLI_ARG_CHOICE, task, .choices = kinds, .record = CLI_RECORD_ALT, .metavar = "KIND",
         .help = "needle, multikey, kv or mqar: write tasks, not a dump"),
-    ROW("count", OPT_COUNT, CLI_ARG_INT, t.count, .min = 1, .max = 1000000, .metavar = "N",
+    ROW("count", OPT_COUNT, CLI_ARG_INT, t.count, .record = CLI_RECORD_ALT, .min = 1, .max = 1000000, .metavar = "N",
         .help = "tasks (default 100)"),
-    ROW("context-tokens", OPT_CONTEXT_TOKENS, CLI_ARG_INT, t.context_tokens, .min = 1, .max = 1 << 24,
+    ROW("context-tokens", OPT_CONTEXT_TOKENS, CLI_ARG_INT, t.context_tokens, .record = CLI_RECORD_ALT, .min = 1, .max = 1 << 24,
         .metavar = "L", .help = "tokens of each task's context (as many sentences or pairs as fit)"),
     ROW("model", OPT_MODEL, CLI_ARG_TEXT, t.model, .metavar = "FILE",
         .help = "count tokens with this model's tokenizer (default: one per word, digit and punctuation mark, exact "
@@ -197,10 +193,13 @@ static int run(int argc, char **argv, cli_meta *meta)
         return cli_error(prog, a.t.on ? "no output given (-o OUT.jsonl)" : "no output given (-o OUT.h5)"), CLI_USAGE;
     const char *inputs[] = {a.t.model};
     if ((rc = cli_check_output(prog, a.output, inputs, 1))) return rc;
-    if (a.t.on) return write_tasks(&a.t, a.o.seed, a.output, meta);
+    if (a.t.on) { /* the task rows as they took effect */
+        cli_optrows_record(meta, rows, NROWS, &a, 1);
+        return write_tasks(&a.t, a.o.seed, a.output, meta);
+    }
     if (cli_meta_inline(meta))
         return cli_error(prog, "--meta inline: a dump is HDF5; its record is OUT.meta.json"), CLI_USAGE;
-    cli_optrows_record(meta, rows, NROWS, &a); /* every generator setting as it took effect (a preset expanded) */
+    cli_optrows_record(meta, rows, NROWS, &a, 0); /* every generator setting as it took effect (a preset expanded) */
     if ((rc = cli_meta_drop(prog, a.output))) return rc;
     if (progress_mode < 0) cli_progress_option(prog, "auto", &progress_mode);
     cli_progress progress = {0};

@@ -192,13 +192,23 @@ static int opt_values(const char *p, const char *arg, void *at, void *base)
     return cli_error(p, "--values %s: expected LAYER:HEAD, e.g. 0:1", arg), CLI_USAGE;
 }
 
+/* --values as recorded: "L:H", null when not given. */
+static void record_values(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const info_args *a = base;
+    char v[48];
+    snprintf(v, sizeof v, "%ld:%ld", a->vlayer, a->vhead);
+    cli_meta_str(meta, "options", row->name, a->vlayer >= 0 ? v : NULL);
+}
+
 enum { OPT_CHANNELS = 256, OPT_VALUES };
 #define ROW(nm, k, kind, field, ...) \
     {.name = nm, .key = k, .arg = kind, .offset = offsetof(info_args, field), __VA_ARGS__}
 static const cli_optrow rows[] = {
-    ROW("channels", OPT_CHANNELS, CLI_ARG_FLAG, channels, .record = 1,
+    ROW("channels", OPT_CHANNELS, CLI_ARG_FLAG, channels, .record = CLI_RECORD,
         .help = "write per-channel magnitudes as CSV instead (dump,layer,head,tensor,channel,abs_max,abs_mean,rms)"),
-    ROW("values", OPT_VALUES, CLI_ARG_CUSTOM, vlayer, .parse = opt_values, .metavar = "L:H",
+    ROW("values", OPT_VALUES, CLI_ARG_CUSTOM, vlayer, .parse = opt_values, .record = CLI_RECORD,
+        .record_fn = record_values, .metavar = "L:H",
         .help = "write the keys and values of layer L, KV head H as CSV (dump,layer,head,tensor,token,c0..c{D-1}; "
                 "tensor is key, value and key_pre_rope when the dump has it)"),
     ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "FILE",
@@ -250,10 +260,7 @@ static int run(int argc, char **argv, cli_meta *meta)
         return rc;
     cli_meta_operands(meta, argv + optind, argc - optind);
     for (int i = optind; i < argc; i++) cli_meta_input(meta, "dump", argv[i]);
-    cli_optrows_record(meta, rows, NROWS, &a);
-    char v[48];
-    snprintf(v, sizeof v, "%ld:%ld", a.vlayer, a.vhead);
-    cli_meta_str(meta, "options", "values", a.vlayer >= 0 ? v : NULL);
+    cli_optrows_record(meta, rows, NROWS, &a, 0);
     if (cli_out_open(&out, a.output, prog) || cli_out_attach_meta(&out, meta, prog)) {
         cli_out_abort(&out);
         return CLI_RUNTIME;

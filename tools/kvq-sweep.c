@@ -35,6 +35,7 @@ typedef struct {
     cli_analysis an; /* --layers, --heads, --queries, --per, --threads, --seed */
     long cache_mb;
     cli_shard share; /* --shard I/N (default 0/1) */
+    kvq_format fmt;  /* the format as it took effect, for the record */
     int resume, merge, expect_grid, list_points, progress;
     cli_meta *meta;
 } opts_t;
@@ -103,29 +104,8 @@ static void progress_point(progress_t *p, size_t point, const char *spec, double
     fflush(stderr);
 }
 
-/* The sweep's options in its provenance record, with their effective values. */
-static void meta_options(const opts_t *o, kvq_format fmt)
-{
-    cli_meta *m = o->meta;
-    cli_meta_str(m, "options", "quant", o->quant);
-    cli_meta_empty_list(m, "options", "grid");
-    for (int i = 0; i < o->ngrids; i++) cli_meta_list(m, "options", "grid", o->grids[i]);
-    cli_meta_empty_list(m, "options", "fixed");
-    for (int i = 0; i < o->nfixed; i++) cli_meta_list(m, "options", "fixed", o->fixed[i]);
-    if (o->merge) {
-        cli_meta_bool(m, "options", "merge", 1);
-        cli_meta_bool(m, "options", "expect-grid", o->expect_grid);
-        return;
-    }
-    char shard[48];
-    snprintf(shard, sizeof shard, "%ld/%ld", o->share.i, o->share.n);
-    cli_meta_bool(m, "options", "resume", o->resume);
-    cli_meta_str(m, "options", "shard", shard);
-    cli_meta_str(m, "options", "calib", o->calib);
-    cli_meta_analysis(m, &o->an);
-    cli_meta_str(m, "options", "format", cli_format_name(fmt));
-    cli_meta_int(m, "options", "cache-mb", o->cache_mb);
-}
+/* The sweep's options in its provenance record (below the rows). */
+static void meta_options(const opts_t *o, kvq_format fmt);
 
 /* --------------------------------------------------------------- merge */
 
@@ -719,37 +699,44 @@ static int opt_progress(const char *p, const char *arg, void *at, void *base)
 
 /* kvq-sweep's options, one row each (cli_optrow); --layers, --heads,
  * --queries, --per, --threads, --seed and --device are the analysis group's
- * (cli.h), --meta and --no-hash the record's.  record_start records the
- * options as they take effect, so no row is recorded here. */
+ * (cli.h), --meta and --no-hash the record's.  The recorded rows go into
+ * each run's provenance as they took effect (a --merge run's: the grid and
+ * the merge's own options). */
 #define ROW(nm, k, kind, field, ...) {.name = nm, .key = k, .arg = kind, .offset = offsetof(opts_t, field), __VA_ARGS__}
+#define BOTH (CLI_RECORD | CLI_RECORD_ALT)
 static const cli_optrow rows[] = {
-    ROW("quant", 'q', CLI_ARG_TEXT, quant, .metavar = "NAME",
+    ROW("quant", 'q', CLI_ARG_TEXT, quant, .record = BOTH | CLI_RECORD_NULL, .metavar = "NAME",
         .help = "the quantizer (see kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) whose "
                 "selector's keys (keep, sinks, recent, obs, pool) --grid sweeps"),
-    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, .metavar = "K=V1,V2",
+    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, .record = BOTH, .record_fn = cli_optrow_record_list,
+        .aux_offset = offsetof(opts_t, ngrids), .metavar = "K=V1,V2",
         .help = "values of key K; repeatable.  Points run in the order of nested loops, the first --grid outermost"),
-    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, .metavar = "K=V[,..]",
+    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, .record = BOTH, .record_fn = cli_optrow_record_list,
+        .aux_offset = offsetof(opts_t, nfixed), .metavar = "K=V[,..]",
         .help = "keys held fixed at every point; repeatable"),
     ROW("output", 'o', CLI_ARG_TEXT, output, .metavar = "OUT",
         .help = "results file (required; must not exist without --resume); OUT.meta.json records each run's "
                 "provenance"),
-    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume,
+    ROW("resume", OPT_RESUME, CLI_ARG_FLAG, resume, .record = CLI_RECORD,
         .help = "continue OUT: keep its complete points, drop a trailing partial row, run the rest (a missing OUT "
                 "starts afresh)"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, .record = CLI_RECORD,
+        .record_fn = cli_optrow_record_shard, .metavar = "I/N",
         .help = "run only the points p with p mod N = I"),
-    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge,
+    ROW("merge", OPT_MERGE, CLI_ARG_FLAG, merge, .record = CLI_RECORD_ALT,
         .help = "join the shard outputs FILE... into OUT, checking that the columns agree and that no point is "
                 "duplicated"),
-    ROW("expect-grid", OPT_EXPECT, CLI_ARG_FLAG, expect_grid,
+    ROW("expect-grid", OPT_EXPECT, CLI_ARG_FLAG, expect_grid, .record = CLI_RECORD_ALT,
         .help = "with --merge: prove that the --quant/--grid/--fixed grid is complete (every valid point present, "
                 "nothing else)"),
     ROW("list-points", OPT_LIST, CLI_ARG_FLAG, list_points,
         .help = "print the points (index, spec, valid or why not) and exit"),
-    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .metavar = "FILE", .help = "calibration dump of the same model"),
-    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = opt_format, .metavar = "FMT",
+    ROW("calib", OPT_CALIB, CLI_ARG_TEXT, calib, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "FILE",
+        .help = "calibration dump of the same model"),
+    ROW("format", OPT_FORMAT, CLI_ARG_CUSTOM, format, .parse = opt_format, .record = CLI_RECORD,
+        .record_fn = cli_optrow_record_format, .aux_offset = offsetof(opts_t, fmt), .metavar = "FMT",
         .help = "csv or jsonl (default: jsonl for *.jsonl names, else csv)"),
-    ROW("cache-mb", OPT_CACHE, CLI_ARG_LONG, cache_mb, .min = 0, .max = 1L << 30,
+    ROW("cache-mb", OPT_CACHE, CLI_ARG_LONG, cache_mb, .min = 0, .max = 1L << 30, .record = CLI_RECORD,
         .expect = "a non-negative integer (MiB)", .metavar = "N",
         .help = "memory for the shared work kept across points (default 4096); a dump that does not fit is re-read "
                 "per point"),
@@ -757,7 +744,16 @@ static const cli_optrow rows[] = {
         .help = "auto (default: a bar on a terminal, else one line per point), always (a bar) or never"),
 };
 #undef ROW
+#undef BOTH
 enum { NROWS = sizeof rows / sizeof rows[0] };
+
+static void meta_options(const opts_t *o, kvq_format fmt)
+{
+    opts_t took = *o; /* with the format as it took effect */
+    took.fmt = fmt;
+    cli_optrows_record(o->meta, rows, NROWS, &took, o->merge);
+    if (!o->merge) cli_meta_analysis(o->meta, &o->an);
+}
 
 static void usage(FILE *f)
 {
@@ -767,8 +763,8 @@ static void usage(FILE *f)
                "is one kvq-analyze run, its rows (plus one column per grid key and `point`)\n"
                "appended to OUT as soon as the point is done.\n\n");
     cli_optrows_usage(f, rows, NROWS);
-    fprintf(f, CLI_ANALYSIS_HELP
-               "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
+    cli_optrows_usage(f, cli_analysis_rows, cli_analysis_nrows);
+    fprintf(f, "      --device DEV      cpu (default) or cuda (as kvq-analyze)\n"
                "      --no-hash         record the inputs' size and mtime, not their SHA-256\n"
                CLI_HELP_VERSION_HELP "\n"
                "Example: kvq-sweep data/stories260K.h5 --quant kivi --grid group=32,64,128 \\\n"

@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -186,21 +187,17 @@ void cli_meta_free(cli_meta *m)
     free(m);
 }
 
-int cli_meta_option(const char *prog, int c, const char *arg, cli_meta *m)
-{
-    if (c == CLI_OPT_NO_HASH) {
-        m->no_hash = 1;
-        return CLI_OK;
-    }
-    if (c != CLI_OPT_META) return CLI_NOT_MINE;
-    if (!strcmp(arg, "file")) m->inline_line = 0;
-    else if (!strcmp(arg, "inline")) m->inline_line = 1;
-    else {
-        cli_error(prog, "--meta %s: expected file or inline", arg);
-        return CLI_USAGE;
-    }
-    return CLI_OK;
-}
+/* --meta and --no-hash, the record's own options (cli_getopt parses them
+ * for every tool; the record writes them beside the tool's options). */
+static const char *const meta_where[] = {"file", "inline", NULL};
+const cli_optrow cli_meta_rows[] = {
+    {.name = "meta", .key = CLI_OPT_META, .arg = CLI_ARG_CHOICE, .offset = offsetof(cli_meta, inline_line),
+     .choices = meta_where, .metavar = "WHERE",
+     .help = "file (default): the run's provenance in OUT.meta.json; inline: also as the first line of jsonl output"},
+    {.name = "no-hash", .key = CLI_OPT_NO_HASH, .arg = CLI_ARG_FLAG, .offset = offsetof(cli_meta, no_hash),
+     .help = "record the inputs' size and mtime, not their SHA-256"},
+};
+const int cli_meta_nrows = sizeof cli_meta_rows / sizeof cli_meta_rows[0];
 
 int cli_meta_check_format(const char *prog, const cli_meta *m, kvq_format fmt)
 {
@@ -335,42 +332,6 @@ void cli_meta_ints(cli_meta *m, const char *section, const char *key, const int 
     for (int i = 0; i < n; i++) sb_printf(&b, "%s%d", i ? ", " : "", v[i]);
     sb_str(&b, "]");
     put(m, section, key, b.nomem ? (free(b.s), (char *)NULL) : b.s, 0);
-}
-
-void cli_meta_analysis(cli_meta *m, const cli_analysis *an)
-{
-    static const char *const per[] = {"head", "layer", "model"};
-    static const char *const kind[] = {"last", "all", "every", "random"};
-    char q[64];
-    if (an->queries.kind == KVQ_Q_ALL) snprintf(q, sizeof q, "all");
-    else snprintf(q, sizeof q, "%s:%ld", kind[an->queries.kind], an->queries.n);
-    cli_meta_ints(m, "options", "layers", an->layers, an->nlayers);
-    cli_meta_ints(m, "options", "heads", an->heads, an->nheads);
-    cli_meta_str(m, "options", "queries", q);
-    cli_meta_str(m, "options", "per", per[an->per]);
-    cli_meta_int(m, "options", "threads", kvq_threads((int)an->threads));
-    cli_meta_u64(m, "options", "seed", an->seed);
-    cli_meta_str(m, "options", "device", an->cuda ? "cuda" : "cpu");
-}
-
-void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, const kvq_model_info *in, int T)
-{
-    cli_meta_input(m, "model", model_path);
-    cli_meta_input(m, "text", mo->text);
-    cli_meta_input(m, "tokens", mo->tokens);
-    cli_meta_input(m, "tokenizer", mo->tokenizer);
-    cli_meta_str(m, "options", "text", mo->text);
-    cli_meta_str(m, "options", "tokens", mo->tokens);
-    cli_meta_str(m, "options", "tokenizer", mo->tokenizer);
-    cli_meta_int_set(m, "options", "max-tokens", mo->max_tokens);
-    cli_meta_int(m, "options", "threads", kvq_threads((int)mo->threads));
-    cli_meta_str(m, "model", "name", in->name);
-    cli_meta_str(m, "model", "architecture", in->arch_name);
-    cli_meta_str(m, "model", "format", in->format);
-    cli_meta_int(m, "model", "layers", in->n_layers);
-    cli_meta_int(m, "model", "kv_heads", in->n_kv_heads);
-    cli_meta_int(m, "model", "head_dim", in->head_dim);
-    cli_meta_int(m, "model", "tokens", T);
 }
 
 void cli_meta_prior_runs(cli_meta *m, const char *runs)

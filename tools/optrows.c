@@ -5,33 +5,187 @@
 #include "cli.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The option groups cli_getopt parses for a context that has them, then -h and -V. */
-static const struct option model_group[] = {CLI_MODEL_LONGOPTS, {0, 0, 0, 0}};
-static const struct option analysis_group[] = {CLI_ANALYSIS_LONGOPTS, {0, 0, 0, 0}};
-static const struct option meta_group[] = {CLI_META_LONGOPTS, {0, 0, 0, 0}};
-static const struct option help_version[] = {{"help", no_argument, 0, 'h'}, {"version", no_argument, 0, 'V'},
-                                             {0, 0, 0, 0}};
+/* ------------------------------------------------------- the groups */
+
+/* --layers and --heads: lists of distinct indices (NULL: all). */
+static int opt_index_list(const char *prog, const char *arg, int max, const char *name, const char *what, int **v,
+                          int *n)
+{
+    free(*v), *v = NULL;
+    if (!cli_parse_list(arg, max, v, n)) return CLI_OK;
+    cli_error(prog, "--%s %s: expected a list like %s", name, arg, what);
+    return CLI_USAGE;
+}
+
+static int opt_layers(const char *prog, const char *arg, void *at, void *base)
+{
+    cli_analysis *a = base;
+    (void)at;
+    return opt_index_list(prog, arg, 999, "layers", "0-3,7 of distinct layers", &a->layers, &a->nlayers);
+}
+
+static int opt_heads(const char *prog, const char *arg, void *at, void *base)
+{
+    cli_analysis *a = base;
+    (void)at;
+    return opt_index_list(prog, arg, 1 << 20, "heads", "0-1,3 of distinct KV heads", &a->heads, &a->nheads);
+}
+
+static int opt_queries(const char *prog, const char *arg, void *at, void *base)
+{
+    kvq_error err = {0};
+    (void)base;
+    return kvq_query_sel_parse(arg, (kvq_query_sel *)at, &err) ? cli_fail(prog, &err) : CLI_OK;
+}
+
+/* --queries as given ("last:64", "all"); --threads as it took effect (0: all cores, counted). */
+static void record_queries(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    static const char *const kind[] = {"last", "all", "every", "random"};
+    const kvq_query_sel *q = (const kvq_query_sel *)((const char *)base + row->offset);
+    char text[64];
+    if (q->kind == KVQ_Q_ALL) snprintf(text, sizeof text, "all");
+    else snprintf(text, sizeof text, "%s:%ld", kind[q->kind], q->n);
+    cli_meta_str(meta, "options", row->name, text);
+}
+
+static void record_threads(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    cli_meta_int(meta, "options", row->name, kvq_threads((int)*(const long *)((const char *)base + row->offset)));
+}
+
+static const char *const pers[] = {"head", "layer", "model", NULL}; /* kvq_per's order */
+static const char *const devices[] = {"cpu", "cuda", NULL};          /* cli_analysis.cuda */
+#define AN(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(cli_analysis, field), .record = CLI_RECORD, __VA_ARGS__}
+const cli_optrow cli_analysis_rows[] = {
+    AN("layers", CLI_OPT_LAYERS, CLI_ARG_CUSTOM, layers, .parse = opt_layers, .record_fn = cli_optrow_record_ints,
+       .aux_offset = offsetof(cli_analysis, nlayers), .metavar = "LIST",
+       .help = "layers to analyse, e.g. 0-3,7 (default: all)"),
+    AN("heads", CLI_OPT_HEADS, CLI_ARG_CUSTOM, heads, .parse = opt_heads, .record_fn = cli_optrow_record_ints,
+       .aux_offset = offsetof(cli_analysis, nheads), .metavar = "LIST", .help = "KV heads to analyse (default: all)"),
+    AN("queries", CLI_OPT_QUERIES, CLI_ARG_CUSTOM, queries, .parse = opt_queries, .record_fn = record_queries,
+       .metavar = "SEL", .help = "query rows: last:N (default last:64), all, every:N, random:N"),
+    AN("per", CLI_OPT_PER, CLI_ARG_CHOICE, per, .choices = pers, .metavar = "WHAT",
+       .help = "pool results per head, layer (default) or model"),
+    AN("threads", CLI_OPT_THREADS, CLI_ARG_LONG, threads, .min = 1, .max = 4096, .record_fn = record_threads,
+       .metavar = "N", .help = "worker threads (default: all cores)"),
+    AN("seed", CLI_OPT_SEED, CLI_ARG_U64, seed, .metavar = "N", .help = "seed of the random streams (default 0)"),
+    AN("device", CLI_OPT_DEVICE, CLI_ARG_CHOICE, cuda, .choices = devices, .metavar = "DEV"), /* help: the tool's */
+};
+#undef AN
+const int cli_analysis_nrows = sizeof cli_analysis_rows / sizeof cli_analysis_rows[0];
+
+#define MO(nm, k, kind, field, ...) \
+    {.name = nm, .key = k, .arg = kind, .offset = offsetof(cli_model, field), __VA_ARGS__}
+const cli_optrow cli_model_rows[] = {
+    MO("text", CLI_OPT_TEXT, CLI_ARG_TEXT, text, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "FILE",
+       .help = "text, tokenized as llama.cpp does (BOS if the model adds one)"),
+    MO("tokens", CLI_OPT_TOKENS, CLI_ARG_TEXT, tokens, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "FILE",
+       .help = "whitespace-separated token ids instead (any model)"),
+    MO("tokenizer", CLI_OPT_TOKENIZER, CLI_ARG_TEXT, tokenizer, .record = CLI_RECORD | CLI_RECORD_NULL,
+       .metavar = "FILE", .help = "llama2.c tokenizer.bin (llama2.c checkpoints only)"),
+    MO("max-tokens", CLI_OPT_MAX_TOKENS, CLI_ARG_LONG, max_tokens, .min = 2, .max = 1L << 30,
+       .expect = "an integer 2..2^30", .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "N",
+       .help = "keep the first N tokens (BOS included)"),
+    MO("threads", CLI_OPT_MODEL_THREADS, CLI_ARG_LONG, threads, .min = 1, .max = 4096, .record = CLI_RECORD,
+       .record_fn = record_threads, .metavar = "N", .help = "worker threads (default: all cores)"),
+};
+#undef MO
+const int cli_model_nrows = sizeof cli_model_rows / sizeof cli_model_rows[0];
+
+void cli_meta_analysis(cli_meta *m, const cli_analysis *an)
+{
+    cli_optrows_record(m, cli_analysis_rows, cli_analysis_nrows, an, 0);
+}
+
+void cli_meta_model(cli_meta *m, const char *model_path, const cli_model *mo, const kvq_model_info *in, int T)
+{
+    cli_meta_input(m, "model", model_path);
+    cli_meta_input(m, "text", mo->text);
+    cli_meta_input(m, "tokens", mo->tokens);
+    cli_meta_input(m, "tokenizer", mo->tokenizer);
+    cli_optrows_record(m, cli_model_rows, cli_model_nrows, mo, 0);
+    cli_meta_str(m, "model", "name", in->name);
+    cli_meta_str(m, "model", "architecture", in->arch_name);
+    cli_meta_str(m, "model", "format", in->format);
+    cli_meta_int(m, "model", "layers", in->n_layers);
+    cli_meta_int(m, "model", "kv_heads", in->n_kv_heads);
+    cli_meta_int(m, "model", "head_dim", in->head_dim);
+    cli_meta_int(m, "model", "tokens", T);
+}
+
+/* The groups a context has, in the order their options are parsed. */
+typedef struct {
+    const cli_optrow *rows;
+    int n;
+    void *base;
+} group;
+static int groups_of(const cli_getopt_ctx *go, group *g)
+{
+    int k = 0;
+    if (go->analysis) g[k++] = (group){cli_analysis_rows, cli_analysis_nrows, go->analysis};
+    if (go->model) g[k++] = (group){cli_model_rows, cli_model_nrows, go->model};
+    if (go->meta) g[k++] = (group){cli_meta_rows, cli_meta_nrows, go->meta};
+    return k;
+}
+
+static struct option long_entry(const cli_optrow *r)
+{
+    return (struct option){r->name, r->arg == CLI_ARG_FLAG ? no_argument : required_argument, 0, r->key};
+}
 
 int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out)
 {
-    const struct option *groups[] = {go->model ? model_group : NULL, go->analysis ? analysis_group : NULL,
-                                     go->meta ? meta_group : NULL, help_version};
-    enum { NGROUPS = sizeof groups / sizeof groups[0] };
-    int total = n;
-    for (int g = 0; g < NGROUPS; g++)
-        for (int i = 0; groups[g] && groups[g][i].name; i++) total++;
+    group g[3];
+    int ng = groups_of(go, g), total = n + 2;
+    for (int i = 0; i < ng; i++) total += g[i].n;
     struct option *o = calloc((size_t)total + 1, sizeof *o);
     if (!o) return -1;
-    for (int i = 0; i < n; i++)
-        o[i] = (struct option){rows[i].name, rows[i].arg == CLI_ARG_FLAG ? no_argument : required_argument, 0,
-                               rows[i].key};
-    for (int g = 0, k = n; g < NGROUPS; g++)
-        for (int i = 0; groups[g] && groups[g][i].name; i++) o[k++] = groups[g][i];
+    int k = 0;
+    for (int i = 0; i < n; i++) o[k++] = long_entry(&rows[i]);
+    for (int i = 0; i < ng; i++)
+        for (int j = 0; j < g[i].n; j++) o[k++] = long_entry(&g[i].rows[j]);
+    o[k++] = (struct option){"help", no_argument, 0, 'h'};
+    o[k++] = (struct option){"version", no_argument, 0, 'V'};
     *out = o;
     return 0;
+}
+
+int cli_getopt(const cli_getopt_ctx *g, int argc, char **argv, const char *shortopts, const struct option *longopts,
+               int *rc)
+{
+    group gr[3];
+    int ng = groups_of(g, gr);
+    opterr = 0; /* the messages are ours */
+    for (;;) {
+        int c = getopt_long(argc, argv, shortopts, longopts, NULL), r = CLI_OPTROW_NONE;
+        if (c == -1) return -1;
+        for (int i = 0; i < ng && r == CLI_OPTROW_NONE; i++)
+            r = cli_optrow_parse(g->prog, gr[i].rows, gr[i].n, c, optarg, gr[i].base);
+        if (r == CLI_OK) continue;
+        if (r != CLI_OPTROW_NONE) {
+            *rc = r;
+            return CLI_GETOPT_STOP;
+        }
+        switch (c) {
+        case 'h': g->usage(stdout); *rc = CLI_OK; return CLI_GETOPT_STOP;
+        case 'V': cli_version(g->prog); *rc = CLI_OK; return CLI_GETOPT_STOP;
+        case ':':
+            cli_error(g->prog, "option %s needs a value (see --help)", argv[optind - 1]);
+            *rc = CLI_USAGE;
+            return CLI_GETOPT_STOP;
+        case '?':
+            cli_error(g->prog, "unknown option %s (see --help)", argv[optind - 1]);
+            *rc = CLI_USAGE;
+            return CLI_GETOPT_STOP;
+        default: return c;
+        }
+    }
 }
 
 /* "float16, float32 or float64" from a NULL-terminated list. */
@@ -87,23 +241,69 @@ int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, c
     return CLI_USAGE;
 }
 
-void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base)
+void cli_optrow_record_list(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const char *const *v = *(const char *const *const *)((const char *)base + row->offset);
+    int n = *(const int *)((const char *)base + row->aux_offset);
+    cli_meta_empty_list(meta, "options", row->name);
+    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", row->name, v[i]);
+}
+
+void cli_optrow_record_specs(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const kvq_spec *v = *(const kvq_spec *const *)((const char *)base + row->offset);
+    int n = *(const int *)((const char *)base + row->aux_offset);
+    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", row->name, v[i].text);
+}
+
+void cli_optrow_record_format(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    cli_meta_str(meta, "options", row->name, cli_format_name(*(const kvq_format *)((const char *)base + row->aux_offset)));
+}
+
+void cli_optrow_record_shard(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const cli_shard *sh = (const cli_shard *)((const char *)base + row->offset);
+    if (sh->n == 0) return; /* none given (kvq-eval's, kvq-alloc's) */
+    char text[48];
+    snprintf(text, sizeof text, "%ld/%ld", sh->i, sh->n);
+    cli_meta_str(meta, "options", row->name, text);
+}
+
+void cli_optrow_record_ints(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    const int *v = *(const int *const *)((const char *)base + row->offset);
+    cli_meta_ints(meta, "options", row->name, v, *(const int *)((const char *)base + row->aux_offset));
+}
+
+void cli_optrows_record(cli_meta *meta, const cli_optrow *rows, int n, const void *base, int alt)
 {
     for (int i = 0; i < n; i++) {
         const cli_optrow *r = &rows[i];
         const char *at = (const char *)base + r->offset;
-        if (!r->record) continue;
+        int nullable = r->record & CLI_RECORD_NULL;
+        if (!(r->record & (alt ? CLI_RECORD_ALT : CLI_RECORD))) continue;
+        if (r->record_fn) {
+            r->record_fn(meta, r, base);
+            continue;
+        }
         switch (r->arg) {
         case CLI_ARG_FLAG: cli_meta_bool(meta, "options", r->name, *(const int *)at); break;
         case CLI_ARG_TEXT:
-            if (*(const char *const *)at) cli_meta_str(meta, "options", r->name, *(const char *const *)at);
+            if (*(const char *const *)at || nullable) cli_meta_str(meta, "options", r->name, *(const char *const *)at);
             break;
-        case CLI_ARG_INT: cli_meta_int(meta, "options", r->name, *(const int *)at); break;
-        case CLI_ARG_LONG: cli_meta_int(meta, "options", r->name, *(const long *)at); break;
+        case CLI_ARG_INT:
+            if (nullable) cli_meta_int_set(meta, "options", r->name, *(const int *)at);
+            else cli_meta_int(meta, "options", r->name, *(const int *)at);
+            break;
+        case CLI_ARG_LONG:
+            if (nullable) cli_meta_int_set(meta, "options", r->name, *(const long *)at);
+            else cli_meta_int(meta, "options", r->name, *(const long *)at);
+            break;
         case CLI_ARG_U64: cli_meta_u64(meta, "options", r->name, *(const uint64_t *)at); break;
         case CLI_ARG_REAL: cli_meta_double(meta, "options", r->name, *(const double *)at); break;
         case CLI_ARG_CHOICE: cli_meta_str(meta, "options", r->name, r->choices[*(const int *)at]); break;
-        case CLI_ARG_CUSTOM: break;
+        case CLI_ARG_CUSTOM: break; /* recorded through its record_fn */
         }
     }
 }
@@ -113,6 +313,7 @@ void cli_optrows_usage(FILE *f, const cli_optrow *rows, int n)
     enum { COL = 24, WIDTH = 80 };
     for (int i = 0; i < n; i++) {
         const cli_optrow *r = &rows[i];
+        if (!r->help) continue; /* the tool describes it */
         char head[64];
         int len = snprintf(head, sizeof head, "--%s%s%s", r->name,
                            r->metavar ? " " : "", r->metavar ? r->metavar : "");
