@@ -160,6 +160,24 @@ typedef struct kvq_sweep_file {
 kvq_status kvq_sweep_file_read(const char *path, kvq_sweep_file *out, kvq_error *err);
 void kvq_sweep_file_free(kvq_sweep_file *f);
 
+/* kvq-sweep --merge (analysis/sweep_merge.c): the shard outputs read whole
+ * and checked (a sweep's rows each, the first's columns, no partial row),
+ * their points in index order (none twice, each with as many rows as the
+ * first); KVQ_ERR_FORMAT naming the file and the point otherwise. */
+typedef struct kvq_sweep_merge kvq_sweep_merge;
+kvq_status kvq_sweep_merge_open(const char *const *paths, int nfiles, kvq_sweep_merge **out, kvq_error *err);
+/* --expect-grid: the merged points are every valid point of g exactly once,
+ * with its spec, and nothing else; *ninvalid: g's invalid points. */
+kvq_status kvq_sweep_merge_check_grid(const kvq_sweep_merge *m, const kvq_grid *g, size_t *ninvalid,
+                                      kvq_error *err);
+size_t kvq_sweep_merge_points(const kvq_sweep_merge *m);
+size_t kvq_sweep_merge_rows(const kvq_sweep_merge *m);
+kvq_format kvq_sweep_merge_format(const kvq_sweep_merge *m);
+/* The merged output to f: the CSV header (of a CSV sweep), then every
+ * point's rows as the shards hold them.  KVQ_ERR_IO (errno set) on a short write. */
+kvq_status kvq_sweep_merge_write(const kvq_sweep_merge *m, FILE *f, kvq_error *err);
+void kvq_sweep_merge_free(kvq_sweep_merge *m);
+
 /* A shard's "I/N" (--shard of kvq-sweep, kvq-eval, kvq-alloc): 0 <= I < N <= 10^6, whole decimals; 0, or -1. */
 int kvq_shard_parse(const char *s, long *i, long *n);
 

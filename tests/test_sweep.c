@@ -203,6 +203,97 @@ END_TEST
  * layer of each dump, the grid's values and the point after kvq-analyze's
  * cells, the same from a prepared dump as from the file, and an invalid
  * point refused. */
+/* kvq_sweep_merge_open on paths; KVQ_OK, or the error whose message holds `needle`. */
+static kvq_sweep_merge *merge_of(const char **paths, int n, const char *needle)
+{
+    kvq_sweep_merge *m = NULL;
+    kvq_error err = {0};
+    kvq_status st = kvq_sweep_merge_open(paths, n, &m, &err);
+    if (!needle) {
+        ck_assert_msg(st == KVQ_OK, "%s", err.msg);
+        return m;
+    }
+    ck_assert_int_eq(st, KVQ_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, needle), "'%s' lacks '%s'", err.msg, needle);
+    ck_assert(m == NULL);
+    return NULL;
+}
+
+/* --merge: shards in point order, byte for byte; every refusal, and
+ * --expect-grid's proof, with their messages. */
+START_TEST(merge_shards)
+{
+    const char *grids[] = {"group=32,64", "residual=32,64,96", "bits=2,4"};
+    kvq_grid *g;
+    kvq_error err = {0};
+    ck_assert_int_eq(kvq_grid_new("kivi", grids, 3, NULL, 0, &g, &err), KVQ_OK); /* 6, 7, 10, 11 invalid */
+    size_t pa[] = {2, 0}, pb[] = {1, 3}, pc[] = {4};
+    int two[] = {2, 2}, one[] = {1};
+    char *a = sweep_csv(g, pa, two, 2), *b = sweep_csv(g, pb, two, 2), *c = sweep_csv(g, pc, one, 1);
+    const char *ab[] = {b, a}, *aa[] = {a, a}, *ac[] = {a, c};
+    kvq_sweep_merge *m = merge_of(ab, 2, NULL);
+    ck_assert_uint_eq(kvq_sweep_merge_points(m), 4);
+    ck_assert_uint_eq(kvq_sweep_merge_rows(m), 8);
+    ck_assert_int_eq(kvq_sweep_merge_format(m), KVQ_FMT_CSV);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_int_eq(kvq_sweep_merge_write(m, f, &err), KVQ_OK);
+    fclose(f);
+    size_t p0123[] = {0, 1, 2, 3};
+    int rows4[] = {2, 2, 2, 2};
+    kvq_sweep_file want;
+    char *w = sweep_csv(g, p0123, rows4, 4); /* the rows of one run, in point order */
+    ck_assert_int_eq(kvq_sweep_file_read(w, &want, &err), KVQ_OK);
+    ck_assert_uint_eq(len, want.size);
+    ck_assert(!memcmp(text, want.data, len));
+    size_t ninvalid = 99;
+    ck_assert_int_eq(kvq_sweep_merge_check_grid(m, g, &ninvalid, &err), KVQ_ERR_FORMAT);
+    ck_assert_str_eq(err.msg, "4 points of the expected grid are missing: 4, 5, 8, 9");
+    kvq_sweep_merge_free(m);
+    merge_of(aa, 2, "is in");
+    merge_of(aa, 2, ": duplicated");
+    merge_of(ac, 2, "has 1 rows, point 0 in");
+    /* outside the grid, a point the grid has no spec for, an empty file, a partial row, other columns */
+    kvq_spec sp;
+    ck_assert_int_eq(kvq_grid_spec(g, 0, &sp, &err), KVQ_OK);
+    char line[512];
+    int n = snprintf(line, sizeof line, "dump,spec,point\nd.h5,\"%s\",12\n", sp.text);
+    char *out12 = write_tmp(line, (size_t)n);
+    const char *o12[] = {out12};
+    m = merge_of(o12, 1, NULL);
+    ck_assert_int_eq(kvq_sweep_merge_check_grid(m, g, &ninvalid, &err), KVQ_ERR_FORMAT);
+    ck_assert(strstr(err.msg, "point 12 is outside the expected grid of 12 points"));
+    kvq_sweep_merge_free(m);
+    n = snprintf(line, sizeof line, "dump,spec,point\nd.h5,\"%s\",6\n", sp.text);
+    char *inv = write_tmp(line, (size_t)n);
+    const char *o6[] = {inv};
+    m = merge_of(o6, 1, NULL);
+    ck_assert_int_eq(kvq_sweep_merge_check_grid(m, g, &ninvalid, &err), KVQ_ERR_FORMAT);
+    ck_assert(strstr(err.msg, "point 6 is 'kivi:") && strstr(err.msg, "has no valid point there"));
+    kvq_sweep_merge_free(m);
+    char *empty = write_tmp("", 0), *part = write_tmp("dump,spec,point\nd.h5,x,0", 24);
+    char *other = write_tmp("dump,spec,y,point\n", 18);
+    const char *oe[] = {empty}, *op[] = {part}, *oo[] = {a, other};
+    merge_of(oe, 1, "empty: not a kvq-sweep output");
+    merge_of(op, 1, "ends in a partial row");
+    merge_of(oo, 2, "columns differ from");
+    /* the whole grid but its invalid points: proven, 4 invalid */
+    size_t all[] = {0, 1, 2, 3, 4, 5, 8, 9};
+    int rows8[] = {1, 1, 1, 1, 1, 1, 1, 1};
+    char *full = sweep_csv(g, all, rows8, 8);
+    const char *of[] = {full};
+    m = merge_of(of, 1, NULL);
+    ck_assert_int_eq(kvq_sweep_merge_check_grid(m, g, &ninvalid, &err), KVQ_OK);
+    ck_assert_uint_eq(ninvalid, 4);
+    kvq_sweep_merge_free(m);
+    for (char **p = (char *[]){a, b, c, w, out12, inv, empty, part, other, full, NULL}; *p; p++) unlink(*p), free(*p);
+    kvq_sweep_file_free(&want);
+    free(text);
+    kvq_grid_free(g);
+}
+END_TEST
+
 START_TEST(point_rows)
 {
     kvq_error err = {0};
@@ -303,6 +394,7 @@ int main(void)
     tcase_add_test(tc, read_any_input);
     tcase_add_test(tc, select_and_reconcile);
     tcase_add_test(tc, point_rows);
+    tcase_add_test(tc, merge_shards);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -109,18 +109,6 @@ static void meta_options(const opts_t *o, kvq_format fmt);
 
 /* --------------------------------------------------------------- merge */
 
-typedef struct {
-    const kvq_sweep_file *f;
-    const char *path;
-    const kvq_sweep_unit *u;
-} unit_ref;
-
-static int cmp_unit(const void *a, const void *b)
-{
-    const unit_ref *x = a, *y = b;
-    return x->u->point < y->u->point ? -1 : x->u->point > y->u->point;
-}
-
 /* The last run's "run" and "shard" in a meta file's runs (cli_meta_read_runs),
  * "" where it has none (a file of an older kvq, --meta none). */
 static void recorded_run(const char *runs, char run[17], char shard[48])
@@ -130,82 +118,6 @@ static void recorded_run(const char *runs, char run[17], char shard[48])
         if (sscanf(p, "\"run\": \"%16[0-9a-f]\"", run) != 1) run[0] = '\0';
     for (const char *p = runs; p && (p = strstr(p, "\"shard\": \"")); p++)
         if (sscanf(p, "\"shard\": \"%47[0-9/]\"", shard) != 1) shard[0] = '\0';
-}
-
-/* --merge's files, read and checked: a sweep's output each, whole, with the
- * first's columns; *nunits: their points together. */
-static int merge_read(char **files, int nfiles, kvq_sweep_file *f, size_t *nunits)
-{
-    kvq_error err = {0};
-    *nunits = 0;
-    for (int i = 0; i < nfiles; i++) {
-        if (kvq_sweep_file_read(files[i], &f[i], &err)) return cli_fail(prog, &err);
-        if (!f[i].columns) return cli_error(prog, "%s: empty: not a kvq-sweep output", files[i]), CLI_RUNTIME;
-        if (f[i].partial)
-            return cli_error(prog, "%s: ends in a partial row: an interrupted shard (finish it with --resume)",
-                             files[i]), CLI_RUNTIME;
-        if (f[i].fmt != f[0].fmt || strcmp(f[i].columns, f[0].columns))
-            return cli_error(prog, "%s: columns differ from %s's (expected: %s)", files[i], files[0], f[0].columns),
-                   CLI_RUNTIME;
-        *nunits += f[i].nunits;
-    }
-    return CLI_OK;
-}
-
-/* Every file's points in the order of their index into units[nunits]: no
- * point twice, each with as many rows as the first; *rows: their rows. */
-static int merge_order(char **files, int nfiles, kvq_sweep_file *f, unit_ref *units, size_t nunits, size_t *rows)
-{
-    size_t n = 0;
-    for (int i = 0; i < nfiles; i++)
-        for (size_t k = 0; k < f[i].nunits; k++) units[n++] = (unit_ref){&f[i], files[i], &f[i].units[k]};
-    qsort(units, nunits, sizeof *units, cmp_unit); /* stable enough: equal points are an error */
-    *rows = 0;
-    for (size_t k = 0; k < nunits; k++) {
-        const kvq_sweep_unit *u = units[k].u;
-        if (k && u->point == units[k - 1].u->point)
-            return cli_error(prog, "point %ld (%s) is in %s and %s: duplicated", u->point, u->spec, units[k - 1].path,
-                             units[k].path), CLI_RUNTIME;
-        if (u->nrows != units[0].u->nrows)
-            return cli_error(prog, "%s: point %ld (%s) has %zu rows, point %ld in %s has %zu: incomplete or from "
-                             "another sweep", units[k].path, u->point, u->spec, u->nrows, units[0].u->point,
-                             units[0].path, units[0].u->nrows), CLI_RUNTIME;
-        *rows += u->nrows;
-    }
-    return CLI_OK;
-}
-
-/* --expect-grid: the merged points (in index order) are every valid point
- * of the grid exactly once, with its spec, and nothing else. */
-static int merge_check_grid(const kvq_grid *grid, const unit_ref *units, size_t nunits)
-{
-    kvq_error err = {0};
-    size_t k = 0, missing = 0, invalid = 0;
-    char list[256] = "";
-    for (size_t p = 0; p < kvq_grid_size(grid); p++) {
-        kvq_spec sp;
-        int valid = kvq_grid_spec(grid, p, &sp, &err) == KVQ_OK;
-        int present = k < nunits && units[k].u->point == (long)p;
-        if (present && (!valid || strcmp(units[k].u->spec, sp.text)))
-            return cli_error(prog, "%s: point %zu is '%s'; the expected grid %s", units[k].path, p, units[k].u->spec,
-                             valid ? "has another spec there" : "has no valid point there"), CLI_RUNTIME;
-        if (!valid) invalid++;
-        if (valid && !present) {
-            size_t l = strlen(list);
-            if (missing < 10) snprintf(list + l, sizeof list - l, "%s%zu", missing ? ", " : "", p);
-            missing++;
-        }
-        k += present;
-    }
-    if (k < nunits)
-        return cli_error(prog, "%s: point %ld is outside the expected grid of %zu points", units[k].path,
-                         units[k].u->point, kvq_grid_size(grid)), CLI_RUNTIME;
-    if (missing)
-        return cli_error(prog, "%zu points of the expected grid are missing: %s%s", missing, list,
-                         missing > 10 ? ", ..." : ""), CLI_RUNTIME;
-    fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog, nunits,
-            invalid);
-    return CLI_OK;
 }
 
 /* What the shards' records say of their runs, checked as the files go by:
@@ -265,45 +177,40 @@ static int merge_record_shards(const opts_t *o, char **files, int nfiles)
 }
 
 /* kvq-sweep --merge: the files' points in index order into OUT, checked
- * (merge_read, merge_order, --expect-grid's merge_check_grid) and recorded. */
+ * (kvq_sweep_merge_open and, with --expect-grid, _check_grid) and recorded. */
 static int do_merge(const opts_t *o, char **files, int nfiles)
 {
-    int rc = CLI_OK;
+    int rc = CLI_RUNTIME;
     kvq_error err = {0};
     kvq_grid *grid = NULL;
-    kvq_sweep_file *f = calloc((size_t)nfiles, sizeof *f);
-    unit_ref *units = NULL;
-    size_t nunits = 0, rows = 0;
+    kvq_sweep_merge *m = NULL;
+    size_t ninvalid = 0;
     cli_out out = {0};
-    if (!f) return cli_error(prog, "out of memory"), CLI_RUNTIME;
-    if (o->expect_grid && kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) {
+    if ((o->expect_grid && kvq_grid_new(o->quant, o->grids, o->ngrids, o->fixed, o->nfixed, &grid, &err)) ||
+        kvq_sweep_merge_open((const char *const *)files, nfiles, &m, &err) ||
+        (grid && kvq_sweep_merge_check_grid(m, grid, &ninvalid, &err))) {
         rc = cli_fail(prog, &err);
         goto done;
     }
-    if ((rc = merge_read(files, nfiles, f, &nunits))) goto done;
-    if (!(units = calloc(nunits + 1, sizeof *units))) {
-        rc = (cli_error(prog, "out of memory"), CLI_RUNTIME);
+    size_t npoints = kvq_sweep_merge_points(m);
+    if (grid)
+        fprintf(stderr, "%s: the grid is complete: %zu valid points (%zu invalid ones skipped by design)\n", prog,
+                npoints, ninvalid);
+    if ((rc = merge_record_shards(o, files, nfiles))) goto done;
+    meta_options(o, kvq_sweep_merge_format(m));
+    if (cli_out_open(&out, o->output, prog) || cli_out_attach_meta(&out, o->meta, prog)) goto done;
+    if (kvq_sweep_merge_write(m, out.f, &err)) {
+        rc = cli_write_error(prog, o->output, err.status, errno);
         goto done;
     }
-    if ((rc = merge_order(files, nfiles, f, units, nunits, &rows)) ||
-        (grid && (rc = merge_check_grid(grid, units, nunits))) ||
-        (rc = merge_record_shards(o, files, nfiles)))
-        goto done;
-    meta_options(o, f[0].fmt);
-    if (cli_out_open(&out, o->output, prog) || cli_out_attach_meta(&out, o->meta, prog)) {
-        rc = CLI_RUNTIME;
-        goto done;
-    }
-    if (f[0].fmt == KVQ_FMT_CSV) fprintf(out.f, "%s\n", f[0].columns);
-    for (size_t k = 0; k < nunits; k++)
-        fwrite(units[k].f->data + units[k].u->begin, 1, units[k].u->end - units[k].u->begin, out.f);
-    if (cli_meta_commit(&out, prog)) { rc = CLI_RUNTIME; goto done; }
-    fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, nunits, rows, nfiles, o->output,
+    if (cli_meta_commit(&out, prog)) goto done;
+    rc = CLI_OK;
+    fprintf(stderr, "%s: merged %zu points (%zu rows) from %d files into %s%s\n", prog, npoints,
+            kvq_sweep_merge_rows(m), nfiles, o->output,
             grid ? "" : " (completeness not checked: add --expect-grid and the sweep's --quant/--grid/--fixed)");
 done:
     if (out.f) cli_out_abort(&out);
-    for (int i = 0; i < nfiles; i++) kvq_sweep_file_free(&f[i]);
-    free(f), free(units);
+    kvq_sweep_merge_free(m);
     kvq_grid_free(grid);
     return rc;
 }
