@@ -1,7 +1,9 @@
 /* optrows.c — a tool's options as rows (cli_optrow, curl's option table):
  * one row per option makes its getopt entry, its checked parsing (one
  * message per kind of argument), its --help line and its provenance
- * record, so that an option is one row and not four places by hand. */
+ * record, so that an option is one row and not four places by hand.  The
+ * options the tools share are rows too (the analysis and model groups
+ * here, the record's in meta.c), parsed by the one option loop, cli_getopt. */
 #include "cli.h"
 
 #include <math.h>
@@ -59,6 +61,7 @@ static void record_threads(cli_meta *meta, const cli_optrow *row, const void *ba
 }
 
 static const char *const pers[] = {"head", "layer", "model", NULL}; /* kvq_per's order */
+_Static_assert(sizeof(kvq_per) == sizeof(int), "a CHOICE row stores an int");
 static const char *const devices[] = {"cpu", "cuda", NULL};          /* cli_analysis.cuda */
 #define AN(nm, k, kind, field, ...) \
     {.name = nm, .key = k, .arg = kind, .offset = offsetof(cli_analysis, field), .record = CLI_RECORD, __VA_ARGS__}
