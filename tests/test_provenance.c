@@ -29,7 +29,8 @@ static char *record(const char *path, int extended, void (*change)(const char *)
     char *argv[] = {"kvq-test", NULL};
     cli_meta *m = cli_meta_begin("kvq-test", 1, argv);
     ck_assert(m);
-    if (no_hash) ck_assert_int_eq(cli_optrow_parse("kvq-test", cli_meta_rows, cli_meta_nrows, CLI_OPT_NO_HASH, NULL, m), CLI_OK);
+    if (no_hash)
+        ck_assert_int_eq(cli_optrow_parse("kvq-test", cli_meta_rows, cli_meta_nrows, CLI_OPT_NO_HASH, NULL, m), CLI_OK);
     if (extended) cli_meta_input_extended(m, "input", path);
     else cli_meta_input(m, "input", path);
     if (change) change(path);

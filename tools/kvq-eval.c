@@ -171,11 +171,11 @@ static const cli_optrow rows[] = {
         .help = "retrieval tasks (JSON lines, kvq-gen --task): each context's cache compressed as --context does, "
                 "the question and the answer on top; the answer scored: answer_nll, exact (every answer token the "
                 "arg-max), recall_drop"),
-    ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .record = CLI_RECORD | CLI_RECORD_ALT, .record_fn = record_per_depth, .real_max = 1,
-        .expect = "a bucket width in (0, 1], e.g. 0.25", .metavar = "B",
+    ROW("per-depth", OPT_PER_DEPTH, CLI_ARG_REAL, per_depth, .record = CLI_RECORD | CLI_RECORD_ALT,
+        .record_fn = record_per_depth, .real_max = 1, .expect = "a bucket width in (0, 1], e.g. 0.25", .metavar = "B",
         .help = "with --tasks: also a row per depth bucket of width B"),
-    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, REC,
-        .record_fn = cli_optrow_record_shard, .metavar = "I/N",
+    ROW("shard", OPT_SHARD, CLI_ARG_CUSTOM, share, .parse = cli_optrow_shard, REC, .record_fn = cli_optrow_record_shard,
+        .metavar = "I/N",
         .help = "with --chunk: only the I-th of N contiguous shares of the windows, each window's rows appended to "
                 "-o OUT as it ends (with the sums --merge pools, the run's fingerprint and I/N); with --tasks: of the "
                 "tasks, a row per task written to -o OUT at the end"),

@@ -261,7 +261,8 @@ void cli_optrow_record_specs(cli_meta *meta, const cli_optrow *row, const void *
 
 void cli_optrow_record_format(cli_meta *meta, const cli_optrow *row, const void *base)
 {
-    cli_meta_str(meta, "options", row->name, cli_format_name(*(const kvq_format *)((const char *)base + row->aux_offset)));
+    cli_meta_str(meta, "options", row->name,
+                 cli_format_name(*(const kvq_format *)((const char *)base + row->aux_offset)));
 }
 
 void cli_optrow_record_shard(cli_meta *meta, const cli_optrow *row, const void *base)

@@ -527,7 +527,8 @@ static kvq_status gear_tensor_ref(const kvq_spec *sp, const kvq_quant_ctx *ctx, 
             st = kvq_lowrank_svd(E, T, D, r, L, err);
         } else {
             kvq_rng rng;
-            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, kvq_family_stream(sp->q, (uint64_t)tensor));
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h,
+                         kvq_family_stream(sp->q, (uint64_t)tensor));
             st = kvq_lowrank_power(E, T, D, r, o->loop, &rng, L, err);
         }
         for (size_t i = 0; i < (size_t)T * D && !st; i++) y[AT(h, 0, 0) + i] += L[i];

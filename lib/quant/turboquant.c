@@ -82,7 +82,8 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
         float *z = kvq_alloc_array(n, sizeof *z), *scale = kvq_alloc_array((size_t)T, sizeof *scale);
         if (S && r && z && scale) {
             kvq_rng rng; /* S row by row from the (layer, head, K/V) stream */
-            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h, kvq_family_stream(sp->q, (uint64_t)tensor));
+            kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h,
+                         kvq_family_stream(sp->q, (uint64_t)tensor));
             for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
             for (size_t i = 0; i < n; i++) r[i] = x[i] - y[i];
             qjl_rows(r, z, scale, S, T, D);
