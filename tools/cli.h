@@ -41,6 +41,10 @@ typedef struct cli_shard {
 int cli_shard_option(const char *prog, const char *arg, long *i, long *n);
 /* "0-3,7" -> malloc'ed list of ints (each 0..max); 0 on success. */
 int cli_parse_list(const char *s, int max, int **out, int *n);
+/* --NAME ARG, a list of distinct indices 0..max, into *v (freed first), *n:
+ * CLI_OK, or CLI_USAGE after "--NAME ARG: expected a list like WHAT" (optrows.c). */
+int cli_index_list_option(const char *prog, const char *arg, int max, const char *name, const char *what, int **v,
+                          int *n);
 
 /* The analysis options kvq-analyze and kvq-sweep share: their getopt_long
  * codes (their rows: cli_analysis_rows) and parsed values. */
@@ -281,14 +285,13 @@ enum { CLI_RECORD = 1, CLI_RECORD_NULL = 2, CLI_RECORD_ALT = 4 };
  * given or the default set); --format as it took effect (a kvq_format at
  * aux_offset); --shard (a cli_shard at offset, as "I/N"; N = 0, none given: not recorded). */
 void cli_optrow_record_list(struct cli_meta *meta, const cli_optrow *row, const void *base);
+/* the same of a const char *[] array held at offset (kvq-alloc's --grid) */
+void cli_optrow_record_array(struct cli_meta *meta, const cli_optrow *row, const void *base);
 void cli_optrow_record_specs(struct cli_meta *meta, const cli_optrow *row, const void *base);
 void cli_optrow_record_format(struct cli_meta *meta, const cli_optrow *row, const void *base);
 void cli_optrow_record_shard(struct cli_meta *meta, const cli_optrow *row, const void *base); /* "I/N" */
 /* an int * at offset, its count an int at aux_offset: a list, null when NULL (all) */
 void cli_optrow_record_ints(struct cli_meta *meta, const cli_optrow *row, const void *base);
-/* getopt's table: the rows, then the option groups go has (model, analysis,
- * the record's) and -h, -V; malloc'ed into *out; -1 out of memory. */
-int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out);
 /* The row whose key getopt returned: its argument checked into base + offset.  CLI_OK,
  * CLI_USAGE after one line on stderr, or CLI_OPTROW_NONE when no row has that key. */
 int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, const char *arg, void *base);
@@ -310,7 +313,7 @@ int cli_optrow_format(const char *prog, const char *arg, void *at, void *base);
 int cli_optrow_progress(const char *prog, const char *arg, void *at, void *base);
 int cli_optrow_shard(const char *prog, const char *arg, void *at, void *base); /* a cli_shard */
 /* A tool's whole option loop: cli_getopt over the rows' entries and go's
- * groups (cli_optrows_longopts), each of the tool's options parsed by its row
+ * groups, each of the tool's options parsed by its row
  * into base.  CLI_OK with *stop 0 when the options are in base (operands
  * from optind); else *stop 1 and CLI_OK (--help, --version) or the exit code. */
 int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, const char *shortopts, int argc,

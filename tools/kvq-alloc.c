@@ -371,16 +371,7 @@ static const char *const policies[] = {"prefill", "decode", NULL}; /* --policy: 
 enum { OPT_FAMILY = 256, OPT_RESUME, OPT_POLICY, OPT_STRIDE, OPT_CHUNK, OPT_CHUNKS, OPT_CALIB, OPT_PROGRESS,
        OPT_SEED, OPT_SHARD, OPT_MERGE };
 
-/* Record functions of the rows whose value the record says in its own way:
- * --grid's and --fixed's arrays (their count an int at aux_offset), the budgets. */
-static void record_texts(cli_meta *meta, const cli_optrow *row, const void *base)
-{
-    const char *const *v = (const char *const *)((const char *)base + row->offset);
-    int n = *(const int *)((const char *)base + row->aux_offset);
-    cli_meta_empty_list(meta, "options", row->name);
-    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", row->name, v[i]);
-}
-
+/* The budgets as recorded: a list of their values. */
 static void record_budgets(cli_meta *meta, const cli_optrow *row, const void *base)
 {
     const alloc_job *s = base;
@@ -402,10 +393,10 @@ static const cli_optrow rows[] = {
     ROW("family", OPT_FAMILY, CLI_ARG_TEXT, family, .record = CLI_RECORD | CLI_RECORD_NULL, .metavar = "NAME",
         .help = "the quantizer family (kvq-analyze --list-quantizers), or a template tokens(SELECT; HI; LO) (its "
                 "selector's keys)"),
-    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, REC, .record_fn = record_texts,
+    ROW("grid", 'g', CLI_ARG_CUSTOM, grids, .parse = opt_grid, REC, .record_fn = cli_optrow_record_array,
         .aux_offset = offsetof(alloc_job, ngrids), .metavar = "K=V1,V2",
         .help = "values of key K; repeatable (points: their product)"),
-    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, REC, .record_fn = record_texts,
+    ROW("fixed", 'f', CLI_ARG_CUSTOM, fixed, .parse = opt_grid, REC, .record_fn = cli_optrow_record_array,
         .aux_offset = offsetof(alloc_job, nfixed), .metavar = "K=V[,..]",
         .help = "keys held fixed at every point; repeatable"),
     ROW("budget", 'b', CLI_ARG_CUSTOM, budgets, .parse = opt_budget, REC, .record_fn = record_budgets,

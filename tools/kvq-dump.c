@@ -20,9 +20,7 @@ static int opt_layers(const char *p, const char *arg, void *at, void *base)
 {
     dump_args *a = base;
     (void)at;
-    free(a->layers), a->layers = NULL;
-    if (!cli_parse_list(arg, 4095, &a->layers, &a->nlayers)) return CLI_OK;
-    return cli_error(p, "--layers %s: expected a list like 0-3,7 of distinct layers", arg), CLI_USAGE;
+    return cli_index_list_option(p, arg, 4095, "layers", "0-3,7 of distinct layers", &a->layers, &a->nlayers);
 }
 
 enum { OPT_LAYERS = 256 };

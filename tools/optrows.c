@@ -13,8 +13,7 @@
 
 /* ------------------------------------------------------- the groups */
 
-/* --layers and --heads: lists of distinct indices (NULL: all). */
-static int opt_index_list(const char *prog, const char *arg, int max, const char *name, const char *what, int **v,
+int cli_index_list_option(const char *prog, const char *arg, int max, const char *name, const char *what, int **v,
                           int *n)
 {
     free(*v), *v = NULL;
@@ -27,14 +26,14 @@ static int opt_layers(const char *prog, const char *arg, void *at, void *base)
 {
     cli_analysis *a = base;
     (void)at;
-    return opt_index_list(prog, arg, 999, "layers", "0-3,7 of distinct layers", &a->layers, &a->nlayers);
+    return cli_index_list_option(prog, arg, 999, "layers", "0-3,7 of distinct layers", &a->layers, &a->nlayers);
 }
 
 static int opt_heads(const char *prog, const char *arg, void *at, void *base)
 {
     cli_analysis *a = base;
     (void)at;
-    return opt_index_list(prog, arg, 1 << 20, "heads", "0-1,3 of distinct KV heads", &a->heads, &a->nheads);
+    return cli_index_list_option(prog, arg, 1 << 20, "heads", "0-1,3 of distinct KV heads", &a->heads, &a->nheads);
 }
 
 static int opt_queries(const char *prog, const char *arg, void *at, void *base)
@@ -142,7 +141,9 @@ static struct option long_entry(const cli_optrow *r)
     return (struct option){r->name, r->arg == CLI_ARG_FLAG ? no_argument : required_argument, 0, r->key};
 }
 
-int cli_optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out)
+/* getopt's table: the rows, then the option groups go has and -h, -V;
+ * malloc'ed into *out; -1 out of memory. */
+static int optrows_longopts(const cli_optrow *rows, int n, const cli_getopt_ctx *go, struct option **out)
 {
     group g[3];
     int ng = groups_of(go, g), total = n + 2;
@@ -244,12 +245,23 @@ int cli_optrow_parse(const char *prog, const cli_optrow *rows, int n, int key, c
     return CLI_USAGE;
 }
 
+/* n texts as the list "options".name ([] when n is 0). */
+static void record_texts(cli_meta *meta, const char *name, const char *const *v, int n)
+{
+    cli_meta_empty_list(meta, "options", name);
+    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", name, v[i]);
+}
+
 void cli_optrow_record_list(cli_meta *meta, const cli_optrow *row, const void *base)
 {
-    const char *const *v = *(const char *const *const *)((const char *)base + row->offset);
-    int n = *(const int *)((const char *)base + row->aux_offset);
-    cli_meta_empty_list(meta, "options", row->name);
-    for (int i = 0; i < n; i++) cli_meta_list(meta, "options", row->name, v[i]);
+    record_texts(meta, row->name, *(const char *const *const *)((const char *)base + row->offset),
+                 *(const int *)((const char *)base + row->aux_offset));
+}
+
+void cli_optrow_record_array(cli_meta *meta, const cli_optrow *row, const void *base)
+{
+    record_texts(meta, row->name, (const char *const *)((const char *)base + row->offset),
+                 *(const int *)((const char *)base + row->aux_offset));
 }
 
 void cli_optrow_record_specs(cli_meta *meta, const cli_optrow *row, const void *base)
@@ -345,7 +357,7 @@ int cli_optrows_getopt(const cli_getopt_ctx *go, const cli_optrow *rows, int n, 
 {
     struct option *longopts;
     *stop = 0;
-    if (cli_optrows_longopts(rows, n, go, &longopts))
+    if (optrows_longopts(rows, n, go, &longopts))
         return *stop = 1, cli_error(go->prog, "out of memory"), CLI_RUNTIME;
     int rc = CLI_OK, c;
     while (!rc && (c = cli_getopt(go, argc, argv, shortopts, longopts, &rc)) != -1) {
