@@ -74,7 +74,7 @@ typedef struct kvq_quant_ctx {
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
 typedef struct kvq_quant_out {
-    float *key, *value;
+    float *key, *value;      /* [H][T][D], or from head head0 on (below) */
     double *k_bits, *v_bits; /* [H], filled by the quantizer */
     double *static_bytes;    /* [H], zeroed by the caller: bytes held once per model
                                 whatever the sequence length (centres, codebooks, rotations) */
@@ -90,6 +90,10 @@ typedef struct kvq_quant_out {
      * drops tokens fails when the caller gives no keep buffer. */
     unsigned char *keep;
     int dropped;
+    /* key and value hold head h at (h - head0)·T·D: 0 (a zeroed struct) for
+     * the whole layer; h for one head's [T][D] (the analysis runs a family's
+     * quantize_head into its metrics thread's buffer). */
+    int head0;
 } kvq_quant_out;
 
 /* A quantizer of the registry (its definition, for the authors of a family,

@@ -223,6 +223,9 @@ expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h
 expect 0 -- "$gen" --outlier-scale 100000 --layers 1 --tokens 40 --head-dim 8 -o "$tmp/huge.h5"
 expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q per-token "$tmp/huge.h5"
 expect 0 -- "$analyze" -q per-token:scale=fp32 "$tmp/huge.h5"
+# the first spec that fails names the error, whether it runs head by head (per-token) or on the layer (tender)
+expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" -- "$analyze" -q per-token -q tender "$tmp/huge.h5"
+expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" -- "$analyze" -q tender -q per-token "$tmp/huge.h5"
 # --- calibrated quantizers (issue 3)
 calib=$src/data/stories260K-calib.h5
 expect 0 "gear" "gear-l" "cluster" "lloydmax" "[needs --calib]" "codebook=sphere" -- "$analyze" --list-quantizers

@@ -9,7 +9,8 @@
  *   - relative reconstruction error of K and V below 1, and below the
  *     ceiling of the code's bit width (ggml's limits per type);
  *   - the same numbers from the row's plain reference (every row has one);
- *   - a second run is identical (no hidden state) and the input untouched.
+ *   - a second run is identical (no hidden state) and the input untouched;
+ *   - where the analysis runs it head by head, each head alone is the same.
  * A few variants with code paths of their own are listed beside. */
 #include "testutil.h"
 #include "simd.h"
@@ -84,6 +85,55 @@ static void same(const kvq_spec *sp, const run_result *a, const run_result *b, c
 }
 
 static int references; /* specs compared with their family's reference */
+static int by_head_specs; /* specs the analysis runs head by head */
+
+/* A spec that the analysis runs head by head (kvq_spec_by_head): each head
+ * of K and V quantized alone, last head first, into a buffer of one head
+ * (kvq_quant_out.head0 = h) gives that head of the layer's run `base`, its
+ * bits and static bytes included.  A family whose quantize_head wrote
+ * another head, or read what an earlier head wrote, fails here. */
+static void check_by_head(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, const kvq_rope *rope,
+                          const run_result *base)
+{
+    if (!kvq_spec_by_head(sp, T, D)) return;
+    by_head_specs++;
+    kvq_error err = {0};
+    kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = 1, .rope = rope};
+    void *state = NULL;
+    char key[256];
+    if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
+        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: %s", sp->text, err.msg);
+        ctx.calib = state;
+    }
+    size_t TD = (size_t)T * D;
+    float *buf = malloc(2 * TD * sizeof(float));
+    double kb[H] = {0}, vb[H] = {0}, sb[H] = {0};
+    kvq_recon_acc recon[2 * H] = {{0}};
+    unsigned char done[2 * H] = {0};
+    ck_assert(buf);
+    for (int h = H - 1; h >= 0; h--) {
+        memset(buf, 0xff, 2 * TD * sizeof(float)); /* NaN where nothing is written */
+        kvq_quant_out out = {.key = buf,
+                             .value = buf + TD,
+                             .k_bits = kb,
+                             .v_bits = vb,
+                             .static_bytes = sb,
+                             .recon = recon,
+                             .recon_done = done,
+                             .head0 = h};
+        for (int tensor = 0; tensor < 2; tensor++)
+            ck_assert_msg(kvq_quantize_one_head(sp, &ctx, L, &out, tensor, h, &err) == KVQ_OK, "%s: head %d: %s",
+                          sp->text, h, err.msg);
+        ck_assert_msg(!memcmp(buf, base->k + h * TD, TD * sizeof(float)) &&
+                          !memcmp(buf + TD, base->v + h * TD, TD * sizeof(float)),
+                      "%s: head %d alone differs from the layer's run", sp->text, h);
+    }
+    ck_assert_msg(!memcmp(kb, base->kb, sizeof kb) && !memcmp(vb, base->vb, sizeof vb) &&
+                      !memcmp(sb, base->sb, sizeof sb),
+                  "%s: bits of the heads alone differ from the layer's run", sp->text);
+    if (state) sp->q->calib_free(state);
+    free(buf);
+}
 
 /* The largest relative Frobenius error a spec may have at b code bits on
  * fill_layer's tensors (Gaussian; K with an outlier channel 8x the
@@ -219,6 +269,7 @@ static void check_spec(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *
     ck_assert_msg(ek <= error_ceiling(kb) && ev <= error_ceiling(vb),
                   "%s: relative error K %g at %d bits, V %g at %d bits: above the ceilings %g, %g", sp->text, ek, kb, ev,
                   vb, error_ceiling(kb), error_ceiling(vb));
+    check_by_head(sp, L, calib, rope, &base);
     /* the family's plain reference (its row's .reference), where it has one: the same numbers */
     run_result ref;
     if (run(sp, L, calib, rope, 1, -1, 1, &ref)) {
@@ -283,6 +334,8 @@ START_TEST(every_registered_quantizer)
     /* every row has a plain reference (docs/adding-a-quantizer.md: reference first) */
     ck_assert_int_eq(with_reference, (int)kvq_quantizer_count());
     ck_assert_int_eq(references, 3 * with_reference); /* default, example and changed-key spec of each */
+    /* the families the analysis runs head by head (plan families, cluster, kvquant, lloydmax, turboquant, none) */
+    ck_assert_msg(by_head_specs >= 20, "only %d specs run head by head", by_head_specs);
     /* variants with paths of their own that neither spec above takes (the
      * outliers: the default fractions leave none in rows of 32 or 48) */
     const char *extra[] = {"gear:lowrank=svd,span=layer", "gear:sparsity=0.25,span=layer,backbone=kcvt",

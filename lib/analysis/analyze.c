@@ -1,9 +1,12 @@
 /* analyze.c — the analysis driver behind kvq-analyze and kvq-sweep.
  *
  * For each selected layer (read one at a time, on the calling thread: HDF5
- * is not thread-safe): every quantizer reconstructs the whole layer (its own
- * threads over heads), then the metrics run in parallel over the selected KV
- * heads, the exact attention of a head computed once for all quantizers.
+ * is not thread-safe): every quantizer that couples the heads reconstructs
+ * the whole layer (its own threads over heads), then the metrics run in
+ * parallel over the selected KV heads: each head's thread first quantizes
+ * that head with the quantizers that run head by head (spec_by_head), into
+ * its own buffer, then computes the exact attention of the head once for
+ * all quantizers and compares.
  * Each (layer, head, quantizer) has its own accumulator and pooling happens
  * later in a fixed order, so results do not depend on the thread count.
  *
@@ -197,14 +200,16 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
 
 void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_acc *acc)
 {
-    size_t off = (size_t)h * L->T * L->D, n = (size_t)L->T * L->D;
+    size_t n = (size_t)L->T * L->D;
     int H = L->H;
     /* the error sums the quantizer fused into its loops, else computed here */
     kvq_acc fused = {0};
     if (q->recon_done[h]) fused.k = q->recon[h];
-    else kvq_recon_accumulate(&fused.k, L->key + off, q->key + off, n);
+    else
+        kvq_recon_accumulate(&fused.k, kvq_head_in(L, 0, h), kvq_head_out(q, L, 0, h), n);
     if (q->recon_done[H + h]) fused.v = q->recon[H + h];
-    else kvq_recon_accumulate(&fused.v, L->value + off, q->value + off, n);
+    else
+        kvq_recon_accumulate(&fused.v, kvq_head_in(L, 1, h), kvq_head_out(q, L, 1, h), n);
     kvq_acc_merge(acc, &fused);
     acc->k.bits += q->k_bits[h];
     acc->v.bits += q->v_bits[h];
@@ -234,7 +239,8 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
     if (!Kh || !Vh || !Mh || !aa) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     } else {
-        for (int s = 0; s < nspecs; s++) Kh[s] = slot[s].key + off, Vh[s] = slot[s].value + off;
+        for (int s = 0; s < nspecs; s++)
+            Kh[s] = kvq_head_out(&slot[s], L, 0, h), Vh[s] = kvq_head_out(&slot[s], L, 1, h);
         head_masks(slot, nspecs, h, L->T, Mh);
         /* query heads h*G .. h*G+G-1 read KV head h */
         if (ref)
@@ -297,17 +303,19 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
 }
 
 /* One quantizer's outputs for a layer (a slot per spec): K', V' [H][T][D]
- * of `bytes` each, bits and static bytes [H], the fused error sums and
- * their flags [2][H], the kept tokens [H][T].  0, or -1 out of memory (slot_free cleans up). */
+ * of `bytes` each and the kept tokens [H][T] (neither when bytes is 0: a
+ * spec run head by head), bits and static bytes [H], the fused error sums
+ * and their flags [2][H].  0, or -1 out of memory (slot_free cleans up). */
 static int slot_alloc(kvq_quant_out *q, int H, int T, size_t bytes)
 {
-    q->key = kvq_alloc_lines(bytes), q->value = kvq_alloc_lines(bytes);
+    if (bytes) q->key = kvq_alloc_lines(bytes), q->value = kvq_alloc_lines(bytes);
+    if (bytes) q->keep = kvq_alloc_array((size_t)H * T, 1);
     q->k_bits = calloc((size_t)H, sizeof(double)), q->v_bits = calloc((size_t)H, sizeof(double));
     q->static_bytes = calloc((size_t)H, sizeof(double));
     q->recon = calloc(2 * (size_t)H, sizeof *q->recon);
     q->recon_done = calloc(2 * (size_t)H, 1);
-    q->keep = kvq_alloc_array((size_t)H * T, 1);
-    return q->key && q->value && q->k_bits && q->v_bits && q->static_bytes && q->recon && q->recon_done && q->keep
+    return (!bytes || (q->key && q->value && q->keep)) && q->k_bits && q->v_bits && q->static_bytes && q->recon &&
+                   q->recon_done
                ? 0
                : -1;
 }
@@ -375,30 +383,147 @@ static kvq_status resolve_specs(const kvq_prepared *p, const kvq_analysis_opts *
     return KVQ_OK;
 }
 
-/* Every spec on layer li (L; Lq with every query row, for selectors) into
- * its slot: on the CPU, or a plan on the device (and the output uploaded). */
+/* The specs run head by head: a spec whose family quantizes every head on
+ * its own (kvq_spec_by_head) at every analysed layer, on the CPU.  Its K',
+ * V' take no layer slot: the metrics thread of a head quantizes that head
+ * into its own buffer right before comparing it, so the analysis holds a
+ * head of them instead of a layer, page-faults that once, and reads them
+ * back from cache.  The bits are the same: a family's heads depend neither
+ * on each other nor on where they are written (quantize_head's contract). */
+static int spec_by_head(const kvq_prepared *p, const kvq_analysis_opts *o, const kvq_resolved_spec *r)
+{
+    if (o->device) return 0;
+    for (int li = 0; li < p->nl; li++)
+        if (kvq_resolved_spec_parts(r, p->layers[li]) ||
+            !kvq_spec_by_head(kvq_resolved_spec_at(r, p->layers[li]), p->info->seq_len, p->info->head_dim))
+            return 0;
+    return 1;
+}
+
+/* Every spec on one layer, as the metrics threads see it. */
+typedef struct layer_specs {
+    int ns, nby;            /* specs; how many of them run head by head */
+    unsigned char *by_head; /* [ns] */
+    const kvq_spec **spec;  /* [ns] the layer's spec (a mix's range) */
+    kvq_quant_ctx *ctx;     /* [ns] its context on the layer */
+    const kvq_layer **in;   /* [ns] L, or Lq for the specs that read every query row */
+    kvq_quant_out *slot;    /* [ns] the whole layer's outputs (no K', V' for by_head) */
+    int nbuf;               /* threads */
+    float **buf;            /* [nbuf]: a thread's K', V' of its head [nby][2][T][D], made on first use */
+    kvq_quant_out *view;    /* [nbuf][ns + 1]: a thread's outputs of its head */
+    kvq_status *hst;        /* [2][nheads]: each head's metrics, then its head-by-head runs */
+    kvq_error *herr;        /* [nheads] */
+} layer_specs;
+
+static void layer_specs_free(layer_specs *ls)
+{
+    for (int i = 0; ls->buf && i < ls->nbuf; i++) free(ls->buf[i]);
+    free(ls->by_head), free(ls->spec), free(ls->ctx), free(ls->in), free(ls->buf), free(ls->view);
+    free(ls->hst), free(ls->herr);
+}
+
+/* ns specs, nbuf threads, nh heads: 0, or -1 out of memory. */
+static int layer_specs_alloc(layer_specs *ls, int ns, int nbuf, int nh, kvq_quant_out *slot)
+{
+    size_t n = (size_t)ns + 1;
+    ls->ns = ns, ls->nbuf = nbuf, ls->slot = slot;
+    ls->by_head = calloc(n, 1), ls->spec = calloc(n, sizeof *ls->spec), ls->ctx = calloc(n, sizeof *ls->ctx);
+    ls->in = calloc(n, sizeof *ls->in), ls->buf = calloc((size_t)nbuf, sizeof *ls->buf);
+    ls->view = calloc((size_t)nbuf * n, sizeof *ls->view);
+    ls->hst = calloc(2 * (size_t)nh + 1, sizeof *ls->hst), ls->herr = calloc((size_t)nh + 1, sizeof *ls->herr);
+    return ls->by_head && ls->spec && ls->ctx && ls->in && ls->buf && ls->view && ls->hst && ls->herr ? 0 : -1;
+}
+
+/* Every spec's context on layer li (L; Lq with every query row, for
+ * selectors) and the layer-wide specs into their slots: on the CPU, or a
+ * plan on the device (and the output uploaded).  *failed: the spec that
+ * failed (ns if none). */
 static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_resolved_spec **res, int li,
                                  const kvq_layer *L, const kvq_layer *Lq, const kvq_attn_mode *mode, int nt,
-                                 kvq_quant_out *slot, kvq_error *err)
+                                 layer_specs *ls, int *failed, kvq_error *err)
 {
     int layer = p->layers[li], nl = p->nl, H = p->info->num_kv_heads;
-    for (int s = 0; s < o->nspecs; s++) {
-        if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
-        kvq_quant_ctx ctx = {.info = p->info, .layer = layer, .seed = p->seed, .nthreads = nt,
-                             .rope = p->rope.cos ? &p->rope : NULL, .attn = mode};
-        const kvq_spec *own = kvq_resolved_spec_at(res[s], layer); /* the layer's spec (a mix's range) */
-        const kvq_layer *Ls = kvq_resolved_spec_flags(res[s]) & KVQ_READ_QUERY ? Lq : L;
-        kvq_quant_out *qo = &slot[s];
+    for (*failed = 0; *failed < o->nspecs; ++*failed) {
+        int s = *failed;
+        kvq_quant_ctx *ctx = &ls->ctx[s];
+        *ctx = (kvq_quant_ctx){.info = p->info,
+                               .layer = layer,
+                               .seed = p->seed,
+                               .nthreads = nt,
+                               .rope = p->rope.cos ? &p->rope : NULL,
+                               .attn = mode};
+        const kvq_spec *own = ls->spec[s] = kvq_resolved_spec_at(res[s], layer); /* the layer's (a mix's range) */
+        const kvq_layer *Ls = ls->in[s] = kvq_resolved_spec_flags(res[s]) & KVQ_READ_QUERY ? Lq : L;
+        kvq_quant_out *qo = &ls->slot[s];
         slot_reset(qo, H);
         kvq_status st = KVQ_OK;
-        if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx.calib, err))) return st;
+        if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx->calib, err))) return st;
+        if (ls->by_head[s]) continue; /* in the metrics' head loop */
+        if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
         if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))
-            st = plan_on_device(o->device, &o->specs[s], &ctx, L, s, qo, err);
-        else if (!(st = kvq_quantize_layer_in(res[s], &ctx, Ls, qo, err)) && o->device)
+            st = plan_on_device(o->device, &o->specs[s], ctx, L, s, qo, err);
+        else if (!(st = kvq_quantize_layer_in(res[s], ctx, Ls, qo, err)) && o->device)
             st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
         if (st) return layer_error(err, st, p->path, -1); /* the quantizer's message names the layer */
     }
     return KVQ_OK;
+}
+
+/* Head h's output of every spec into thread tid's view: the slot's, or for
+ * a spec run head by head, quantized now into the thread's buffer
+ * (head0 = h).  A failure's message is left to first_error. */
+static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h, int tid)
+{
+    kvq_quant_out *view = ls->view + (size_t)tid * (ls->ns + 1);
+    size_t TD = (size_t)L->T * L->D, bytes;
+    if (ls->nby && !ls->buf[tid] &&
+        (!kvq_tensor_bytes((size_t)ls->nby * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
+         !(ls->buf[tid] = kvq_alloc_lines(bytes))))
+        return KVQ_ERR_NOMEM;
+    for (int s = 0, j = 0; s < ls->ns; s++) {
+        view[s] = ls->slot[s];
+        if (!ls->by_head[s]) continue;
+        view[s].key = ls->buf[tid] + (size_t)j++ * 2 * TD, view[s].value = view[s].key + TD, view[s].head0 = h;
+        kvq_quant_ctx ctx = ls->ctx[s];
+        ctx.nthreads = 1; /* the heads are the threads */
+        kvq_error e = {0};
+        for (int tensor = 0; tensor < 2; tensor++) {
+            kvq_status st = kvq_quantize_one_head(ls->spec[s], &ctx, ls->in[s], &view[s], tensor, h, &e);
+            if (st) return st;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* After a spec failed (st, err): the error as quantizing every spec over the
+ * whole layer in order names it.  The specs run head by head before spec
+ * `upto` are run so, into a scratch slot, and the first to fail names it;
+ * if none does, st and err stay. */
+static kvq_status first_error(const kvq_prepared *p, kvq_resolved_spec **res, const layer_specs *ls, int upto,
+                              kvq_status st, kvq_error *err)
+{
+    const kvq_dump_info *info = p->info;
+    kvq_quant_out scratch = {0};
+    size_t bytes = 0;
+    for (int s = 0; s < upto; s++) {
+        if (!ls->by_head[s]) continue;
+        if (!scratch.key &&
+            (!kvq_tensor_bytes((size_t)info->num_kv_heads, (size_t)info->seq_len, (size_t)info->head_dim, &bytes) ||
+             slot_alloc(&scratch, info->num_kv_heads, info->seq_len, bytes))) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p->path);
+            break;
+        }
+        slot_reset(&scratch, info->num_kv_heads);
+        kvq_error e = {0};
+        kvq_status fs = kvq_quantize_layer_in(res[s], &ls->ctx[s], ls->in[s], &scratch, &e);
+        if (fs) {
+            *err = e;
+            st = layer_error(err, fs, p->path, -1);
+            break;
+        }
+    }
+    slot_free(&scratch);
+    return st;
 }
 
 /* n threads' attention workspaces (NULL: out of memory). */
@@ -419,6 +544,35 @@ static void ws_array_free(kvq_attn_ws **ws, int n)
     free(ws);
 }
 
+/* Layer li's metrics, its selected heads in parallel: each head's outputs
+ * (head_outputs: the specs run head by head are quantized there), then its
+ * sums.  A head-by-head run's failure is named by first_error. */
+static kvq_status layer_metrics(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_resolved_spec **res, int li,
+                                const kvq_layer *L, const float *qr, layer_specs *ls, kvq_attn_ws **ws, kvq_acc *acc,
+                                kvq_error *err)
+{
+    int nh = p->nh, ns = ls->ns, layer = p->layers[li];
+    kvq_status *hst = ls->hst, *qst = ls->hst + nh;
+    kvq_error *herr = ls->herr;
+#pragma omp parallel for num_threads(ls->nbuf) schedule(dynamic, 1)
+    for (int hi = 0; hi < nh; hi++) {
+        int tid = omp_get_thread_num(), h = p->heads[hi];
+        hst[hi] = KVQ_OK;
+        if ((qst[hi] = head_outputs(ls, L, h, tid))) continue;
+        hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), h, !o->device,
+                               p->ref ? p->ref[(size_t)li * nh + hi] : NULL, qr, ns, ls->view + (size_t)tid * (ns + 1),
+                               p->pos, p->npos, acc + (size_t)hi * ns, ws[tid], &herr[hi]);
+    }
+    for (int hi = 0; hi < nh; hi++)
+        if (qst[hi])
+            return first_error(p, res, ls, ns,
+                               kvq_fail(err, qst[hi], "%s: /layer_%03d: %s", p->path, layer, kvq_strerror(qst[hi])),
+                               err);
+    for (int hi = 0; hi < nh; hi++)
+        if (hst[hi]) return kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", p->path, layer, herr[hi].msg);
+    return KVQ_OK;
+}
+
 static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_analysis *out,
                                kvq_error *err)
 {
@@ -435,17 +589,17 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     out->heads = kvq_alloc_array((size_t)nh, sizeof *out->heads);
     kvq_quant_out *slot = calloc((size_t)ns + 1, sizeof *slot); /* one per spec */
     kvq_resolved_spec **res = calloc((size_t)ns + 1, sizeof *res); /* each spec parsed once for the dump's layers */
-    kvq_status *hst = calloc((size_t)nh, sizeof *hst);
-    kvq_error *herr = calloc((size_t)nh, sizeof *herr);
-    int nws = kvq_threads(o->nthreads);
-    kvq_attn_ws **ws = ws_array_new(nws); /* each thread's, kept from head to head */
+    int nt = kvq_threads(o->nthreads);
+    layer_specs ls = {0};
+    kvq_attn_ws **ws = ws_array_new(nt); /* each thread's, kept from head to head */
     kvq_layer read = {0};
     float *qrows = NULL; /* streamed: the layer's query rows */
     float *qall = NULL;  /* every query row [Hq][T][D], for selectors */
     int *allpos = kvq_alloc_array((size_t)info->seq_len + 1, sizeof *allpos);
     size_t bytes;
     for (int t = 0; allpos && t < info->seq_len; t++) allpos[t] = t;
-    if (!out->acc || !out->layers || !out->heads || !slot || !res || !hst || !herr || !allpos || !ws) {
+    if (!out->acc || !out->layers || !out->heads || !slot || !res || !allpos || !ws ||
+        layer_specs_alloc(&ls, ns, nt, nh, slot)) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -455,8 +609,10 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: layer size overflows", path);
         goto done;
     }
+    if ((st = resolve_specs(p, o, res, err))) goto done;
+    for (int s = 0; s < ns; s++) ls.nby += ls.by_head[s] = spec_by_head(p, o, res[s]);
     for (int s = 0; s < ns && !st; s++)
-        if (slot_alloc(&slot[s], H, info->seq_len, bytes))
+        if (slot_alloc(&slot[s], H, info->seq_len, ls.by_head[s] ? 0 : bytes))
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
                           2 * bytes);
     if (st) goto done;
@@ -465,12 +621,10 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
                       p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
         goto done;
     }
-    if ((st = resolve_specs(p, o, res, err))) goto done;
 
-    int nt = kvq_threads(o->nthreads);
     kvq_blas_serial(); /* parallelism is ours, over heads */
     for (int li = 0; li < nl; li++) {
-        int layer = p->layers[li];
+        int layer = p->layers[li], failed;
         const kvq_layer *L = p->L ? &p->L[li] : &read;
         if (o->progress && !p->L) o->progress(o->ud, li, nl, "read");
         if (!p->L && ((st = kvq_dump_read_layer_reuse(p->d, layer, p->flags & ~KVQ_READ_QUERY, &read, err)) ||
@@ -487,21 +641,14 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             st = layer_error(err, st, path, layer);
             goto done;
         }
-        if ((st = quantize_specs(p, o, res, li, L, &Lq, &mode, nt, slot, err))) goto done;
+        if ((st = quantize_specs(p, o, res, li, L, &Lq, &mode, nt, &ls, &failed, err))) {
+            st = first_error(p, res, &ls, failed, st, err);
+            goto done;
+        }
         if (o->progress) o->progress(o->ud, li, nl, "metrics");
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int hi = 0; hi < nh; hi++)
-            hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), p->heads[hi], !o->device,
-                                   p->ref ? p->ref[(size_t)li * nh + hi] : NULL,
-                                   qr, ns, slot, p->pos, p->npos,
-                                   out->acc + ((size_t)li * nh + hi) * ns, ws[omp_get_thread_num()], &herr[hi]);
-        for (int hi = 0; hi < nh; hi++)
-            if (hst[hi]) {
-                st = kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", path, layer, herr[hi].msg);
-                goto done;
-            }
-        if (o->device && qr &&
-            (st = attention_on_device(o->device, p, L, qr, ns, out->acc + (size_t)li * nh * ns, err))) {
+        kvq_acc *acc = out->acc + (size_t)li * nh * ns;
+        if ((st = layer_metrics(p, o, res, li, L, qr, &ls, ws, acc, err))) goto done;
+        if (o->device && qr && (st = attention_on_device(o->device, p, L, qr, ns, acc, err))) {
             st = layer_error(err, st, path, layer);
             goto done;
         }
@@ -514,8 +661,9 @@ done:
     free(qrows), free(qall), free(allpos);
     for (int s = 0; s < ns && slot; s++) slot_free(&slot[s]);
     for (int s = 0; s < ns && res; s++) kvq_resolved_spec_free(res[s]);
-    ws_array_free(ws, nws);
-    free(slot), free(res), free(hst), free(herr);
+    ws_array_free(ws, nt);
+    layer_specs_free(&ls);
+    free(slot), free(res);
     if (st) kvq_analysis_free(out);
     return st;
 }

@@ -143,9 +143,9 @@ static inline const float *kvq_head_in(const kvq_layer *in, int tensor, int h)
 {
     return (tensor ? in->value : in->key) + (size_t)h * in->T * in->D;
 }
-static inline float *kvq_head_out(kvq_quant_out *out, const kvq_layer *in, int tensor, int h)
+static inline float *kvq_head_out(const kvq_quant_out *out, const kvq_layer *in, int tensor, int h)
 {
-    return (tensor ? out->value : out->key) + (size_t)h * in->T * in->D;
+    return (tensor ? out->value : out->key) + (size_t)(h - out->head0) * in->T * in->D;
 }
 static inline double *kvq_head_bits(kvq_quant_out *out, int tensor, int h)
 {
@@ -275,6 +275,15 @@ kvq_status kvq_plan_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, co
  * no message, for a family without one. */
 kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                         kvq_quant_out *out, kvq_error *err);
+/* 1 when spec (one layer's: not a mix, not tokens(...)) quantizes every
+ * head of K and V on its own on T tokens of D channels: its family has a
+ * quantize_head, no prerotate, and no plan step that couples the heads.
+ * Then kvq_quantize_one_head(tensor, h) writes exactly what
+ * kvq_quantize_layer writes for that head, and the analysis may run it
+ * head by head into a buffer of one head (kvq_quant_out.head0). */
+int kvq_spec_by_head(const kvq_spec *spec, int T, int D);
+kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                 kvq_quant_out *out, int tensor, int h, kvq_error *err);
 
 /* Pre-rotation (docs/building-blocks.md#rotations): the `prerotate` key a family adds to its table
  * with one line; kvq_quantize_layer then runs the family on Π·x and returns

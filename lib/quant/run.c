@@ -1,8 +1,10 @@
 /* run.c — running a spec on one layer: the shape check, the `prerotate`
  * wrapper, the per-head runner that spreads a family's quantize_head over
  * the heads (K and V) in parallel and names the head that failed, and the
- * same through the family's plain reference (for tests). */
+ * same through the family's plain reference (for tests); and one head of a
+ * family that quantizes head by head, for the analysis. */
 #include "../internal.h"
+#include "plan.h"
 #include "quant.h"
 
 #include <omp.h>
@@ -111,4 +113,23 @@ static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ct
 {
     if (spec->q->reference) return spec->q->reference(spec, ctx, in, out, err);
     return run_heads(spec, ctx, in, out, err, 1, spec->q->reference_head);
+}
+
+int kvq_spec_by_head(const kvq_spec *spec, int T, int D)
+{
+    if (kvq_spec_is_mix(spec) || kvq_spec_is_tokens(spec) || !spec->q->quantize_head || kvq_spec_prerotate(spec))
+        return 0;
+    if (!spec->q->plan) return 1;
+    kvq_plan p;
+    spec->q->plan(spec, T, D, &p);
+    for (int tensor = 0; tensor < 2; tensor++)
+        for (int i = 0; i < p.nsteps[tensor]; i++)
+            if (p.step[tensor][i].kind == KVQ_STEP_TOKEN_LAYER) return 0;
+    return 1;
+}
+
+kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                 kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    return spec->q->quantize_head(spec, ctx, in, out, tensor, h, err);
 }
