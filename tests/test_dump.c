@@ -1,6 +1,7 @@
 /* test_dump.c — the dump writer and reader: float16/32/64 round trips, the
- * float16 path equal to rounding, attributes, kvq-gen reproducibility and
- * the reader's refusal of impossible sizes and layers. */
+ * float16 path equal to rounding and its finite check slab by slab,
+ * attributes, kvq-gen reproducibility and the reader's refusal of
+ * impossible sizes and layers. */
 #include "testutil.h"
 
 #include <string.h>
@@ -99,6 +100,55 @@ static void write_read(kvq_dtype dt)
     unlink(path);
     free(path);
 }
+
+/* A float16 tensor of several slabs (the reader converts one [T][D] slab
+ * at a time): clean, it reads as its rounding; with non-finite values, the
+ * first one in the tensor's order is named by its index, whichever slab
+ * holds it. */
+START_TEST(f16_slabs_checked)
+{
+    enum { H = 2, T = 300, D = 64 };
+    kvq_dump_info info = {.num_layers = 1, .num_heads = H, .num_kv_heads = H, .head_dim = D, .seq_len = T};
+    snprintf(info.model, sizeof info.model, "unit test");
+    size_t n = (size_t)H * T * D;
+    const struct { int h, t, c; float v; int h2, t2, c2; float v2; const char *msg; } cases[] = {
+        {-1, 0, 0, 0, -1, 0, 0, 0, NULL},
+        {1, 290, 5, INFINITY, -1, 0, 0, 0, "/layer_000/key: expected finite float32 values, got inf at [1,290,5]"},
+        {1, 10, 2, NAN, 1, 290, 0, -INFINITY, "/layer_000/key: expected finite float32 values, got nan at [1,10,2]"},
+        {0, 299, 63, -INFINITY, 1, 0, 0, NAN, "/layer_000/key: expected finite float32 values, got -inf at [0,299,63]"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        kvq_layer lay, r;
+        kvq_error err = {0};
+        ck_assert_int_eq(kvq_layer_alloc(&lay, H, H, T, D, 0, &err), KVQ_OK);
+        fill_normal(lay.key, n, 5, 2);
+        fill_normal(lay.value, n, 6, 1);
+        if (cases[k].h >= 0) lay.key[((size_t)cases[k].h * T + cases[k].t) * D + cases[k].c] = cases[k].v;
+        if (cases[k].h2 >= 0) lay.key[((size_t)cases[k].h2 * T + cases[k].t2) * D + cases[k].c2] = cases[k].v2;
+        char *path = tmp_path();
+        kvq_dump_writer *w;
+        ck_assert_int_eq(kvq_dump_writer_create(path, &info, KVQ_F16, &w, &err), KVQ_OK);
+        ck_assert_msg(kvq_dump_writer_layer(w, 0, &lay, &err) == KVQ_OK, "%s", err.msg);
+        ck_assert_int_eq(kvq_dump_writer_finish(w, &err), KVQ_OK);
+        kvq_dump *d;
+        ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
+        kvq_status st = kvq_dump_read_layer(d, 0, 0, &r, &err);
+        if (!cases[k].msg) {
+            ck_assert_msg(st == KVQ_OK, "%s", err.msg);
+            for (size_t i = 0; i < n; i++)
+                ck_assert(r.key[i] == kvq_round_f16(lay.key[i]) && r.value[i] == kvq_round_f16(lay.value[i]));
+            kvq_layer_free(&r);
+        } else {
+            ck_assert_int_eq(st, KVQ_ERR_FORMAT);
+            ck_assert_msg(strstr(err.msg, cases[k].msg), "%s", err.msg);
+        }
+        kvq_dump_close(d);
+        kvq_layer_free(&lay);
+        unlink(path);
+        free(path);
+    }
+}
+END_TEST
 
 START_TEST(round_trip_f32) { write_read(KVQ_F32); }
 END_TEST
@@ -281,6 +331,7 @@ int main(void)
     tcase_add_test(tc, round_trip_f32);
     tcase_add_test(tc, round_trip_f16);
     tcase_add_test(tc, round_trip_f64);
+    tcase_add_test(tc, f16_slabs_checked);
     tcase_add_test(tc, writer_abort_leaves_nothing);
     tcase_add_test(tc, gen_is_reproducible);
     tcase_add_test(tc, impossible_sizes_rejected);
