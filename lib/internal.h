@@ -28,6 +28,12 @@ extern "C" {
  * otherwise spin in sched_yield beside kvq's threads); a later multi-threaded
  * BLAS call (the model's forward pass) starts them again. */
 void kvq_blas_serial(void);
+/* 1 when this BLAS core computes each row of a product to the same bits
+ * whatever other rows share the call, single-threaded (SkylakeX's kernels
+ * do, Haswell's do not; probed once per process): the forward pass then
+ * multiplies all the rows it has by a weight tile in one call.
+ * KVQ_BLAS_ROWS=tiles makes it 0 (the tests compare the two). */
+int kvq_blas_rows_independent(void);
 
 /* Records status + formatted detail in err (may be NULL); returns status. */
 kvq_status kvq_fail(kvq_error *err, kvq_status st, const char *fmt, ...) KVQ_PRINTF(3, 4);

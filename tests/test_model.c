@@ -12,6 +12,8 @@
 #include "testutil.h"
 #include "formats/formats.h"
 
+#include <cblas.h>
+
 #include <stdio.h>
 
 static const int all_types[] = {KVQ_GGML_F32, KVQ_GGML_F16, KVQ_GGML_BF16, KVQ_GGML_Q4_0, KVQ_GGML_Q4_1,
@@ -529,6 +531,42 @@ START_TEST(test_chunk_by_hand)
     kvq_model_close(m);
     unlink(path);
     free(path);
+}
+END_TEST
+
+/* kvq_blas_rows_independent's claim on the forward pass's own shapes: where
+ * it says 1 (this core's rows do not depend on the call's other rows, so
+ * the forward stacks them), 600 rows in one call and in calls of 256, 256
+ * and 88 agree bit for bit, with beta 0 and 1, at inner dimensions from
+ * one of OpenBLAS's blocks to several and 512 columns. */
+START_TEST(test_blas_rows_claim)
+{
+    if (!kvq_blas_rows_independent()) {
+        fprintf(stderr,
+                "test_blas_rows_claim: products stay in 256-row calls (OpenBLAS's %s kernels block the rows, "
+                "or KVQ_BLAS_ROWS=tiles)\n",
+                kvq_blas_core());
+        return;
+    }
+    enum { R = 600, N = 512 };
+    const int Ks[] = {64, 896, 4096};
+    openblas_set_num_threads(1);
+    for (int k = 0; k < 3; k++) {
+        int K = Ks[k];
+        float *x = malloc((size_t)R * K * sizeof *x), *w = malloc((size_t)N * K * sizeof *w);
+        float *c1 = malloc((size_t)R * N * sizeof *c1), *c2 = malloc((size_t)R * N * sizeof *c2);
+        fill_normal(x, (size_t)R * K, 3 + k, 1), fill_normal(w, (size_t)N * K, 7 + k, 0.1);
+        for (int beta = 0; beta < 2; beta++) {
+            fill_normal(c1, (size_t)R * N, 11, 1), memcpy(c2, c1, (size_t)R * N * sizeof *c1);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, K, 1.0f, x, K, w, K, (float)beta, c1, N);
+            for (int r = 0; r < R; r += 256)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R - r < 256 ? R - r : 256, N, K, 1.0f,
+                            x + (size_t)r * K, K, w, K, (float)beta, c2 + (size_t)r * N, N);
+            ck_assert_msg(!memcmp(c1, c2, (size_t)R * N * sizeof *c1), "K %d, beta %d: rows depend on the call", K,
+                          beta);
+        }
+        free(x), free(w), free(c1), free(c2);
+    }
 }
 END_TEST
 
@@ -1174,6 +1212,7 @@ int main(void)
     tcase_add_test(tc, test_dequant_by_hand);
     tcase_add_test(tc, test_gguf_values);
     tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
+    tcase_add_test(tc, test_blas_rows_claim);
     tcase_add_test(tc, test_eval_invariants);
     tcase_add_test(tc, test_chunk_by_hand);
     tcase_add_test(tc, test_scored_rows_and_riding);

@@ -228,6 +228,12 @@ if [ -r "$shared/model/stories260K.gguf" ]; then
     done
     cmp -s "$tmp/t1.csv" "$tmp/t2.csv" && cmp -s "$tmp/t1.csv" "$tmp/t3.csv" && [ -s "$tmp/t1.csv" ] \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: kvq-eval output differs between --threads 1, 2, 3"; cat "$tmp/t"?.csv; }
+    # a weight tile's rows in one call (a BLAS core whose rows do not depend on the call's others)
+    # or in calls of 256 rows (KVQ_BLAS_ROWS=tiles, as on Haswell's kernels): the same bytes
+    KVQ_BLAS_ROWS=tiles "$eval" "$shared/model/stories260K.gguf" --text "$shared/texts/story_main.txt" --max-tokens 512 \
+        -q per-token:bits=4 -q kivi:bits=2 --policy prefill,decode --threads 2 --format csv >"$tmp/tiles.csv" 2>/dev/null
+    cmp -s "$tmp/t2.csv" "$tmp/tiles.csv" && pass=$((pass + 1)) \
+        || { fail=$((fail + 1)); echo "FAIL: kvq-eval output differs with KVQ_BLAS_ROWS=tiles"; cat "$tmp/tiles.csv"; }
     awk -F, 'NR > 1 && $3 == "per-token" {d[$5] = $10} END {exit !(d["prefill"] != "" && d["prefill"] == d["decode"])}' "$tmp/t1.csv" \
         && pass=$((pass + 1)) || { fail=$((fail + 1)); echo "FAIL: per-token prefill != decode"; cat "$tmp/t1.csv"; }
     # vq calibrated (docs/quantizers.md#vq): a token's code depends on that token alone, so prefill ==

@@ -11,6 +11,7 @@
 #include "../kvq.h"
 
 #include <cblas.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,4 +110,46 @@ void kvq_blas_core_source(char *buf, size_t len)
         snprintf(buf, len, "OPENBLAS_CORETYPE=%s", user);
     else
         snprintf(buf, len, "detected by OpenBLAS");
+}
+
+/* The probe behind kvq_blas_rows_independent: R rows of random operands
+ * (a fixed generator) in one call against the same rows in calls of 256,
+ * 256 and R − 512, for an inner dimension K over several of OpenBLAS's
+ * blocks and one within one, with beta 0 and 1.  1: the same bits. */
+static int rows_probe(void)
+{
+    enum { R = 600, N = 200, KMAX = 1000 };
+    float *x = malloc((size_t)R * KMAX * sizeof *x), *w = malloc((size_t)N * KMAX * sizeof *w);
+    float *c1 = malloc((size_t)R * N * sizeof *c1), *c2 = malloc((size_t)R * N * sizeof *c2);
+    int same = x && w && c1 && c2;
+    uint32_t s = 12345;
+    for (size_t i = 0; same && i < (size_t)(R + N) * KMAX; i++) /* x, then w */
+        *(i < (size_t)R * KMAX ? &x[i] : &w[i - (size_t)R * KMAX]) =
+            (float)((s = s * 1664525u + 1013904223u) >> 8) * 0x1p-24f - 0.5f;
+    const int Ks[] = {KMAX, 48}, nt = openblas_get_num_threads();
+    openblas_set_num_threads(1); /* as kvq's products run */
+    for (int k = 0; same && k < 2; k++)
+        for (int beta = 0; same && beta < 2; beta++) {
+            int K = Ks[k];
+            for (size_t i = 0; i < (size_t)R * N; i++) c1[i] = c2[i] = (float)i * 0x1p-20f;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, N, K, 1.0f, x, K, w, K, (float)beta, c1, N);
+            for (int r = 0; r < R; r += 256)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R - r < 256 ? R - r : 256, N, K, 1.0f,
+                            x + (size_t)r * K, K, w, K, (float)beta, c2 + (size_t)r * N, N);
+            same = !memcmp(c1, c2, (size_t)R * N * sizeof *c1);
+        }
+    openblas_set_num_threads(nt);
+    free(x), free(w), free(c1), free(c2);
+    return same;
+}
+
+int kvq_blas_rows_independent(void)
+{
+    static int known = -1; /* the probe's answer, once per process */
+    int v = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
+    if (v >= 0) return v;
+    const char *env = getenv("KVQ_BLAS_ROWS");
+    v = env && !strcmp(env, "tiles") ? 0 : rows_probe();
+    __atomic_store_n(&known, v, __ATOMIC_RELEASE);
+    return v;
 }

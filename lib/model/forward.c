@@ -72,13 +72,35 @@ static kvq_status nonfinite_weight(const kvq_model *m, const kvq_wtensor *t, int
                     t->name ? t->name : "?", (long long)r, col, v);
 }
 
+/* Jobs whose rows follow one another in memory (job j's first row, in x
+ * and in y, right after job j − 1's last: the lockstep slots, the output
+ * head's streams) as one job *one, rows from g[0]'s on; 0 when they do not. */
+static int stack_jobs(const fw_gemm *g, int ng, int K, fw_gemm *one)
+{
+    *one = g[0];
+    for (int j = 1; j < ng; j++) {
+        if (g[j].ldy != g[0].ldy || g[j].x + (size_t)g[j].r0 * K != g[j - 1].x + (size_t)g[j - 1].r1 * K ||
+            g[j].y + (size_t)g[j].r0 * g[0].ldy != g[j - 1].y + (size_t)g[j - 1].r1 * g[0].ldy)
+            return 0;
+        one->r1 += g[j].r1 - g[j].r0;
+    }
+    return 1;
+}
+
 /* For each job g, rows [g.r0, g.r1) of g.y = g.x · W[w0 .. w0 + N)ᵀ + beta · g.y,
  * where W is tensor t's rows.  Fails naming the first non-finite weight
- * read (a tensor read whole once is not checked again). */
-static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, kvq_wtensor *t, int64_t w0, int N,
-                         const fw_gemm *g, int ng, float beta, kvq_error *err)
+ * read (a tensor read whole once is not checked again).  rows_free: this
+ * BLAS core computes a row the same whatever rows share its call
+ * (kvq_blas_rows_independent), so the jobs' rows, stacked where they
+ * follow one another, go to a column tile in one call (a row tile each
+ * when the tasks are row tiles): the weight tile is packed once instead of
+ * once per 256 rows, and every element keeps its bits. */
+static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, int rows_free, kvq_wtensor *t, int64_t w0,
+                         int N, const fw_gemm *g, int ng, float beta, kvq_error *err)
 {
     int K = (int)t->cols, ct = (N + TILE_COLS - 1) / TILE_COLS, rt = 0;
+    fw_gemm one;
+    if (rows_free && ng > 1 && stack_jobs(g, ng, K, &one)) g = &one, ng = 1;
     for (int j = 0; j < ng; j++) rt += (g[j].r1 - g[j].r0 + TILE_ROWS - 1) / TILE_ROWS;
     if (!rt) return KVQ_OK;
     const float *Wf = in_place(t) ? (const float *)t->data + (size_t)w0 * K : NULL;
@@ -103,12 +125,14 @@ static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, kvq_wte
                 continue;
             }
         }
-        for (int j = 0, k = 0; j < ng; j++)
-            for (int r = g[j].r0; r < g[j].r1; r += TILE_ROWS, k++) {
+        for (int j = 0, k = 0; j < ng; j++) {
+            int step = rows_free && !split ? g[j].r1 - g[j].r0 : TILE_ROWS; /* rows a call */
+            for (int r = g[j].r0; r < g[j].r1; r += step, k++) {
                 if (split && k != ri) continue;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(TILE_ROWS, g[j].r1 - r), n, K, 1.0f,
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(step, g[j].r1 - r), n, K, 1.0f,
                             g[j].x + (size_t)r * K, K, W, K, beta, g[j].y + (size_t)r * g[j].ldy + c, g[j].ldy);
             }
+        }
     }
     if (bad == SIZE_MAX) {
         if (w0 == 0 && N == t->rows) t->checked = 1;
@@ -380,17 +404,20 @@ static void scratch_free(fw_scratch *s)
 
 /* quantized: some stream quantizes its cache (the prefix and output buffers
  * are needed); the exact model alone does without them.  context: the
- * buffers of --context's cache too (2: and of decode-time compression). */
-static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int quantized, int context, int nt,
-                                kvq_error *err)
+ * buffers of --context's cache too (2: and of decode-time compression).
+ * slots: xn, xo, att, g and u hold that many blocks of T rows, one after
+ * the other (the lockstep's slots, fw_rest: pages a slot never uses are
+ * never touched). */
+static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int slots, int quantized, int context,
+                                int nt, kvq_error *err)
 {
     size_t t = (size_t)T, qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
-    size_t D = (size_t)in->head_dim;
+    size_t D = (size_t)in->head_dim, ts = t * (size_t)slots;
     int ok = 1;
     memset(s, 0, sizeof *s);
-    s->xn = kvq_alloc_array(t, in->dim * sizeof(float));
-    s->xo = kvq_alloc_array(t, in->dim * sizeof(float));
-    s->q = kvq_alloc_array(t, qd * sizeof(float)), s->att = kvq_alloc_array(t, qd * sizeof(float));
+    s->xn = kvq_alloc_array(ts, in->dim * sizeof(float));
+    s->xo = kvq_alloc_array(ts, in->dim * sizeof(float));
+    s->q = kvq_alloc_array(t, qd * sizeof(float)), s->att = kvq_alloc_array(ts, qd * sizeof(float));
     s->Qh = kvq_alloc_array(t, qd * sizeof(float));
     s->k = kvq_alloc_array(t, kd * sizeof(float)), s->v = kvq_alloc_array(t, kd * sizeof(float));
     s->Kh = kvq_alloc_array(t, kd * sizeof(float)), s->Vh = kvq_alloc_array(t, kd * sizeof(float));
@@ -412,8 +439,8 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         s->dhi = kvq_alloc_array(t, (size_t)in->n_kv_heads), s->dsel = kvq_alloc_array(t, (size_t)in->n_kv_heads);
         ok = ok && s->dhi && s->dsel;
     }
-    s->g = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
-    s->u = kvq_alloc_array(t, (size_t)in->ffn_dim * sizeof(float));
+    s->g = kvq_alloc_array(ts, (size_t)in->ffn_dim * sizeof(float));
+    s->u = kvq_alloc_array(ts, (size_t)in->ffn_dim * sizeof(float));
     s->kb = calloc((size_t)in->n_kv_heads, sizeof(double)), s->vb = calloc((size_t)in->n_kv_heads, sizeof(double));
     s->sb = calloc((size_t)in->n_kv_heads, sizeof(double));
     if ((s->ab = calloc((size_t)nt, sizeof *s->ab))) {
@@ -465,6 +492,7 @@ typedef struct fw_ctx {
     kvq_rope rope, rope_swa; /* rope_swa: sliding-window layers with their own base (T = 0: none) */
     kvq_dump_info qinfo;     /* what the quantizers see of the "dump" */
     int nt;
+    int rows_free; /* kvq_blas_rows_independent(): gemm_w stacks the rows it can */
     int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
     unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
     float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
@@ -477,7 +505,7 @@ static kvq_status linear(fw_ctx *c, float *y, const float *x, kvq_wtensor *W, co
 {
     int out = (int)W->rows;
     fw_gemm g = {.x = x, .y = y, .r0 = r0, .r1 = r1, .ldy = out};
-    kvq_status st = gemm_w(c->m, c->tile, c->nt, W, 0, out, &g, 1, accumulate ? 1.0f : 0.0f, err);
+    kvq_status st = gemm_w(c->m, c->tile, c->nt, c->rows_free, W, 0, out, &g, 1, accumulate ? 1.0f : 0.0f, err);
     if (!st && bias)
         for (int t = r0; t < r1; t++)
             for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
@@ -959,27 +987,20 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     return KVQ_OK;
 }
 
-/* Slot i's buffers (slot 0: the scratch's); the others allocated at the
- * first group that needs them.  KVQ_OK, or out of memory. */
+/* Slot i's buffers: rows i·T .. of the scratch's, which holds cap slots
+ * one after the other (so that the slots' rows stack in gemm_w). */
 static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err)
 {
     fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
-    size_t T = (size_t)c->o->T;
-    if (!f->nslots)
-        f->xn[0] = c->s.xn, f->g[0] = c->s.g, f->u[0] = c->s.u, f->xo[0] = c->s.xo, f->att[0] = c->s.att, f->nslots = 1;
-    size_t qd = (size_t)in->n_heads * in->head_dim;
-    for (; f->nslots < n; f->nslots++) {
-        int i = f->nslots;
-        f->xn[i] = kvq_alloc_array(T, in->dim * sizeof(float)), f->xo[i] = kvq_alloc_array(T, in->dim * sizeof(float));
-        f->g[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
-        f->u[i] = kvq_alloc_array(T, in->ffn_dim * sizeof(float));
-        f->att[i] = kvq_alloc_array(T, qd * sizeof(float));
-        if (!f->xn[i] || !f->xo[i] || !f->g[i] || !f->u[i] || !f->att[i]) {
-            free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]), free(f->att[i]);
-            return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the rest of the layer of %d streams", n);
-        }
+    size_t T = (size_t)c->o->T, qd = (size_t)in->n_heads * in->head_dim;
+    if (n > f->cap) return kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, f->cap);
+    for (int i = 0; !f->nslots && i < f->cap; i++) { /* the first time: the scratch's att is slot 0's */
+        f->xn[i] = c->s.xn + i * T * in->dim, f->xo[i] = c->s.xo + i * T * in->dim;
+        f->g[i] = c->s.g + i * T * in->ffn_dim, f->u[i] = c->s.u + i * T * in->ffn_dim;
+        f->att[i] = c->s.att + i * T * qd;
     }
+    f->nslots = f->cap;
     return KVQ_OK;
 }
 
@@ -996,7 +1017,6 @@ static void rest_free(fw_ctx *c)
 {
     fw_rest *f = &c->rest;
     if (f->nslots) c->s.att = f->att[0];
-    for (int i = 1; i < f->nslots; i++) free(f->xn[i]), free(f->xo[i]), free(f->g[i]), free(f->u[i]), free(f->att[i]);
     memset(f, 0, sizeof *f);
 }
 
@@ -1021,10 +1041,18 @@ static kvq_status rest_residual(fw_ctx *c, float *const *acts, kvq_wtensor *W, c
     fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
     int T = c->o->T, dim = in->dim;
+    size_t rows = (size_t)(T - r0) * dim;
+    /* with rows free, the hidden states are added to in the xo slots, whose
+     * rows stack: each copied there and back (the same sums on the same values) */
+    int stage = c->rows_free && !post_norm && f->n > 1 && r0 == 0;
     fw_gemm g[REST_MAX_GROUP];
-    for (int i = 0; i < f->n; i++)
-        g[i] = (fw_gemm){.x = acts[i], .y = post_norm ? f->xo[i] : f->st[i]->x, .r0 = r0, .r1 = T, .ldy = dim};
-    kvq_status st = gemm_w(c->m, c->tile, c->nt, W, 0, dim, g, f->n, post_norm ? 0.0f : 1.0f, err);
+    for (int i = 0; i < f->n; i++) {
+        g[i] = (fw_gemm){.x = acts[i], .y = post_norm || stage ? f->xo[i] : f->st[i]->x, .r0 = r0, .r1 = T, .ldy = dim};
+        if (stage) memcpy(f->xo[i] + (size_t)r0 * dim, f->st[i]->x + (size_t)r0 * dim, rows * sizeof(float));
+    }
+    kvq_status st = gemm_w(c->m, c->tile, c->nt, c->rows_free, W, 0, dim, g, f->n, post_norm ? 0.0f : 1.0f, err);
+    for (int i = 0; !st && stage && i < f->n; i++)
+        memcpy(f->st[i]->x + (size_t)r0 * dim, f->xo[i] + (size_t)r0 * dim, rows * sizeof(float));
     for (int i = 0; !st && post_norm && i < f->n; i++) {
         float *x = f->st[i]->x, *tmp = f->xo[i];
         rmsnorm(tmp, tmp, post_norm, r0, T, dim, in->norm_eps, c->nt);
@@ -1053,8 +1081,8 @@ static kvq_status rest_flush(fw_ctx *c, int l, int r0, kvq_error *err)
         gg[i] = (fw_gemm){.x = f->xn[i], .y = f->g[i], .r0 = r0, .r1 = T, .ldy = F};
         gu[i] = (fw_gemm){.x = f->xn[i], .y = f->u[i], .r0 = r0, .r1 = T, .ldy = F};
     }
-    if ((rc = gemm_w(c->m, c->tile, nt, w->w_gate, 0, F, gg, n, 0.0f, err)) ||
-        (rc = gemm_w(c->m, c->tile, nt, w->w_up, 0, F, gu, n, 0.0f, err)))
+    if ((rc = gemm_w(c->m, c->tile, nt, c->rows_free, w->w_gate, 0, F, gg, n, 0.0f, err)) ||
+        (rc = gemm_w(c->m, c->tile, nt, c->rows_free, w->w_up, 0, F, gu, n, 0.0f, err)))
         return f->n = 0, rc;
     for (int i = 0; i < n; i++) {
         float *g = f->g[i];
@@ -1212,14 +1240,15 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
     int grp = (int)((16u << 20) / ((size_t)(NR > 0 ? NR : 1) * vc));
     grp = grp > nown ? nown : grp;
     grp = grp < 1 ? 1 : grp;
-    float *A = kvq_alloc_array((size_t)NRA, (size_t)vc * sizeof(float)); /* the exact stream's; row NR: the last position (own call) */
-    float *Z = nown ? kvq_alloc_array((size_t)grp * NR, (size_t)vc * sizeof(float)) : NULL;
+    /* the exact stream's logits A (row NR: the last position, its own call) and
+     * then, rows following A's so that gemm_w can stack them, a group's Z */
+    float *A = kvq_alloc_array((size_t)NRA + (size_t)(nown ? grp : 0) * NR, (size_t)vc * sizeof(float)), *Z = NULL;
     float *xn = kvq_alloc_array((size_t)nown * NR + (size_t)NRA, (size_t)dim * sizeof(float));
     float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
     int *own = kvq_alloc_array((size_t)o->ns, sizeof(int)); /* stream of each own block */
     fw_gemm *jobs = kvq_alloc_array((size_t)grp + 2, sizeof *jobs);
     kvq_status rc = KVQ_OK;
-    if (!A || (nown && !Z) || !xn || !onorm || !own || !jobs) {
+    if (!A || !xn || !onorm || !own || !jobs) {
         rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", NR,
                       vc);
         goto done;
@@ -1236,6 +1265,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         }
     for (int v0 = 0; v0 < V; v0 += vc) {
         int n = v0 + vc < V ? vc : V - v0;
+        Z = A + (size_t)NRA * n; /* [grp][NR][n] */
         /* the exact stream's logits with the first group of streams, then the other groups */
         for (int g0 = 0; g0 == 0 || g0 < nown; g0 += grp) {
             int nj = 0, ng = nown - g0 < grp ? nown - g0 : grp;
@@ -1246,7 +1276,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
             for (int k = 0; k < ng; k++)
                 jobs[nj++] = (fw_gemm){.x = xn + ((size_t)NRA + (size_t)(g0 + k) * NR) * dim,
                                        .y = Z + (size_t)k * NR * n, .r0 = 0, .r1 = NR, .ldy = n};
-            if ((rc = gemm_w(c->m, c->tile, nt, &c->m->output, v0, n, jobs, nj, 0.0f, err))) goto done;
+            if ((rc = gemm_w(c->m, c->tile, nt, c->rows_free, &c->m->output, v0, n, jobs, nj, 0.0f, err))) goto done;
             if (!g0) softcap(A, (size_t)NRA * n, in->logit_softcap, nt);
             softcap(Z, (size_t)ng * NR * n, in->logit_softcap, nt);
             for (int k = 0; k < ng; k++) /* before the exact stream's own fold: they read its running max */
@@ -1285,7 +1315,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         }
     }
 done:
-    free(A), free(Z), free(xn), free(onorm), free(own), free(jobs);
+    free(A), free(xn), free(onorm), free(own), free(jobs);
     return rc;
 }
 
@@ -1344,9 +1374,10 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     int pressed = 0; /* a stream compresses while decoding */
     for (int i = 1; i < o->ns; i++)
         for (int l = 0; o->s[i].spec && l < in->n_layers; l++) pressed |= decoding_parts(&o->s[i], l) != NULL;
-    if ((rc = scratch_alloc(&c.s, in, T, quantized, pressed ? 2 : o->context > 0, c.nt, err))) goto done;
     c.rest.cap = rest_group_cap(in, T, o->ns);
+    if ((rc = scratch_alloc(&c.s, in, T, c.rest.cap, quantized, pressed ? 2 : o->context > 0, c.nt, err))) goto done;
     openblas_set_num_threads(1); /* threads run fixed tiles, each one BLAS call */
+    c.rows_free = kvq_blas_rows_independent();
     if ((rc = kvq_model_rope(m, T, in->rope_theta, in->rope_scale, &c.rope, err))) goto done;
     if (in->n_swa_layers && (in->rope_theta_swa != in->rope_theta || kvq_model_rope_tabled(m)) &&
         (rc = kvq_model_rope(m, T, in->rope_theta_swa, 1.0, &c.rope_swa, err)))
