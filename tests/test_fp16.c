@@ -1,5 +1,7 @@
 /* test_fp16.c — fp16 conversion (round half to even), the F16C array path
- * against the scalar reference, and the seeded generator. */
+ * against the scalar reference, the finite check at every SIMD level, and
+ * the seeded generator. */
+#include "simd.h"
 #include "testutil.h"
 
 #include <string.h>
@@ -58,6 +60,37 @@ START_TEST(array_paths_match_reference)
 }
 END_TEST
 
+/* kvq_first_nonfinite at every SIMD level: the index of the first inf or
+ * NaN, at the ends of the 4096-value blocks it checks at once and in a
+ * second block, with a later one after it, or n when all are finite. */
+START_TEST(first_nonfinite_at_every_level)
+{
+    const size_t lens[] = {0, 1, 7, 4095, 4096, 4097, 10000};
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    float *x = malloc(10000 * sizeof *x);
+    ck_assert(x);
+    for (int level = -1; level <= KVQ_SIMD_AVX512; level++) {
+        kvq_simd_cap(level);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            size_t n = lens[li], at[] = {0, n / 2, 4095, 4096, n - 1};
+            for (size_t i = 0; i < n; i++) x[i] = (float)i * (i % 2 ? -1e30f : 1e-30f);
+            ck_assert_uint_eq(kvq_first_nonfinite(x, n), n);
+            for (size_t k = 0; n && k < sizeof at / sizeof at[0]; k++) {
+                if (at[k] >= n) continue;
+                float keep = x[at[k]], keep_last = x[n - 1];
+                x[at[k]] = bad[k % 3];
+                if (at[k] + 1 < n) x[n - 1] = bad[(k + 1) % 3]; /* a later one does not count */
+                ck_assert_msg(kvq_first_nonfinite(x, n) == at[k], "level %d, n %zu: %zu, want %zu", level, n,
+                              kvq_first_nonfinite(x, n), at[k]);
+                x[at[k]] = keep, x[n - 1] = keep_last;
+            }
+        }
+    }
+    kvq_simd_cap(-1);
+    free(x);
+}
+END_TEST
+
 START_TEST(rng_is_reproducible_and_stream_separated)
 {
     kvq_rng a, b, c;
@@ -92,6 +125,7 @@ int main(void)
     tcase_add_test(tc, every_half_round_trips);
     tcase_add_test(tc, rounding_hand_cases);
     tcase_add_test(tc, array_paths_match_reference);
+    tcase_add_test(tc, first_nonfinite_at_every_level);
     tcase_add_test(tc, rng_is_reproducible_and_stream_separated);
     suite_add_tcase(s, tc);
     return run_suite(s);

@@ -9,6 +9,7 @@
 #include "gguf_writer.h"
 #include "model/model.h"
 #include "model/unicode.h"
+#include "simd.h"
 #include "testutil.h"
 #include "formats/formats.h"
 
@@ -94,8 +95,10 @@ static float formula(int type, const uint8_t *b, int i)
 
 START_TEST(test_dequant_formulas)
 {
-    for (int ti = 0; ti < NTYPES; ti++) {
-        int type = all_types[ti], block;
+    /* at every SIMD level (q6_K has an AVX2 path) */
+    for (int ti = 0; ti < 3 * NTYPES; ti++) {
+        kvq_simd_cap(ti / NTYPES == 0 ? KVQ_SIMD_NONE : ti / NTYPES == 1 ? KVQ_SIMD_AVX2 : -1);
+        int type = all_types[ti % NTYPES], block;
         size_t bb, nb;
         ck_assert(kvq_ggml_type_size(type, &block, &bb));
         int n = block * 8;
@@ -106,11 +109,12 @@ START_TEST(test_dequant_formulas)
         for (int i = 0; i < n; i++) {
             int blk = i / block;
             float want = formula(type, raw + (size_t)blk * bb, i % block);
-            ck_assert_msg(memcmp(&want, &y[i], 4) == 0, "%s value %d: %.9g, formula %.9g", kvq_ggml_type_name(type), i,
-                          (double)y[i], (double)want);
+            ck_assert_msg(memcmp(&want, &y[i], 4) == 0, "%s value %d (SIMD cap %d): %.9g, formula %.9g",
+                          kvq_ggml_type_name(type), i, ti / NTYPES, (double)y[i], (double)want);
         }
         free(raw), free(y);
     }
+    kvq_simd_cap(-1);
 }
 END_TEST
 

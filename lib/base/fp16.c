@@ -4,6 +4,7 @@
  * Also the finite check of float32 arrays that dump reads and the model's
  * weights and activations share. */
 #include "../internal.h"
+#include "../simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -125,8 +126,9 @@ void kvq_f32_to_f16_array(const float *src, uint16_t *dst, size_t n)
 
 /* Index of the first inf or NaN in x[0..n), or n: blocks are checked by a
  * loop without early exit (it vectorises: the largest |x| bit pattern,
- * which is at least inf's when one is not finite), then searched. */
-size_t kvq_first_nonfinite(const float *x, size_t n)
+ * which is at least inf's when one is not finite), then searched; compiled
+ * plain and for AVX2 (the weights of a model are checked once each). */
+KVQ_BODY size_t first_nonfinite_body(const float *x, size_t n)
 {
     enum { BLOCK = 4096 };
     for (size_t b = 0; b < n; b += BLOCK) {
@@ -143,4 +145,17 @@ size_t kvq_first_nonfinite(const float *x, size_t n)
                 if (!isfinite(x[i])) return i;
     }
     return n;
+}
+
+static size_t first_nonfinite_plain(const float *x, size_t n) { return first_nonfinite_body(x, n); }
+#ifdef KVQ_AVX2_CLONES
+KVQ_TARGET_AVX2 static size_t first_nonfinite_avx2(const float *x, size_t n) { return first_nonfinite_body(x, n); }
+#endif
+
+size_t kvq_first_nonfinite(const float *x, size_t n)
+{
+#ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_avx2_active()) return first_nonfinite_avx2(x, n);
+#endif
+    return first_nonfinite_plain(x, n);
 }

@@ -20,9 +20,13 @@
  *   q6_K  {ql[128]; qh[64]; int8 scales[16]; d}       256 values, 210 bytes
  *   mxfp4, nvfp4: see fp4.c */
 #include "../internal.h"
+#include "../simd.h"
 #include "formats.h"
 
 #include <float.h>
+#ifdef KVQ_AVX2_CLONES
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <string.h>
 
@@ -247,6 +251,42 @@ static void deq_q6_K(const uint8_t *b, float *y)
     }
 }
 
+#ifdef KVQ_AVX2_CLONES
+/* deq_q6_K with AVX2 (the output heads of Q4_K_M models are q6_K): a
+ * quarter's 32 codes at once from ql's nibbles and qh's bit pairs, then
+ * each 8 of them times its (d·sc) as the plain loop multiplies them, so
+ * the same bits. */
+KVQ_TARGET_AVX2 static void deq_q6_K_avx2(const uint8_t *b, float *y)
+{
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = half_at(b + 208);
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    for (int n = 0; n < 256; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+        __m256i lo = _mm256_loadu_si256((const __m256i *)ql), hi = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i h = _mm256_loadu_si256((const __m256i *)qh), q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(hi, m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+        for (int k = 0; k < 4; k++) { /* y[32k + l] = (d·sc[2k + l / 16])·(q − 32) */
+            __m256i v = _mm256_sub_epi8(q[k], k32);
+            __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+            for (int j = 0; j < 2; j++) {
+                __m256 s = _mm256_set1_ps(d * (float)sc[2 * k + j]);
+                __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half[j]));
+                __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(half[j], 8)));
+                _mm256_storeu_ps(y + 32 * k + 16 * j, _mm256_mul_ps(s, a));
+                _mm256_storeu_ps(y + 32 * k + 16 * j + 8, _mm256_mul_ps(s, c));
+            }
+        }
+    }
+}
+#endif
+
 void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
 {
     const uint8_t *p = src;
@@ -273,6 +313,12 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n)
         return;
     default: break;
     }
+#ifdef KVQ_AVX2_CLONES
+    if (type == KVQ_GGML_Q6_K && kvq_simd_avx2_active()) {
+        for (size_t i = 0; i < nb; i++, p += r->bytes, dst += r->block) deq_q6_K_avx2(p, dst);
+        return;
+    }
+#endif
     for (size_t i = 0; i < nb; i++, p += r->bytes, dst += r->block) {
         switch (type) {
         case KVQ_GGML_Q4_0: deq_q4_0(p, dst); break;
