@@ -223,6 +223,10 @@ expect 0 -- "$gen" --no-query --layers 1 --tokens 40 --head-dim 8 -o "$tmp/noq.h
 expect 0 -- "$gen" --outlier-scale 100000 --layers 1 --tokens 40 --head-dim 8 -o "$tmp/huge.h5"
 expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" "use scale=fp32" -- "$analyze" -q per-token "$tmp/huge.h5"
 expect 0 -- "$analyze" -q per-token:scale=fp32 "$tmp/huge.h5"
+# ggml's blocks: a q8_0 scale beyond fp16 (values of about 2e7), named with its head
+expect 0 -- "$gen" --outlier-scale 10000000 --layers 1 --tokens 40 --head-dim 32 -o "$tmp/huge32.h5"
+expect 1 "huge32.h5: ggml: /layer_000, key head 0: a block's fp16 scale overflows (values too large for q8_0)" \
+    -- "$analyze" -q ggml "$tmp/huge32.h5"
 # the first spec that fails names the error, whether it runs head by head (per-token) or on the layer (tender)
 expect 1 "huge.h5: /layer_000, key head 0: per-token: scale or zero overflows fp16" -- "$analyze" -q per-token -q tender "$tmp/huge.h5"
 expect 1 "huge.h5: /layer_000, key head 0: tender: scale or zero overflows fp16" -- "$analyze" -q tender -q per-token "$tmp/huge.h5"

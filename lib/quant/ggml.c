@@ -3,7 +3,8 @@
  * ggml's quantize_row_<type>_ref and dequantize_row_<type>, bit for bit
  * (formats/ggml_types.c).  Block types need head_dim to be a multiple of
  * 32, as llama.cpp does (it refuses a block that does not divide
- * n_embd_head), so that a block never spans two heads.
+ * n_embd_head), so that a block never spans two heads: each head's blocks
+ * go through on their own (quantize_head), the same blocks as the rows'.
  * Bits: block bytes · 8 / 32 per element (8.5, 4.5, 5, 5.5, 6, 4.5; 16 for
  * f16 and bf16). */
 #include "../internal.h"
@@ -42,61 +43,38 @@ static kvq_status ggml_check_shape(const kvq_spec *sp, int D, kvq_error *err)
     return KVQ_OK;
 }
 
-/* One tensor [H][T][D]: token rows of H·D values, gathered head-major,
- * through the type and back.  Returns KVQ_ERR_NUMERIC if a block's fp16
- * scale overflowed (a non-finite x'). */
-static kvq_status ggml_tensor(const float *x, float *y, int H, int T, int D, int type, int nt)
+/* One tensor of one head (quantize_head): its [T][D] values are whole
+ * blocks one after the other (D is a multiple of the block, so a block
+ * never spans heads: the blocks of llama.cpp's head-major token rows),
+ * quantized and dequantized CHUNK values at a time through a buffer on the
+ * stack.  KVQ_ERR_NUMERIC if a block's fp16 scale overflowed (a
+ * non-finite x'). */
+static kvq_status ggml_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                            int tensor, int h, kvq_error *err)
 {
-    int vals;
-    size_t bytes;
-    kvq_ggml_type_size(type, &vals, &bytes);
-    size_t W = (size_t)H * D, nblk = W / (size_t)vals;
-    int bad = 0, nomem = 0;
-#pragma omp parallel num_threads(nt) reduction(| : bad, nomem)
-    {
-        float *row = malloc(2 * W * sizeof *row);
-        uint8_t *blk = malloc(nblk * bytes);
-        nomem |= !row || !blk;
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) {
-            if (!row || !blk) continue;
-            float *back = row + W;
-            for (int h = 0; h < H; h++)
-                memcpy(row + (size_t)h * D, x + ((size_t)h * T + t) * D, (size_t)D * sizeof *row);
-            kvq_ggml_quantize_ref(type, row, blk, W);
-            kvq_ggml_dequantize(type, blk, back, W);
-            for (size_t i = 0; i < W; i++) bad |= !isfinite(back[i]);
-            for (int h = 0; h < H; h++)
-                memcpy(y + ((size_t)h * T + t) * D, back + (size_t)h * D, (size_t)D * sizeof *y);
-        }
-        free(row), free(blk);
-    }
-    return nomem ? KVQ_ERR_NOMEM : bad ? KVQ_ERR_NUMERIC : KVQ_OK;
-}
-
-static kvq_status ggml_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                                kvq_quant_out *out, kvq_error *err)
-{
-    int H = in->H, T = in->T, D = in->D, nt = kvq_threads(ctx->nthreads);
+    enum { CHUNK = 4096 }; /* values a pass: whole blocks of every type */
     const ggml_opts *o = kvq_spec_opts(sp);
-    for (int tensor = 0; tensor < 2; tensor++) {
-        int type = cache_type[o->type[tensor]], vals;
-        size_t bytes;
-        kvq_ggml_type_size(type, &vals, &bytes); /* D % vals == 0: checked by check_shape */
-        kvq_status st = ggml_tensor(tensor ? in->value : in->key, tensor ? out->value : out->key, H, T, D, type, nt);
-        if (st == KVQ_ERR_NUMERIC)
-            return kvq_fail(err, st, "/layer_%03d, %s: %s: a block's fp16 scale overflows (values too large for %s)",
-                            ctx->layer, tensor ? "value" : "key", sp->text, kvq_ggml_type_name(type));
-        if (st) return kvq_fail(err, st, "%s: out of memory", sp->text);
-        double bits = (double)bytes * 8.0 / vals * (double)T * D; /* per head */
-        for (int h = 0; h < H; h++) (tensor ? out->v_bits : out->k_bits)[h] = bits;
+    int type = cache_type[o->type[tensor]], vals;
+    size_t bytes, n = (size_t)in->T * in->D;
+    kvq_ggml_type_size(type, &vals, &bytes); /* D % vals == 0: checked by check_shape */
+    uint8_t blk[2 * CHUNK];                  /* at most 2 bytes a value (f16, bf16) */
+    const float *x = kvq_head_in(in, tensor, h);
+    float *y = kvq_head_out(out, in, tensor, h);
+    (void)ctx;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < CHUNK ? n - i : CHUNK;
+        kvq_ggml_quantize_ref(type, x + i, blk, m);
+        kvq_ggml_dequantize(type, blk, y + i, m);
+        if (kvq_first_nonfinite(y + i, m) < m)
+            return kvq_fail(err, KVQ_ERR_NUMERIC, "a block's fp16 scale overflows (values too large for %s)",
+                            kvq_ggml_type_name(type));
     }
+    *kvq_head_bits(out, tensor, h) = (double)bytes * 8.0 / vals * (double)n;
     return KVQ_OK;
 }
 
 /* The reference (.reference_head): each block of a head's token in place,
- * through quantize_row_<type>_ref and back — the same blocks as the
- * head-major rows ggml_tensor gathers, since D is a multiple of the block. */
+ * through quantize_row_<type>_ref and back, one block at a time. */
 static kvq_status ggml_reference_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                       kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
@@ -114,8 +92,7 @@ static kvq_status ggml_reference_head(const kvq_spec *sp, const kvq_quant_ctx *c
         for (int j = 0; j < vals; j++)
             if (!isfinite(y[i + (size_t)j])) {
                 free(blk);
-                return kvq_fail(err, KVQ_ERR_NUMERIC,
-                                "%s: a block's fp16 scale overflows (values too large for %s)", sp->text,
+                return kvq_fail(err, KVQ_ERR_NUMERIC, "a block's fp16 scale overflows (values too large for %s)",
                                 kvq_ggml_type_name(type));
             }
     }
@@ -134,6 +111,6 @@ const kvq_quantizer kvq_q_ggml = {
     .in_default_set = 1,
     .default_spec = "",
     .check_shape = ggml_check_shape,
-    .quantize = ggml_quantize,
+    .quantize_head = ggml_head,
     .reference_head = ggml_reference_head,
 };
