@@ -609,6 +609,11 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: layer size overflows", path);
         goto done;
     }
+    if (p->L && (o->device ? !p->qsel : !!p->qsel)) {
+        st = kvq_fail(err, KVQ_ERR_USAGE, "%s: prepared for the %s, analysed on the %s", path,
+                      p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
+        goto done;
+    }
     if ((st = resolve_specs(p, o, res, err))) goto done;
     for (int s = 0; s < ns; s++) ls.nby += ls.by_head[s] = spec_by_head(p, o, res[s]);
     for (int s = 0; s < ns && !st; s++)
@@ -616,11 +621,6 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
                           2 * bytes);
     if (st) goto done;
-    if (p->L && (o->device ? !p->qsel : !!p->qsel)) {
-        st = kvq_fail(err, KVQ_ERR_USAGE, "%s: prepared for the %s, analysed on the %s", path,
-                      p->qsel ? "GPU" : "CPU", o->device ? "GPU" : "CPU");
-        goto done;
-    }
 
     kvq_blas_serial(); /* parallelism is ours, over heads */
     for (int li = 0; li < nl; li++) {
