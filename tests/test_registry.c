@@ -39,6 +39,20 @@ static void fill_layer(kvq_layer *L, int ntok, uint64_t seed, const kvq_rope *ro
     fill_normal(L->query, (size_t)HQ * ntok * D, seed + 2, 1.0);
 }
 
+/* The spec's calibration state on calib, set as ctx->calib, when the spec
+ * asks for one (the caller frees it with calib_free); NULL otherwise. */
+static void *calibrate(const kvq_spec *sp, const kvq_layer *calib, kvq_quant_ctx *ctx)
+{
+    kvq_error err = {0};
+    void *state = NULL;
+    char key[256];
+    if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
+        ck_assert_msg(sp->q->calibrate(sp, ctx, calib, &state, &err) == KVQ_OK, "%s: calibrate: %s", sp->text, err.msg);
+        ctx->calib = state;
+    }
+    return state;
+}
+
 /* One spec on L at `threads` threads and SIMD cap `simd` (-1: the
  * environment's), through the registered path or, with reference, the
  * family's plain reference (kvq_quantize_layer_reference).  1, or 0 for a
@@ -53,13 +67,7 @@ static int run(const kvq_spec *sp, const kvq_layer *L, const kvq_layer *calib, c
     memset(r->sb, 0, sizeof r->sb);
     kvq_simd_cap(simd);
     kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = threads, .rope = rope};
-    void *state = NULL;
-    char key[256];
-    if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
-        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: calibrate: %s", sp->text,
-                      err.msg);
-        ctx.calib = state;
-    }
+    void *state = calibrate(sp, calib, &ctx);
     kvq_quant_out out = {.key = r->k, .value = r->v, .k_bits = r->kb, .v_bits = r->vb, .static_bytes = r->sb};
     kvq_status st = reference ? kvq_quantize_layer_reference(sp, &ctx, L, &out, &err)
                               : kvq_quantize_layer(sp, &ctx, L, &out, &err);
@@ -99,12 +107,7 @@ static void check_by_head(const kvq_spec *sp, const kvq_layer *L, const kvq_laye
     by_head_specs++;
     kvq_error err = {0};
     kvq_quant_ctx ctx = {.layer = 1, .seed = 7, .nthreads = 1, .rope = rope};
-    void *state = NULL;
-    char key[256];
-    if (sp->q->calib_key && sp->q->calib_key(sp, key, sizeof key)) {
-        ck_assert_msg(sp->q->calibrate(sp, &ctx, calib, &state, &err) == KVQ_OK, "%s: %s", sp->text, err.msg);
-        ctx.calib = state;
-    }
+    void *state = calibrate(sp, calib, &ctx);
     size_t TD = (size_t)T * D;
     float *buf = malloc(2 * TD * sizeof(float));
     double kb[H] = {0}, vb[H] = {0}, sb[H] = {0};

@@ -408,6 +408,7 @@ typedef struct layer_specs {
     kvq_quant_ctx *ctx;     /* [ns] its context on the layer */
     const kvq_layer **in;   /* [ns] L, or Lq for the specs that read every query row */
     kvq_quant_out *slot;    /* [ns] the whole layer's outputs (no K', V' for by_head) */
+    size_t slot_bytes;      /* a layer slot's K' (or V') */
     int nbuf;               /* threads */
     float **buf;            /* [nbuf]: a thread's K', V' of its head [nby][2][T][D], made on first use */
     kvq_quant_out *view;    /* [nbuf][ns + 1]: a thread's outputs of its head */
@@ -504,12 +505,9 @@ static kvq_status first_error(const kvq_prepared *p, kvq_resolved_spec **res, co
 {
     const kvq_dump_info *info = p->info;
     kvq_quant_out scratch = {0};
-    size_t bytes = 0;
     for (int s = 0; s < upto; s++) {
         if (!ls->by_head[s]) continue;
-        if (!scratch.key &&
-            (!kvq_tensor_bytes((size_t)info->num_kv_heads, (size_t)info->seq_len, (size_t)info->head_dim, &bytes) ||
-             slot_alloc(&scratch, info->num_kv_heads, info->seq_len, bytes))) {
+        if (!scratch.key && slot_alloc(&scratch, info->num_kv_heads, info->seq_len, ls->slot_bytes)) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", p->path);
             break;
         }
@@ -616,6 +614,7 @@ static kvq_status analyze_core(kvq_prepared *p, const kvq_analysis_opts *o, kvq_
     }
     if ((st = resolve_specs(p, o, res, err))) goto done;
     for (int s = 0; s < ns; s++) ls.nby += ls.by_head[s] = spec_by_head(p, o, res[s]);
+    ls.slot_bytes = bytes;
     for (int s = 0; s < ns && !st; s++)
         if (slot_alloc(&slot[s], H, info->seq_len, ls.by_head[s] ? 0 : bytes))
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory for %d quantizer outputs of %zu bytes", path, ns,
