@@ -490,6 +490,32 @@ START_TEST(ggml_hand_blocks)
 }
 END_TEST
 
+/* kvq_ggml_quantize (q8_0's blocks in lanes) writes the reference's bytes:
+ * normal blocks at scales from the subnormals to near overflow, and blocks
+ * with a NaN, an infinity, a zero, a tie at .5 of a step, or values whose
+ * scaled copies reach 2^23 (an infinite or huge id), for every cache type. */
+START_TEST(ggml_quantize_equals_reference)
+{
+    static const double scales[] = {1e-42, 1e-39, 1e-30, 1e-3, 1.0, 7.0, 1e4, 1e30, 1e36};
+    static const float odd[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 0x1p-149f, FLT_MAX, -FLT_MAX, 127.5f, -0.5f};
+    const int nt = sizeof types / sizeof types[0];
+    for (int i = 0; i < nt; i++)
+        for (int rep = 0; rep < 400; rep++) {
+            float x[64];
+            uint8_t a[4 * 64], b[4 * 64];
+            fill_normal(x, 64, 900 + rep, scales[rep % 9]);
+            if (rep % 3 == 1) x[rep % 64] = odd[rep / 3 % 10];
+            if (rep % 7 == 2) x[0] = 127.0f, x[5] = 2.5f, x[9] = -3.5f; /* d = 1: ties away from zero */
+            memset(a, 0xA5, sizeof a), memset(b, 0x5A, sizeof b);
+            ck_assert(kvq_ggml_quantize_ref(types[i], x, a, 64) && kvq_ggml_quantize(types[i], x, b, 64));
+            size_t bytes;
+            int vals;
+            kvq_ggml_type_size(types[i], &vals, &bytes);
+            ck_assert_msg(!memcmp(a, b, 64 / vals * bytes), "%s, block set %d", kvq_ggml_type_name(types[i]), rep);
+        }
+}
+END_TEST
+
 START_TEST(ggml_rows_bits_and_errors)
 {
     /* H = 2, D = 32: a token's row of 64 values is two blocks, one per head */
@@ -1009,6 +1035,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("ggml");
     tcase_add_test(tc, ggml_hand_blocks);
+    tcase_add_test(tc, ggml_quantize_equals_reference);
     tcase_add_test(tc, ggml_rows_bits_and_errors);
     tcase_add_test(tc, fp4_hand_blocks);
     tcase_add_test(tc, fp4_fast_round_equals_reference);

@@ -48,6 +48,9 @@ void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
  * for bit: the KV-cache types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, f16,
  * bf16, and mxfp4, nvfp4.  Returns 0 for any other type. */
 int kvq_ggml_quantize_ref(int type, const float *x, void *dst, size_t n);
+/* The same bytes, q8_0's blocks through loops that vectorise (the other
+ * types through the reference). */
+int kvq_ggml_quantize(int type, const float *x, void *dst, size_t n);
 
 /* FP4 micro-scaled formats (docs/quantizers.md#fp4, formats/fp4.c), ggml's bit for bit.
  * Element values are doubled (kvq_e2m1_doubled[code]) and scales halved,

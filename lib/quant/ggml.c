@@ -63,7 +63,7 @@ static kvq_status ggml_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const 
     (void)ctx;
     for (size_t i = 0; i < n; i += CHUNK) {
         size_t m = n - i < CHUNK ? n - i : CHUNK;
-        kvq_ggml_quantize_ref(type, x + i, blk, m);
+        kvq_ggml_quantize(type, x + i, blk, m);
         kvq_ggml_dequantize(type, blk, y + i, m);
         if (kvq_first_nonfinite(y + i, m) < m)
             return kvq_fail(err, KVQ_ERR_NUMERIC, "a block's fp16 scale overflows (values too large for %s)",
