@@ -367,7 +367,7 @@ static void outliers_ref(const float *row, int n, int k, unsigned char *sel)
 START_TEST(gear_outlier_rule)
 {
     enum { NMAX = 8192 };
-    float *row = malloc(NMAX * sizeof *row), *work = malloc(NMAX * sizeof *work), *r = malloc(NMAX * sizeof *r);
+    float *row = malloc(NMAX * sizeof *row), *work = malloc(NMAX * sizeof *work), *r = malloc(2 * NMAX * sizeof *r);
     unsigned char *sel = malloc(NMAX), *ref = malloc(NMAX);
     kvq_rng g;
     kvq_rng_init(&g, 1, 2, 3, 4);

@@ -56,25 +56,21 @@ static kvq_status orthonormalise(double *a, int rows, int cols, double *tau, kvq
  * turn towards the top singular vector as `loop` grows; float32 would lose
  * the other directions after a few passes (measured: the error rose again
  * from loop 8 on), double keeps them for any practical loop. */
-kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
-                             float *L, kvq_error *err)
+kvq_status kvq_lowrank_power_d(double *e, int T, int D, int r, int loop, kvq_rng *rng, kvq_error *err)
 {
     int m = T < D ? T : D;
     if (r > m) r = m;
     if (r <= 0 || loop <= 0) {
-        memset(L, 0, (size_t)T * D * sizeof *L);
+        memset(e, 0, (size_t)T * D * sizeof *e);
         return KVQ_OK;
     }
-    size_t n = (size_t)T * D;
-    double *e = kvq_alloc_array(n, sizeof *e), *l = kvq_alloc_array(n, sizeof *l);
     double *P = kvq_alloc_array((size_t)D * r, sizeof *P), *Q = kvq_alloc_array((size_t)T * r, sizeof *Q);
     double *tau = kvq_alloc_array((size_t)r, sizeof *tau);
     kvq_status st = KVQ_OK;
-    if (!e || !l || !P || !Q || !tau) {
+    if (!P || !Q || !tau) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a rank-%d power iteration", r);
         goto out;
     }
-    for (size_t i = 0; i < n; i++) e[i] = E[i];
     for (size_t i = 0; i < (size_t)D * r; i++) P[i] = kvq_rng_uniform(rng); /* P [D][r], row by row */
     for (int i = 0; i < loop; i++) {
         int last = i == loop - 1;
@@ -85,10 +81,23 @@ kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_
         /* P = Eᵀ·Qm  [D][r] */
         cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, r, T, 1.0, e, D, Q, r, 0.0, P, r);
     }
-    /* L = Qm·Pᵀ  [T][D] */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0, Q, r, P, r, 0.0, l, D);
-    for (size_t i = 0; i < n; i++) L[i] = (float)l[i];
+    /* L = Qm·Pᵀ  [T][D], over E */
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0, Q, r, P, r, 0.0, e, D);
 out:
-    free(e), free(l), free(P), free(Q), free(tau);
+    free(P), free(Q), free(tau);
+    return st;
+}
+
+kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
+                             float *L, kvq_error *err)
+{
+    size_t n = (size_t)T * D;
+    double *e = kvq_alloc_array(n, sizeof *e);
+    if (!e) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a rank-%d power iteration", r);
+    for (size_t i = 0; i < n; i++) e[i] = E[i];
+    kvq_status st = kvq_lowrank_power_d(e, T, D, r, loop, rng, err);
+    if (!st)
+        for (size_t i = 0; i < n; i++) L[i] = (float)e[i];
+    free(e);
     return st;
 }

@@ -97,6 +97,11 @@ kvq_status kvq_lowrank_svd(const float *E, int T, int D, int r, float *L, kvq_er
  * the last pass; L = Qm·Pᵀ. */
 kvq_status kvq_lowrank_power(const float *E, int T, int D, int r, int loop, kvq_rng *rng,
                              float *L, kvq_error *err);
+/* The same in place on E already in double: e [T][D] holds E on entry and
+ * L on return (its last product is written over E, which it no longer
+ * needs): a caller that forms E in double and adds L itself saves the float
+ * copies and one T×D buffer of doubles. */
+kvq_status kvq_lowrank_power_d(double *e, int T, int D, int r, int loop, kvq_rng *rng, kvq_error *err);
 
 #ifdef __cplusplus
 }

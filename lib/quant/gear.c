@@ -147,6 +147,42 @@ static void mark_extreme(const float *row, int n, int count, int largest, unsign
         if (!sel[i] && row[i] == th) sel[i] = 1, need--;
 }
 
+/* mark_extreme for the k largest and then the k smallest of the rest, their
+ * candidates gathered in one pass and marked in one more, where the two
+ * sampled cuts leave a gap (lo < hi): every value the largest marks is at
+ * or above hi, so none of the smallest's candidates (at or below lo) is
+ * marked, and the two selections neither see nor touch each other's values
+ * — the marks mark_extreme makes, in half the passes.  Otherwise (a short
+ * row, no gap, or a cut that catches fewer than k) the two calls.
+ * v: 2n floats of scratch. */
+static void mark_both_extremes(const float *row, int n, int k, unsigned char *sel, float *v)
+{
+    float hi, lo, *vh = v, *vl = v + n;
+    int mh = 0, ml = 0;
+    if (sample_cut(row, n, k, 1, &hi) && sample_cut(row, n, k, 0, &lo) && lo < hi) {
+        for (int i = 0; i < n; i++) { /* appends without a branch: mh, ml <= i < n */
+            float x = row[i];
+            vh[mh] = x, vl[ml] = x;
+            mh += x >= hi, ml += x <= lo;
+        }
+    }
+    if (mh < k || ml < k) {
+        mark_extreme(row, n, k, 1, sel, v);
+        mark_extreme(row, n, k, 0, sel, v);
+        return;
+    }
+    float th_hi = select_kth(vh, mh, mh - k), th_lo = select_kth(vl, ml, k - 1);
+    int need_hi = k, need_lo = k;
+    for (int i = 0; i < n; i++) {
+        int up = row[i] > th_hi, down = row[i] < th_lo;
+        sel[i] = (unsigned char)(up | down), need_hi -= up, need_lo -= down;
+    }
+    for (int i = 0; i < n && (need_hi > 0 || need_lo > 0); i++) {
+        if (need_hi > 0 && row[i] == th_hi) sel[i] = 1, need_hi--;
+        else if (need_lo > 0 && row[i] == th_lo) sel[i] = 1, need_lo--;
+    }
+}
+
 /* The k best of row (largest or smallest) not in skip, best first, into
  * idx: one pass keeping a sorted list of k, O(n) when few values beat the
  * k-th (the usual case for small k).  Indices arrive in increasing order, so
@@ -193,8 +229,7 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
         top_k_scan(row, n, k, 0, sel, val, idx);
         for (int j = 0; j < k; j++) sel[idx[j]] = 1;
     } else { /* selections, O(n): the largest k, then the smallest k of the rest */
-        mark_extreme(row, n, k, 1, sel, scratch);
-        mark_extreme(row, n, k, 0, sel, scratch);
+        mark_both_extremes(row, n, k, sel, scratch);
     }
     if (!work) return; /* only the selection (kvquant keeps outliers without replacement) */
     float mean;
@@ -240,7 +275,7 @@ static kvq_status mark_outliers(gear_job *j, int h)
     int n = row_len(j, layer_rows), nrows = row_count(j, layer_rows), k = row_k(j, n);
     size_t T = (size_t)j->T, D = (size_t)j->D;
     if (k <= 0) return KVQ_OK;
-    float *rows = kvq_alloc_array((size_t)GEAR_BLOCK * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, sizeof *r);
+    float *rows = kvq_alloc_array((size_t)GEAR_BLOCK * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, 2 * sizeof *r);
     unsigned char *sel = malloc((size_t)n);
     if (!rows || !r || !sel) {
         free(rows), free(r), free(sel);
@@ -307,26 +342,31 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
     int r = j->o->rank, m = T < D ? T : D;
     if (r > m) r = m;
     if (r <= 0) return KVQ_OK;
-    float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
     kvq_status st = KVQ_OK;
-    if (!E || !L) {
-        st = KVQ_ERR_NOMEM;
+    if (j->o->lowrank == LOWRANK_POWER) { /* E formed in double and L added from it: no float copies */
+        double *e = kvq_alloc_array(n, sizeof *e);
+        if (!e) return KVQ_ERR_NOMEM;
+        for (size_t i = 0; i < n; i++) e[i] = (double)(x[i] - y[i]); /* E = X − (D̂ + S), in float */
+        kvq_rng rng;
+        kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
+                     kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
+        st = kvq_lowrank_power_d(e, T, D, r, j->o->loop, &rng, err);
+        if (!st)
+            for (size_t i = 0; i < n; i++) y[i] += (float)e[i]; /* X' = D̂ + S + L */
+        free(e);
     } else {
-        for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i]; /* E = X − (D̂ + S) */
-        if (j->o->lowrank == LOWRANK_SVD) {
-            st = kvq_lowrank_svd(E, T, D, r, L, err);
+        float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
+        if (!E || !L) {
+            st = KVQ_ERR_NOMEM;
         } else {
-            kvq_rng rng;
-            kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
-                         kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
-            st = kvq_lowrank_power(E, T, D, r, j->o->loop, &rng, L, err);
+            for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i];
+            st = kvq_lowrank_svd(E, T, D, r, L, err);
+            if (!st)
+                for (size_t i = 0; i < n; i++) y[i] += L[i];
         }
-        if (!st) {
-            for (size_t i = 0; i < n; i++) y[i] += L[i]; /* X' = D̂ + S + L */
-            j->bits[h] += 16.0 * r * (double)(T + D);
-        }
+        free(E), free(L);
     }
-    free(E), free(L);
+    if (!st) j->bits[h] += 16.0 * r * (double)(T + D);
     return st;
 }
 

@@ -79,7 +79,7 @@ static void row_stats(const float *row, int n, int k, unsigned char *sel, float 
 }
 
 /* Quantizes one row into out (codebook cb), or (out NULL) appends its u
- * values to u, *nu counting them.  scratch: n floats. */
+ * values to u, *nu counting them.  scratch: 2n floats. */
 static void row_quantize(const float *row, float *out, int n, int k, const kvq_codebook *cb, unsigned char *sel,
                          float *scratch, float *u, size_t *nu)
 {
@@ -111,7 +111,7 @@ static kvq_status head_rows(const float *x, float *y, int T, int D, int tensor, 
     *k_out = k;
     if (rows <= 0 || n <= 0) return KVQ_OK;
     int B = tensor ? 1 : KVQ_CHANNEL_BLOCK; /* K: channels gathered a block at a time */
-    float *buf = kvq_alloc_array((size_t)n, (2 * (size_t)B + 1) * sizeof *buf);
+    float *buf = kvq_alloc_array((size_t)n, (2 * (size_t)B + 2) * sizeof *buf); /* rows, out, scratch of 2n */
     unsigned char *sel = malloc((size_t)n);
     if (!buf || !sel) {
         free(buf), free(sel);

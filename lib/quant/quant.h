@@ -224,7 +224,7 @@ kvq_status kvq_lloydmax_head(const float *x, float *y, int T, int D, kvq_rotate_
 /* GEAR's outliers of one row (docs/quantizers.md#gear): sel[i] = 1 for the k largest
  * values, then the k smallest of the rest (ties: lower index first); those
  * positions of work (a copy of row; NULL: selection only) become the row
- * mean.  O(n): scans for small k, selections otherwise.  scratch: n floats. */
+ * mean.  O(n): scans for small k, selections otherwise.  scratch: 2n floats. */
 void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch);
 /* The same selection by its definition (the references): the row sorted by
  * (value descending, index), then the rest by (value, index).  KVQ_ERR_NOMEM
