@@ -195,6 +195,25 @@ run("kvq-analyze", "-q", "kivi:bits=2", "-o", "c4.csv", "c.h5")
 check(not os.path.exists(cache), "KVQ_HASH_CACHE=off: no cache written")
 os.environ["KVQ_HASH_CACHE"] = cache
 
+# --- no record, no hash: on stdout without --meta inline nothing would wait for the inputs'
+# checksums, so no thread of the run opens the dump but the reading one (strace -f: the opens
+# by thread; --threads 1 leaves the other core free for a background hasher to start on)
+if shutil.which("strace"):
+    def other_thread_opens(*args):
+        log = os.path.join(tmp, "strace.log")
+        env = dict(os.environ, KVQ_HASH_CACHE="off")
+        subprocess.run(["strace", "-f", "-e", "trace=openat", "-o", log, os.path.join(tools, "kvq-analyze"),
+                        "-q", "kivi:bits=2", "--threads", "1", *args, "c.h5"], cwd=tmp, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        lines = open(log).read().splitlines()
+        main = lines[0].split()[0] if lines else ""
+        return sum(1 for ln in lines if '"c.h5"' in ln and ln.split()[0] != main)
+    n_out, n_stdout = other_thread_opens("-o", "h.csv"), other_thread_opens()
+    check(n_out == 1, f"with -o the dump is hashed beside the work (opened by {n_out} other threads, expected 1)")
+    check(n_stdout == 0, f"on stdout the dump is not hashed (opened by {n_stdout} other threads, expected 0)")
+else:
+    print("skipped: the check that a run without a record hashes nothing needs strace")
+
 # --- --no-hash, --meta inline
 run("kvq-analyze", "-q", "kcvt:bits=2", "--no-hash", "-o", "n.csv", "d.h5")
 m = load_meta(os.path.join(tmp, "n.csv"))

@@ -58,6 +58,7 @@ struct cli_meta {
     char *prior; /* earlier runs' lines, joined by ",\n" */
     char *run;   /* this run's line as last rendered: the inline record and the file share it */
     cli_hasher *hasher; /* hashes the inputs while the run works */
+    int hashing;        /* a record will be written (cli_out_attach_meta): hash the inputs from now on */
     int inline_line, no_hash, nomem;
 };
 
@@ -214,6 +215,17 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n)
     m->nomem |= !(m->operands = json_strings(v, n));
 }
 
+/* in's hash, started in the background: the bytes it has now (an extended
+ * input's are its first st_size bytes, the whole file in that state too).
+ * Not for an input known from the cache, not a regular file, or under
+ * --no-hash; a record rendered before the hash ends waits for it, one
+ * rendered without a job hashes the file then. */
+static void start_hash(cli_meta *m, meta_input *in)
+{
+    if (m->no_hash || in->stat_errno || !S_ISREG(in->st.st_mode) || in->cached || in->job || in->sha[0]) return;
+    if (m->hasher || (m->hasher = cli_hasher_new())) in->job = cli_hasher_add(m->hasher, in->path, (long long)in->st.st_size);
+}
+
 static void add_input(cli_meta *m, const char *role, const char *path, int extended)
 {
     if (!path) return;
@@ -229,14 +241,12 @@ static void add_input(cli_meta *m, const char *role, const char *path, int exten
     }
     in->stat_errno = stat(path, &in->st) ? errno : 0;
     in->extended = extended;
-    /* known from an earlier run on the file as it is, or hashed from now on,
-     * while the run works: the bytes it has now (an extended input's are
-     * its first st_size bytes, the whole file in that state too) */
-    int hashable = !m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode);
-    if (hashable && !cli_hash_cache_lookup(&in->st, in->sha)) in->cached = 1;
-    else if (hashable && (m->hasher || (m->hasher = cli_hasher_new())))
-        in->job = cli_hasher_add(m->hasher, path, (long long)in->st.st_size);
+    /* known from an earlier run on the file as it is, or hashed while the
+     * run works once a record is sure to be written */
+    if (!m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode) && !cli_hash_cache_lookup(&in->st, in->sha))
+        in->cached = 1;
     m->ninputs++;
+    if (m->hashing) start_hash(m, in);
 }
 
 void cli_meta_input(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 0); }
@@ -642,6 +652,14 @@ int cli_meta_write_hashed(cli_meta *m, const char *prog, const char *output)
 int cli_out_attach_meta(cli_out *o, cli_meta *m, const char *prog)
 {
     o->meta = m;
+    /* a record comes with a regular-file OUT or inline: its inputs' hashes
+     * run from now on, beside the work (only then: on stdout without
+     * --meta inline nothing would wait for them, and a background hash
+     * costs a 2-core machine a fifth of a one-layer analysis) */
+    if (m && (o->tmp || m->inline_line) && !m->hashing) {
+        m->hashing = 1;
+        for (int i = 0; i < m->ninputs; i++) start_hash(m, &m->inputs[i]);
+    }
     if (!m || !cli_meta_inline(m)) return CLI_OK;
     o->real = o->f; /* the rows wait in memory for the record that precedes them */
     if (!(o->f = open_memstream(&o->buf, &o->buflen))) {
