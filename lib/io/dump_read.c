@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -273,18 +274,37 @@ static uint16_t *stage_room(kvq_dump *d, size_t n)
     return d->stage;
 }
 
-/* The first non-finite value of dst (obj's [A][B][C] values, or with rows
- * its rows[0..nrows) of B) named by its index in obj. */
+/* The non-finite value dst[i] (obj's [A][B][C] values, or with rows its
+ * rows[0..nrows) of B) named by its index in obj. */
+static kvq_status nonfinite_at(const char *path, const char *obj, const float *dst, size_t i, const int shape[3],
+                               const int *rows, size_t nrows, kvq_error *err)
+{
+    size_t mid = rows ? nrows : (size_t)shape[1];
+    size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
+    size_t b = r % mid, a = r / mid;
+    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]", path, obj,
+                    isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a, rows ? (size_t)rows[b] : b, c);
+}
+
+/* The first non-finite value of dst, as nonfinite_at names it. */
 static kvq_status check_finite(const char *path, const char *obj, const float *dst, const int shape[3],
                                const int *rows, size_t nrows, kvq_error *err)
 {
     size_t mid = rows ? nrows : (size_t)shape[1], n = (size_t)shape[0] * mid * (size_t)shape[2];
     size_t i = kvq_first_nonfinite(dst, n);
-    if (i >= n) return KVQ_OK;
-    size_t c = i % (size_t)shape[2], r = i / (size_t)shape[2];
-    size_t b = r % mid, a = r / mid;
-    return kvq_fail(err, KVQ_ERR_FORMAT, "%s: %s: expected finite float32 values, got %s at [%zu,%zu,%zu]", path, obj,
-                    isnan(dst[i]) ? "nan" : signbit(dst[i]) ? "-inf" : "inf", a, rows ? (size_t)rows[b] : b, c);
+    return i >= n ? KVQ_OK : nonfinite_at(path, obj, dst, i, shape, rows, nrows, err);
+}
+
+/* Slab a of a float16 tensor, out of the stage: byte order fixed, the
+ * values in float32 at dst, and *bad the index in the tensor of the first
+ * non-finite one (left as it is when there is none). */
+static void convert_slab(uint16_t *half, float *dst, size_t a, size_t per, int big_endian, size_t *bad)
+{
+    if (big_endian)
+        for (size_t i = 0; i < per; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
+    kvq_f16_to_f32_array(half, dst, per);
+    size_t i = kvq_first_nonfinite(dst, per);
+    if (i < per && *bad == SIZE_MAX) *bad = a * per + i;
 }
 
 /* obj's values from src, a tensor of a dump in memory, or their rows,
@@ -336,11 +356,13 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
     if ((st = float_kind(path, obj, t, &dt, err))) goto out;
     if (dt == KVQ_F16) {
         /* memory type = file type: HDF5 copies the bytes, no conversion.  A
-         * whole tensor [A][B][C] comes one [B][C] slab at a time through a
-         * stage of that size, so that no second copy of the tensor is
-         * allocated; a row selection (small) comes whole. */
-        size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / slabs;
-        uint16_t *half = stage_room(d, per ? per : 1);
+         * whole tensor [A][B][C] comes one [B][C] slab at a time through two
+         * stages of that size, so that no second copy of the tensor is
+         * allocated: while the calling thread reads slab a (HDF5 only ever
+         * from it), a second converts and checks slab a − 1, whose float32
+         * pages it also faults in.  A row selection (small) comes whole. */
+        size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / slabs, bad = SIZE_MAX;
+        uint16_t *half = stage_room(d, per ? 2 * per : 1);
         if (!half) {
             st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: %s: out of memory for %zu values", path, obj, per);
             goto out;
@@ -351,18 +373,28 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
                           kvq_h5_detail(det, sizeof det));
             goto out;
         }
-        for (size_t a = 0; a < slabs; a++) {
-            hsize_t start[3] = {a, 0, 0};
-            if ((slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
-                H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half) < 0) {
+        int be = H5Tget_order(t) == H5T_ORDER_BE, workers = slabs > 1 && omp_get_max_threads() > 1 ? 2 : 1;
+        for (size_t a = 0; a <= slabs; a++) { /* every slab read first: a read error comes before a value's */
+            int failed = 0;
+#pragma omp parallel num_threads(workers)
+            {
+                int me = omp_get_thread_num(), team = omp_get_num_threads();
+                if (me == 0 && a < slabs) {
+                    hsize_t start[3] = {a, 0, 0};
+                    failed = (slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
+                             H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half + a % 2 * per) < 0;
+                }
+                if ((me == 1 || team == 1) && a > 0)
+                    convert_slab(half + (a - 1) % 2 * per, dst + (a - 1) * per, a - 1, per, be, &bad);
+            }
+            if (failed) {
                 st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj,
                               kvq_h5_detail(det, sizeof det));
                 goto out;
             }
-            if (H5Tget_order(t) == H5T_ORDER_BE)
-                for (size_t i = 0; i < per; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
-            kvq_f16_to_f32_array(half, dst + a * per, per);
         }
+        if (bad != SIZE_MAX) st = nonfinite_at(path, obj, dst, bad, shape, rows, nrows, err);
+        goto out;
     } else if (H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, dst) < 0) {
         st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj,
                       kvq_h5_detail(det, sizeof det));
