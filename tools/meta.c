@@ -223,7 +223,8 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n)
 static void start_hash(cli_meta *m, meta_input *in)
 {
     if (m->no_hash || in->stat_errno || !S_ISREG(in->st.st_mode) || in->cached || in->job || in->sha[0]) return;
-    if (m->hasher || (m->hasher = cli_hasher_new())) in->job = cli_hasher_add(m->hasher, in->path, (long long)in->st.st_size);
+    if (m->hasher || (m->hasher = cli_hasher_new()))
+        in->job = cli_hasher_add(m->hasher, in->path, (long long)in->st.st_size);
 }
 
 static void add_input(cli_meta *m, const char *role, const char *path, int extended)
