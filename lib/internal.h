@@ -63,6 +63,28 @@ void *kvq_alloc_lines(size_t bytes);
 /* Index of the first inf or NaN in x[0..n), or n (vectorised screen, then a search). */
 size_t kvq_first_nonfinite(const float *x, size_t n);
 
+/* max |x_i| over n values, NaN never counting (0 for none), in `lanes` (a
+ * constant at the call, <= KVQ_ABSMAX_LANES_MAX) running maxima kept in
+ * vectors (one running max waits 4 cycles a value); a max is exact, so any
+ * `lanes` gives the same: 32 for a tensor (kvq_absmax), 8 for a block. */
+enum { KVQ_ABSMAX_LANES_MAX = 32 };
+static inline __attribute__((always_inline)) float kvq_absmax_lanes(const float *x, size_t n, int lanes)
+{
+    float lane[KVQ_ABSMAX_LANES_MAX] = {0}, m = 0.0f;
+    size_t whole = n - n % (size_t)lanes; /* values in whole rounds of the lanes */
+    for (size_t i = 0; i < whole; i += (size_t)lanes)
+        for (int l = 0; l < lanes; l++) {
+            float a = __builtin_fabsf(x[i + l]);
+            lane[l] = a > lane[l] ? a : lane[l];
+        }
+    for (size_t i = whole; i < n; i++) {
+        float a = __builtin_fabsf(x[i]);
+        m = a > m ? a : m;
+    }
+    for (int l = 0; l < lanes; l++) m = lane[l] > m ? lane[l] : m;
+    return m;
+}
+
 /* Seeded generator (docs/building-blocks.md#random-numbers): xoshiro256** whose state is filled by
  * splitmix64 from (seed, a, b, c), so every (layer, head, tensor) stream is
  * reproducible and independent of the thread that draws it. */

@@ -128,25 +128,6 @@ static float absmax_of(const float *x, int n)
     return amax;
 }
 
-/* absmax_of with eight running maxima side by side (one waited 4 cycles a
- * value): the same value for any input, a max being exact in any order and
- * a NaN skipped by both.  For the fast paths' block scales. */
-static float absmax_lanes(const float *x, int n)
-{
-    enum { W = 8 };
-    float lane[W] = {0}, amax = 0.0f;
-    int j = 0;
-    for (; j + W <= n; j += W)
-        for (int l = 0; l < W; l++) {
-            float a = fabsf(x[j + l]);
-            lane[l] = lane[l] < a ? a : lane[l];
-        }
-    for (; j < n; j++)
-        if (amax < fabsf(x[j])) amax = fabsf(x[j]);
-    for (int l = 0; l < W; l++) amax = amax < lane[l] ? lane[l] : amax;
-    return amax;
-}
-
 /* The hot loop: y = the E2M1 value nearest x at half-scale d, the same
  * choice as kvq_e2m1_index without its 16-way search and nibbles.  For
  * x >= 0 the negative codes are never strictly nearer than code 0 (their
@@ -219,12 +200,12 @@ void kvq_mxfp4_block_dequantize(const uint8_t *blk, float *y)
 
 float kvq_mxfp4_block_scale(const float *x)
 {
-    return kvq_e8m0_half(kvq_e8m0_mxfp4(absmax_lanes(x, KVQ_MXFP4_BLOCK)));
+    return kvq_e8m0_half(kvq_e8m0_mxfp4(kvq_absmax_lanes(x, KVQ_MXFP4_BLOCK, 8)));
 }
 
 float kvq_nvfp4_block_scale(const float *x, float g, int rne)
 {
-    float s = absmax_lanes(x, KVQ_NVFP4_BLOCK) / 6.0f / g;
+    float s = kvq_absmax_lanes(x, KVQ_NVFP4_BLOCK, 8) / 6.0f / g;
     return kvq_ue4m3_half(rne ? kvq_ue4m3_encode_rne(s) : kvq_ue4m3_encode(s)) * g;
 }
 

@@ -379,22 +379,14 @@ static void q_q8_0(const float *x, uint8_t *b)
 /* q_q8_0 with both loops in lanes that vectorise, the same bytes: the
  * largest |x| of finite values is the same in any order, and below 2^23
  * round_away is its branch-free middle.  A block holding a NaN (where
- * ggml's MAX order decides) or a scaled value at or beyond 2^23 (an
- * infinite id) goes through q_q8_0.  The scalar max waited 4 cycles a value:
- * 15 % of a layer's ggml run. */
+ * ggml's MAX order decides; its scaled copy is NaN too) or a scaled value at
+ * or beyond 2^23 (an infinite id) goes through q_q8_0.  The scalar max
+ * waited 4 cycles a value: 15 % of a layer's ggml run. */
 static void q_q8_0_lanes(const float *x, uint8_t *b)
 {
-    enum { W = 8 };
-    float lane[W] = {0}, v[32];
+    float v[32];
     int odd = 0;
-    for (int j = 0; j < 32; j += W)
-        for (int l = 0; l < W; l++) {
-            float a = fabsf(x[j + l]);
-            lane[l] = lane[l] > a ? lane[l] : a;
-            odd |= a != a;
-        }
-    float amax = 0.0f;
-    for (int l = 0; l < W; l++) amax = amax > lane[l] ? amax : lane[l];
+    const float amax = kvq_absmax_lanes(x, 32, 8);
     const float d = amax / ((1 << 7) - 1);
     const float id = d ? 1.0f / d : 0.0f;
     for (int j = 0; j < 32; j++) {

@@ -110,27 +110,8 @@ static inline uint64_t kvq_family_stream(const kvq_quantizer *q, uint64_t i)
  * no -ffast-math. */
 static inline float kvq_rne(float v) { return (v + 12582912.0f) - 12582912.0f; /* 1.5·2^23 */ }
 
-/* max |x_i| over n values (NaN never counts; 0 for none): KVQ_ABSMAX_LANES
- * running maxima side by side, so that the compiler keeps them in vectors
- * (one running max waited 4 cycles a value on maxss: 8 % of a layer's fp8
- * run).  A max is exact, so the lanes' order cannot change the result. */
-enum { KVQ_ABSMAX_LANES = 32 };
-static inline float kvq_absmax(const float *x, size_t n)
-{
-    float lane[KVQ_ABSMAX_LANES] = {0}, m = 0.0f;
-    size_t i = 0;
-    for (; i + KVQ_ABSMAX_LANES <= n; i += KVQ_ABSMAX_LANES)
-        for (int l = 0; l < KVQ_ABSMAX_LANES; l++) {
-            float a = fabsf(x[i + l]);
-            lane[l] = a > lane[l] ? a : lane[l];
-        }
-    for (; i < n; i++) {
-        float a = fabsf(x[i]);
-        m = a > m ? a : m;
-    }
-    for (int l = 0; l < KVQ_ABSMAX_LANES; l++) m = lane[l] > m ? lane[l] : m;
-    return m;
-}
+/* max |x_i| over n values of a tensor (NaN never counts; 0 for none). */
+static inline float kvq_absmax(const float *x, size_t n) { return kvq_absmax_lanes(x, n, KVQ_ABSMAX_LANES_MAX); }
 
 /* A float32 scale amax / fmax that maps a tensor's largest value to a
  * format's largest (fp8, nvfp4's second level); 1 where amax is 0 or the
