@@ -287,6 +287,58 @@ START_TEST(attention_modes_equal_reference)
 }
 END_TEST
 
+/* One workspace kept from call to call, as the driver keeps a thread's:
+ * each product of a quantizer's scores adds onto a block the previous
+ * comparison left zero row by row.  Streamed and cached calls one after
+ * the other, with a window, dropped keys, several row chunks whose columns
+ * grow, fewer columns and a workspace that grows: every call's sums equal
+ * those of the same call on a fresh workspace, to the bit. */
+START_TEST(workspace_reuse_equals_fresh)
+{
+    enum { TMAX = 2100, D = 16, G = 2, NPMAX = 600 };
+    const int Ts[] = {300, 2100, 900, 2100, 300, 900, 2100, 300};
+    float *Qr = malloc((size_t)G * NPMAX * D * 4), *K = malloc(TMAX * D * 4), *V = malloc(TMAX * D * 4);
+    float *K2 = malloc(TMAX * D * 4), *V2 = malloc(TMAX * D * 4);
+    unsigned char keep[TMAX];
+    fill_normal(Qr, (size_t)G * NPMAX * D, 71, 1.5);
+    fill_normal(K, TMAX * D, 72, 1), fill_normal(V, TMAX * D, 73, 1);
+    fill_normal(K2, TMAX * D, 74, 0.3), fill_normal(V2, TMAX * D, 75, 0.3);
+    for (int i = 0; i < TMAX * D; i++) K2[i] += K[i], V2[i] += V[i];
+    for (int t = 0; t < TMAX; t++) keep[t] = t % 5 != 2;
+    const float *kq[2] = {K2, K2}, *vq[2] = {V2, V};
+    const unsigned char *mq[2] = {keep, NULL};
+    kvq_attn_ws *ws = kvq_attn_ws_new();
+    int pos[NPMAX];
+    for (size_t c = 0; c < sizeof Ts / sizeof Ts[0]; c++) {
+        int T = Ts[c], npos = T == 2100 ? NPMAX : T / 8, cached = c % 3 == 1, masked = c % 4 == 3;
+        for (int i = 0; i < npos; i++) pos[i] = T - 1 - (npos - 1 - i) * (T / npos); /* ascending, last row T-1 */
+        kvq_attn_mode mode = c % 2 ? (kvq_attn_mode){.window = 9} : (kvq_attn_mode){0};
+        kvq_attn_acc a[2] = {0}, b[2] = {0};
+        kvq_error err = {0};
+        if (cached) {
+            kvq_attn_ref *r;
+            ck_assert(kvq_attn_ref_new_rows(Qr, G, K, V, T, D, mode, pos, npos, &r, &err) == KVQ_OK);
+            ck_assert(kvq_attn_ref_compare_ws(r, 2, kq, vq, masked ? mq : NULL, a, ws, &err) == KVQ_OK);
+            ck_assert(kvq_attn_ref_compare_masked(r, 2, kq, vq, masked ? mq : NULL, b, &err) == KVQ_OK);
+            kvq_attn_ref_free(r);
+        } else {
+            ck_assert(kvq_attention_rows_ws(Qr, G, K, V, T, D, mode, pos, npos, 2, kq, vq, masked ? mq : NULL, a, ws,
+                                            &err) == KVQ_OK);
+            ck_assert(kvq_attention_rows_masked(Qr, G, K, V, T, D, mode, pos, npos, 2, kq, vq, masked ? mq : NULL, b,
+                                                &err) == KVQ_OK);
+        }
+        for (int q = 0; q < 2; q++) {
+            ck_assert(a[q].rows == (double)G * npos && a[q].s_diff2 > 0);
+            ck_assert_msg(!memcmp(&a[q], &b[q], sizeof a[q]), "call %zu (T %d, %s%s), quantizer %d: %.17g vs %.17g", c,
+                          T, cached ? "cached" : "streamed", masked ? ", dropped keys" : "", q, a[q].s_diff2,
+                          b[q].s_diff2);
+        }
+    }
+    kvq_attn_ws_free(ws);
+    free(Qr), free(K), free(V), free(K2), free(V2);
+}
+END_TEST
+
 START_TEST(query_positions)
 {
     kvq_query_sel s;
@@ -602,6 +654,7 @@ int main(void)
     tcase_add_test(tc, attention_blas_equals_reference);
     tcase_add_test(tc, attention_window_one_by_hand);
     tcase_add_test(tc, attention_modes_equal_reference);
+    tcase_add_test(tc, workspace_reuse_equals_fresh);
     tcase_add_test(tc, query_positions);
     tcase_add_test(tc, gqa_mapping);
     tcase_add_test(tc, threads_do_not_change_results);

@@ -272,6 +272,7 @@ static void ref_chunk_compute(ref_chunk *c, int g, const float *Qrows, size_t qs
 typedef struct {
     float *Sq, *Aq, *Ov, *Oj;
     row_stats *rq;
+    struct kvq_attn_ws *own; /* the thread's workspace these lie in */
 } quant_ws;
 
 /* A thread's workspace, kept from head to head by a caller that has many
@@ -282,6 +283,8 @@ struct kvq_attn_ws {
     float *f;
     row_stats *rs;
     size_t nf, nrs;
+    float *zero; /* [zero, zero + nzero) of f holds zeros: a quantizer's scores, each row cleared after use */
+    size_t nzero;
 };
 
 kvq_attn_ws *kvq_attn_ws_new(void) { return calloc(1, sizeof(kvq_attn_ws)); }
@@ -296,7 +299,7 @@ void kvq_attn_ws_free(kvq_attn_ws *w)
 static kvq_status ws_reserve(kvq_attn_ws *w, size_t nf, size_t nrs, kvq_error *err)
 {
     if (nf > w->nf) {
-        free(w->f), w->nf = 0;
+        free(w->f), w->nf = 0, w->zero = NULL, w->nzero = 0;
         if (!(w->f = kvq_alloc_array(nf, sizeof(float)))) goto nomem;
         w->nf = nf;
     }
@@ -311,9 +314,22 @@ nomem:
 }
 
 /* The quantizers' workspace for rows × T scores from w's floats at f and row stats at rs. */
-static void quant_ws_at(quant_ws *q, float *f, row_stats *rs, size_t rows, int T, int D)
+static void quant_ws_at(quant_ws *q, kvq_attn_ws *own, float *f, row_stats *rs, size_t rows, int T, int D)
 {
     q->Sq = f, q->Aq = f + rows * T, q->Ov = f + 2 * rows * T, q->Oj = f + 2 * rows * T + rows * D, q->rq = rs;
+    q->own = own;
+}
+
+/* n zeros at w->Sq for a product that adds onto them (beta 1): OpenBLAS
+ * clears C in a pass of its own before a product with beta 0, over
+ * scores that have long left the cache; the rows the comparison clears
+ * while they are still in it (compare_row) leave the block zero instead,
+ * and only what was never cleared is cleared here. */
+static void scores_zeroed(quant_ws *w, size_t n)
+{
+    kvq_attn_ws *o = w->own;
+    if (o->zero != w->Sq) o->zero = w->Sq, o->nzero = 0;
+    if (o->nzero < n) memset(w->Sq + o->nzero, 0, (n - o->nzero) * sizeof *w->Sq), o->nzero = n;
 }
 
 /* One row of a quantizer's attention against the exact row (c's row i; its
@@ -341,6 +357,7 @@ static void compare_row(const ref_chunk *c, int i, const att_mode *m, const unsi
         ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, *rq, p);
     }
     ac->top1_same += c->rs[i].argmax == rq->argmax;
+    memset(sqrow, 0, (size_t)ncol * sizeof *sqrow); /* zeros for the next product (scores_zeroed) */
 }
 
 /* Compares g consecutive exact chunks (the same rows of g query heads, their
@@ -358,7 +375,8 @@ static void ref_chunk_compare(const ref_chunk *c, int g, int D, const att_mode *
     for (int q = 0; q < nquant; q++) {
         kvq_attn_acc *ac = &acc[q];
         const unsigned char *keep = Mq ? Mq[q] : NULL;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 0.0f, w->Sq,
+        scores_zeroed(w, (size_t)g * nc * ncol);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 1.0f, w->Sq,
                     ncol);
         for (int j = 0; j < g; j++)
             for (int i = 0; i < nc; i++)
@@ -442,7 +460,7 @@ kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, cons
     if (st) return st;
     float *Qc = ws->f, *S = Qc + rows * D, *A = S + rows * T, *O = A + rows * T; /* the exact side, then w */
     row_stats *rs = ws->rs;
-    quant_ws_at(&w, ws->f + half, ws->rs + rows, rows, T, D);
+    quant_ws_at(&w, ws, ws->f + half, ws->rs + rows, rows, T, D);
     for (int j0 = 0; j0 < G; j0 += g)
         for (size_t r0 = 0; r0 < npos; r0 += chunk) {
             int nc = (int)(npos - r0 < chunk ? npos - r0 : chunk), ncol = pos[r0 + nc - 1] + 1; /* positions ascend */
@@ -577,7 +595,7 @@ kvq_status kvq_attn_ref_compare_ws(const kvq_attn_ref *r, int nquant, const floa
     quant_ws w;
     kvq_status st = ws_reserve(ws, rows * (2 * (size_t)r->T + 2 * (size_t)r->D), rows, err);
     if (st) return st;
-    quant_ws_at(&w, ws->f, ws->rs, rows, r->T, r->D);
+    quant_ws_at(&w, ws, ws->f, ws->rs, rows, r->T, r->D);
     for (size_t i = 0; i < (size_t)r->G * r->nchunk; i += r->g == 1 ? 1 : (size_t)r->g)
         ref_chunk_compare(&r->c[i], r->g, r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
     return KVQ_OK;
