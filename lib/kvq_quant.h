@@ -70,6 +70,12 @@ typedef struct kvq_quant_ctx {
      * so a tokens(...) with target= compresses the context by its keep=
      * here; 0: target= is refused (it has no meaning on a whole cache). */
     int decoding;
+    /* The output of the spec this spec's family names as its first stage
+     * (turboquant's variant=prod: lloydmax at b − 1 bits), holding the head
+     * being quantized, when the caller ran that spec on the same input (the
+     * analysis, for a spec that runs head by head: no prerotate, mix or
+     * tokens(...) around it); NULL: the family computes its first stage. */
+    const struct kvq_quant_out *first_stage;
 } kvq_quant_ctx;
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
@@ -152,6 +158,10 @@ unsigned kvq_spec_read_flags(const kvq_spec *spec);
  * apart: each distinct text once, when it is first parsed, whatever uses it
  * later (layers, dumps, the calibration, reports, DecodeCache); for tests. */
 unsigned long kvq_spec_splits(void);
+/* How many head tensors this process's quantizers took from another spec's
+ * output as their first stage (ctx->first_stage) instead of computing it;
+ * for tests. */
+unsigned long kvq_first_stages_taken(void);
 
 /* Mixed precision (docs/quantizers.md#mix): `mix(RANGE=SPEC;RANGE=SPEC;...)`
  * runs each layer with the spec of the range that holds it; RANGE is a

@@ -1,7 +1,7 @@
 /* test_metrics.c — every metric of docs/metrics.md on hand-computed cases (one-hot
  * attention included), the BLAS path against the plain reference, query
- * positions, pooling, grouped-query mapping and thread-count invariance of
- * the whole analysis. */
+ * positions, pooling, grouped-query mapping, thread-count invariance of
+ * the whole analysis and a first stage taken from another spec of the run. */
 #include "testutil.h"
 #include "simd.h"
 
@@ -511,6 +511,48 @@ START_TEST(prepared_equals_streamed)
 }
 END_TEST
 
+/* turboquant's variant=prod starts with lloydmax at b − 1 bits: where the
+ * run holds that spec too, before it, the driver hands its output over
+ * (kvq_first_stages_taken counts each head's K and V) and turboquant's sums
+ * are those of turboquant alone, to the bit; another spec (other bits,
+ * another rotation, after it) or variant=mse takes nothing. */
+START_TEST(first_stage_from_the_run)
+{
+    int L = 2, Hq = 4, H = 2, D = 16, T = 120;
+    char *path = gen_dump(L, Hq, H, D, T, 13);
+    const struct {
+        const char *with, *spec;
+        int taken;
+    } cases[] = {
+        {"lloydmax:bits=2", "turboquant:bits=3", 1},
+        {"lloydmax:bits=2,rotate=hadamard", "turboquant:bits=3,rotate=hadamard", 1},
+        {"lloydmax:bits=1,rotate=none,codebook=sphere", "turboquant:bits=2,rotate=none", 1},
+        {"lloydmax:bits=3", "turboquant:bits=3", 0},
+        {"lloydmax:bits=2,rotate=hadamard", "turboquant:bits=3", 0},
+        {"lloydmax:bits=2,codebook=gauss", "turboquant:bits=3", 0},
+        {"lloydmax:bits=2", "turboquant:bits=2,variant=mse", 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int after = 0; after < 2; after++) {
+            const char *pair[2] = {after ? cases[c].spec : cases[c].with, after ? cases[c].with : cases[c].spec};
+            kvq_spec sp[2], one[1];
+            kvq_analysis a, b;
+            unsigned long n0 = kvq_first_stages_taken();
+            analyze(path, pair, 2, 2, "last:9", sp, &a);
+            unsigned long taken = kvq_first_stages_taken() - n0;
+            analyze(path, &cases[c].spec, 1, 1, "last:9", one, &b);
+            ck_assert_msg(taken == (cases[c].taken && !after ? 2ul * L * H : 0ul), "%s then %s: %lu head tensors taken",
+                          pair[0], pair[1], taken);
+            for (int i = 0; i < L * H; i++)
+                ck_assert_msg(!memcmp(&a.acc[i * 2 + !after], &b.acc[i], sizeof b.acc[i]),
+                              "%s beside %s: head %d differs from it alone", cases[c].spec, cases[c].with, i);
+            kvq_analysis_free(&a), kvq_analysis_free(&b);
+        }
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 /* The vector exps of the AVX-512 and AVX2 softmaxes against expf: within 2
  * ulp over the whole range they are used on (x <= 0), denormal results
  * within 4 of the smallest denormal; and the two equal where both run. */
@@ -659,6 +701,7 @@ int main(void)
     tcase_add_test(tc, gqa_mapping);
     tcase_add_test(tc, threads_do_not_change_results);
     tcase_add_test(tc, prepared_equals_streamed);
+    tcase_add_test(tc, first_stage_from_the_run);
     tcase_add_test(tc, vector_exp_accuracy);
     tcase_add_test(tc, softmax_rows_vector);
     suite_add_tcase(s, tc);

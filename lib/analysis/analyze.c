@@ -405,6 +405,7 @@ typedef struct layer_specs {
     int ns, nby;            /* specs; how many of them run head by head */
     unsigned char *by_head; /* [ns] */
     const kvq_spec **spec;  /* [ns] the layer's spec (a mix's range) */
+    int *first;             /* [ns] the head-by-head spec before s whose output is s's first stage, or -1 */
     kvq_quant_ctx *ctx;     /* [ns] its context on the layer */
     const kvq_layer **in;   /* [ns] L, or Lq for the specs that read every query row */
     kvq_quant_out *slot;    /* [ns] the whole layer's outputs (no K', V' for by_head) */
@@ -419,7 +420,7 @@ typedef struct layer_specs {
 static void layer_specs_free(layer_specs *ls)
 {
     for (int i = 0; ls->buf && i < ls->nbuf; i++) free(ls->buf[i]);
-    free(ls->by_head), free(ls->spec), free(ls->ctx), free(ls->in), free(ls->buf), free(ls->view);
+    free(ls->by_head), free(ls->spec), free(ls->first), free(ls->ctx), free(ls->in), free(ls->buf), free(ls->view);
     free(ls->hst), free(ls->herr);
 }
 
@@ -429,10 +430,12 @@ static int layer_specs_alloc(layer_specs *ls, int ns, int nbuf, int nh, kvq_quan
     size_t n = (size_t)ns + 1;
     ls->ns = ns, ls->nbuf = nbuf, ls->slot = slot;
     ls->by_head = calloc(n, 1), ls->spec = calloc(n, sizeof *ls->spec), ls->ctx = calloc(n, sizeof *ls->ctx);
+    ls->first = calloc(n, sizeof *ls->first);
     ls->in = calloc(n, sizeof *ls->in), ls->buf = calloc((size_t)nbuf, sizeof *ls->buf);
     ls->view = calloc((size_t)nbuf * n, sizeof *ls->view);
     ls->hst = calloc(2 * (size_t)nh + 1, sizeof *ls->hst), ls->herr = calloc((size_t)nh + 1, sizeof *ls->herr);
-    return ls->by_head && ls->spec && ls->ctx && ls->in && ls->buf && ls->view && ls->hst && ls->herr ? 0 : -1;
+    return ls->by_head && ls->spec && ls->first && ls->ctx && ls->in && ls->buf && ls->view && ls->hst && ls->herr ? 0
+                                                                                                                   : -1;
 }
 
 /* Every spec's context on layer li (L; Lq with every query row, for
@@ -467,6 +470,13 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
             st = kvq_device_upload_slot(o->device, s, qo->key, qo->value, err);
         if (st) return layer_error(err, st, p->path, -1); /* the quantizer's message names the layer */
     }
+    /* a spec's first stage from an earlier spec's output on the same head (head_outputs) */
+    for (int s = 0; s < o->nspecs; s++) {
+        ls->first[s] = -1;
+        for (int f = 0; f < s && ls->by_head[s] && ls->first[s] < 0; f++)
+            if (ls->by_head[f] && ls->in[f] == ls->in[s] && kvq_spec_is_first_stage(ls->spec[s], ls->spec[f]))
+                ls->first[s] = f;
+    }
     return KVQ_OK;
 }
 
@@ -487,6 +497,7 @@ static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h,
         view[s].key = ls->buf[tid] + (size_t)j++ * 2 * TD, view[s].value = view[s].key + TD, view[s].head0 = h;
         kvq_quant_ctx ctx = ls->ctx[s];
         ctx.nthreads = 1; /* the heads are the threads */
+        if (ls->first[s] >= 0) ctx.first_stage = &view[ls->first[s]]; /* quantized above, head h */
         kvq_error e = {0};
         for (int tensor = 0; tensor < 2; tensor++) {
             kvq_status st = kvq_quantize_one_head(ls->spec[s], &ctx, ls->in[s], &view[s], tensor, h, &e);

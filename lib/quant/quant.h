@@ -82,6 +82,14 @@ typedef struct kvq_quantizer {
     kvq_status (*calibrate)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *calib,
                             void **state, kvq_error *err);
     void (*calib_free)(void *state);
+    /* Optional: a spec whose output is, head by head and bit for bit, this
+     * spec's first stage (turboquant's variant=prod: lloydmax at b − 1 bits
+     * with its rotation).  1 and that spec's text in buf, or 0.  Where a run
+     * holds that spec too, both head by head and it first, the analysis
+     * hands its output to quantize_head as ctx->first_stage
+     * (kvq_spec_is_first_stage); the family takes it and calls
+     * kvq_first_stage_taken. */
+    int (*first_stage)(const kvq_spec *spec, char *buf, size_t len);
     /* The one `mix(...)` pseudo-family (quant/spec.c): its text is the spec. */
     int is_mix;
     /* `tokens(SELECT; HI; LO)` (parsed in spec.c, run by tokens.c): its text is the spec too. */
@@ -96,6 +104,13 @@ typedef struct kvq_quantizer {
     uint64_t nstreams;
     uint64_t stream_tag_kept;
 } kvq_quantizer;
+
+/* 1 if cand's output is spec's first stage (spec's family names it: the
+ * same family and options, written out in full), else 0. */
+int kvq_spec_is_first_stage(const kvq_spec *spec, const kvq_spec *cand);
+/* A family took one head tensor's first stage from ctx->first_stage
+ * (counted for kvq_first_stages_taken). */
+void kvq_first_stage_taken(void);
 
 /* Tag of the family's stream i (< nstreams) for kvq_rng_init. */
 static inline uint64_t kvq_family_stream(const kvq_quantizer *q, uint64_t i)

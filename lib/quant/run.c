@@ -1,8 +1,9 @@
 /* run.c — running a spec on one layer: the shape check, the `prerotate`
  * wrapper, the per-head runner that spreads a family's quantize_head over
  * the heads (K and V) in parallel and names the head that failed, and the
- * same through the family's plain reference (for tests); and one head of a
- * family that quantizes head by head, for the analysis. */
+ * same through the family's plain reference (for tests); one head of a
+ * family that quantizes head by head, for the analysis; and whether one
+ * spec's output is another's first stage (kvq_quantizer.first_stage). */
 #include "../internal.h"
 #include "plan.h"
 #include "quant.h"
@@ -133,3 +134,24 @@ kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx,
 {
     return spec->q->quantize_head(spec, ctx, in, out, tensor, h, err);
 }
+
+/* ------------------------------------------------ first stages taken */
+
+static unsigned long first_stages_taken;
+
+int kvq_spec_is_first_stage(const kvq_spec *spec, const kvq_spec *cand)
+{
+    char want[KVQ_SPEC_MAX], have[KVQ_SPEC_MAX];
+    kvq_spec stage;
+    kvq_error err = {0};
+    if (!spec->q->first_stage || !spec->q->first_stage(spec, want, sizeof want) || kvq_spec_parse(want, &stage, &err) ||
+        stage.q != cand->q)
+        return 0;
+    kvq_spec_format_full(&stage, want, sizeof want);
+    kvq_spec_format_full(cand, have, sizeof have);
+    return !strcmp(want, have);
+}
+
+void kvq_first_stage_taken(void) { __atomic_add_fetch(&first_stages_taken, 1, __ATOMIC_RELAXED); }
+
+unsigned long kvq_first_stages_taken(void) { return __atomic_load_n(&first_stages_taken, __ATOMIC_RELAXED); }

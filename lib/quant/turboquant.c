@@ -7,7 +7,10 @@
  *   x' = x̂₁ + (sqrt(π/2) / D) · γ · Sᵀ·z,
  * so that E_S⟨q, x'⟩ = ⟨q, x⟩.  Both products with S are sgemm calls.
  * Bits per token and head: (b−1)·D + 16 + D + 16 (prod), b·D + 16 (mse);
- * static: the rotations, codebooks and S (D·D·4 bytes per head and tensor). */
+ * static: the rotations, codebooks and S (D·D·4 bytes per head and tensor).
+ * Stage 1 is the spec `lloydmax:bits=b−1,rotate=R,codebook=sphere`, bit for
+ * bit (the same rotation stream, codebook and snap): a run that holds that
+ * spec too hands its output over (first_stage) and x̂₁ is copied from it. */
 #include "../internal.h"
 #include "quant.h"
 
@@ -71,10 +74,15 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
     double rot_bytes;
     const float *x = kvq_head_in(in, tensor, h);
     float *y = kvq_head_out(out, in, tensor, h); /* [T][D] */
-    /* stage 1: Lloyd–Max, x̂₁ into y */
+    /* stage 1: Lloyd–Max, x̂₁ into y, or from the run's lloydmax spec */
     kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
-    if (!st)
+    if (!st && prod && ctx->first_stage) {
+        memcpy(y, kvq_head_out(ctx->first_stage, in, tensor, h), (size_t)T * D * sizeof *y);
+        rot_bytes = kvq_rotation_bytes(&(kvq_rotation){.kind = (kvq_rotate_kind)o->rotate, .D = D});
+        kvq_first_stage_taken();
+    } else if (!st) {
         st = kvq_lloydmax_head(x, y, T, D, (kvq_rotate_kind)o->rotate, cb, snap, ctx, h, tensor, &rot_bytes, err);
+    }
     if (st) return st;
     if (prod) { /* stage 2: QJL on r = x − x̂₁, added to y */
         size_t n = (size_t)T * D;
@@ -98,6 +106,16 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
     if (tensor == 1) /* K's and V's rotation, codebook and S (same sizes), by one task */
         out->static_bytes[h] = 2.0 * (rot_bytes + 4.0 * cb->n + (prod ? 4.0 * D * D : 0.0));
     return KVQ_OK;
+}
+
+/* variant=prod's stage 1 as a spec of its own (.first_stage). */
+static int turboquant_first_stage(const kvq_spec *sp, char *buf, size_t len)
+{
+    const turboquant_opts *o = kvq_spec_opts(sp);
+    static const char *const rotate[] = {"none", "qr", "hadamard"}; /* the choices' order */
+    if (o->variant != TQ_PROD) return 0;
+    int n = snprintf(buf, len, "lloydmax:bits=%d,rotate=%s,codebook=sphere", o->bits - 1, rotate[o->rotate]);
+    return n > 0 && (size_t)n < len;
 }
 
 static kvq_status turboquant_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
@@ -126,6 +144,7 @@ const kvq_quantizer kvq_q_turboquant = {
     .check = turboquant_check,
     .quantize_head = turboquant_head,
     .reference_head = turboquant_reference_head,
+    .first_stage = turboquant_first_stage,
     .nstreams = 2, /* the QJL matrix S of K and of V */
     .stream_tag_kept = 10,
 };
