@@ -71,7 +71,7 @@ typedef struct kvq_quant_ctx {
      * here; 0: target= is refused (it has no meaning on a whole cache). */
     int decoding;
     /* The output of the spec this spec's family names as its first stage
-     * (turboquant's variant=prod: lloydmax at b − 1 bits), holding the head
+     * (turboquant's: lloydmax at b − 1 bits, b for variant=mse), holding the head
      * being quantized, when the caller ran that spec on the same input (the
      * analysis, for a spec that runs head by head: no prerotate, mix or
      * tokens(...) around it); NULL: the family computes its first stage. */

@@ -514,8 +514,9 @@ END_TEST
 /* turboquant's variant=prod starts with lloydmax at b − 1 bits: where the
  * run holds that spec too, before it, the driver hands its output over
  * (kvq_first_stages_taken counts each head's K and V) and turboquant's sums
- * are those of turboquant alone, to the bit; another spec (other bits,
- * another rotation, after it) or variant=mse takes nothing. */
+ * are those of turboquant alone, to the bit (variant=mse: lloydmax at b
+ * bits is all of it); another spec (other bits, another rotation or
+ * codebook, after it) gives nothing. */
 START_TEST(first_stage_from_the_run)
 {
     int L = 2, Hq = 4, H = 2, D = 16, T = 120;
@@ -530,7 +531,8 @@ START_TEST(first_stage_from_the_run)
         {"lloydmax:bits=3", "turboquant:bits=3", 0},
         {"lloydmax:bits=2,rotate=hadamard", "turboquant:bits=3", 0},
         {"lloydmax:bits=2,codebook=gauss", "turboquant:bits=3", 0},
-        {"lloydmax:bits=2", "turboquant:bits=2,variant=mse", 0},
+        {"lloydmax:bits=2", "turboquant:bits=2,variant=mse", 1},
+        {"lloydmax:bits=2", "turboquant:bits=3,variant=mse", 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int after = 0; after < 2; after++) {

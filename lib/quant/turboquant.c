@@ -8,9 +8,10 @@
  * so that E_S⟨q, x'⟩ = ⟨q, x⟩.  Both products with S are sgemm calls.
  * Bits per token and head: (b−1)·D + 16 + D + 16 (prod), b·D + 16 (mse);
  * static: the rotations, codebooks and S (D·D·4 bytes per head and tensor).
- * Stage 1 is the spec `lloydmax:bits=b−1,rotate=R,codebook=sphere`, bit for
- * bit (the same rotation stream, codebook and snap): a run that holds that
- * spec too hands its output over (first_stage) and x̂₁ is copied from it. */
+ * Stage 1 is the spec `lloydmax:bits=b−1,rotate=R,codebook=sphere` (b for
+ * mse), bit for bit (the same rotation stream, codebook and snap): a run
+ * that holds that spec too hands its output over (first_stage) and x̂₁ is
+ * copied from it. */
 #include "../internal.h"
 #include "quant.h"
 
@@ -76,7 +77,7 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
     float *y = kvq_head_out(out, in, tensor, h); /* [T][D] */
     /* stage 1: Lloyd–Max, x̂₁ into y, or from the run's lloydmax spec */
     kvq_status st = kvq_codebook_get(KVQ_CB_SPHERE, D, stage_bits, &cb, err);
-    if (!st && prod && ctx->first_stage) {
+    if (!st && ctx->first_stage) {
         memcpy(y, kvq_head_out(ctx->first_stage, in, tensor, h), (size_t)T * D * sizeof *y);
         rot_bytes = kvq_rotation_bytes(&(kvq_rotation){.kind = (kvq_rotate_kind)o->rotate, .D = D});
         kvq_first_stage_taken();
@@ -108,13 +109,14 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
     return KVQ_OK;
 }
 
-/* variant=prod's stage 1 as a spec of its own (.first_stage). */
+/* Stage 1 as a spec of its own (.first_stage): lloydmax at b − 1 bits
+ * (prod) or b (mse, where it is the whole output). */
 static int turboquant_first_stage(const kvq_spec *sp, char *buf, size_t len)
 {
     const turboquant_opts *o = kvq_spec_opts(sp);
     static const char *const rotate[] = {"none", "qr", "hadamard"}; /* the choices' order */
-    if (o->variant != TQ_PROD) return 0;
-    int n = snprintf(buf, len, "lloydmax:bits=%d,rotate=%s,codebook=sphere", o->bits - 1, rotate[o->rotate]);
+    int n = snprintf(buf, len, "lloydmax:bits=%d,rotate=%s,codebook=sphere",
+                     o->variant == TQ_PROD ? o->bits - 1 : o->bits, rotate[o->rotate]);
     return n > 0 && (size_t)n < len;
 }
 
