@@ -76,7 +76,12 @@ typedef struct kvq_quant_ctx {
      * analysis, for a spec that runs head by head: no prerotate, mix or
      * tokens(...) around it); NULL: the family computes its first stage. */
     const struct kvq_quant_out *first_stage;
+    /* What the family's layer_prepare found on this layer for its heads
+     * (fp8's and fp4's tensor scales), at most KVQ_LAYER_STATE_MAX bytes;
+     * NULL where the family has none or the caller left it to the family. */
+    const void *layer_state;
 } kvq_quant_ctx;
+#define KVQ_LAYER_STATE_MAX 64
 
 /* What a quantizer produces: K', V' [H][T][D] and the stored bits per head. */
 typedef struct kvq_quant_out {

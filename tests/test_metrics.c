@@ -511,6 +511,54 @@ START_TEST(prepared_equals_streamed)
 }
 END_TEST
 
+/* fp8's and fp4's tensor scales come from the whole layer (layer_prepare):
+ * run head by head in the metrics' loop, the driver computes them once a
+ * layer and hands them to every head.  Each head's error sums equal those
+ * of the same spec run over the layer at once (kvq_quantize_layer), to the
+ * bit, with the specs side by side in one run. */
+START_TEST(layer_state_by_head_equals_layer)
+{
+    enum { L = 2, Hq = 4, H = 2, D = 32, T = 96, NS = 3 };
+    char *path = gen_dump(L, Hq, H, D, T, 17);
+    const char *texts[NS] = {"fp8", "fp4:format=nvfp4,global=tensor", "fp8:format=e5m2,scale=channel"};
+    kvq_spec sp[NS];
+    kvq_analysis a;
+    analyze(path, texts, NS, 2, "last:9", sp, &a);
+    kvq_error err = {0};
+    kvq_dump *d;
+    ck_assert(kvq_dump_open(path, &d, &err) == KVQ_OK);
+    float *kq = malloc((size_t)H * T * D * 4), *vq = malloc((size_t)H * T * D * 4);
+    for (int li = 0; li < L; li++) {
+        kvq_layer lay;
+        ck_assert_int_eq(kvq_dump_read_layer(d, li, 0, &lay, &err), KVQ_OK);
+        for (int s = 0; s < NS; s++) {
+            ck_assert(kvq_spec_by_head(&sp[s], T, D));
+            double kb[H], vb[H], sb[H] = {0};
+            kvq_quant_out qo = {.key = kq, .value = vq, .k_bits = kb, .v_bits = vb, .static_bytes = sb};
+            kvq_quant_ctx ctx = {.layer = li, .nthreads = 2};
+            ck_assert_int_eq(kvq_quantize_layer(&sp[s], &ctx, &lay, &qo, &err), KVQ_OK);
+            for (int h = 0; h < H; h++)
+                for (int t = 0; t < 2; t++) {
+                    kvq_recon_acc r = {0};
+                    const kvq_recon_acc *got = t ? &a.acc[(li * H + h) * NS + s].v : &a.acc[(li * H + h) * NS + s].k;
+                    size_t at = (size_t)h * T * D;
+                    kvq_recon_accumulate(&r, (t ? lay.value : lay.key) + at, (t ? vq : kq) + at, (size_t)T * D);
+                    ck_assert_msg(r.sum_e2 > 0 && r.sum_e2 == got->sum_e2 && r.sum_abs_e == got->sum_abs_e &&
+                                      r.max_abs == got->max_abs && r.sum_x2 == got->sum_x2,
+                                  "%s, layer %d head %d %s: head by head differs from the layer at once", texts[s], li,
+                                  h, t ? "V" : "K");
+                }
+        }
+        kvq_layer_free(&lay);
+    }
+    free(kq), free(vq);
+    kvq_dump_close(d);
+    kvq_analysis_free(&a);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 /* turboquant's variant=prod starts with lloydmax at b − 1 bits: where the
  * run holds that spec too, before it, the driver hands its output over
  * (kvq_first_stages_taken counts each head's K and V) and turboquant's sums
@@ -704,6 +752,7 @@ int main(void)
     tcase_add_test(tc, threads_do_not_change_results);
     tcase_add_test(tc, prepared_equals_streamed);
     tcase_add_test(tc, first_stage_from_the_run);
+    tcase_add_test(tc, layer_state_by_head_equals_layer);
     tcase_add_test(tc, vector_exp_accuracy);
     tcase_add_test(tc, softmax_rows_vector);
     suite_add_tcase(s, tc);

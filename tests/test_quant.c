@@ -230,6 +230,7 @@ START_TEST(registry_defaults_parse)
         ck_assert_ptr_eq(kvq_quantizer_find(q->name), q);
         ck_assert(q->nparams <= KVQ_MAX_PARAMS);
         ck_assert(q->description && (q->quantize != NULL) != (q->quantize_head != NULL));
+        ck_assert_msg(!q->layer_prepare || q->quantize_head, "%s: layer_prepare serves quantize_head", q->name);
     }
     ck_assert_ptr_null(kvq_quantizer_at(kvq_quantizer_count()));
     FILE *f = tmpfile();

@@ -407,6 +407,7 @@ typedef struct layer_specs {
     const kvq_spec **spec;  /* [ns] the layer's spec (a mix's range) */
     int *first;             /* [ns] the head-by-head spec before s whose output is s's first stage, or -1 */
     kvq_quant_ctx *ctx;     /* [ns] its context on the layer */
+    double (*state)[KVQ_LAYER_STATE_MAX / sizeof(double)]; /* [ns] a head-by-head spec's layer_prepare on it */
     const kvq_layer **in;   /* [ns] L, or Lq for the specs that read every query row */
     kvq_quant_out *slot;    /* [ns] the whole layer's outputs (no K', V' for by_head) */
     size_t slot_bytes;      /* a layer slot's K' (or V') */
@@ -420,7 +421,8 @@ typedef struct layer_specs {
 static void layer_specs_free(layer_specs *ls)
 {
     for (int i = 0; ls->buf && i < ls->nbuf; i++) free(ls->buf[i]);
-    free(ls->by_head), free(ls->spec), free(ls->first), free(ls->ctx), free(ls->in), free(ls->buf), free(ls->view);
+    free(ls->by_head), free(ls->spec), free(ls->first), free(ls->ctx), free(ls->state), free(ls->in), free(ls->buf);
+    free(ls->view);
     free(ls->hst), free(ls->herr);
 }
 
@@ -430,12 +432,14 @@ static int layer_specs_alloc(layer_specs *ls, int ns, int nbuf, int nh, kvq_quan
     size_t n = (size_t)ns + 1;
     ls->ns = ns, ls->nbuf = nbuf, ls->slot = slot;
     ls->by_head = calloc(n, 1), ls->spec = calloc(n, sizeof *ls->spec), ls->ctx = calloc(n, sizeof *ls->ctx);
-    ls->first = calloc(n, sizeof *ls->first);
+    ls->first = calloc(n, sizeof *ls->first), ls->state = calloc(n, sizeof *ls->state);
     ls->in = calloc(n, sizeof *ls->in), ls->buf = calloc((size_t)nbuf, sizeof *ls->buf);
     ls->view = calloc((size_t)nbuf * n, sizeof *ls->view);
     ls->hst = calloc(2 * (size_t)nh + 1, sizeof *ls->hst), ls->herr = calloc((size_t)nh + 1, sizeof *ls->herr);
-    return ls->by_head && ls->spec && ls->first && ls->ctx && ls->in && ls->buf && ls->view && ls->hst && ls->herr ? 0
-                                                                                                                   : -1;
+    return ls->by_head && ls->spec && ls->first && ls->state && ls->ctx && ls->in && ls->buf && ls->view && ls->hst &&
+                   ls->herr
+               ? 0
+               : -1;
 }
 
 /* Every spec's context on layer li (L; Lq with every query row, for
@@ -462,6 +466,10 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
         slot_reset(qo, H);
         kvq_status st = KVQ_OK;
         if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx->calib, err))) return st;
+        if (ls->by_head[s] && own->q->layer_prepare) { /* what its heads share, once */
+            if ((st = own->q->layer_prepare(own, ctx, Ls, ls->state[s], err))) return layer_error(err, st, p->path, -1);
+            ctx->layer_state = ls->state[s];
+        }
         if (ls->by_head[s]) continue; /* in the metrics' head loop */
         if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
         if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))

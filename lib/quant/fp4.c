@@ -89,26 +89,31 @@ static void fp4_head(const float *x, float *y, int H, int T, int D, int format, 
     *bits = per_elem * (double)n + g_bits;
 }
 
-static kvq_status fp4_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                               kvq_quant_out *out, kvq_error *err)
+/* The layer's part (.layer_prepare): global=tensor's g of K and of V
+ * (float[2]; 1 for the other choices), after the shape check. */
+static kvq_status fp4_prepare(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
+                              kvq_error *err)
 {
     const fp4_opts *o = kvq_spec_opts(sp);
-    int H = in->H, T = in->T, D = in->D, format = o->format, global = o->global;
-    kvq_status st = fp4_check_shape(sp, D, err);
+    float *g = state, amax[2];
+    g[0] = g[1] = 1.0f;
+    kvq_status st = fp4_check_shape(sp, in->D, err);
     if (st) return st;
-    int nt = kvq_threads(ctx->nthreads);
-    float g[2] = {1.0f, 1.0f}; /* global=tensor: K's and V's */
-    if (global == G_TENSOR) {
-        float amax[2];
-        if (kvq_layer_absmax(in, nt, amax)) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
-        g[0] = global_scale(amax[0]), g[1] = global_scale(amax[1]);
-    }
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int i = 0; i < 2 * H; i++) {
-        int tensor = i / H, h = i % H;
-        fp4_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), H, T, D, format, global, g[tensor],
-                 kvq_head_bits(out, tensor, h));
-    }
+    if (o->global != G_TENSOR) return KVQ_OK;
+    if (kvq_layer_absmax(in, kvq_threads(ctx->nthreads), amax))
+        return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
+    g[0] = global_scale(amax[0]), g[1] = global_scale(amax[1]);
+    return KVQ_OK;
+}
+
+static kvq_status fp4_quantize_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                    kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    (void)err;
+    const fp4_opts *o = kvq_spec_opts(sp);
+    const float *g = ctx->layer_state;
+    fp4_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->H, in->T, in->D, o->format, o->global,
+             g[tensor], kvq_head_bits(out, tensor, h));
     return KVQ_OK;
 }
 
@@ -171,6 +176,7 @@ const kvq_quantizer kvq_q_fp4 = {
     .default_spec = "",
     .check = fp4_check,
     .check_shape = fp4_check_shape,
-    .quantize = fp4_quantize,
+    .quantize_head = fp4_quantize_head,
+    .layer_prepare = fp4_prepare,
     .reference = fp4_reference,
 };

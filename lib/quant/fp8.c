@@ -72,25 +72,27 @@ static kvq_status fp8_head(const float *x, float *y, int H, int T, int D, int sc
     return KVQ_OK;
 }
 
-static kvq_status fp8_quantize(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
-                               kvq_quant_out *out, kvq_error *err)
+/* The layer's part (.layer_prepare): scale=tensor's max|x| of K and of V
+ * over all heads (float[2]; 0 for the other scales). */
+static kvq_status fp8_prepare(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
+                              kvq_error *err)
 {
     const fp8_opts *o = kvq_spec_opts(sp);
-    int H = in->H, T = in->T, D = in->D, scale = o->scale;
-    kvq_fp8_format fmt = (kvq_fp8_format)o->format;
-    int nt = kvq_threads(ctx->nthreads);
-    float amax[2] = {0.0f, 0.0f}; /* scale=tensor: max|x| of K and of V over all heads */
-    if (scale == SC_TENSOR && kvq_layer_absmax(in, nt, amax))
+    float *amax = state;
+    amax[0] = amax[1] = 0.0f;
+    if (o->scale == SC_TENSOR && kvq_layer_absmax(in, kvq_threads(ctx->nthreads), amax))
         return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
-    int failed = 0; /* the only failure is out of memory */
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : failed)
-    for (int i = 0; i < 2 * H; i++) {
-        int tensor = i / H, h = i % H;
-        failed |= fp8_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), H, T, D, scale, fmt,
-                           amax[tensor], kvq_head_bits(out, tensor, h)) != KVQ_OK;
-    }
-    if (failed) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
     return KVQ_OK;
+}
+
+static kvq_status fp8_quantize_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
+                                    kvq_quant_out *out, int tensor, int h, kvq_error *err)
+{
+    (void)err; /* KVQ_ERR_NOMEM: the runner says it */
+    const fp8_opts *o = kvq_spec_opts(sp);
+    const float *amax = ctx->layer_state;
+    return fp8_head(kvq_head_in(in, tensor, h), kvq_head_out(out, in, tensor, h), in->H, in->T, in->D, o->scale,
+                    (kvq_fp8_format)o->format, amax[tensor], kvq_head_bits(out, tensor, h));
 }
 
 /* The reference (.reference): every element as docs/quantizers.md#fp8 writes
@@ -139,6 +141,7 @@ const kvq_quantizer kvq_q_fp8 = {
     .nparams = sizeof fp8_params / sizeof fp8_params[0],
     .in_default_set = 1,
     .default_spec = "",
-    .quantize = fp8_quantize,
+    .quantize_head = fp8_quantize_head,
+    .layer_prepare = fp8_prepare,
     .reference = fp8_reference,
 };

@@ -90,6 +90,14 @@ typedef struct kvq_quantizer {
      * (kvq_spec_is_first_stage); the family takes it and calls
      * kvq_first_stage_taken. */
     int (*first_stage)(const kvq_spec *spec, char *buf, size_t len);
+    /* Optional, with quantize_head: what the heads of a layer share (fp8's
+     * and fp4's tensor scales), computed from the whole layer before any of
+     * its heads into at most KVQ_LAYER_STATE_MAX bytes at state, which
+     * quantize_head reads as ctx->layer_state.  The per-head runner and the
+     * analysis run it once a layer; kvq_quantize_one_head, given no
+     * ctx->layer_state, runs it for the one head. */
+    kvq_status (*layer_prepare)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
+                                kvq_error *err);
     /* The one `mix(...)` pseudo-family (quant/spec.c): its text is the spec. */
     int is_mix;
     /* `tokens(SELECT; HI; LO)` (parsed in spec.c, run by tokens.c): its text is the spec too. */

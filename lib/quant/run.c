@@ -106,7 +106,14 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
                                         kvq_quant_out *out, kvq_error *err)
 {
     if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
-    return run_heads(spec, ctx, in, out, err, kvq_threads(ctx->nthreads), spec->q->quantize_head);
+    _Alignas(double) unsigned char state[KVQ_LAYER_STATE_MAX];
+    kvq_quant_ctx c = *ctx;
+    if (spec->q->layer_prepare) {
+        kvq_status st = spec->q->layer_prepare(spec, ctx, in, state, err);
+        if (st) return st;
+        c.layer_state = state; /* once for the layer's heads */
+    }
+    return run_heads(spec, &c, in, out, err, kvq_threads(ctx->nthreads), spec->q->quantize_head);
 }
 
 static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
@@ -132,7 +139,13 @@ int kvq_spec_by_head(const kvq_spec *spec, int T, int D)
 kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                  kvq_quant_out *out, int tensor, int h, kvq_error *err)
 {
-    return spec->q->quantize_head(spec, ctx, in, out, tensor, h, err);
+    if (!spec->q->layer_prepare || ctx->layer_state) return spec->q->quantize_head(spec, ctx, in, out, tensor, h, err);
+    _Alignas(double) unsigned char state[KVQ_LAYER_STATE_MAX]; /* the caller has none: for this head */
+    kvq_quant_ctx c = *ctx;
+    kvq_status st = spec->q->layer_prepare(spec, ctx, in, state, err);
+    if (st) return st;
+    c.layer_state = state;
+    return spec->q->quantize_head(spec, &c, in, out, tensor, h, err);
 }
 
 /* ------------------------------------------------ first stages taken */
