@@ -1,6 +1,7 @@
 /* params.c — a quantizer's parameter table: keys, values checked against
- * their type and range, the full spec text, and the message for a scale
- * that overflows fp16.  Reads only the quantizer's own table, so the
+ * their type and range, the full spec text, the message for a scale that
+ * overflows fp16, and the count of first stages the families took from
+ * another spec's output.  Reads only the quantizer's own table, so the
  * families may call it without reaching the registry. */
 #include "../internal.h"
 #include "quant.h"
@@ -126,3 +127,8 @@ kvq_status kvq_quant_numeric_error(kvq_error *err, const kvq_spec *spec, const k
                     has_scale ? "; use scale=fp32" : "");
 }
 
+static unsigned long first_stages_taken;
+
+void kvq_first_stage_taken(void) { __atomic_add_fetch(&first_stages_taken, 1, __ATOMIC_RELAXED); }
+
+unsigned long kvq_first_stages_taken(void) { return __atomic_load_n(&first_stages_taken, __ATOMIC_RELAXED); }

@@ -148,9 +148,7 @@ kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx,
     return spec->q->quantize_head(spec, &c, in, out, tensor, h, err);
 }
 
-/* ------------------------------------------------ first stages taken */
-
-static unsigned long first_stages_taken;
+/* ------------------------------------------------------ first stages */
 
 int kvq_spec_is_first_stage(const kvq_spec *spec, const kvq_spec *cand)
 {
@@ -164,7 +162,3 @@ int kvq_spec_is_first_stage(const kvq_spec *spec, const kvq_spec *cand)
     kvq_spec_format_full(cand, have, sizeof have);
     return !strcmp(want, have);
 }
-
-void kvq_first_stage_taken(void) { __atomic_add_fetch(&first_stages_taken, 1, __ATOMIC_RELAXED); }
-
-unsigned long kvq_first_stages_taken(void) { return __atomic_load_n(&first_stages_taken, __ATOMIC_RELAXED); }
