@@ -15,6 +15,7 @@
  * Bits: backbone codes + scales/zeros, 16 + 32 per outlier, r·(T + D)·16 per head. */
 #include "../internal.h"
 #include "quant.h"
+#include "../simd.h"
 
 #include <math.h>
 #include <string.h>
@@ -298,6 +299,11 @@ static kvq_status mark_outliers(gear_job *j, int h)
             kvq_gear_row_outliers(rows + (size_t)b * n, NULL, sel, n, k, r);
             size_t rw = (size_t)rw0 + b;
             for (int e = 0; e < n; e++) {
+                uint64_t none; /* 2k of n marked: eight unmarked at a time are skipped at once */
+                if (!(e & 7) && e + 8 <= n && (memcpy(&none, sel + e, 8), !none)) {
+                    e += 7;
+                    continue;
+                }
                 if (!sel[e]) continue;
                 /* head and offset in its [T][D]: a K row is channel rw over
                  * the tokens e, a V row token rw over the channels e (with
@@ -326,6 +332,47 @@ static kvq_status head_backbone(gear_job *j, int h)
                                     KVQ_SCALE_FP16, &j->bits[h], NULL);
 }
 
+/* E = X − (D̂ + S) in double (the difference taken in float), and
+ * X' = D̂ + S + L from it (L rounded to float, then added): element by
+ * element, compiled for AVX2 too. */
+KVQ_BODY void residual_body(const float *restrict x, const float *restrict y, double *restrict e, size_t n)
+{
+    for (size_t i = 0; i < n; i++) e[i] = (double)(x[i] - y[i]);
+}
+KVQ_BODY void add_low_rank_body(float *restrict y, const double *restrict e, size_t n)
+{
+    for (size_t i = 0; i < n; i++) y[i] += (float)e[i];
+}
+static void residual_plain(const float *x, const float *y, double *e, size_t n) { residual_body(x, y, e, n); }
+static void add_low_rank_plain(float *y, const double *e, size_t n) { add_low_rank_body(y, e, n); }
+#ifdef KVQ_AVX2_CLONES
+KVQ_TARGET_AVX2 static void residual_avx2(const float *x, const float *y, double *e, size_t n)
+{
+    residual_body(x, y, e, n);
+}
+KVQ_TARGET_AVX2 static void add_low_rank_avx2(float *y, const double *e, size_t n) { add_low_rank_body(y, e, n); }
+#endif
+static void residual(const float *x, const float *y, double *e, size_t n)
+{
+#ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_avx2_active()) {
+        residual_avx2(x, y, e, n);
+        return;
+    }
+#endif
+    residual_plain(x, y, e, n);
+}
+static void add_low_rank(float *y, const double *e, size_t n)
+{
+#ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_avx2_active()) {
+        add_low_rank_avx2(y, e, n);
+        return;
+    }
+#endif
+    add_low_rank_plain(y, e, n);
+}
+
 /* Steps 2b and 3 for head h: outliers back at fp16, then the low rank. */
 static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
 {
@@ -346,13 +393,12 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
     if (j->o->lowrank == LOWRANK_POWER) { /* E formed in double and L added from it: no float copies */
         double *e = kvq_alloc_array(n, sizeof *e);
         if (!e) return KVQ_ERR_NOMEM;
-        for (size_t i = 0; i < n; i++) e[i] = (double)(x[i] - y[i]); /* E = X − (D̂ + S), in float */
+        residual(x, y, e, n); /* E = X − (D̂ + S), in float */
         kvq_rng rng;
         kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
                      kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
         st = kvq_lowrank_power_d(e, T, D, r, j->o->loop, &rng, err);
-        if (!st)
-            for (size_t i = 0; i < n; i++) y[i] += (float)e[i]; /* X' = D̂ + S + L */
+        if (!st) add_low_rank(y, e, n); /* X' = D̂ + S + L */
         free(e);
     } else {
         float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
