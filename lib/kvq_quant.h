@@ -71,10 +71,10 @@ typedef struct kvq_quant_ctx {
      * here; 0: target= is refused (it has no meaning on a whole cache). */
     int decoding;
     /* The output of the spec this spec's family names as its first stage
-     * (turboquant's: lloydmax at b − 1 bits, b for variant=mse), holding the head
-     * being quantized, when the caller ran that spec on the same input (the
-     * analysis, for a spec that runs head by head: no prerotate, mix or
-     * tokens(...) around it); NULL: the family computes its first stage. */
+     * (turboquant's: lloydmax at b − 1 bits, b for variant=mse), holding
+     * the head being quantized, when the caller ran that spec on the same
+     * input (the analysis, for a spec that runs head by head: no prerotate,
+     * mix or tokens(...) around it); NULL: the family computes it. */
     const struct kvq_quant_out *first_stage;
     /* What the family's layer_prepare found on this layer for its heads
      * (fp8's and fp4's tensor scales), at most KVQ_LAYER_STATE_MAX bytes;

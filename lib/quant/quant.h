@@ -84,9 +84,9 @@ typedef struct kvq_quantizer {
     void (*calib_free)(void *state);
     /* Optional: a spec whose output is, head by head and bit for bit, this
      * spec's first stage (turboquant's: lloydmax at b − 1 bits with its
-     * rotation, at b for variant=mse).  1 and that spec's text in buf, or 0.  Where a run
-     * holds that spec too, both head by head and it first, the analysis
-     * hands its output to quantize_head as ctx->first_stage
+     * rotation, at b for variant=mse).  1 and that spec's text in buf, or
+     * 0.  Where a run holds that spec too, both head by head and it first,
+     * the analysis hands its output to quantize_head as ctx->first_stage
      * (kvq_spec_is_first_stage); the family takes it and calls
      * kvq_first_stage_taken. */
     int (*first_stage)(const kvq_spec *spec, char *buf, size_t len);
