@@ -215,6 +215,16 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n)
     m->nomem |= !(m->operands = json_strings(v, n));
 }
 
+/* in's SHA-256 from the cache of unchanged files (an earlier run on the
+ * file as it is), if it is there: 1, else 0.  Read only once a record
+ * will use it. */
+static int from_cache(meta_input *in)
+{
+    if (in->sha[0]) return 1;
+    if (cli_hash_cache_lookup(&in->st, in->sha)) return 0;
+    return in->cached = 1;
+}
+
 /* in's hash, started in the background: the bytes it has now (an extended
  * input's are its first st_size bytes, the whole file in that state too).
  * Not for an input known from the cache, not a regular file, or under
@@ -222,7 +232,7 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n)
  * rendered without a job hashes the file then. */
 static void start_hash(cli_meta *m, meta_input *in)
 {
-    if (m->no_hash || in->stat_errno || !S_ISREG(in->st.st_mode) || in->cached || in->job || in->sha[0]) return;
+    if (m->no_hash || in->stat_errno || !S_ISREG(in->st.st_mode) || in->job || from_cache(in)) return;
     if (m->hasher || (m->hasher = cli_hasher_new()))
         in->job = cli_hasher_add(m->hasher, in->path, (long long)in->st.st_size);
 }
@@ -242,11 +252,7 @@ static void add_input(cli_meta *m, const char *role, const char *path, int exten
     }
     in->stat_errno = stat(path, &in->st) ? errno : 0;
     in->extended = extended;
-    /* known from an earlier run on the file as it is, or hashed while the
-     * run works once a record is sure to be written */
-    if (!m->no_hash && !in->stat_errno && S_ISREG(in->st.st_mode) && !cli_hash_cache_lookup(&in->st, in->sha))
-        in->cached = 1;
-    m->ninputs++;
+    m->ninputs++; /* its hash from the cache, or computed while the run works, once a record is sure to be written */
     if (m->hashing) start_hash(m, in);
 }
 
@@ -467,6 +473,7 @@ static int sb_input(sbuf *b, cli_meta *m, meta_input *in, int hash, const char *
     sb_printf(b, ", \"mtime\": \"%s\", \"sha256\": ", mt);
     if (hash && hashable) {
         int e = 0;
+        if (!in->job) from_cache(in); /* a record without a job: known from the cache, or hashed here */
         if (!in->sha[0] && (in->job ? cli_hash_job_wait(m->hasher, in->job, in->sha, &e)
                                     : cli_sha256_file_prefix(in->path, (long long)in->st.st_size, in->sha, &e))) {
             in->sha[0] = '\0';
