@@ -18,6 +18,7 @@
 #include "../simd.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 enum { BACKBONE_KIVI, BACKBONE_KCVT }; /* backbone's choices */
@@ -248,13 +249,18 @@ typedef struct {
     int tensor, H, T, D;
     const float *x; /* [H][T][D] */
     float *y;       /* [H][T][D]: output */
-    float *w;       /* [H][T][D]: the copy the backbone quantizes */
+    float *w;       /* the copies the backbone quantizes: V with span=layer the layer's
+                     * [H][T][D]; otherwise [nt][T][D], each thread's of its head */
+    int nt;         /* threads, at most H */
     size_t *opos;   /* [H][cap]: outlier offsets within each head's [T][D] */
     size_t *nout;   /* [H]: outliers of each head */
     size_t cap;     /* room per head in opos */
     double *bits;   /* [H] */
     int bad_head;   /* out: the first failing head */
 } gear_job;
+
+/* Whether the tensor's rows are tokens over all heads (V with span=layer). */
+static int span_layer(const gear_job *j) { return j->tensor == 1 && j->o->span == 1; }
 
 /* Outliers per row (k largest + k smallest) and rows per head, for head
  * rows (h >= 0) or layer rows (span=layer: a token over all heads). */
@@ -265,12 +271,13 @@ static int row_len(const gear_job *j, int layer_rows)
 }
 static int row_k(const gear_job *j, int n) { return (int)floor(j->o->sparsity * n / 2.0); }
 
-/* Step 1 for the rows of head h, or of the whole layer (h < 0, V span=layer),
- * into j->w (already a copy of j->x) and the outlier lists: only the
- * outliers are written.  Rows are gathered GEAR_BLOCK at a time: K's rows
- * are columns of [T][D] (so each cache line is read once), V's rows are
- * tokens (a head's D channels, or with h < 0 each head's D in turn). */
-static kvq_status mark_outliers(gear_job *j, int h)
+/* Step 1 for the rows of head h into w, a copy of that head's [T][D], or of
+ * the whole layer (h < 0, V span=layer) into w, a copy of [H][T][D]; and the
+ * outlier lists: only the outliers are written.  Rows are gathered
+ * GEAR_BLOCK at a time: K's rows are columns of [T][D] (so each cache line
+ * is read once), V's rows are tokens (a head's D channels, or with h < 0
+ * each head's D in turn). */
+static kvq_status mark_outliers(gear_job *j, int h, float *w)
 {
     int layer_rows = h < 0, by_token = layer_rows || j->tensor == 1;
     int n = row_len(j, layer_rows), nrows = row_count(j, layer_rows), k = row_k(j, n);
@@ -310,7 +317,7 @@ static kvq_status mark_outliers(gear_job *j, int h)
                  * layer rows, e = head·D + channel) */
                 int hh = layer_rows ? e / (int)D : h;
                 size_t at = layer_rows ? rw * D + (size_t)e % D : by_token ? rw * D + (size_t)e : (size_t)e * D + rw;
-                j->w[(size_t)hh * T * D + at] = mean[b];
+                w[(layer_rows ? (size_t)hh * T * D : 0) + at] = mean[b];
                 j->opos[(size_t)hh * j->cap + j->nout[hh]++] = at;
             }
         }
@@ -319,17 +326,17 @@ static kvq_status mark_outliers(gear_job *j, int h)
     return KVQ_OK;
 }
 
-/* Step 2 for head h (span=head or K): backbone codes into y. */
-static kvq_status head_backbone(gear_job *j, int h)
+/* Step 2 for head h (span=head or K) from w, its [T][D] with the outliers
+ * replaced: backbone codes into y. */
+static kvq_status head_backbone(gear_job *j, int h, const float *w)
 {
     int T = j->T, D = j->D, bits = j->o->bits, G = j->o->group;
     int kcvt = j->o->backbone == BACKBONE_KCVT;
     size_t off = (size_t)h * T * D;
     if (j->tensor == 0)
-        return kvq_quant_head_per_channel(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? T : G,
-                                          KVQ_SCALE_FP16, &j->bits[h], NULL);
-    return kvq_quant_head_per_token(j->w + off, j->y + off, T, D, 0, T, bits, kcvt ? D : G,
-                                    KVQ_SCALE_FP16, &j->bits[h], NULL);
+        return kvq_quant_head_per_channel(w, j->y + off, T, D, 0, T, bits, kcvt ? T : G, KVQ_SCALE_FP16, &j->bits[h],
+                                          NULL);
+    return kvq_quant_head_per_token(w, j->y + off, T, D, 0, T, bits, kcvt ? D : G, KVQ_SCALE_FP16, &j->bits[h], NULL);
 }
 
 /* E = X − (D̂ + S) in double (the difference taken in float), and
@@ -416,10 +423,15 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
     return st;
 }
 
+/* Whether tensor's rows have outliers to replace, so that the backbone
+ * quantizes a copy of x (with sparsity 0 it quantizes x itself). */
+static int needs_copy(const gear_job *j) { return row_k(j, row_len(j, span_layer(j))) > 0; }
+
 static kvq_status gear_tensor(gear_job *j, kvq_error *err)
 {
-    int H = j->H, nt = kvq_threads(j->ctx->nthreads);
-    int layer_span = j->tensor == 1 && j->o->span == 1;
+    int H = j->H, copy = needs_copy(j);
+    int layer_span = span_layer(j);
+    size_t hn = (size_t)j->T * j->D; /* one head's [T][D] */
     kvq_status *sts = calloc((size_t)H, sizeof *sts);
     kvq_error *errs = calloc((size_t)H, sizeof *errs);
     if (!sts || !errs) {
@@ -429,16 +441,30 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
     kvq_status st = KVQ_OK;
     if (layer_span) {
         int kcvt = j->o->backbone == BACKBONE_KCVT;
-        st = mark_outliers(j, -1);
+        const float *src = j->x;
+        if (copy) {
+            memcpy(j->w, j->x, (size_t)H * hn * sizeof *j->w);
+            st = mark_outliers(j, -1, j->w), src = j->w;
+        }
         if (!st)
-            st = kvq_quant_layer_per_token_span(j->w, j->y, H, j->T, j->D, 0, j->T, j->o->bits,
+            st = kvq_quant_layer_per_token_span(src, j->y, H, j->T, j->D, 0, j->T, j->o->bits,
                                                 kcvt ? H * j->D : j->o->group, KVQ_SCALE_FP16, j->bits);
     }
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    /* each head copied on the thread that then marks and quantizes it,
+     * into that thread's buffer (still in its cache for the backbone) */
+#pragma omp parallel for num_threads(j->nt) schedule(dynamic, 1)
     for (int h = 0; h < H; h++) {
         if (st) continue;
         kvq_status s = KVQ_OK;
-        if (!layer_span && !(s = mark_outliers(j, h))) s = head_backbone(j, h);
+        if (!layer_span) {
+            const float *src = j->x + (size_t)h * hn;
+            if (copy) {
+                float *w = j->w + (size_t)omp_get_thread_num() * hn;
+                memcpy(w, src, hn * sizeof *w);
+                s = mark_outliers(j, h, w), src = w;
+            }
+            if (!s) s = head_backbone(j, h, src);
+        }
         if (!s) s = head_finish(j, h, &errs[h]);
         sts[h] = s;
     }
@@ -456,7 +482,7 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
  * per row, layer rows spread theirs over the heads, at most D per token and head. */
 static int outlier_room(const gear_job *j, size_t *cap)
 {
-    int layer_rows = j->tensor == 1 && j->o->span == 1;
+    int layer_rows = span_layer(j);
     int n = row_len(j, layer_rows);
     size_t per_row = 2 * (size_t)row_k(j, n);
     if (layer_rows && per_row > (size_t)j->D) per_row = (size_t)j->D;
@@ -466,29 +492,40 @@ static int outlier_room(const gear_job *j, size_t *cap)
 static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                              kvq_quant_out *out, kvq_error *err)
 {
-    int H = in->H, T = in->T, D = in->D;
-    size_t n = (size_t)H * T * D, cap[2], room = 0;
+    int H = in->H, T = in->T, D = in->D, nt = kvq_threads(ctx->nthreads);
+    if (nt > H) nt = H;
+    if (nt < 1) nt = 1;
+    size_t cap[2], room = 0, wn = 0; /* wn: floats of the copies (gear_job.w) */
     gear_job job[2];
     for (int tensor = 0; tensor < 2; tensor++) {
-        job[tensor] = (gear_job){.sp = sp, .o = kvq_spec_opts(sp), .ctx = ctx, .tensor = tensor, .H = H, .T = T, .D = D,
-                                 .x = tensor ? in->value : in->key, .y = tensor ? out->value : out->key,
-                                 .bits = tensor ? out->v_bits : out->k_bits};
-        if (!outlier_room(&job[tensor], &cap[tensor]))
-            return kvq_fail(err, KVQ_ERR_NOMEM, "%s: outlier lists overflow", sp->text);
+        gear_job *j = &job[tensor];
+        *j = (gear_job){.sp = sp,
+                        .o = kvq_spec_opts(sp),
+                        .ctx = ctx,
+                        .tensor = tensor,
+                        .H = H,
+                        .T = T,
+                        .D = D,
+                        .nt = nt,
+                        .x = tensor ? in->value : in->key,
+                        .y = tensor ? out->value : out->key,
+                        .bits = tensor ? out->v_bits : out->k_bits};
+        if (!outlier_room(j, &cap[tensor])) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: outlier lists overflow", sp->text);
         if (cap[tensor] > room) room = cap[tensor];
+        size_t need = !needs_copy(j) ? 0 : (size_t)(span_layer(j) ? H : nt) * T * D;
+        if (need > wn) wn = need;
     }
-    float *w = kvq_alloc_array(n, sizeof *w);
+    float *w = wn ? kvq_alloc_array(wn, sizeof *w) : NULL;
     size_t *opos = room <= SIZE_MAX / sizeof *opos ? kvq_alloc_array((size_t)H, room * sizeof *opos) : NULL;
     size_t *nout = calloc((size_t)H, sizeof *nout);
     kvq_status st = KVQ_OK;
-    if (!w || !opos || !nout) {
+    if ((wn && !w) || !opos || !nout) {
         st = kvq_fail(err, KVQ_ERR_NOMEM, "%s: out of memory", sp->text);
         goto out;
     }
     for (int tensor = 0; tensor < 2 && !st; tensor++) {
         gear_job *j = &job[tensor];
         j->w = w, j->opos = opos, j->nout = nout, j->cap = cap[tensor];
-        memcpy(w, j->x, n * sizeof *w);
         memset(nout, 0, (size_t)H * sizeof *nout);
         kvq_error e = {0};
         st = gear_tensor(j, &e);
