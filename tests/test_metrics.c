@@ -603,6 +603,48 @@ START_TEST(first_stage_from_the_run)
 }
 END_TEST
 
+/* With at least twice as many threads as KV heads the driver splits each
+ * head's specs into ranges, a task each (spec_groups): every spec's sums
+ * equal those of one thread to the bit — head-by-head families, one with a
+ * layer_prepare, a whole-layer family, a spec that drops tokens and one
+ * that reads every query row.  Two threads on one head split the eight
+ * specs 4 + 4, TurboQuant beside its stage-1 spec, which it takes; three
+ * or four put them in different ranges, and TurboQuant quantizes stage 1
+ * itself (no first stage taken) with the same sums. */
+START_TEST(spec_ranges_equal_one_thread)
+{
+    int L = 2, Hq = 4, H = 1, D = 16, T = 130;
+    char *path = gen_dump(L, Hq, H, D, T, 17);
+    const char *texts[8] = {"lloydmax:bits=2",
+                            "fp8",
+                            "gear:rank=2,sparsity=0.1",
+                            "turboquant:bits=3",
+                            "tokens(knorm:keep=0.5; none; drop)",
+                            "per-token:bits=3",
+                            "tokens(snapkv:keep=0.25; per-token:bits=4; per-token:bits=2)",
+                            "kivi:bits=2,group=16,residual=32"};
+    kvq_spec sp[8];
+    kvq_analysis a1, a;
+    unsigned long n0 = kvq_first_stages_taken();
+    analyze(path, texts, 8, 1, "last:11", sp, &a1);
+    ck_assert_uint_eq(kvq_first_stages_taken() - n0, 2ul * L * H); /* one task per head: taken */
+    for (int threads = 2; threads <= 4; threads++) {
+        n0 = kvq_first_stages_taken();
+        analyze(path, texts, 8, threads, "last:11", sp, &a);
+        unsigned long taken = kvq_first_stages_taken() - n0;
+        ck_assert_msg(threads == 2 ? taken == 2ul * L * H : taken == 0, "%d threads: %lu taken", threads, taken);
+        ck_assert_int_eq(a.nlayers * a.nheads * a.nspecs, L * H * 8);
+        for (int i = 0; i < L * H * 8; i++)
+            ck_assert_msg(!memcmp(&a.acc[i], &a1.acc[i], sizeof a.acc[i]), "%d threads: %s on layer %d differs",
+                          threads, texts[i % 8], i / 8);
+        kvq_analysis_free(&a);
+    }
+    kvq_analysis_free(&a1);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 /* The vector exps of the AVX-512 and AVX2 softmaxes against expf: within 2
  * ulp over the whole range they are used on (x <= 0), denormal results
  * within 4 of the smallest denormal; and the two equal where both run. */
@@ -752,6 +794,7 @@ int main(void)
     tcase_add_test(tc, threads_do_not_change_results);
     tcase_add_test(tc, prepared_equals_streamed);
     tcase_add_test(tc, first_stage_from_the_run);
+    tcase_add_test(tc, spec_ranges_equal_one_thread);
     tcase_add_test(tc, layer_state_by_head_equals_layer);
     tcase_add_test(tc, vector_exp_accuracy);
     tcase_add_test(tc, softmax_rows_vector);

@@ -414,8 +414,8 @@ typedef struct layer_specs {
     int nbuf;               /* threads */
     float **buf;            /* [nbuf]: a thread's K', V' of its head [nby][2][T][D], made on first use */
     kvq_quant_out *view;    /* [nbuf][ns + 1]: a thread's outputs of its head */
-    kvq_status *hst;        /* [2][nheads]: each head's metrics, then its head-by-head runs */
-    kvq_error *herr;        /* [nheads] */
+    kvq_status *hst;        /* [2][nheads·ns]: each task's metrics, then its head-by-head runs */
+    kvq_error *herr;        /* [nheads·ns] */
 } layer_specs;
 
 static void layer_specs_free(layer_specs *ls)
@@ -435,7 +435,8 @@ static int layer_specs_alloc(layer_specs *ls, int ns, int nbuf, int nh, kvq_quan
     ls->first = calloc(n, sizeof *ls->first), ls->state = calloc(n, sizeof *ls->state);
     ls->in = calloc(n, sizeof *ls->in), ls->buf = calloc((size_t)nbuf, sizeof *ls->buf);
     ls->view = calloc((size_t)nbuf * n, sizeof *ls->view);
-    ls->hst = calloc(2 * (size_t)nh + 1, sizeof *ls->hst), ls->herr = calloc((size_t)nh + 1, sizeof *ls->herr);
+    size_t ntask = (size_t)nh * (ns > 0 ? ns : 1) + 1; /* at most a task per head and spec (spec_groups) */
+    ls->hst = calloc(2 * ntask, sizeof *ls->hst), ls->herr = calloc(ntask, sizeof *ls->herr);
     return ls->by_head && ls->spec && ls->first && ls->state && ls->ctx && ls->in && ls->buf && ls->view && ls->hst &&
                    ls->herr
                ? 0
@@ -488,10 +489,12 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
     return KVQ_OK;
 }
 
-/* Head h's output of every spec into thread tid's view: the slot's, or for
- * a spec run head by head, quantized now into the thread's buffer
- * (head0 = h).  A failure's message is left to first_error. */
-static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h, int tid)
+/* Head h's output of specs [s0, s1) into thread tid's view: the slot's, or
+ * for a spec run head by head, quantized now into the thread's buffer
+ * (head0 = h); a first stage is taken from a spec of the same range (one
+ * before it in another range's task quantizes it itself: the same bits).
+ * A failure's message is left to first_error. */
+static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h, int tid, int s0, int s1)
 {
     kvq_quant_out *view = ls->view + (size_t)tid * (ls->ns + 1);
     size_t TD = (size_t)L->T * L->D, bytes;
@@ -499,13 +502,13 @@ static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h,
         (!kvq_tensor_bytes((size_t)ls->nby * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
          !(ls->buf[tid] = kvq_alloc_lines(bytes))))
         return KVQ_ERR_NOMEM;
-    for (int s = 0, j = 0; s < ls->ns; s++) {
+    for (int s = s0, j = 0; s < s1; s++) {
         view[s] = ls->slot[s];
         if (!ls->by_head[s]) continue;
         view[s].key = ls->buf[tid] + (size_t)j++ * 2 * TD, view[s].value = view[s].key + TD, view[s].head0 = h;
         kvq_quant_ctx ctx = ls->ctx[s];
         ctx.nthreads = 1; /* the heads are the threads */
-        if (ls->first[s] >= 0) ctx.first_stage = &view[ls->first[s]]; /* quantized above, head h */
+        if (ls->first[s] >= s0) ctx.first_stage = &view[ls->first[s]]; /* quantized above, head h */
         kvq_error e = {0};
         for (int tensor = 0; tensor < 2; tensor++) {
             kvq_status st = kvq_quantize_one_head(ls->spec[s], &ctx, ls->in[s], &view[s], tensor, h, &e);
@@ -561,32 +564,46 @@ static void ws_array_free(kvq_attn_ws **ws, int n)
     free(ws);
 }
 
-/* Layer li's metrics, its selected heads in parallel: each head's outputs
- * (head_outputs: the specs run head by head are quantized there), then its
- * sums.  A head-by-head run's failure is named by first_error. */
+/* Into how many ranges of specs each head's work splits: 1 while the heads
+ * keep every thread busy; with at least twice as many threads as heads
+ * (one KV head on two cores, eight on sixteen), threads / heads ranges, no
+ * more than there are specs.  A range's task quantizes, compares and sums its own
+ * specs of the head, and computes the head's exact attention again for
+ * them: each spec's sums are the same whatever the split. */
+static int spec_groups(int nt, int nh, int ns)
+{
+    int g = nh > 0 ? nt / nh : 1;
+    return g < 1 ? 1 : g > ns ? (ns > 0 ? ns : 1) : g;
+}
+
+/* Layer li's metrics, its selected heads (or heads and ranges of specs,
+ * spec_groups) in parallel: each head's outputs (head_outputs: the specs
+ * run head by head are quantized there), then its sums.  A head-by-head
+ * run's failure is named by first_error. */
 static kvq_status layer_metrics(const kvq_prepared *p, const kvq_analysis_opts *o, kvq_resolved_spec **res, int li,
                                 const kvq_layer *L, const float *qr, layer_specs *ls, kvq_attn_ws **ws, kvq_acc *acc,
                                 kvq_error *err)
 {
-    int nh = p->nh, ns = ls->ns, layer = p->layers[li];
-    kvq_status *hst = ls->hst, *qst = ls->hst + nh;
+    int nh = p->nh, ns = ls->ns, layer = p->layers[li], g = spec_groups(ls->nbuf, nh, ns), ntask = nh * g;
+    kvq_status *hst = ls->hst, *qst = ls->hst + ntask;
     kvq_error *herr = ls->herr;
 #pragma omp parallel for num_threads(ls->nbuf) schedule(dynamic, 1)
-    for (int hi = 0; hi < nh; hi++) {
+    for (int k = 0; k < ntask; k++) { /* head hi's specs [s0, s1) */
+        int hi = k / g, s0 = (int)((long)(k % g) * ns / g), s1 = (int)((long)(k % g + 1) * ns / g);
         int tid = omp_get_thread_num(), h = p->heads[hi];
-        hst[hi] = KVQ_OK;
-        if ((qst[hi] = head_outputs(ls, L, h, tid))) continue;
-        hst[hi] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), h, !o->device,
-                               p->ref ? p->ref[(size_t)li * nh + hi] : NULL, qr, ns, ls->view + (size_t)tid * (ns + 1),
-                               p->pos, p->npos, acc + (size_t)hi * ns, ws[tid], &herr[hi]);
+        kvq_quant_out *view = ls->view + (size_t)tid * (ns + 1);
+        hst[k] = KVQ_OK;
+        if ((qst[k] = head_outputs(ls, L, h, tid, s0, s1))) continue;
+        hst[k] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), h, !o->device,
+                              p->ref ? p->ref[(size_t)li * nh + hi] : NULL, qr, s1 - s0, view + s0, p->pos, p->npos,
+                              acc + (size_t)hi * ns + s0, ws[tid], &herr[k]);
     }
-    for (int hi = 0; hi < nh; hi++)
-        if (qst[hi])
+    for (int k = 0; k < ntask; k++)
+        if (qst[k])
             return first_error(p, res, ls, ns,
-                               kvq_fail(err, qst[hi], "%s: /layer_%03d: %s", p->path, layer, kvq_strerror(qst[hi])),
-                               err);
-    for (int hi = 0; hi < nh; hi++)
-        if (hst[hi]) return kvq_fail(err, hst[hi], "%s: /layer_%03d: %s", p->path, layer, herr[hi].msg);
+                               kvq_fail(err, qst[k], "%s: /layer_%03d: %s", p->path, layer, kvq_strerror(qst[k])), err);
+    for (int k = 0; k < ntask; k++)
+        if (hst[k]) return kvq_fail(err, hst[k], "%s: /layer_%03d: %s", p->path, layer, herr[k].msg);
     return KVQ_OK;
 }
 
