@@ -215,6 +215,19 @@ typedef struct kvq_sweep_dump {
 kvq_status kvq_sweep_point_rows(const kvq_grid *g, size_t p, const kvq_sweep_dump *dumps, int ndumps,
                                 const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **text, size_t *len,
                                 kvq_error *err);
+/* Points pts[0..n) (each valid) as kvq_sweep_point_rows gives each, into
+ * texts[i], lens[i] (malloc'ed), from one analysis of their n specs per
+ * dump: with more threads than KV heads the specs share the threads (each
+ * spec's sums do not depend on the others, so the bytes are the same).  On
+ * a failure nothing is returned: run the points one at a time to learn
+ * which failed. */
+kvq_status kvq_sweep_points_rows(const kvq_grid *g, const size_t *pts, int n, const kvq_sweep_dump *dumps, int ndumps,
+                                 const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **texts, size_t *lens,
+                                 kvq_error *err);
+/* How many points to run at once (kvq_sweep_points_rows): threads over the
+ * KV heads analysed, so that each thread has a spec when a model has few KV
+ * heads, within 1 GiB of whole-layer outputs; 1 on a device. */
+int kvq_sweep_batch(const kvq_sweep_dump *dumps, int ndumps, const kvq_analysis_opts *o);
 
 /* kvq's CSV results read back (--resume, --merge): RFC 4180 as kvq writes
  * it.  Records (the header first) of ncols fields each; a last record

@@ -294,6 +294,61 @@ START_TEST(merge_shards)
 }
 END_TEST
 
+/* Points analysed together (kvq_sweep_points_rows, as kvq-sweep runs them
+ * when threads outnumber the KV heads) give each point the bytes it gets
+ * alone: turboquant over bits and rotations, on a one-KV-head dump with
+ * four threads (a spec a thread), from the file and prepared, per head and
+ * per layer; a batch holding an invalid point fails whole and returns
+ * nothing; kvq_sweep_batch asks for threads over heads. */
+START_TEST(points_together_equal_alone)
+{
+    kvq_error err = {0};
+    char *path = gen_dump(2, 4, 1, 16, 70, 21);
+    const char *grids[] = {"bits=2,3", "rotate=qr,hadamard"};
+    kvq_grid *g = NULL;
+    ck_assert_msg(kvq_grid_new("turboquant", grids, 2, NULL, 0, &g, &err) == KVQ_OK, "%s", err.msg);
+    kvq_sweep_dump src[1] = {{.name = "a.h5"}};
+    ck_assert_int_eq(kvq_dump_open(path, &src[0].dump, &err), KVQ_OK);
+    kvq_analysis_opts o = {.seed = 5, .nthreads = 4};
+    ck_assert_int_eq(kvq_sweep_batch(src, 1, &o), 4);
+    int heads[1] = {0};
+    kvq_analysis_opts two = {.seed = 5, .nthreads = 4, .heads = heads, .nheads = 1};
+    ck_assert_int_eq(kvq_sweep_batch(src, 1, &two), 4);
+    o.nthreads = 1;
+    ck_assert_int_eq(kvq_sweep_batch(src, 1, &o), 1);
+    o.nthreads = 4;
+    size_t pts[4] = {0, 1, 2, 3}, lens[4], len1;
+    char *texts[4], *one;
+    for (int prepared = 0; prepared < 2; prepared++) {
+        if (prepared) ck_assert_int_eq(kvq_prepare_dump(src[0].dump, &o, 0, &src[0].prep, &err), KVQ_OK);
+        for (kvq_per per = KVQ_PER_HEAD; per <= KVQ_PER_LAYER; per++) {
+            ck_assert_msg(kvq_sweep_points_rows(g, pts, 4, src, 1, &o, per, KVQ_FMT_CSV, texts, lens, &err) == KVQ_OK,
+                          "%s", err.msg);
+            for (int i = 0; i < 4; i++) {
+                ck_assert_msg(kvq_sweep_point_rows(g, pts[i], src, 1, &o, per, KVQ_FMT_CSV, &one, &len1, &err) ==
+                                  KVQ_OK,
+                              "%s", err.msg);
+                ck_assert_msg(len1 == lens[i] && !memcmp(one, texts[i], len1), "point %zu together:\n%s\nalone:\n%s",
+                              pts[i], texts[i], one);
+                free(one), free(texts[i]);
+            }
+        }
+    }
+    kvq_grid *bad = NULL;
+    const char *bad_grid[] = {"bits=1,3"}; /* variant=prod needs bits >= 2 */
+    ck_assert_int_eq(kvq_grid_new("turboquant", bad_grid, 1, NULL, 0, &bad, &err), KVQ_OK);
+    size_t bp[2] = {1, 0};
+    ck_assert_int_eq(kvq_sweep_points_rows(bad, bp, 2, src, 1, &o, KVQ_PER_LAYER, KVQ_FMT_CSV, texts, lens, &err),
+                     KVQ_ERR_USAGE);
+    ck_assert(texts[0] == NULL && texts[1] == NULL && lens[0] == 0);
+    kvq_grid_free(bad);
+    kvq_prepared_free(src[0].prep), kvq_dump_close(src[0].dump);
+    kvq_grid_free(g);
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 START_TEST(point_rows)
 {
     kvq_error err = {0};
@@ -394,6 +449,7 @@ int main(void)
     tcase_add_test(tc, read_any_input);
     tcase_add_test(tc, select_and_reconcile);
     tcase_add_test(tc, point_rows);
+    tcase_add_test(tc, points_together_equal_alone);
     tcase_add_test(tc, merge_shards);
     suite_add_tcase(s, tc);
     return run_suite(s);

@@ -78,6 +78,12 @@ check "every point's rows equal kvq-analyze -q SPEC" [ $ok = 1 ]
 "$analyze" -q per-token:bits=3,span=layer --per head --layers 1,3 --queries random:9 --seed 5 --format csv "$real" | tail -n +2 >"$tmp/an.csv"
 check "options pass through (--per head --layers --queries --seed)" cmp -s <(awk -F, '$NF == 1' "$tmp/ph.csv" | strip_cols /dev/stdin 2) "$tmp/an.csv"
 
+# one KV head on four threads: the points run four at a time (kvq_sweep_batch), the same bytes and a line per point
+"$sweep" "$real" "${kivi[@]}" --heads 0 --threads 4 -o "$tmp/h4.csv" 2>"$tmp/err"
+check "batched sweep: a line per point" [ "$(grep -c '^kvq-sweep: \[[0-9]*/8\] point' "$tmp/err")" = 8 ]
+"$sweep" "$real" "${kivi[@]}" --heads 0 --threads 1 --progress never -o "$tmp/h1.csv" 2>/dev/null
+check "points run four at a time equal one at a time" cmp -s "$tmp/h4.csv" "$tmp/h1.csv"
+
 # --- no silent overwrite; resume of a finished sweep does nothing
 expect 1 "all.csv: exists; continue it with --resume" -- "$sweep" "$real" "${kivi[@]}" -o "$tmp/all.csv"
 cp "$tmp/all.csv" "$tmp/again.csv"

@@ -465,29 +465,57 @@ static int prepare_dumps(sweep_t *sw)
     return CLI_OK;
 }
 
-/* The points to run, each one's rows appended to OUT and made durable as
- * one unit; *written counts them. */
+/* Point p's rows (text, len; freed here) appended to OUT and made durable
+ * as one unit; *written counts it. */
+static int write_point(sweep_t *sw, progress_t *pr, size_t p, char *text, size_t len, double dt, size_t *written)
+{
+    int bad = cli_write_all(sw->fd, text, len) != 0 || fsync(sw->fd) != 0;
+    free(text);
+    if (bad) return cli_error(prog, "%s: write failed: %s", sw->o->output, strerror(errno)), CLI_RUNTIME;
+    ++*written;
+    cli_interrupt_count((long)(sw->ncomplete + *written));
+    kvq_spec sp;
+    kvq_error err = {0};
+    kvq_grid_spec(sw->grid, p, &sp, &err); /* valid: checked when the points were selected */
+    progress_point(pr, p, sp.text, dt);
+    return CLI_OK;
+}
+
+/* The points to run, in order, each one's rows appended to OUT and made
+ * durable as one unit; *written counts them.  With more threads than KV
+ * heads, up to kvq_sweep_batch points are analysed at once (the same rows);
+ * a batch that fails is run again point by point, so that the points before
+ * the failing one are written and the failure is that point's. */
 static int run_points(sweep_t *sw, size_t *written)
 {
     opts_t *o = sw->o;
     kvq_error err = {0};
     progress_t pr = {.mode = o->progress, .total = sw->nrun, .t0 = now()};
-    for (size_t p = 0; p < sw->npoints; p++) {
-        if (sw->state[p] != KVQ_POINT_RUN) continue;
-        double tp = now();
-        char *unit = NULL;
-        size_t unit_len = 0;
-        if (kvq_sweep_point_rows(sw->grid, p, sw->src, sw->ndumps, &sw->ao, o->an.per, sw->fmt, &unit, &unit_len,
-                                 &err))
-            return cli_fail(prog, &err);
-        int bad = cli_write_all(sw->fd, unit, unit_len) != 0 || fsync(sw->fd) != 0;
-        free(unit);
-        if (bad) return cli_error(prog, "%s: write failed: %s", o->output, strerror(errno)), CLI_RUNTIME;
-        ++*written;
-        cli_interrupt_count((long)(sw->ncomplete + *written));
-        kvq_spec sp;
-        kvq_grid_spec(sw->grid, p, &sp, &err); /* valid: checked when the points were selected */
-        progress_point(&pr, p, sp.text, now() - tp);
+    enum { BATCH_MAX = 64 };
+    int batch = kvq_sweep_batch(sw->src, sw->ndumps, &sw->ao);
+    if (batch > BATCH_MAX) batch = BATCH_MAX;
+    size_t pts[BATCH_MAX], lens[BATCH_MAX];
+    char *texts[BATCH_MAX];
+    for (size_t p = 0; p < sw->npoints;) {
+        int n = 0;
+        for (; p < sw->npoints && n < batch; p++)
+            if (sw->state[p] == KVQ_POINT_RUN) pts[n++] = p;
+        /* the batch at once; else (one point, or a batch that failed) a point at a time */
+        double t0 = now();
+        int together = n > 1 && !kvq_sweep_points_rows(sw->grid, pts, n, sw->src, sw->ndumps, &sw->ao, o->an.per,
+                                                       sw->fmt, texts, lens, &err);
+        double share = (now() - t0) / (n ? n : 1);
+        for (int i = 0; i < n; i++) {
+            double tp = now();
+            if (!together && kvq_sweep_point_rows(sw->grid, pts[i], sw->src, sw->ndumps, &sw->ao, o->an.per, sw->fmt,
+                                                  &texts[i], &lens[i], &err))
+                return cli_fail(prog, &err);
+            int rc = write_point(sw, &pr, pts[i], texts[i], lens[i], together ? share : now() - tp, written);
+            if (rc) {
+                for (int k = i + 1; together && k < n; k++) free(texts[k]);
+                return rc;
+            }
+        }
     }
     return CLI_OK;
 }

@@ -639,43 +639,107 @@ kvq_status kvq_sweep_header(const kvq_grid *g, char **text, size_t *len)
     return st;
 }
 
+/* Spec s of a as an analysis of its own: a's layers and heads (shared, not
+ * to be freed) and a copy of its accumulators. */
+static kvq_status spec_view(const kvq_analysis *a, int s, kvq_analysis *one)
+{
+    size_t nc = (size_t)a->nlayers * a->nheads;
+    *one = *a;
+    one->nspecs = 1;
+    if (!(one->acc = kvq_alloc_array(nc ? nc : 1, sizeof *one->acc))) return KVQ_ERR_NOMEM;
+    for (size_t c = 0; c < nc; c++) one->acc[c] = a->acc[c * a->nspecs + s];
+    return KVQ_OK;
+}
+
+/* A point's text as it is made: its report on a memory stream. */
+typedef struct {
+    FILE *ms;
+    kvq_report *rep;
+    const char **cols, **extra; /* the grid's keys and `point`; the point's values */
+    char pt[32];
+} point_text;
+
+kvq_status kvq_sweep_points_rows(const kvq_grid *g, const size_t *pts, int n, const kvq_sweep_dump *dumps, int ndumps,
+                                 const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **texts, size_t *lens,
+                                 kvq_error *err)
+{
+    int nk = kvq_grid_nkeys(g);
+    kvq_status st = KVQ_OK;
+    for (int i = 0; i < n; i++) texts[i] = NULL, lens[i] = 0;
+    kvq_spec *specs = kvq_alloc_array((size_t)n, sizeof *specs);
+    point_text *pt = calloc((size_t)n, sizeof *pt);
+    if (!specs || !pt) {
+        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n && !st; i++) {
+        if ((st = kvq_grid_spec(g, pts[i], &specs[i], err))) break;
+        pt[i].cols = calloc((size_t)nk + 1, sizeof *pt[i].cols),
+        pt[i].extra = calloc((size_t)nk + 1, sizeof *pt[i].extra);
+        pt[i].ms = pt[i].cols && pt[i].extra ? open_memstream(&texts[i], &lens[i]) : NULL;
+        if (!(pt[i].rep = pt[i].ms ? grid_report(g, fmt, pt[i].ms, pt[i].cols) : NULL)) {
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+            break;
+        }
+        kvq_report_omit_header(pt[i].rep);
+        for (int k = 0; k < nk; k++) pt[i].extra[k] = kvq_grid_value(g, pts[i], k);
+        snprintf(pt[i].pt, sizeof pt[i].pt, "%zu", pts[i]);
+        pt[i].extra[nk] = pt[i].pt;
+    }
+    kvq_analysis_opts ao = *o;
+    ao.specs = specs, ao.nspecs = n;
+    for (int d = 0; d < ndumps && !st; d++) {
+        kvq_analysis a;
+        st = dumps[d].prep ? kvq_analyze_prepared(dumps[d].prep, &ao, &a, err)
+                           : kvq_analyze_dump(dumps[d].dump, &ao, &a, err);
+        if (st) break;
+        for (int i = 0; i < n && !st; i++) { /* each point's rows, as its own analysis gives them */
+            kvq_analysis one;
+            if (!(st = spec_view(&a, i, &one))) {
+                st = kvq_report_analysis(pt[i].rep, dumps[d].name, &one, &specs[i], per, pt[i].extra);
+                free(one.acc);
+            }
+            if (st) st = kvq_fail(err, st, "%s", kvq_strerror(st));
+        }
+        kvq_analysis_free(&a);
+    }
+out:
+    for (int i = 0; pt && i < n; i++) {
+        if (pt[i].rep && st)
+            kvq_report_discard(pt[i].rep);
+        else if (pt[i].rep && kvq_report_finish(pt[i].rep))
+            st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        if (pt[i].ms && fclose(pt[i].ms) && !st) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
+        free(pt[i].cols), free(pt[i].extra);
+    }
+    for (int i = 0; st && i < n; i++) free(texts[i]), texts[i] = NULL, lens[i] = 0;
+    free(specs), free(pt);
+    return st;
+}
+
 kvq_status kvq_sweep_point_rows(const kvq_grid *g, size_t p, const kvq_sweep_dump *dumps, int ndumps,
                                 const kvq_analysis_opts *o, kvq_per per, kvq_format fmt, char **text, size_t *len,
                                 kvq_error *err)
 {
-    int nk = kvq_grid_nkeys(g);
-    kvq_spec sp;
-    kvq_status st = kvq_grid_spec(g, p, &sp, err);
-    if (st) return st;
-    *text = NULL, *len = 0;
-    const char **cols = calloc((size_t)nk + 1, sizeof *cols), **extra = calloc((size_t)nk + 1, sizeof *extra);
-    FILE *ms = cols && extra ? open_memstream(text, len) : NULL;
-    kvq_report *rep = ms ? grid_report(g, fmt, ms, cols) : NULL;
-    if (!rep) {
-        st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-        goto out;
+    return kvq_sweep_points_rows(g, &p, 1, dumps, ndumps, o, per, fmt, text, len, err);
+}
+
+/* The slots of a batch's whole-layer specs stay within this. */
+#define SWEEP_BATCH_BYTES ((double)(1u << 30))
+
+int kvq_sweep_batch(const kvq_sweep_dump *dumps, int ndumps, const kvq_analysis_opts *o)
+{
+    if (o->device) return 1;
+    int heads = 1;
+    double slot = 0; /* the largest layer's K' and V' */
+    for (int d = 0; d < ndumps; d++) {
+        const kvq_dump_info *info = kvq_dump_get_info(dumps[d].dump);
+        int h = o->heads ? o->nheads : info->num_kv_heads;
+        double bytes = 2.0 * 4.0 * info->num_kv_heads * (double)info->seq_len * info->head_dim;
+        if (h > heads) heads = h;
+        if (bytes > slot) slot = bytes;
     }
-    kvq_report_omit_header(rep);
-    char pt[32];
-    for (int k = 0; k < nk; k++) extra[k] = kvq_grid_value(g, p, k);
-    snprintf(pt, sizeof pt, "%zu", p);
-    extra[nk] = pt;
-    kvq_analysis_opts ao = *o;
-    ao.specs = &sp, ao.nspecs = 1;
-    for (int i = 0; i < ndumps && !st; i++) {
-        kvq_analysis a;
-        st = dumps[i].prep ? kvq_analyze_prepared(dumps[i].prep, &ao, &a, err)
-                           : kvq_analyze_dump(dumps[i].dump, &ao, &a, err);
-        if (st) break;
-        st = kvq_report_analysis(rep, dumps[i].name, &a, &sp, per, extra);
-        kvq_analysis_free(&a);
-        if (st) st = kvq_fail(err, st, "%s", kvq_strerror(st));
-    }
-out:
-    if (rep && st) kvq_report_discard(rep);
-    else if (rep && kvq_report_finish(rep)) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    if (ms && fclose(ms) && !st) st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
-    free(cols), free(extra);
-    if (st) free(*text), *text = NULL, *len = 0;
-    return st;
+    int b = kvq_threads(o->nthreads) / heads;
+    if (slot > 0 && b > SWEEP_BATCH_BYTES / slot) b = (int)(SWEEP_BATCH_BYTES / slot);
+    return b < 1 ? 1 : b;
 }
