@@ -482,10 +482,11 @@ static int write_point(sweep_t *sw, progress_t *pr, size_t p, char *text, size_t
 }
 
 /* The points to run, in order, each one's rows appended to OUT and made
- * durable as one unit; *written counts them.  With more threads than KV
- * heads, up to kvq_sweep_batch points are analysed at once (the same rows);
- * a batch that fails is run again point by point, so that the points before
- * the failing one are written and the failure is that point's. */
+ * durable as one unit; *written counts them.  With at least twice as many
+ * threads as KV heads, kvq_sweep_batch points are analysed at once (the
+ * same rows); a batch that fails is run again point by point, so that the
+ * points before the failing one are written and the failure is that
+ * point's. */
 static int run_points(sweep_t *sw, size_t *written)
 {
     opts_t *o = sw->o;

@@ -567,9 +567,9 @@ static void ws_array_free(kvq_attn_ws **ws, int n)
 /* Into how many ranges of specs each head's work splits: 1 while the heads
  * keep every thread busy; with at least twice as many threads as heads
  * (one KV head on two cores, eight on sixteen), threads / heads ranges, no
- * more than there are specs.  A range's task quantizes, compares and sums its own
- * specs of the head, and computes the head's exact attention again for
- * them: each spec's sums are the same whatever the split. */
+ * more than there are specs.  A range's task quantizes, compares and sums
+ * its own specs of the head, and computes the head's exact attention again
+ * for them: each spec's sums are the same whatever the split. */
 static int spec_groups(int nt, int nh, int ns)
 {
     int g = nh > 0 ? nt / nh : 1;

@@ -674,7 +674,7 @@ kvq_status kvq_sweep_points_rows(const kvq_grid *g, const size_t *pts, int n, co
     }
     for (int i = 0; i < n && !st; i++) {
         if ((st = kvq_grid_spec(g, pts[i], &specs[i], err))) break;
-        pt[i].cols = calloc((size_t)nk + 1, sizeof *pt[i].cols),
+        pt[i].cols = calloc((size_t)nk + 1, sizeof *pt[i].cols);
         pt[i].extra = calloc((size_t)nk + 1, sizeof *pt[i].extra);
         pt[i].ms = pt[i].cols && pt[i].extra ? open_memstream(&texts[i], &lens[i]) : NULL;
         if (!(pt[i].rep = pt[i].ms ? grid_report(g, fmt, pt[i].ms, pt[i].cols) : NULL)) {
