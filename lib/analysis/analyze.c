@@ -467,10 +467,8 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
         slot_reset(qo, H);
         kvq_status st = KVQ_OK;
         if (o->calib && (st = kvq_calib_state(o->calib, own, layer, p->seed, nt, &ctx->calib, err))) return st;
-        if (ls->by_head[s] && own->q->layer_prepare) { /* what its heads share, once */
-            if ((st = own->q->layer_prepare(own, ctx, Ls, ls->state[s], err))) return layer_error(err, st, p->path, -1);
-            ctx->layer_state = ls->state[s];
-        }
+        if (ls->by_head[s] && (st = kvq_quant_with_layer_state(own, ctx, Ls, ls->state[s], ctx, err))) /* once */
+            return layer_error(err, st, p->path, -1);
         if (ls->by_head[s]) continue; /* in the metrics' head loop */
         if (o->progress) o->progress(o->ud, li, nl, o->specs[s].text);
         if (o->device && o->specs[s].q->plan && !kvq_spec_prerotate(&o->specs[s]))

@@ -297,6 +297,12 @@ kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ct
  * kvq_quantize_layer writes for that head, and the analysis may run it
  * head by head into a buffer of one head (kvq_quant_out.head0). */
 int kvq_spec_by_head(const kvq_spec *spec, int T, int D);
+/* ctx into c (c may be ctx), with what the heads of layer `in` share (the
+ * family's layer_prepare, into state: KVQ_LAYER_STATE_MAX bytes aligned
+ * for double) where the family has one: the per-head runner's, and the
+ * analysis's once a layer for a spec it runs head by head. */
+kvq_status kvq_quant_with_layer_state(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
+                                      kvq_quant_ctx *c, kvq_error *err);
 kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                  kvq_quant_out *out, int tensor, int h, kvq_error *err);
 

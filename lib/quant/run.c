@@ -102,12 +102,10 @@ static kvq_status run_heads(const kvq_spec *spec, const kvq_quant_ctx *ctx, cons
                     bad % in->H, kvq_strerror(st));
 }
 
-/* ctx into c, with what the heads of layer `in` share (the family's
- * layer_prepare, into state) where the family has one. */
-static kvq_status with_layer_state(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
-                                   kvq_quant_ctx *c, kvq_error *err)
+kvq_status kvq_quant_with_layer_state(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in, void *state,
+                                      kvq_quant_ctx *c, kvq_error *err)
 {
-    *c = *ctx;
+    if (c != ctx) *c = *ctx;
     if (!spec->q->layer_prepare) return KVQ_OK;
     kvq_status st = spec->q->layer_prepare(spec, ctx, in, state, err);
     if (!st) c->layer_state = state;
@@ -120,7 +118,7 @@ static kvq_status quantize_layer_direct(const kvq_spec *spec, const kvq_quant_ct
     if (spec->q->quantize) return spec->q->quantize(spec, ctx, in, out, err);
     _Alignas(double) unsigned char state[KVQ_LAYER_STATE_MAX];
     kvq_quant_ctx c; /* the layer's shared state once for all its heads */
-    kvq_status st = with_layer_state(spec, ctx, in, state, &c, err);
+    kvq_status st = kvq_quant_with_layer_state(spec, ctx, in, state, &c, err);
     return st ? st : run_heads(spec, &c, in, out, err, kvq_threads(ctx->nthreads), spec->q->quantize_head);
 }
 
@@ -150,7 +148,7 @@ kvq_status kvq_quantize_one_head(const kvq_spec *spec, const kvq_quant_ctx *ctx,
     if (!spec->q->layer_prepare || ctx->layer_state) return spec->q->quantize_head(spec, ctx, in, out, tensor, h, err);
     _Alignas(double) unsigned char state[KVQ_LAYER_STATE_MAX]; /* the caller has none: for this head */
     kvq_quant_ctx c;
-    kvq_status st = with_layer_state(spec, ctx, in, state, &c, err);
+    kvq_status st = kvq_quant_with_layer_state(spec, ctx, in, state, &c, err);
     return st ? st : spec->q->quantize_head(spec, &c, in, out, tensor, h, err);
 }
 
