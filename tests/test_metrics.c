@@ -339,6 +339,63 @@ START_TEST(workspace_reuse_equals_fresh)
 }
 END_TEST
 
+/* A quantizer whose K' equals the one before's (KIVI's keys are
+ * per-channel's) reuses that one's scores and softmax: its sums equal those
+ * of the same quantizer compared alone, to the bit, streamed and cached, at
+ * every SIMD level, with two row chunks, two query heads a product and a
+ * window; the same K' by another buffer (compared) or the same buffer, a
+ * K' equal to an earlier but not the previous one's, and one that differs
+ * from the previous one only in the last key. */
+START_TEST(same_keys_equal_alone)
+{
+    enum { T = 2100, D = 16, G = 2, NPOS = 600, NQ = 6 };
+    size_t n = (size_t)T * D;
+    float *Qr = malloc((size_t)G * NPOS * D * 4), *K = malloc(n * 4), *V = malloc(n * 4);
+    float *K2 = malloc(n * 4), *K2c = malloc(n * 4), *K3 = malloc(n * 4), *K4 = malloc(n * 4), *V2 = malloc(n * 4);
+    fill_normal(Qr, (size_t)G * NPOS * D, 81, 1.5);
+    fill_normal(K, n, 82, 1), fill_normal(V, n, 83, 1);
+    fill_normal(K2, n, 84, 0.3), fill_normal(K3, n, 85, 0.2), fill_normal(V2, n, 86, 0.3);
+    for (size_t i = 0; i < n; i++) K2[i] += K[i], K3[i] += K[i], V2[i] += V[i];
+    memcpy(K2c, K2, n * 4), memcpy(K4, K2, n * 4);
+    K4[n - 1] += 1.0f; /* the last key: seen by the second row chunk only */
+    /* 1 repeats 0's keys (another buffer), 3 repeats 2's (the same buffer), 4 repeats 1's past 3, 5 is 4's
+     * but for the last key */
+    const float *kq[NQ] = {K2, K2c, K3, K3, K2, K4}, *vq[NQ] = {V2, V, V, V2, V2, V};
+    int pos[NPOS];
+    for (int i = 0; i < NPOS; i++) pos[i] = T - 1 - (NPOS - 1 - i) * 3;
+    const kvq_attn_mode modes[] = {{0}, {.window = 300}};
+    for (int level = KVQ_SIMD_NONE; level <= KVQ_SIMD_AVX512; level++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int cached = 0; cached < 2; cached++) {
+                kvq_simd_cap(level);
+                kvq_attn_acc all[NQ] = {0};
+                kvq_attn_ref *r = NULL;
+                if (cached) {
+                    ck_assert(kvq_attn_ref_new_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, &r, NULL) == KVQ_OK);
+                    ck_assert(kvq_attn_ref_compare(r, NQ, kq, vq, all, NULL) == KVQ_OK);
+                } else {
+                    ck_assert(kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, NQ, kq, vq, all, NULL) ==
+                              KVQ_OK);
+                }
+                for (int q = 0; q < NQ; q++) {
+                    kvq_attn_acc alone = {0};
+                    ck_assert((cached ? kvq_attn_ref_compare(r, 1, kq + q, vq + q, &alone, NULL)
+                                      : kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, 1, kq + q, vq + q,
+                                                           &alone, NULL)) == KVQ_OK);
+                    ck_assert(alone.rows == (double)G * NPOS && alone.s_diff2 > 0 && alone.kl_sum > 0);
+                    ck_assert_msg(!memcmp(&all[q], &alone, sizeof alone),
+                                  "level %d, mode %d, %s, quantizer %d: s %.17g / %.17g, top1 %g / %g", level, mi,
+                                  cached ? "cached" : "streamed", q, all[q].s_diff2, alone.s_diff2, all[q].top1_same,
+                                  alone.top1_same);
+                }
+                ck_assert(all[1].s_diff2 == all[0].s_diff2 && all[1].o_diff2 != all[0].o_diff2);
+                kvq_attn_ref_free(r);
+            }
+    kvq_simd_cap(-1);
+    free(Qr), free(K), free(V), free(K2), free(K2c), free(K3), free(K4), free(V2);
+}
+END_TEST
+
 START_TEST(query_positions)
 {
     kvq_query_sel s;
@@ -789,6 +846,7 @@ int main(void)
     tcase_add_test(tc, attention_window_one_by_hand);
     tcase_add_test(tc, attention_modes_equal_reference);
     tcase_add_test(tc, workspace_reuse_equals_fresh);
+    tcase_add_test(tc, same_keys_equal_alone);
     tcase_add_test(tc, query_positions);
     tcase_add_test(tc, gqa_mapping);
     tcase_add_test(tc, threads_do_not_change_results);

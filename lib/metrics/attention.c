@@ -268,10 +268,17 @@ static void ref_chunk_compute(ref_chunk *c, int g, const float *Qrows, size_t qs
     }
 }
 
+/* What one row of a quantizer's comparison adds to its sums, kept so that
+ * a next quantizer with the same K' adds the same (ref_chunk_compare). */
+typedef struct {
+    double s_diff2, a_diff2, kl, top1;
+} row_incr;
+
 /* Per-quantizer workspace: chunk rows × T scores and softmax, × D outputs. */
 typedef struct {
     float *Sq, *Aq, *Ov, *Oj;
     row_stats *rq;
+    row_incr *inc;
     struct kvq_attn_ws *own; /* the thread's workspace these lie in */
 } quant_ws;
 
@@ -282,6 +289,7 @@ typedef struct {
 struct kvq_attn_ws {
     float *f;
     row_stats *rs;
+    row_incr *inc; /* [nrs] */
     size_t nf, nrs;
     float *zero; /* [zero, zero + nzero) of f holds zeros: a quantizer's scores, each row cleared after use */
     size_t nzero;
@@ -292,7 +300,7 @@ kvq_attn_ws *kvq_attn_ws_new(void) { return calloc(1, sizeof(kvq_attn_ws)); }
 void kvq_attn_ws_free(kvq_attn_ws *w)
 {
     if (!w) return;
-    free(w->f), free(w->rs), free(w);
+    free(w->f), free(w->rs), free(w->inc), free(w);
 }
 
 /* At least nf floats and nrs row stats in w. */
@@ -304,8 +312,9 @@ static kvq_status ws_reserve(kvq_attn_ws *w, size_t nf, size_t nrs, kvq_error *e
         w->nf = nf;
     }
     if (nrs > w->nrs) {
-        free(w->rs), w->nrs = 0;
-        if (!(w->rs = kvq_alloc_array(nrs, sizeof *w->rs))) goto nomem;
+        free(w->rs), free(w->inc), w->nrs = 0, w->inc = NULL;
+        if (!(w->rs = kvq_alloc_array(nrs, sizeof *w->rs)) || !(w->inc = kvq_alloc_array(nrs, sizeof *w->inc)))
+            goto nomem;
         w->nrs = nrs;
     }
     return KVQ_OK;
@@ -317,7 +326,7 @@ nomem:
 static void quant_ws_at(quant_ws *q, kvq_attn_ws *own, float *f, row_stats *rs, size_t rows, int T, int D)
 {
     q->Sq = f, q->Aq = f + rows * T, q->Ov = f + 2 * rows * T, q->Oj = f + 2 * rows * T + rows * D, q->rq = rs;
-    q->own = own;
+    q->inc = own->inc + (rs - own->rs), q->own = own;
 }
 
 /* n zeros at w->Sq for a product that adds onto them (beta 1): OpenBLAS
@@ -334,12 +343,15 @@ static void scores_zeroed(quant_ws *w, size_t n)
 
 /* One row of a quantizer's attention against the exact row (c's row i; its
  * scores in sqrow, softmax into aqrow): the score, softmax and KL sums and
- * the top-1 count into ac. */
+ * the top-1 count into ac, and, unless keys were dropped, what the row added
+ * into *inc.  Each sum takes one addition a row (0 + x = x: the same bits as
+ * adding into ac directly), except a dropped-keys row's. */
 static void compare_row(const ref_chunk *c, int i, const att_mode *m, const unsigned char *keep, float *sqrow,
-                        float *aqrow, row_stats *rq, kvq_softmax_compare_fn *fused, kvq_attn_acc *ac)
+                        float *aqrow, row_stats *rq, kvq_softmax_compare_fn *fused, kvq_attn_acc *ac, row_incr *inc)
 {
     int ncol = c->ncol, p = c->p[i], lo = m->plain ? 0 : row_lo(m, p);
     const float *srow = c->S + (size_t)i * ncol, *arow = c->A + (size_t)i * ncol;
+    row_incr r = {0};
     if (keep) { /* dropped keys: plain C */
         *rq = masked_row(srow, arow, c->rs[i], sqrow, aqrow, p, ncol, m, keep, ac);
     } else if (fused) { /* softmax and sums, its last pass fused; a general row is transformed first */
@@ -347,22 +359,35 @@ static void compare_row(const ref_chunk *c, int i, const att_mode *m, const unsi
         if (!m->plain) transform_row(sqrow, lo, p, m), memset(aqrow, 0, (size_t)lo * sizeof *aqrow);
         fused(srow + lo, arow + lo, sqrow + lo, aqrow + lo, (size_t)(p - lo) + 1, (size_t)(ncol - lo),
               m->plain ? m->div : 1.0f, m->plain ? m->prescaled : 1, c->rs[i].m, c->rs[i].lse, &rq->m, &sum,
-              &rq->argmax, &ac->s_diff2, &ac->a_diff2, &ac->kl_sum);
+              &rq->argmax, &r.s_diff2, &r.a_diff2, &r.kl);
         rq->lse = log(sum);
         rq->argmax += lo;
     } else {
         *rq = mode_row(sqrow, aqrow, p, ncol, m, 0, &lo);
-        ac->s_diff2 += sq_diff(srow + lo, sqrow + lo, (size_t)(p - lo) + 1, NULL);
-        ac->a_diff2 += sq_diff(arow + lo, aqrow + lo, (size_t)(p - lo) + 1, NULL);
-        ac->kl_sum += kl_row(arow, srow, c->rs[i], sqrow, *rq, p);
+        r.s_diff2 = sq_diff(srow + lo, sqrow + lo, (size_t)(p - lo) + 1, NULL);
+        r.a_diff2 = sq_diff(arow + lo, aqrow + lo, (size_t)(p - lo) + 1, NULL);
+        r.kl = kl_row(arow, srow, c->rs[i], sqrow, *rq, p);
     }
-    ac->top1_same += c->rs[i].argmax == rq->argmax;
+    r.top1 = c->rs[i].argmax == rq->argmax;
+    if (!keep) ac->s_diff2 += r.s_diff2, ac->a_diff2 += r.a_diff2, ac->kl_sum += r.kl, *inc = r;
+    ac->top1_same += r.top1;
     memset(sqrow, 0, (size_t)ncol * sizeof *sqrow); /* zeros for the next product (scores_zeroed) */
+}
+
+/* Whether quantizer q's scores are those of q − 1: the same keys K' over the
+ * chunk's columns and neither drops any (KIVI's keys are per-channel's). */
+static int same_scores(int q, int ncol, int D, const float *const *Kq, const unsigned char *const *Mq)
+{
+    return q > 0 && !(Mq && (Mq[q] || Mq[q - 1])) &&
+           (Kq[q] == Kq[q - 1] || !memcmp(Kq[q], Kq[q - 1], (size_t)ncol * D * sizeof(float)));
 }
 
 /* Compares g consecutive exact chunks (the same rows of g query heads, their
  * arrays one after the other) with each quantizer's K'/V' [T][D]: each
- * product once for the g heads, the sums head by head as for one head. */
+ * product once for the g heads, the sums head by head as for one head.  A
+ * quantizer whose K' is the one before's keeps that one's A' (still in w)
+ * and adds its rows' sums again, in the same order: the same bits without
+ * the score product and the softmax. */
 static void ref_chunk_compare(const ref_chunk *c, int g, int D, const att_mode *m, int nquant,
                               const float *const *Kq, const float *const *Vq, const unsigned char *const *Mq,
                               kvq_attn_acc *acc, quant_ws *w)
@@ -375,13 +400,24 @@ static void ref_chunk_compare(const ref_chunk *c, int g, int D, const att_mode *
     for (int q = 0; q < nquant; q++) {
         kvq_attn_acc *ac = &acc[q];
         const unsigned char *keep = Mq ? Mq[q] : NULL;
-        scores_zeroed(w, (size_t)g * nc * ncol);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 1.0f, w->Sq,
-                    ncol);
-        for (int j = 0; j < g; j++)
-            for (int i = 0; i < nc; i++)
-                compare_row(&c[j], i, m, keep, w->Sq + j * hs + (size_t)i * ncol, w->Aq + j * hs + (size_t)i * ncol,
-                            &w->rq[(size_t)j * nc + i], fused, ac);
+        size_t nrows = (size_t)g * nc;
+        if (same_scores(q, ncol, D, Kq, Mq)) {
+            for (size_t r = 0; r < nrows; r++) {
+                const row_incr *in = &w->inc[r];
+                ac->s_diff2 += in->s_diff2, ac->a_diff2 += in->a_diff2, ac->kl_sum += in->kl;
+                ac->top1_same += in->top1;
+            }
+        } else {
+            scores_zeroed(w, nrows * ncol);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g * nc, ncol, D, 1.0f, c->Qc, D, Kq[q], D, 1.0f, w->Sq,
+                        ncol);
+            for (int j = 0; j < g; j++)
+                for (int i = 0; i < nc; i++) {
+                    size_t r = (size_t)j * nc + i;
+                    compare_row(&c[j], i, m, keep, w->Sq + j * hs + (size_t)i * ncol, w->Aq + j * hs + (size_t)i * ncol,
+                                &w->rq[r], fused, ac, &w->inc[r]);
+                }
+        }
         /* A·V' (exact attention, quantized values) and A'·V' (both) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g * nc, D, ncol, 1.0f, c->A, ncol, Vq[q], D, 0.0f, w->Ov,
                     D);
