@@ -102,20 +102,29 @@ static void write_read(kvq_dtype dt)
 }
 
 /* A float16 tensor of several slabs (the reader converts one [T][D] slab
- * at a time): clean, it reads as its rounding; with non-finite values, the
- * first one in the tensor's order is named by its index, whichever slab
- * holds it. */
+ * at a time, in pieces of 32768 values that two threads share): clean, it
+ * reads as its rounding; with non-finite values, the first one in the
+ * tensor's order is named by its index, whichever slab and piece holds it. */
 START_TEST(f16_slabs_checked)
 {
-    enum { H = 2, T = 300, D = 64 };
+    enum { H = 2, T = 1200, D = 64 }; /* a slab: three pieces */
     kvq_dump_info info = {.num_layers = 1, .num_heads = H, .num_kv_heads = H, .head_dim = D, .seq_len = T};
     snprintf(info.model, sizeof info.model, "unit test");
     size_t n = (size_t)H * T * D;
-    const struct { int h, t, c; float v; int h2, t2, c2; float v2; const char *msg; } cases[] = {
+    const struct {
+        int h, t, c;
+        float v;
+        int h2, t2, c2;
+        float v2;
+        const char *msg;
+    } cases[] = {
         {-1, 0, 0, 0, -1, 0, 0, 0, NULL},
-        {1, 290, 5, INFINITY, -1, 0, 0, 0, "/layer_000/key: expected finite float32 values, got inf at [1,290,5]"},
-        {1, 10, 2, NAN, 1, 290, 0, -INFINITY, "/layer_000/key: expected finite float32 values, got nan at [1,10,2]"},
-        {0, 299, 63, -INFINITY, 1, 0, 0, NAN, "/layer_000/key: expected finite float32 values, got -inf at [0,299,63]"},
+        {1, 1190, 5, INFINITY, -1, 0, 0, 0, "/layer_000/key: expected finite float32 values, got inf at [1,1190,5]"},
+        {1, 10, 2, NAN, 1, 1100, 0, -INFINITY, "/layer_000/key: expected finite float32 values, got nan at [1,10,2]"},
+        {0, 1199, 63, -INFINITY, 1, 0, 0, NAN,
+         "/layer_000/key: expected finite float32 values, got -inf at [0,1199,63]"},
+        {0, 1000, 3, NAN, 0, 600, 1, INFINITY, "/layer_000/key: expected finite float32 values, got inf at [0,600,1]"},
+        {1, 100, 0, NAN, 1, 600, 0, INFINITY, "/layer_000/key: expected finite float32 values, got nan at [1,100,0]"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         kvq_layer lay, r;
@@ -132,15 +141,17 @@ START_TEST(f16_slabs_checked)
         ck_assert_int_eq(kvq_dump_writer_finish(w, &err), KVQ_OK);
         kvq_dump *d;
         ck_assert_msg(kvq_dump_open(path, &d, &err) == KVQ_OK, "%s", err.msg);
-        kvq_status st = kvq_dump_read_layer(d, 0, 0, &r, &err);
-        if (!cases[k].msg) {
-            ck_assert_msg(st == KVQ_OK, "%s", err.msg);
-            for (size_t i = 0; i < n; i++)
-                ck_assert(r.key[i] == kvq_round_f16(lay.key[i]) && r.value[i] == kvq_round_f16(lay.value[i]));
-            kvq_layer_free(&r);
-        } else {
-            ck_assert_int_eq(st, KVQ_ERR_FORMAT);
-            ck_assert_msg(strstr(err.msg, cases[k].msg), "%s", err.msg);
+        for (int rep = 0; rep < 16; rep++) { /* the threads take the pieces in another order each time */
+            kvq_status st = kvq_dump_read_layer(d, 0, 0, &r, &err);
+            if (!cases[k].msg) {
+                ck_assert_msg(st == KVQ_OK, "%s", err.msg);
+                for (size_t i = 0; i < n; i++)
+                    ck_assert(r.key[i] == kvq_round_f16(lay.key[i]) && r.value[i] == kvq_round_f16(lay.value[i]));
+                kvq_layer_free(&r);
+            } else {
+                ck_assert_int_eq(st, KVQ_ERR_FORMAT);
+                ck_assert_msg(strstr(err.msg, cases[k].msg), "%s", err.msg);
+            }
         }
         kvq_dump_close(d);
         kvq_layer_free(&lay);

@@ -295,16 +295,33 @@ static kvq_status check_finite(const char *path, const char *obj, const float *d
     return i >= n ? KVQ_OK : nonfinite_at(path, obj, dst, i, shape, rows, nrows, err);
 }
 
-/* Slab a of a float16 tensor, out of the stage: byte order fixed, the
- * values in float32 at dst, and *bad the index in the tensor of the first
- * non-finite one (left as it is when there is none). */
-static void convert_slab(uint16_t *half, float *dst, size_t a, size_t per, int big_endian, size_t *bad)
+/* Values [lo, hi) of a float16 slab, out of the stage: byte order fixed,
+ * the values in float32 at dst; returns the index in the slab of the first
+ * non-finite one, or SIZE_MAX. */
+static size_t convert_range(uint16_t *half, float *dst, size_t lo, size_t hi, int big_endian)
 {
     if (big_endian)
-        for (size_t i = 0; i < per; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
-    kvq_f16_to_f32_array(half, dst, per);
-    size_t i = kvq_first_nonfinite(dst, per);
-    if (i < per && *bad == SIZE_MAX) *bad = a * per + i;
+        for (size_t i = lo; i < hi; i++) half[i] = (uint16_t)((half[i] >> 8) | (half[i] << 8));
+    kvq_f16_to_f32_array(half + lo, dst + lo, hi - lo);
+    size_t i = kvq_first_nonfinite(dst + lo, hi - lo);
+    return i < hi - lo ? lo + i : SIZE_MAX;
+}
+
+/* Converts a slab of per values in pieces of CONVERT_PIECE that the team's
+ * threads take in turn as they come free (the reader after its read), and
+ * lowers *first to the index in the slab of its first non-finite value. */
+enum { CONVERT_PIECE = 1 << 15 };
+static void convert_pieces(uint16_t *half, float *dst, size_t per, int big_endian, size_t *next, size_t *first)
+{
+    size_t mine = SIZE_MAX;
+    for (;;) {
+        size_t lo = __atomic_fetch_add(next, CONVERT_PIECE, __ATOMIC_RELAXED);
+        if (lo >= per) break;
+        size_t i = convert_range(half, dst, lo, lo + CONVERT_PIECE < per ? lo + CONVERT_PIECE : per, big_endian);
+        if (i < mine) mine = i;
+    }
+#pragma omp critical(kvq_convert_first)
+    if (mine < *first) *first = mine;
 }
 
 /* obj's values from src, a tensor of a dump in memory, or their rows,
@@ -359,8 +376,9 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
          * whole tensor [A][B][C] comes one [B][C] slab at a time through two
          * stages of that size, so that no second copy of the tensor is
          * allocated: while the calling thread reads slab a (HDF5 only ever
-         * from it), a second converts and checks slab a − 1, whose float32
-         * pages it also faults in.  A row selection (small) comes whole. */
+         * from it), a second converts and checks slab a − 1 piece by piece,
+         * faulting in its float32 pages, and the reader takes the pieces
+         * left when its read is done.  A row selection (small) comes whole. */
         size_t slabs = rows || shape[0] <= 1 ? 1 : (size_t)shape[0], per = n / slabs, bad = SIZE_MAX;
         uint16_t *half = stage_room(d, per ? 2 * per : 1);
         if (!half) {
@@ -376,17 +394,17 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
         int be = H5Tget_order(t) == H5T_ORDER_BE, workers = slabs > 1 && omp_get_max_threads() > 1 ? 2 : 1;
         for (size_t a = 0; a <= slabs; a++) { /* every slab read first: a read error comes before a value's */
             int failed = 0;
+            size_t next = 0, first = SIZE_MAX; /* slab a − 1: its next piece, its first non-finite value */
 #pragma omp parallel num_threads(workers)
             {
-                int me = omp_get_thread_num(), team = omp_get_num_threads();
-                if (me == 0 && a < slabs) {
+                if (omp_get_thread_num() == 0 && a < slabs) {
                     hsize_t start[3] = {a, 0, 0};
                     failed = (slabs > 1 && H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, sdims, NULL) < 0) ||
                              H5Dread(ds, t, mspace, fspace, H5P_DEFAULT, half + a % 2 * per) < 0;
                 }
-                if ((me == 1 || team == 1) && a > 0)
-                    convert_slab(half + (a - 1) % 2 * per, dst + (a - 1) * per, a - 1, per, be, &bad);
+                if (a > 0) convert_pieces(half + (a - 1) % 2 * per, dst + (a - 1) * per, per, be, &next, &first);
             }
+            if (first != SIZE_MAX && bad == SIZE_MAX) bad = (a - 1) * per + first;
             if (failed) {
                 st = kvq_fail(err, KVQ_ERR_IO, "%s: %s: read failed (truncated or corrupt file?): %s", path, obj,
                               kvq_h5_detail(det, sizeof det));
