@@ -58,6 +58,9 @@ double kvq_metric_value(const kvq_metrics *m, int i);
 /* Adds the error of xq against x (n elements) to `acc` (bits untouched). */
 void kvq_recon_accumulate(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);
 void kvq_recon_accumulate_ref(kvq_recon_acc *acc, const float *x, const float *xq, size_t n);
+/* kvq_recon_accumulate of xq[i] into acc[i] for i < m, the same sums, with x
+ * read once for every four of them where the CPU has AVX-512. */
+void kvq_recon_accumulate_many(kvq_recon_acc *const *acc, const float *x, const float *const *xq, int m, size_t n);
 void kvq_acc_merge(kvq_acc *dst, const kvq_acc *src);
 void kvq_metrics_finalize(const kvq_acc *acc, kvq_metrics *m);
 

@@ -45,8 +45,9 @@ kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, i
  * caller adds it): groups of G consecutive channels, G a multiple of 8
  * (KVQ_ERR_UNSUPPORTED otherwise: the caller runs the reference). */
 kvq_status kvq_u_rows_avx2(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits, int fp16);
-/* Reconstruction sums (as kvq_recon_accumulate). */
+/* Reconstruction sums (as kvq_recon_accumulate); of m outputs of the same x, x read once for four. */
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n);
+void kvq_recon_many_avx512(kvq_recon_acc *const *acc, const float *x, const float *const *y, int m, size_t n);
 
 /* exp(x) for x <= 0 over n values, within 2 ulp of expf (tests check). */
 void kvq_exp_avx512(const float *x, float *y, size_t n);

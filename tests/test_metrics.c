@@ -51,6 +51,47 @@ START_TEST(recon_fast_equals_reference)
 }
 END_TEST
 
+/* The sums of many outputs of the same x at once (x read once for four)
+ * equal one call each, to the bit, onto sums that already hold something,
+ * for 1 to 9 outputs (groups of 4, 3 and 2 and a single), a length that
+ * ends in a partial vector, at every SIMD level. */
+START_TEST(recon_many_equals_one_by_one)
+{
+    enum { M = 9 };
+    size_t n = 4103;
+    float *x = malloc(n * sizeof *x), *y[M];
+    fill_normal(x, n, 11, 3.0);
+    for (int i = 0; i < M; i++) {
+        y[i] = malloc(n * sizeof *y[i]);
+        fill_normal(y[i], n, 12 + (uint64_t)i, 0.05 * (i + 1));
+        for (size_t k = 0; k < n; k++) y[i][k] += x[k];
+    }
+    for (int level = KVQ_SIMD_NONE; level <= KVQ_SIMD_AVX512; level++)
+        for (int m = 1; m <= M; m++) {
+            kvq_simd_cap(level);
+            kvq_recon_acc many[M], one[M], *pm[M];
+            for (int i = 0; i < m; i++) {
+                many[i] = one[i] = (kvq_recon_acc){.n = 7,
+                                                   .sum_x2 = 1.25 * i,
+                                                   .sum_e2 = 0.5,
+                                                   .sum_abs_e = 0.1 * i,
+                                                   .max_abs = i == 3 ? 100.0 : 0.0,
+                                                   .bits = 3};
+                pm[i] = &many[i];
+                kvq_recon_accumulate(&one[i], x, y[i], n);
+            }
+            kvq_recon_accumulate_many(pm, x, (const float *const *)y, m, n);
+            for (int i = 0; i < m; i++)
+                ck_assert_msg(!memcmp(&many[i], &one[i], sizeof one[i]),
+                              "level %d, %d outputs, output %d: e2 %.17g vs %.17g, x2 %.17g vs %.17g", level, m, i,
+                              many[i].sum_e2, one[i].sum_e2, many[i].sum_x2, one[i].sum_x2);
+        }
+    kvq_simd_cap(-1);
+    free(x);
+    for (int i = 0; i < M; i++) free(y[i]);
+}
+END_TEST
+
 START_TEST(pooling_sums_not_ratios)
 {
     kvq_acc a = {0}, b = {0}, p = {0};
@@ -839,6 +880,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, recon_hand_case);
     tcase_add_test(tc, recon_fast_equals_reference);
+    tcase_add_test(tc, recon_many_equals_one_by_one);
     tcase_add_test(tc, pooling_sums_not_ratios);
     tcase_add_test(tc, attention_one_hot);
     tcase_add_test(tc, attention_identical_is_zero);

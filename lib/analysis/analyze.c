@@ -216,6 +216,39 @@ void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_a
     acc->static_bytes += q->static_bytes[h];
 }
 
+/* kvq_quant_head_acc of head h for each of the nspecs slots: the error sums
+ * their quantizers did not fuse are taken together, x read once for every
+ * four of them (kvq_recon_accumulate_many), then merged spec by spec as
+ * kvq_quant_head_acc merges them.  -1: out of memory. */
+static int quant_heads_acc(const kvq_layer *L, const kvq_quant_out *slot, int nspecs, int h, kvq_acc *acc)
+{
+    size_t n = (size_t)L->T * L->D;
+    int H = L->H;
+    kvq_acc *fused = calloc((size_t)nspecs, sizeof *fused);
+    kvq_recon_acc **racc = kvq_alloc_array((size_t)nspecs, sizeof *racc);
+    const float **y = kvq_alloc_array((size_t)nspecs, sizeof *y);
+    int ok = fused && racc && y;
+    for (int t = 0; t < 2 && ok; t++) {
+        int m = 0;
+        for (int s = 0; s < nspecs; s++) {
+            kvq_recon_acc *r = t ? &fused[s].v : &fused[s].k;
+            if (slot[s].recon_done[t * H + h])
+                *r = slot[s].recon[t * H + h];
+            else
+                racc[m] = r, y[m++] = kvq_head_out(&slot[s], L, t, h);
+        }
+        kvq_recon_accumulate_many(racc, kvq_head_in(L, t, h), y, m, n);
+    }
+    for (int s = 0; s < nspecs && ok; s++) {
+        kvq_acc_merge(&acc[s], &fused[s]);
+        acc[s].k.bits += slot[s].k_bits[h];
+        acc[s].v.bits += slot[s].v_bits[h];
+        acc[s].static_bytes += slot[s].static_bytes[h];
+    }
+    free(fused), free(racc), free(y);
+    return ok ? 0 : -1;
+}
+
 /* The masks of head h of the specs that dropped tokens (NULL for the others). */
 static void head_masks(const kvq_quant_out *slot, int nspecs, int h, int T, const unsigned char **Mh)
 {
@@ -228,7 +261,7 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
 {
     size_t off = (size_t)h * L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
-    for (int s = 0; s < nspecs; s++) kvq_quant_head_acc(L, &slot[s], h, &acc[s]);
+    if (quant_heads_acc(L, slot, nspecs, h, acc)) return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     if (!with_attn || (!qrows && !ref)) return KVQ_OK;
     int G = L->Hq / L->H;
     const float **Kh = kvq_alloc_array((size_t)nspecs, sizeof *Kh);

@@ -335,6 +335,52 @@ AVX512 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y,
     racc_flush(&a, acc, n);
 }
 
+/* kvq_recon_avx512 of x against y[0..g) into acc[0..g), x read once: each
+ * output's sums in the order of its own call (Σx², the same for all g,
+ * kept once: its additions are those of each call).  g a constant 2..4,
+ * so that the accumulators stay in registers. */
+AVX512 static inline void recon_group(kvq_recon_acc *const *acc, const float *x, const float *const *y, size_t n,
+                                      const int g)
+{
+    racc a[4];
+    for (int j = 0; j < g; j++) racc_init(&a[j]);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+        __m512d xlo = _mm512_cvtps_pd(_mm512_castps512_ps256(xv));
+        __m512d xhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xv), 1)));
+        a[0].sx2 = _mm512_add_pd(a[0].sx2, _mm512_add_pd(_mm512_mul_pd(xlo, xlo), _mm512_mul_pd(xhi, xhi)));
+        for (int j = 0; j < g; j++) { /* racc_add's other sums */
+            __m512 e = _mm512_sub_ps(xv, _mm512_maskz_loadu_ps(m, y[j] + i));
+            a[j].mx = _mm512_max_ps(a[j].mx, _mm512_abs_ps(e));
+            __m512d elo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+            __m512d ehi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+            a[j].se2 = _mm512_add_pd(a[j].se2, _mm512_add_pd(_mm512_mul_pd(elo, elo), _mm512_mul_pd(ehi, ehi)));
+            a[j].sae = _mm512_add_pd(a[j].sae, _mm512_add_pd(_mm512_abs_pd(elo), _mm512_abs_pd(ehi)));
+        }
+    }
+    for (int j = 0; j < g; j++) {
+        a[j].sx2 = a[0].sx2;
+        racc_flush(&a[j], acc[j], n);
+    }
+}
+
+AVX512 void kvq_recon_many_avx512(kvq_recon_acc *const *acc, const float *x, const float *const *y, int m, size_t n)
+{
+    for (int i = 0; i < m;) {
+        int g = m - i >= 4 ? 4 : m - i;
+        if (g == 4)
+            recon_group(acc + i, x, y + i, n, 4);
+        else if (g == 3)
+            recon_group(acc + i, x, y + i, n, 3);
+        else if (g == 2)
+            recon_group(acc + i, x, y + i, n, 2);
+        else
+            kvq_recon_avx512(acc[i], x, y[i], n);
+        i += g;
+    }
+}
+
 /* ----------------------------------------------------- softmax rows */
 
 /* exp(x) for x <= 0 (Cephes expf: Cody–Waite reduction by ln 2, degree-6
@@ -511,6 +557,10 @@ kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, i
 { (void)x, (void)y, (void)n, (void)D, (void)bits, (void)fp16, (void)recon; return KVQ_ERR_UNSUPPORTED; }
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n)
 { (void)acc, (void)x, (void)y, (void)n; }
+void kvq_recon4_avx512(kvq_recon_acc *const *acc, const float *x, const float *const *y, size_t n)
+{
+    (void)acc, (void)x, (void)y, (void)n;
+}
 void kvq_exp_avx512(const float *x, float *y, size_t n) { (void)x, (void)y, (void)n; }
 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
                         double *sum_out, int *argmax_out)

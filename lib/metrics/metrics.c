@@ -75,6 +75,15 @@ void kvq_recon_accumulate(kvq_recon_acc *acc, const float *restrict x, const flo
     recon_plain(acc, x, xq, n);
 }
 
+void kvq_recon_accumulate_many(kvq_recon_acc *const *acc, const float *x, const float *const *xq, int m, size_t n)
+{
+    if (kvq_simd_active()) {
+        kvq_recon_many_avx512(acc, x, xq, m, n);
+        return;
+    }
+    for (int i = 0; i < m; i++) kvq_recon_accumulate(acc[i], x, xq[i], n);
+}
+
 static void recon_merge(kvq_recon_acc *d, const kvq_recon_acc *s)
 {
     d->n += s->n;
