@@ -198,6 +198,15 @@ static void merge_attn(kvq_acc *acc, const kvq_attn_acc *aa, int nspecs)
     }
 }
 
+/* Head h's error sums `fused` and q's bits and static bytes of the head, into acc. */
+static void head_acc_add(kvq_acc *acc, const kvq_acc *fused, const kvq_quant_out *q, int h)
+{
+    kvq_acc_merge(acc, fused);
+    acc->k.bits += q->k_bits[h];
+    acc->v.bits += q->v_bits[h];
+    acc->static_bytes += q->static_bytes[h];
+}
+
 void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_acc *acc)
 {
     size_t n = (size_t)L->T * L->D;
@@ -210,10 +219,7 @@ void kvq_quant_head_acc(const kvq_layer *L, const kvq_quant_out *q, int h, kvq_a
     if (q->recon_done[H + h]) fused.v = q->recon[H + h];
     else
         kvq_recon_accumulate(&fused.v, kvq_head_in(L, 1, h), kvq_head_out(q, L, 1, h), n);
-    kvq_acc_merge(acc, &fused);
-    acc->k.bits += q->k_bits[h];
-    acc->v.bits += q->v_bits[h];
-    acc->static_bytes += q->static_bytes[h];
+    head_acc_add(acc, &fused, q, h);
 }
 
 /* kvq_quant_head_acc of head h for each of the nspecs slots: the error sums
@@ -239,12 +245,7 @@ static int quant_heads_acc(const kvq_layer *L, const kvq_quant_out *slot, int ns
         }
         kvq_recon_accumulate_many(racc, kvq_head_in(L, t, h), y, m, n);
     }
-    for (int s = 0; s < nspecs && ok; s++) {
-        kvq_acc_merge(&acc[s], &fused[s]);
-        acc[s].k.bits += slot[s].k_bits[h];
-        acc[s].v.bits += slot[s].v_bits[h];
-        acc[s].static_bytes += slot[s].static_bytes[h];
-    }
+    for (int s = 0; s < nspecs && ok; s++) head_acc_add(&acc[s], &fused[s], &slot[s], h);
     free(fused), free(racc), free(y);
     return ok ? 0 : -1;
 }
