@@ -557,9 +557,9 @@ kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size_t D, i
 { (void)x, (void)y, (void)n, (void)D, (void)bits, (void)fp16, (void)recon; return KVQ_ERR_UNSUPPORTED; }
 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n)
 { (void)acc, (void)x, (void)y, (void)n; }
-void kvq_recon4_avx512(kvq_recon_acc *const *acc, const float *x, const float *const *y, size_t n)
+void kvq_recon_many_avx512(kvq_recon_acc *const *acc, const float *x, const float *const *y, int m, size_t n)
 {
-    (void)acc, (void)x, (void)y, (void)n;
+    (void)acc, (void)x, (void)y, (void)m, (void)n;
 }
 void kvq_exp_avx512(const float *x, float *y, size_t n) { (void)x, (void)y, (void)n; }
 void kvq_softmax_avx512(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled, float *m_out,
