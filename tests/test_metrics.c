@@ -383,8 +383,9 @@ END_TEST
 /* A quantizer whose K' equals the one before's (KIVI's keys are
  * per-channel's) reuses that one's scores and softmax: its sums equal those
  * of the same quantizer compared alone, to the bit, streamed and cached, at
- * every SIMD level, with two row chunks, two query heads a product and a
- * window; the same K' by another buffer (compared) or the same buffer, a
+ * every SIMD level, with two row chunks (head by head) or one (two query
+ * heads a product), with and without a window; the same K' by another
+ * buffer (compared) or the same buffer, a
  * K' equal to an earlier but not the previous one's, and one that differs
  * from the previous one only in the last key. */
 START_TEST(same_keys_equal_alone)
@@ -403,31 +404,32 @@ START_TEST(same_keys_equal_alone)
      * but for the last key */
     const float *kq[NQ] = {K2, K2c, K3, K3, K2, K4}, *vq[NQ] = {V2, V, V, V2, V2, V};
     int pos[NPOS];
-    for (int i = 0; i < NPOS; i++) pos[i] = T - 1 - (NPOS - 1 - i) * 3;
     const kvq_attn_mode modes[] = {{0}, {.window = 300}};
     for (int level = KVQ_SIMD_NONE; level <= KVQ_SIMD_AVX512; level++)
-        for (int mi = 0; mi < 2; mi++)
+        for (int mc = 0; mc < 4; mc++)
             for (int cached = 0; cached < 2; cached++) {
+                int mi = mc % 2, npos = mc < 2 ? NPOS : 64; /* 600 rows: two chunks; 64: one, both heads at once */
+                for (int i = 0; i < npos; i++) pos[i] = T - 1 - (npos - 1 - i) * 3;
                 kvq_simd_cap(level);
                 kvq_attn_acc all[NQ] = {0};
                 kvq_attn_ref *r = NULL;
                 if (cached) {
-                    ck_assert(kvq_attn_ref_new_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, &r, NULL) == KVQ_OK);
+                    ck_assert(kvq_attn_ref_new_rows(Qr, G, K, V, T, D, modes[mi], pos, npos, &r, NULL) == KVQ_OK);
                     ck_assert(kvq_attn_ref_compare(r, NQ, kq, vq, all, NULL) == KVQ_OK);
                 } else {
-                    ck_assert(kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, NQ, kq, vq, all, NULL) ==
+                    ck_assert(kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, npos, NQ, kq, vq, all, NULL) ==
                               KVQ_OK);
                 }
                 for (int q = 0; q < NQ; q++) {
                     kvq_attn_acc alone = {0};
                     ck_assert((cached ? kvq_attn_ref_compare(r, 1, kq + q, vq + q, &alone, NULL)
-                                      : kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, NPOS, 1, kq + q, vq + q,
+                                      : kvq_attention_rows(Qr, G, K, V, T, D, modes[mi], pos, npos, 1, kq + q, vq + q,
                                                            &alone, NULL)) == KVQ_OK);
-                    ck_assert(alone.rows == (double)G * NPOS && alone.s_diff2 > 0 && alone.kl_sum > 0);
+                    ck_assert(alone.rows == (double)G * npos && alone.s_diff2 > 0 && alone.kl_sum > 0);
                     ck_assert_msg(!memcmp(&all[q], &alone, sizeof alone),
-                                  "level %d, mode %d, %s, quantizer %d: s %.17g / %.17g, top1 %g / %g", level, mi,
-                                  cached ? "cached" : "streamed", q, all[q].s_diff2, alone.s_diff2, all[q].top1_same,
-                                  alone.top1_same);
+                                  "level %d, mode %d, %d rows, %s, quantizer %d: s %.17g / %.17g, top1 %g / %g", level,
+                                  mi, npos, cached ? "cached" : "streamed", q, all[q].s_diff2, alone.s_diff2,
+                                  all[q].top1_same, alone.top1_same);
                 }
                 ck_assert(all[1].s_diff2 == all[0].s_diff2 && all[1].o_diff2 != all[0].o_diff2);
                 kvq_attn_ref_free(r);
