@@ -171,11 +171,16 @@ FP4_ROUND_LOOP(plain, )
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4_AVX2 1
 FP4_ROUND_LOOP(avx2, __attribute__((target("avx2"))))
+FP4_ROUND_LOOP(avx512, __attribute__((target("avx512f,avx512vl,avx512dq"))))
 #endif
 
 void kvq_fp4_round(const float *x, float *y, int n, float d)
 {
 #ifdef FP4_AVX2
+    if (kvq_simd_active()) {
+        fp4_round_avx512(x, y, n, d);
+        return;
+    }
     if (kvq_simd_avx2_active()) {
         fp4_round_avx2(x, y, n, d);
         return;
