@@ -171,7 +171,7 @@ FP4_ROUND_LOOP(plain, )
 #if defined(__x86_64__) && defined(__GNUC__)
 #define FP4_AVX2 1
 FP4_ROUND_LOOP(avx2, __attribute__((target("avx2"))))
-FP4_ROUND_LOOP(avx512, __attribute__((target("avx512f,avx512vl,avx512dq"))))
+FP4_ROUND_LOOP(avx512, KVQ_TARGET_AVX512)
 #endif
 
 void kvq_fp4_round(const float *x, float *y, int n, float d)

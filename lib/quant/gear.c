@@ -358,10 +358,19 @@ KVQ_TARGET_AVX2 static void residual_avx2(const float *x, const float *y, double
     residual_body(x, y, e, n);
 }
 KVQ_TARGET_AVX2 static void add_low_rank_avx2(float *y, const double *e, size_t n) { add_low_rank_body(y, e, n); }
+KVQ_TARGET_AVX512 static void residual_avx512(const float *x, const float *y, double *e, size_t n)
+{
+    residual_body(x, y, e, n);
+}
+KVQ_TARGET_AVX512 static void add_low_rank_avx512(float *y, const double *e, size_t n) { add_low_rank_body(y, e, n); }
 #endif
 static void residual(const float *x, const float *y, double *e, size_t n)
 {
 #ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_active()) {
+        residual_avx512(x, y, e, n);
+        return;
+    }
     if (kvq_simd_avx2_active()) {
         residual_avx2(x, y, e, n);
         return;
@@ -372,6 +381,10 @@ static void residual(const float *x, const float *y, double *e, size_t n)
 static void add_low_rank(float *y, const double *e, size_t n)
 {
 #ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_active()) {
+        add_low_rank_avx512(y, e, n);
+        return;
+    }
     if (kvq_simd_avx2_active()) {
         add_low_rank_avx2(y, e, n);
         return;

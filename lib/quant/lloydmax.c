@@ -83,6 +83,10 @@ KVQ_TARGET_AVX2 static void snap_chain_avx2(const kvq_codebook *cb, float *restr
 {
     snap_chain_body(cb, u, n, D);
 }
+KVQ_TARGET_AVX512 static void snap_chain_avx512(const kvq_codebook *cb, float *restrict u, float n, int D)
+{
+    snap_chain_body(cb, u, n, D);
+}
 #endif
 
 void kvq_lloydmax_snap_ref(const kvq_codebook *cb, float *u, float n, int D)
@@ -97,6 +101,10 @@ void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
         return;
     }
 #ifdef KVQ_AVX2_CLONES
+    if (kvq_simd_active()) {
+        snap_chain_avx512(cb, u, n, D);
+        return;
+    }
     if (kvq_simd_avx2_active()) {
         snap_chain_avx2(cb, u, n, D);
         return;
