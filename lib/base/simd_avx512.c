@@ -91,17 +91,29 @@ AVX512 static inline void racc_init(racc *a)
     a->mx = _mm512_setzero_ps();
 }
 
-/* Adds x and its error e = x − x' (both zero in lanes that do not count). */
-AVX512 static inline void racc_add(racc *a, __m512 xv, __m512 e)
+/* Adds the error e = x − x' (zero in lanes that do not count): max |e|, Σe², Σ|e|. */
+AVX512 static inline void racc_add_error(racc *a, __m512 e)
 {
     a->mx = _mm512_max_ps(a->mx, _mm512_abs_ps(e));
     __m512d elo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
     __m512d ehi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    a->se2 = _mm512_add_pd(a->se2, _mm512_add_pd(_mm512_mul_pd(elo, elo), _mm512_mul_pd(ehi, ehi)));
+    a->sae = _mm512_add_pd(a->sae, _mm512_add_pd(_mm512_abs_pd(elo), _mm512_abs_pd(ehi)));
+}
+
+/* Adds x (zero in lanes that do not count) to Σx². */
+AVX512 static inline void racc_add_x(racc *a, __m512 xv)
+{
     __m512d xlo = _mm512_cvtps_pd(_mm512_castps512_ps256(xv));
     __m512d xhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xv), 1)));
-    a->se2 = _mm512_add_pd(a->se2, _mm512_add_pd(_mm512_mul_pd(elo, elo), _mm512_mul_pd(ehi, ehi)));
     a->sx2 = _mm512_add_pd(a->sx2, _mm512_add_pd(_mm512_mul_pd(xlo, xlo), _mm512_mul_pd(xhi, xhi)));
-    a->sae = _mm512_add_pd(a->sae, _mm512_add_pd(_mm512_abs_pd(elo), _mm512_abs_pd(ehi)));
+}
+
+/* Adds x and its error e = x − x' (both zero in lanes that do not count). */
+AVX512 static inline void racc_add(racc *a, __m512 xv, __m512 e)
+{
+    racc_add_error(a, e);
+    racc_add_x(a, xv);
 }
 
 AVX512 static inline void racc_flush(const racc *a, kvq_recon_acc *acc, size_t n)
@@ -347,17 +359,8 @@ AVX512 static inline void recon_group(kvq_recon_acc *const *acc, const float *x,
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-        __m512d xlo = _mm512_cvtps_pd(_mm512_castps512_ps256(xv));
-        __m512d xhi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xv), 1)));
-        a[0].sx2 = _mm512_add_pd(a[0].sx2, _mm512_add_pd(_mm512_mul_pd(xlo, xlo), _mm512_mul_pd(xhi, xhi)));
-        for (int j = 0; j < g; j++) { /* racc_add's other sums */
-            __m512 e = _mm512_sub_ps(xv, _mm512_maskz_loadu_ps(m, y[j] + i));
-            a[j].mx = _mm512_max_ps(a[j].mx, _mm512_abs_ps(e));
-            __m512d elo = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
-            __m512d ehi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
-            a[j].se2 = _mm512_add_pd(a[j].se2, _mm512_add_pd(_mm512_mul_pd(elo, elo), _mm512_mul_pd(ehi, ehi)));
-            a[j].sae = _mm512_add_pd(a[j].sae, _mm512_add_pd(_mm512_abs_pd(elo), _mm512_abs_pd(ehi)));
-        }
+        racc_add_x(&a[0], xv);
+        for (int j = 0; j < g; j++) racc_add_error(&a[j], _mm512_sub_ps(xv, _mm512_maskz_loadu_ps(m, y[j] + i)));
     }
     for (int j = 0; j < g; j++) {
         a[j].sx2 = a[0].sx2;
