@@ -7,7 +7,7 @@
  *   - a non-finite fp16 scale is reported for the same (tensor, head);
  *   - whole analyses (plan quantizers on the GPU, others uploaded; attention
  *     on the GPU) agree with --device cpu: 1e-4 relative on every metric
- *     (attn_kl: 1e-3 or 1e-9 absolute), bits exactly, attn_top1 within one
+ *     (the attention ratios at least 1e-6 absolute; attn_kl: 1e-3 or 1e-9 absolute), bits exactly, attn_top1 within one
  *     row (a near-tie may resolve differently after a different summation
  *     order in sgemm), on odd shapes, several seeds and the bundled dump;
  *   - the prepared (sweep) path equals the streamed one on the GPU.
@@ -164,10 +164,19 @@ static void compare_devices(const char *path, const char *what, const char *cons
                 if ((flags & KVQ_METRIC_ATTN) && !c.has_attn) continue;
                 double cv = kvq_metric_value(&c, i), gv = kvq_metric_value(&g, i);
                 int ok;
-                if (!strcmp(name, "k_bits") || !strcmp(name, "v_bits")) ok = gv == cv;
+                if (gv == cv)
+                    ok = 1; /* also both infinite: k_sqnr_db where K′ is exact */
+                else if (!strcmp(name, "k_bits") || !strcmp(name, "v_bits"))
+                    ok = 0;
                 else if (!strcmp(name, "attn_kl")) ok = close_rel(gv, cv, 1e-3, 1e-6) || fabs(gv - cv) <= 1e-9;
                 else if (!strcmp(name, "attn_top1")) ok = fabs(gv - cv) * ca->attn.rows <= 1.0; /* one row may flip */
-                else ok = close_rel(gv, cv, 1e-4, 1e-12);
+                /* score_rel, attn_rel, out_rel…: a norm of S′ − S (A′ − A, O′ − O) over the exact one.
+                 * Each device rounds its float32 products at about √D·2⁻²⁴ of the exact norm, in its own
+                 * summation order, so where the ratio itself is small (a 3-bit per-channel K′ gives
+                 * score_rel ≈ 1e-4 on the H100 run's 64-wide shape) the two may differ by that much:
+                 * 1e-4 relative, but at least 1e-6 absolute (as 1e-4 of a floor of 1e-2) */
+                else
+                    ok = close_rel(gv, cv, 1e-4, (flags & KVQ_METRIC_ATTN) ? 1e-2 : 1e-12);
                 ck_assert_msg(ok && !(cv != 0 && gv == 0), "%s %s cell %d: %s GPU %.9g CPU %.9g", what, texts[s], cell,
                               name, gv, cv);
             }
