@@ -49,6 +49,7 @@ struct kvq_cuda {
     kvq_dbuf y;    /* [nslots][2][H][T][D] reconstructions */
     kvq_dbuf part; /* reconstruction partial sums (kvq_rpart) */
     kvq_dbuf flag; /* int: smallest tensor*H + h with a non-finite scale */
+    kvq_dbuf mm;   /* float2 [H][groups][chunks][D]: long channel groups' chunk min, max */
     /* the queries */
     int Hq, prescaled;
     size_t npos;
