@@ -196,12 +196,10 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
     const size_t rows_max = (size_t)G * cp;
     kvq_status st;
     if ((st = kvq_dbuf_reserve(&c->S, rows_max * T * sizeof(float), err)) ||
-        (st = kvq_dbuf_reserve(&c->A, rows_max * T * sizeof(float), err)) ||
+        (st = kvq_dbuf_reserve(&c->A, 2 * rows_max * T * sizeof(float), err)) || /* A, then A' */
         (st = kvq_dbuf_reserve(&c->Sq, rows_max * T * sizeof(float), err)) ||
-        (st = kvq_dbuf_reserve(&c->Aq, rows_max * T * sizeof(float), err)) ||
         (st = kvq_dbuf_reserve(&c->O, rows_max * D * sizeof(float), err)) ||
-        (st = kvq_dbuf_reserve(&c->Ov, rows_max * D * sizeof(float), err)) ||
-        (st = kvq_dbuf_reserve(&c->Oj, rows_max * D * sizeof(float), err)) ||
+        (st = kvq_dbuf_reserve(&c->Ov, 2 * rows_max * D * sizeof(float), err)) || /* A·V', then A'·V' */
         (st = kvq_dbuf_reserve(&c->rm, rows_max * sizeof(float), err)) ||
         (st = kvq_dbuf_reserve(&c->rlse, rows_max * sizeof(double), err)) ||
         (st = kvq_dbuf_reserve(&c->rarg, rows_max * sizeof(int), err)) ||
@@ -218,8 +216,8 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
     const size_t hoff = (size_t)h * T * D;
     const float *K = kvq_cuda_x(c, 0) + hoff, *V = kvq_cuda_x(c, 1) + hoff;
     const float *Q = (const float *)c->q.p + (size_t)h * G * npos * D; /* [G][npos][D] */
-    float *S = (float *)c->S.p, *A = (float *)c->A.p, *Sq = (float *)c->Sq.p, *Aq = (float *)c->Aq.p;
-    float *O = (float *)c->O.p, *Ov = (float *)c->Ov.p, *Oj = (float *)c->Oj.p;
+    float *S = (float *)c->S.p, *A = (float *)c->A.p, *Sq = (float *)c->Sq.p;
+    float *O = (float *)c->O.p, *Ov = (float *)c->Ov.p;
     float *rm = (float *)c->rm.p;
     double *rlse = (double *)c->rlse.p, *rowe = (double *)c->rowe.p, *rowq = (double *)c->rowq.p;
     double *eacc = (double *)c->eacc.p, *qacc = (double *)c->qacc.p;
@@ -231,6 +229,9 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
         const float *Qc = Q + r0 * D;
         const long long qstride = (long long)npos * D;
         const int warps_grid = (rows + 7) / 8;
+        /* A' right after A and A'·V' right after A·V' (leading dimensions ncol and D): both
+         * output products of a quantizer are one product of 2·G·nc rows */
+        float *Aq = A + (size_t)rows * ncol, *Oj = Ov + (size_t)rows * D;
         /* exact: S, A, O and their norms */
         KVQ_CUBLAS(scores(c, Qc, qstride, K, S, G, nc, ncol));
         softmax_exact<<<rows, 256, 0, c->stream>>>(S, A, ncol, nc, dpos + r0, scale, prescaled, rm, rlse, rarg, rowe);
@@ -247,8 +248,8 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
             softmax_compare<<<rows, 256, 0, c->stream>>>(Sq, Aq, S, A, ncol, nc, dpos + r0, scale, prescaled, rm,
                                                          rlse, rarg, rowq);
             KVQ_LAUNCHED();
-            KVQ_CUBLAS(outputs(c, A, Vq, Ov, G, nc, ncol));  /* A·V': exact attention, quantized values */
-            KVQ_CUBLAS(outputs(c, Aq, Vq, Oj, G, nc, ncol)); /* A'·V': both */
+            /* [A·V'; A'·V']: exact attention and quantized values; both quantized */
+            KVQ_CUBLAS(outputs(c, A, Vq, Ov, 2 * G, nc, ncol));
             output_rows<<<warps_grid, 256, 0, c->stream>>>(O, Ov, Oj, rows, D, rowq, ROWQ, 4);
             KVQ_LAUNCHED();
             reduce_rows<<<1, 256, 0, c->stream>>>(rowq, rows, ROWQ, qacc + (size_t)s * ROWQ);

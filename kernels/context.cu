@@ -75,9 +75,8 @@ extern "C" kvq_status kvq_cuda_open(kvq_cuda **out, char *name, size_t name_len,
 extern "C" void kvq_cuda_close(kvq_cuda *c)
 {
     if (!c) return;
-    kvq_dbuf *bufs[] = {&c->x,  &c->y,    &c->part, &c->flag, &c->mm,   &c->q,    &c->pos,
-                        &c->S,  &c->A,    &c->Sq,   &c->Aq,   &c->O,    &c->Ov,   &c->Oj,
-                        &c->rm, &c->rlse, &c->rarg, &c->rowe, &c->rowq, &c->eacc, &c->qacc};
+    kvq_dbuf *bufs[] = {&c->x, &c->y,  &c->part, &c->flag, &c->mm,   &c->q,    &c->pos,  &c->S,    &c->A,   &c->Sq,
+                        &c->O, &c->Ov, &c->rm,   &c->rlse, &c->rarg, &c->rowe, &c->rowq, &c->eacc, &c->qacc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvq_dbuf_free(bufs[i]);
     free(c->pos_host);
     if (c->blas) cublasDestroy(c->blas);

@@ -57,7 +57,7 @@ struct kvq_cuda {
     kvq_dbuf pos;  /* int [npos] */
     int *pos_host; /* the same positions on the host (chunk widths) */
     /* attention workspace */
-    kvq_dbuf S, A, Sq, Aq, O, Ov, Oj; /* rows × T, rows × D */
+    kvq_dbuf S, A, Sq, O, Ov;         /* rows × T (A: then A'), rows × D (Ov: then Oj) */
     kvq_dbuf rm, rlse, rarg;          /* exact row stats [rows] */
     kvq_dbuf rowe, rowq;              /* per-row sums [rows][3], [rows][6] */
     kvq_dbuf eacc, qacc;              /* [3], [nslots][6] */
