@@ -5,7 +5,8 @@
  *
  * Products go through cuBLAS (the scores strided-batched over the G query
  * heads that read the KV head, K broadcast with stride 0; the outputs one
- * product over all G·nc rows, V shared); one block per row does
+ * product over all G·nc rows with V shared, a quantizer's A·V' and A'·V'
+ * one over both A and A'); one block per row does
  * the softmax, KL and top-1; one warp per row the output differences.  Rows
  * are processed in chunks of positions so that a score matrix stays below
  * 32 M floats.  Per-row sums are reduced by a single block in row order, so
