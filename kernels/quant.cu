@@ -12,7 +12,8 @@
  * Kernels:
  *   rows_kernel     U or A on groups along a row: per token within a head
  *                   (TOKEN, ABSMAX) or along all heads of a token
- *                   (TOKEN_LAYER); one warp per group, lanes over its elements.
+ *                   (TOKEN_LAYER); 8, 16 or 32 lanes per group, a few
+ *                   elements each in registers.
  *   channel_kernel  U per channel: a block is 32 channels × 8 token lanes
  *                   over one group of tokens, so every load is coalesced.
  *   channel_minmax_kernel, channel_apply_kernel

@@ -65,7 +65,7 @@ void kvq_advise_huge(void *p, size_t bytes)
 #ifdef MADV_HUGEPAGE
     const uintptr_t huge = (uintptr_t)2 << 20;
     uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), b = ((uintptr_t)p + bytes) & ~(huge - 1);
-    if (p && b > a && b - a >= 2 * huge) (void)madvise((void *)a, b - a, MADV_HUGEPAGE); /* advice: see internal.h */
+    if (p && b > a && b - a >= 2 * huge) (void)madvise((void *)a, b - a, MADV_HUGEPAGE); /* advice: see above */
 #else
     (void)p, (void)bytes;
 #endif
