@@ -60,6 +60,10 @@ ldd "$tmp/prog" 2>/dev/null | grep -q "libkvq.so.0 => not found" && true # the s
 py=/usr/bin/python3
 if ! $py -c 'import mesonpy, venv, ensurepip' 2>/dev/null; then
     echo "SKIP: pip install: meson-python or venv/ensurepip missing (apt-get install python3-mesonpy python3-venv)"
+elif ! command -v patchelf >/dev/null; then
+    # meson-python sets the RPATH of the wheel's programs and libraries with it (Debian's
+    # python3-mesonpy only recommends it): without it the build stops in its wheel step
+    echo "SKIP: pip install: patchelf missing, which meson-python needs (apt-get install patchelf)"
 else
     $py -m venv --system-site-packages "$tmp/venv" >"$tmp/venv.log" 2>&1 || bad "python3 -m venv: $(tail -n 2 "$tmp/venv.log")"
     # a copy of the tree: pip builds where the source is and must not touch the checkout

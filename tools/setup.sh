@@ -66,7 +66,8 @@ pkgs=(gcc pkg-config meson ninja-build libhdf5-dev libopenblas-dev liblapacke-de
 case "$what" in figures | test) pkgs+=(python3-matplotlib python3-numpy python3-h5py) ;; esac
 # the test suite's real parts, as root: the slurm suite starts a one-node Slurm, the install
 # suite builds a wheel with meson-python into a venv (both skip without them)
-[ "$what" = test ] && [ "$(id -u)" = 0 ] && pkgs+=(slurm-wlm munge python3-mesonpy python3-venv)
+# (patchelf: meson-python only recommends it, but it needs it to point the wheel's programs at its libkvq)
+[ "$what" = test ] && [ "$(id -u)" = 0 ] && pkgs+=(slurm-wlm munge python3-mesonpy patchelf python3-venv)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
