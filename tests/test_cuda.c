@@ -7,9 +7,10 @@
  *   - a non-finite fp16 scale is reported for the same (tensor, head);
  *   - whole analyses (plan quantizers on the GPU, others uploaded; attention
  *     on the GPU) agree with --device cpu: 1e-4 relative on every metric
- *     (the attention ratios at least 1e-6 absolute; attn_kl: 1e-3 or 1e-9 absolute), bits exactly, attn_top1 within one
- *     row (a near-tie may resolve differently after a different summation
- *     order in sgemm), on odd shapes, several seeds and the bundled dump;
+ *     (the attention ratios at least 1e-6 absolute; attn_kl: 1e-3 or 1e-9
+ *     absolute), bits exactly, attn_top1 within one row (a near-tie may
+ *     resolve differently after a different summation order in sgemm), on
+ *     odd shapes, several seeds and the bundled dump;
  *   - the prepared (sweep) path equals the streamed one on the GPU.
  * Elsewhere it checks that --device cuda is refused with a clear reason and
  * exits 77 (meson: skipped). */
