@@ -16,12 +16,17 @@ int kvq_simd_avx2_active(void);
  * plain wrapper and, where KVQ_AVX2_CLONES is defined, from a
  * KVQ_TARGET_AVX2 one; kvq_simd_avx2_active() picks at run time.  An
  * element-wise loop (no reduction whose order the width would change) may
- * have a KVQ_TARGET_AVX512 copy too, picked by kvq_simd_active(). */
+ * have a KVQ_TARGET_AVX512 copy too, picked by kvq_simd_active().  Copies
+ * named NAME_plain, NAME_avx2 and NAME_avx512 are called through
+ * KVQ_PICK_CLONE(NAME)(args...): the widest the run may use. */
 #define KVQ_BODY static inline __attribute__((always_inline))
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVQ_AVX2_CLONES 1
 #define KVQ_TARGET_AVX2 __attribute__((target("avx2")))
 #define KVQ_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq"))) /* kvq_simd_active()'s features */
+#define KVQ_PICK_CLONE(name) (kvq_simd_active() ? name##_avx512 : kvq_simd_avx2_active() ? name##_avx2 : name##_plain)
+#else
+#define KVQ_PICK_CLONE(name) name##_plain
 #endif
 /* The highest SIMD level the paths may use: none (the portable paths),
  * AVX2 (+ FMA where a kernel asks for it) or AVX-512 (all the CPU has, the

@@ -153,11 +153,4 @@ KVQ_TARGET_AVX2 static size_t first_nonfinite_avx2(const float *x, size_t n) { r
 KVQ_TARGET_AVX512 static size_t first_nonfinite_avx512(const float *x, size_t n) { return first_nonfinite_body(x, n); }
 #endif
 
-size_t kvq_first_nonfinite(const float *x, size_t n)
-{
-#ifdef KVQ_AVX2_CLONES
-    if (kvq_simd_active()) return first_nonfinite_avx512(x, n);
-    if (kvq_simd_avx2_active()) return first_nonfinite_avx2(x, n);
-#endif
-    return first_nonfinite_plain(x, n);
-}
+size_t kvq_first_nonfinite(const float *x, size_t n) { return KVQ_PICK_CLONE(first_nonfinite)(x, n); }

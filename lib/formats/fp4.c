@@ -168,26 +168,12 @@ static inline __attribute__((always_inline)) float e2m1_round(float x, float d)
         for (int j = 0; j < n; j++) y[j] = e2m1_round(x[j], d);                               \
     }
 FP4_ROUND_LOOP(plain, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define FP4_AVX2 1
-FP4_ROUND_LOOP(avx2, __attribute__((target("avx2"))))
+#ifdef KVQ_AVX2_CLONES
+FP4_ROUND_LOOP(avx2, KVQ_TARGET_AVX2)
 FP4_ROUND_LOOP(avx512, KVQ_TARGET_AVX512)
 #endif
 
-void kvq_fp4_round(const float *x, float *y, int n, float d)
-{
-#ifdef FP4_AVX2
-    if (kvq_simd_active()) {
-        fp4_round_avx512(x, y, n, d);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        fp4_round_avx2(x, y, n, d);
-        return;
-    }
-#endif
-    fp4_round_plain(x, y, n, d);
-}
+void kvq_fp4_round(const float *x, float *y, int n, float d) { KVQ_PICK_CLONE(fp4_round)(x, y, n, d); }
 
 /* --------------------------------------------------------------- blocks */
 

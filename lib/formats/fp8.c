@@ -111,41 +111,18 @@ static inline __attribute__((always_inline)) float fp8_cast_fast(float v, fp8_co
     }
 
 FP8_LOOPS(plain, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define FP8_AVX2 1
-FP8_LOOPS(avx2, __attribute__((target("avx2"))))
+#ifdef KVQ_AVX2_CLONES
+FP8_LOOPS(avx2, KVQ_TARGET_AVX2)
 FP8_LOOPS(avx512, KVQ_TARGET_AVX512)
 #endif
 
 void kvq_fp8_quantize_array(const float *x, float *y, size_t n, float s, kvq_fp8_format format)
 {
-    fp8_consts k = fp8_consts_of(format);
-#ifdef FP8_AVX2
-    if (kvq_simd_active()) {
-        fp8_scaled_avx512(x, y, n, s, k);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        fp8_scaled_avx2(x, y, n, s, k);
-        return;
-    }
-#endif
-    fp8_scaled_plain(x, y, n, s, k);
+    KVQ_PICK_CLONE(fp8_scaled)(x, y, n, s, fp8_consts_of(format));
 }
 
 void kvq_fp8_quantize_columns(const float *x, float *y, size_t rows, size_t D, const float *s,
                                  kvq_fp8_format format)
 {
-    fp8_consts k = fp8_consts_of(format);
-#ifdef FP8_AVX2
-    if (kvq_simd_active()) {
-        fp8_columns_avx512(x, y, rows, D, s, k);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        fp8_columns_avx2(x, y, rows, D, s, k);
-        return;
-    }
-#endif
-    fp8_columns_plain(x, y, rows, D, s, k);
+    KVQ_PICK_CLONE(fp8_columns)(x, y, rows, D, s, fp8_consts_of(format));
 }

@@ -364,34 +364,8 @@ KVQ_TARGET_AVX512 static void residual_avx512(const float *x, const float *y, do
 }
 KVQ_TARGET_AVX512 static void add_low_rank_avx512(float *y, const double *e, size_t n) { add_low_rank_body(y, e, n); }
 #endif
-static void residual(const float *x, const float *y, double *e, size_t n)
-{
-#ifdef KVQ_AVX2_CLONES
-    if (kvq_simd_active()) {
-        residual_avx512(x, y, e, n);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        residual_avx2(x, y, e, n);
-        return;
-    }
-#endif
-    residual_plain(x, y, e, n);
-}
-static void add_low_rank(float *y, const double *e, size_t n)
-{
-#ifdef KVQ_AVX2_CLONES
-    if (kvq_simd_active()) {
-        add_low_rank_avx512(y, e, n);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        add_low_rank_avx2(y, e, n);
-        return;
-    }
-#endif
-    add_low_rank_plain(y, e, n);
-}
+static void residual(const float *x, const float *y, double *e, size_t n) { KVQ_PICK_CLONE(residual)(x, y, e, n); }
+static void add_low_rank(float *y, const double *e, size_t n) { KVQ_PICK_CLONE(add_low_rank)(y, e, n); }
 
 /* Steps 2b and 3 for head h: outliers back at fp16, then the low rank. */
 static kvq_status head_finish(gear_job *j, int h, kvq_error *err)

@@ -100,17 +100,7 @@ void kvq_lloydmax_snap(const kvq_codebook *cb, float *u, float n, int D)
         kvq_lloydmax_snap_ref(cb, u, n, D);
         return;
     }
-#ifdef KVQ_AVX2_CLONES
-    if (kvq_simd_active()) {
-        snap_chain_avx512(cb, u, n, D);
-        return;
-    }
-    if (kvq_simd_avx2_active()) {
-        snap_chain_avx2(cb, u, n, D);
-        return;
-    }
-#endif
-    snap_chain_plain(cb, u, n, D);
+    KVQ_PICK_CLONE(snap_chain)(cb, u, n, D);
 }
 
 kvq_status kvq_lloydmax_rows(const float *x, float *y, int T, int D, const kvq_rotation *rot,
