@@ -23,9 +23,10 @@ extern "C" {
 #define KVQ_PRINTF(a, b)
 #endif
 
-/* One threading layer at a time: BLAS single-threaded inside kvq's own OpenMP loops, with OpenBLAS's idle
- * worker threads stopped (they would otherwise spin in sched_yield beside kvq's threads); a later
- * multi-threaded BLAS call (the model's forward pass) starts them again. */
+/* One threading layer at a time: BLAS single-threaded inside kvq's own
+ * OpenMP loops, with OpenBLAS's idle worker threads stopped (they would
+ * otherwise spin in sched_yield beside kvq's threads); a later multi-threaded
+ * BLAS call (the model's forward pass) starts them again. */
 void kvq_blas_serial(void);
 /* 1 when this BLAS core computes each row of a product to the same bits
  * whatever other rows share the call, single-threaded (SkylakeX's kernels
@@ -55,10 +56,9 @@ static inline bool kvq_tensor_bytes(size_t a, size_t b, size_t c, size_t *bytes)
 
 /* malloc of n*size bytes with overflow check; NULL on failure. */
 void *kvq_alloc_array(size_t n, size_t size);
-/* bytes on a 64-byte (cache line) boundary, for outputs the SIMD kernels stream into; free() releases it. */
+/* bytes on a 64-byte (cache line) boundary, for outputs the SIMD kernels
+ * stream into; free() releases it.  NULL on failure. */
 void *kvq_alloc_lines(size_t bytes);
-/* Huge pages for a buffer not yet touched that will be written whole (error.c says why). */
-void kvq_advise_huge(void *p, size_t bytes);
 
 /* Index of the first inf or NaN in x[0..n), or n (vectorised screen, then a search). */
 size_t kvq_first_nonfinite(const float *x, size_t n);

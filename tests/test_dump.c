@@ -4,8 +4,6 @@
  * impossible sizes and layers. */
 #include "testutil.h"
 
-#include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -327,71 +325,6 @@ START_TEST(memory_dump_reads_as_the_file)
 }
 END_TEST
 
-/* THPeligible of the mapping that holds address a in /proc/self/smaps: 1, 0, or -1 where
- * the kernel does not say (no smaps, or a kernel before the field). */
-static int thp_eligible(const void *a)
-{
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    int in = 0, r = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        int v;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-            in = (uintptr_t)a >= lo && (uintptr_t)a < hi;
-        else if (in && sscanf(line, "THPeligible: %d", &v) == 1)
-            r = v;
-    }
-    fclose(f);
-    return r;
-}
-
-/* The system's THP mode: the bracketed word of .../transparent_hugepage/enabled, or "". */
-static void thp_mode(char *mode, size_t n)
-{
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    char line[128] = "", *a, *b;
-    mode[0] = '\0';
-    if (f && fgets(line, sizeof line, f) && (a = strchr(line, '[')) && (b = strchr(a, ']')) && (size_t)(b - a) < n) {
-        memcpy(mode, a + 1, (size_t)(b - a - 1));
-        mode[b - a - 1] = '\0';
-    }
-    if (f) fclose(f);
-}
-
-/* kvq_advise_huge: a layer's K and V (kvq_layer_alloc) are advised whole; where THP is
- * "madvise", that makes their 2 MB-aligned part eligible, and the query (read in a few rows
- * only) is left alone; NULL, small and unaligned ranges are ignored. */
-START_TEST(layer_buffers_advised_for_huge_pages)
-{
-    kvq_advise_huge(NULL, 1 << 24);
-    char small[64];
-    kvq_advise_huge(small, sizeof small);
-    kvq_advise_huge(small + 1, 3 << 20); /* no 2 MB-aligned pair inside: nothing asked */
-    kvq_layer L;
-    kvq_error err = {0};
-    /* 2 heads x 8192 tokens x 128 = 8 MB per tensor */
-    ck_assert_int_eq(kvq_layer_alloc(&L, 2, 2, 8192, 128, KVQ_READ_QUERY, &err), KVQ_OK);
-    size_t bytes = (size_t)2 * 8192 * 128 * sizeof(float), huge = (size_t)2 << 20;
-    char mode[32];
-    thp_mode(mode, sizeof mode);
-    const char *k = (const char *)(((uintptr_t)L.key + huge - 1) & ~(uintptr_t)(huge - 1));
-    const char *v = (const char *)(((uintptr_t)L.value + huge - 1) & ~(uintptr_t)(huge - 1));
-    const char *q = (const char *)(((uintptr_t)L.query + huge - 1) & ~(uintptr_t)(huge - 1));
-    int ek = thp_eligible(k), ev = thp_eligible(v), eq = thp_eligible(q);
-    if (!strcmp(mode, "madvise") && ek >= 0) {
-        ck_assert_msg(ek == 1 && ev == 1, "K, V not eligible for huge pages (THPeligible %d, %d)", ek, ev);
-        ck_assert_msg(eq == 0, "the query was advised too (THPeligible %d)", eq);
-    } else {
-        printf("dump: THP mode '%s', THPeligible %d: the advice itself is not observable here\n", mode, ek);
-    }
-    for (size_t i = 0; i < bytes / sizeof(float); i++) L.key[i] = (float)i; /* still plain memory */
-    ck_assert(L.key[bytes / sizeof(float) - 1] == (float)(bytes / sizeof(float) - 1));
-    kvq_layer_free(&L);
-}
-END_TEST
-
 START_TEST(kurtosis_and_ratio)
 {
     const float x[4] = {-1, -1, 1, 1};
@@ -414,7 +347,6 @@ int main(void)
     tcase_add_test(tc, gen_is_reproducible);
     tcase_add_test(tc, impossible_sizes_rejected);
     tcase_add_test(tc, kurtosis_and_ratio);
-    tcase_add_test(tc, layer_buffers_advised_for_huge_pages);
     tcase_add_test(tc, memory_dump_reads_as_the_file);
     suite_add_tcase(s, tc);
     return run_suite(s);

@@ -343,7 +343,6 @@ static kvq_status attention_on_device(kvq_device *dev, const kvq_prepared *p, co
 static int slot_alloc(kvq_quant_out *q, int H, int T, size_t bytes)
 {
     if (bytes) q->key = kvq_alloc_lines(bytes), q->value = kvq_alloc_lines(bytes);
-    if (bytes) kvq_advise_huge(q->key, bytes), kvq_advise_huge(q->value, bytes); /* K′, V′ written whole */
     if (bytes) q->keep = kvq_alloc_array((size_t)H * T, 1);
     q->k_bits = calloc((size_t)H, sizeof(double)), q->v_bits = calloc((size_t)H, sizeof(double));
     q->static_bytes = calloc((size_t)H, sizeof(double));
@@ -531,12 +530,10 @@ static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h,
 {
     kvq_quant_out *view = ls->view + (size_t)tid * (ls->ns + 1);
     size_t TD = (size_t)L->T * L->D, bytes;
-    if (ls->nby && !ls->buf[tid]) {
-        if (!kvq_tensor_bytes((size_t)ls->nby * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
-            !(ls->buf[tid] = kvq_alloc_lines(bytes)))
-            return KVQ_ERR_NOMEM;
-        kvq_advise_huge(ls->buf[tid], bytes); /* each head's K′, V′ written whole */
-    }
+    if (ls->nby && !ls->buf[tid] &&
+        (!kvq_tensor_bytes((size_t)ls->nby * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
+         !(ls->buf[tid] = kvq_alloc_lines(bytes))))
+        return KVQ_ERR_NOMEM;
     for (int s = s0, j = 0; s < s1; s++) {
         view[s] = ls->slot[s];
         if (!ls->by_head[s]) continue;

@@ -3,10 +3,8 @@
 #include "kvq_config.h"
 
 #include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 
 const char *kvq_strerror(kvq_status st)
 {
@@ -52,23 +50,6 @@ void *kvq_alloc_lines(size_t bytes)
     size_t rounded = (bytes + 63) & ~(size_t)63;
     if (rounded < bytes) return NULL;
     return aligned_alloc(64, rounded ? rounded : 64);
-}
-
-/* Asks the kernel to back the 2 MB-aligned part of [p, p + bytes) with transparent huge
- * pages (madvise MADV_HUGEPAGE) where that part is at least two of them: one fault then
- * maps 2 MB instead of 4 KB (a one-layer analysis took 22.8k faults, a tenth of its CPU
- * time).  Only for a buffer that will be written whole and is not touched yet: a huge page
- * is zeroed whole at its first touch.  Advice only: where THP is off or "always" it changes
- * nothing, and its failure (EINVAL without THP) is ignored. */
-void kvq_advise_huge(void *p, size_t bytes)
-{
-#ifdef MADV_HUGEPAGE
-    const uintptr_t huge = (uintptr_t)2 << 20;
-    uintptr_t a = ((uintptr_t)p + huge - 1) & ~(huge - 1), b = ((uintptr_t)p + bytes) & ~(huge - 1);
-    if (p && b > a && b - a >= 2 * huge) (void)madvise((void *)a, b - a, MADV_HUGEPAGE); /* advice: see above */
-#else
-    (void)p, (void)bytes;
-#endif
 }
 
 /* ------------------------------------------------------------- notes */

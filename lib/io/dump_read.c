@@ -768,8 +768,6 @@ kvq_status kvq_layer_alloc(kvq_layer *l, int H, int Hq, int T, int D, unsigned f
     l->H = H, l->Hq = Hq, l->T = T, l->D = D;
     l->key = calloc(1, kb);
     l->value = calloc(1, kb);
-    /* K and V are read whole (the query only in the rows the metrics use: no advice) */
-    kvq_advise_huge(l->key, kb), kvq_advise_huge(l->value, kb);
     if (flags & KVQ_READ_QUERY) l->query = calloc(1, qb);
     if (flags & KVQ_READ_KEY_PRE_ROPE) l->key_pre_rope = calloc(1, kb);
     if (!l->key || !l->value || ((flags & KVQ_READ_QUERY) && !l->query) ||

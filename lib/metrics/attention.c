@@ -309,7 +309,6 @@ static kvq_status ws_reserve(kvq_attn_ws *w, size_t nf, size_t nrs, kvq_error *e
     if (nf > w->nf) {
         free(w->f), w->nf = 0, w->zero = NULL, w->nzero = 0;
         if (!(w->f = kvq_alloc_array(nf, sizeof(float)))) goto nomem;
-        kvq_advise_huge(w->f, nf * sizeof(float)); /* scores and weights, every row in turn */
         w->nf = nf;
     }
     if (nrs > w->nrs) {
