@@ -42,11 +42,13 @@ out:
     return st;
 }
 
-/* Orthonormal basis of the columns of a [rows][cols] (rows >= cols), in place. */
+/* Orthonormal basis of the columns of a (rows × cols, column-major, rows >= cols), in
+ * place.  Column-major is what LAPACK computes in: LAPACKE's row-major entry transposes
+ * into it and back, to the same values. */
 static kvq_status orthonormalise(double *a, int rows, int cols, double *tau, kvq_error *err)
 {
-    lapack_int info = LAPACKE_dgeqrf(LAPACK_ROW_MAJOR, rows, cols, a, cols, tau);
-    if (info == 0) info = LAPACKE_dorgqr(LAPACK_ROW_MAJOR, rows, cols, cols, a, cols, tau);
+    lapack_int info = LAPACKE_dgeqrf(LAPACK_COL_MAJOR, rows, cols, a, rows, tau);
+    if (info == 0) info = LAPACKE_dorgqr(LAPACK_COL_MAJOR, rows, cols, cols, a, rows, tau);
     if (info != 0)
         return kvq_fail(err, KVQ_ERR_INTERNAL, "LAPACKE QR of a %d x %d matrix returned %d", rows, cols, (int)info);
     return KVQ_OK;
@@ -55,7 +57,12 @@ static kvq_status orthonormalise(double *a, int rows, int cols, double *tau, kvq
 /* In double: GEAR orthonormalises only on the last pass, so P's columns all
  * turn towards the top singular vector as `loop` grows; float32 would lose
  * the other directions after a few passes (measured: the error rose again
- * from loop 8 on), double keeps them for any practical loop. */
+ * from loop 8 on), double keeps them for any practical loop.
+ * P and Qm are column-major (a column of D, of T), so that in each product
+ * with E it is E that OpenBLAS packs in cache-sized blocks as its first
+ * operand, beside the r columns: as the second operand, E was packed whole
+ * into a buffer of its size and read back from memory (E is 8 MB of doubles
+ * on an 8k-token head), six times a head. */
 kvq_status kvq_lowrank_power_d(double *e, int T, int D, int r, int loop, kvq_rng *rng, kvq_error *err)
 {
     int m = T < D ? T : D;
@@ -71,18 +78,20 @@ kvq_status kvq_lowrank_power_d(double *e, int T, int D, int r, int loop, kvq_rng
         st = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for a rank-%d power iteration", r);
         goto out;
     }
-    for (size_t i = 0; i < (size_t)D * r; i++) P[i] = kvq_rng_uniform(rng); /* P [D][r], row by row */
+    for (int d = 0; d < D; d++) /* P [D][r] drawn row by row, stored by column */
+        for (int j = 0; j < r; j++) P[(size_t)j * D + d] = kvq_rng_uniform(rng);
+    /* e [T][D] row-major is Eᵀ column-major (D × T, leading dimension D) */
     for (int i = 0; i < loop; i++) {
         int last = i == loop - 1;
         if (last && (st = orthonormalise(P, D, r, tau, err))) goto out;
-        /* Qm = E·P  [T][r] */
-        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, r, D, 1.0, e, D, P, r, 0.0, Q, r);
+        /* Qm = E·P  (T × r) */
+        cblas_dgemm(CblasColMajor, CblasTrans, CblasNoTrans, T, r, D, 1.0, e, D, P, D, 0.0, Q, T);
         if (last && (st = orthonormalise(Q, T, r, tau, err))) goto out;
-        /* P = Eᵀ·Qm  [D][r] */
-        cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, D, r, T, 1.0, e, D, Q, r, 0.0, P, r);
+        /* P = Eᵀ·Qm  (D × r) */
+        cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, D, r, T, 1.0, e, D, Q, T, 0.0, P, D);
     }
-    /* L = Qm·Pᵀ  [T][D], over E */
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, r, 1.0, Q, r, P, r, 0.0, e, D);
+    /* L = Qm·Pᵀ [T][D] row-major, over E: Lᵀ = P·Qmᵀ column-major */
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasTrans, D, T, r, 1.0, P, D, Q, T, 0.0, e, D);
 out:
     free(P), free(Q), free(tau);
     return st;
