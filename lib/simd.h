@@ -42,8 +42,12 @@ void kvq_simd_force(int on);
 
 /* U per token: nrows rows of D, groups of G consecutive channels.  recon
  * (unless NULL) gets the error sums of the block, computed from registers.
- * Output to a 64-byte aligned y with whole-vector groups is streamed
- * (non-temporal stores, fenced before return). */
+ * Output to a 64-byte aligned y with whole-vector groups, of at least
+ * KVQ_STREAM_MIN_BYTES, is streamed (non-temporal stores, fenced before
+ * return); kvq_simd_stream_min sets that size (tests: 0 streams every
+ * aligned output). */
+enum { KVQ_STREAM_MIN_BYTES = 16 << 20 };
+void kvq_simd_stream_min(size_t bytes);
 kvq_status kvq_u_rows_avx512(const float *x, float *y, size_t nrows, size_t D, size_t G, int bits,
                              int fp16, kvq_recon_acc *recon);
 /* U per channel over a block of n rows of D channels; recon and stores as above. */

@@ -111,11 +111,13 @@ static void per_token_shapes(int cap)
         int T = shapes[s][0], D = shapes[s][1], G = shapes[s][2];
         size_t N = (size_t)T * D;
         /* a and d on cache lines, as the driver's outputs: with D and G
-         * multiples of 16 the kernels stream their stores */
+         * multiples of 16 the kernels stream their stores where the output
+         * is large enough, here half the time (a threshold of 0 bytes) */
         size_t lines = (N * 4 + 63) / 64 * 64;
         float *x = malloc(N * 4), *a = aligned_alloc(64, lines), *b = malloc(N * 4), *c = malloc(N * 4);
         for (int bits = 1; bits <= 8; bits += 3)
             for (int prec = 0; prec < 2; prec++) {
+                kvq_simd_stream_min(prec ? 0 : KVQ_STREAM_MIN_BYTES);
                 fill_normal(x, N, 7 * s + bits, 3.0);
                 for (int i = 0; i < G && i < D; i++) x[i] = -0.5f; /* a constant group */
                 double bits_a, bits_c;
@@ -152,6 +154,7 @@ static void per_token_shapes(int cap)
                 ck_assert(bits_a == bits_c);
                 free(d);
             }
+        kvq_simd_stream_min(KVQ_STREAM_MIN_BYTES);
         free(x), free(a), free(b), free(c);
     }
 }
