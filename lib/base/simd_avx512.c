@@ -126,14 +126,11 @@ AVX512 static inline void racc_flush(const racc *a, kvq_recon_acc *acc, size_t n
     acc->n += (double)n;
 }
 
-/* Full-vector store, non-temporal when `stream` (y 64-byte aligned): the
- * output is not read again soon, and skipping the read-for-ownership of its
- * cache lines saves a third of the memory traffic. */
 /* Whether the U kernels stream an output of n floats at y: only a large one
  * (a layer's), which leaves the cache before it is read anyway.  A head's
  * (4 MB at 8k tokens) is read back at once by the metrics that follow it in
  * kvq-analyze's head loop; streamed, it came back from memory (12
- * per-token specs on four 8k layers: 4.91-4.93 s streamed, 4.78 s not). */
+ * per-token specs on four 8k layers: 4.91-5.00 s streamed, 4.78-4.82 s not). */
 static size_t stream_min_bytes = KVQ_STREAM_MIN_BYTES;
 void kvq_simd_stream_min(size_t bytes) { __atomic_store_n(&stream_min_bytes, bytes, __ATOMIC_RELAXED); }
 static inline int stream_output(const float *y, size_t n)
@@ -141,6 +138,9 @@ static inline int stream_output(const float *y, size_t n)
     return (uintptr_t)y % 64 == 0 && n * sizeof(float) >= __atomic_load_n(&stream_min_bytes, __ATOMIC_RELAXED);
 }
 
+/* Full-vector store, non-temporal when `stream` (y 64-byte aligned): the
+ * output is not read again soon, and skipping the read-for-ownership of its
+ * cache lines saves a third of the memory traffic. */
 AVX512 static inline void store16(float *y, __m512 v, int stream)
 {
     if (stream) _mm512_stream_ps(y, v);
