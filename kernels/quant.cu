@@ -292,17 +292,33 @@ __device__ inline void block_minmax(float &mn, float &mx)
     for (int k = 0; k < 8; k++) mn = fminf(mn, smn[k][tx]), mx = fmaxf(mx, smx[k][tx]);
 }
 
-/* Chunk k = blockIdx.x % nchunk of group g = blockIdx.x / nchunk (G tokens from t0, the last
- * group shorter; C tokens a chunk), channels blockIdx.y·32 + [0, 32) of head blockIdx.z:
- * its min and max into mm[h][g][k][c]. */
+/* The block's chunk of a split channel step: chunk k = blockIdx.x % nchunk of group
+ * g = blockIdx.x / nchunk (G tokens from t0, the last group shorter; C tokens a chunk),
+ * tokens [ts, te), channel c = blockIdx.y·32 + threadIdx.x of head h = blockIdx.z; mm_at is
+ * chunk j's entry of that group and channel in mm [H][groups][nchunk][D]. */
+struct channel_chunk {
+    int h, g, k, c, ngroups, nchunk;
+    long ts, te;
+    __device__ size_t mm_at(int j, int D) const { return (((size_t)h * ngroups + g) * nchunk + j) * D + c; }
+};
+__device__ inline channel_chunk chunk_of_block(int t0, int t1, int G, int nchunk, int C)
+{
+    channel_chunk b;
+    b.h = blockIdx.z, b.g = blockIdx.x / nchunk, b.k = blockIdx.x % nchunk, b.c = blockIdx.y * 32 + threadIdx.x;
+    b.ngroups = (int)(((long)t1 - t0 + G - 1) / G), b.nchunk = nchunk;
+    const long gs = (long)t0 + (long)b.g * G, ge = t1 - gs < G ? t1 : gs + G;
+    b.ts = gs + (long)b.k * C, b.te = ge - b.ts < C ? ge : b.ts + C;
+    return b;
+}
+
+/* The block's chunk (chunk_of_block): its min and max into mm[h][g][k][c]. */
 __global__ void channel_minmax_kernel(const float *__restrict__ x, int T, int D, int t0, int t1, int G, int nchunk,
                                       int C, float2 *__restrict__ mm)
 {
-    const int h = blockIdx.z, g = blockIdx.x / nchunk, k = blockIdx.x % nchunk, c = blockIdx.y * 32 + threadIdx.x;
-    const int ngroups = (int)(((long)t1 - t0 + G - 1) / G);
-    const long gs = (long)t0 + (long)g * G, ge = t1 - gs < G ? t1 : gs + G;
-    const long ts = gs + (long)k * C, te = ge - ts < C ? ge : ts + C;
-    const float *xh = x + (size_t)h * T * D;
+    const channel_chunk b = chunk_of_block(t0, t1, G, nchunk, C);
+    const int c = b.c;
+    const long ts = b.ts, te = b.te;
+    const float *xh = x + (size_t)b.h * T * D;
     float mn = INFINITY, mx = -INFINITY;
     if (c < D)
         for (long t = ts + threadIdx.y; t < te; t += 8) {
@@ -310,7 +326,7 @@ __global__ void channel_minmax_kernel(const float *__restrict__ x, int T, int D,
             mn = fminf(mn, v), mx = fmaxf(mx, v);
         }
     block_minmax(mn, mx);
-    if (threadIdx.y == 0 && c < D) mm[(((size_t)h * ngroups + g) * nchunk + k) * D + c] = make_float2(mn, mx);
+    if (threadIdx.y == 0 && c < D) mm[b.mm_at(b.k, D)] = make_float2(mn, mx);
 }
 
 /* The same block's chunk, quantized with its group's min and max (the chunks' from mm), and
@@ -319,10 +335,9 @@ __global__ void channel_apply_kernel(const float *__restrict__ x, float *__restr
                                      int G, int nchunk, int C, const float2 *__restrict__ mm, int bits, int fp16,
                                      kvq_rpart *part, int *flag, int bad_base)
 {
-    const int h = blockIdx.z, g = blockIdx.x / nchunk, k = blockIdx.x % nchunk, c = blockIdx.y * 32 + threadIdx.x;
-    const int ngroups = (int)(((long)t1 - t0 + G - 1) / G);
-    const long gs = (long)t0 + (long)g * G, ge = t1 - gs < G ? t1 : gs + G;
-    const long ts = gs + (long)k * C, te = ge - ts < C ? ge : ts + C;
+    const channel_chunk b = chunk_of_block(t0, t1, G, nchunk, C);
+    const int h = b.h, c = b.c;
+    const long ts = b.ts, te = b.te;
     const float *xh = x + (size_t)h * T * D;
     float *yh = y + (size_t)h * T * D;
     const float L = (float)((1u << bits) - 1u);
@@ -330,7 +345,7 @@ __global__ void channel_apply_kernel(const float *__restrict__ x, float *__restr
     float mn = INFINITY, mx = -INFINITY;
     if (active)
         for (int j = threadIdx.y; j < nchunk; j += 8) {
-            float2 m = mm[(((size_t)h * ngroups + g) * nchunk + j) * D + c];
+            float2 m = mm[b.mm_at(j, D)];
             mn = fminf(mn, m.x), mx = fmaxf(mx, m.y);
         }
     block_minmax(mn, mx);
