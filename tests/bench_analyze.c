@@ -44,13 +44,16 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The Llama-3-8B shape of every dump here, which report() counts FLOP by */
+enum { HQ = 32, HKV = 8, HEAD_DIM = 128 };
+
 static void make_dump(const char *path, int layers, int tokens)
 {
     struct stat sb;
     if (stat(path, &sb) == 0) return;
     kvq_gen_opts o;
     kvq_gen_defaults(&o);
-    o.num_layers = layers, o.num_heads = 32, o.num_kv_heads = 8, o.head_dim = 128, o.seq_len = tokens;
+    o.num_layers = layers, o.num_heads = HQ, o.num_kv_heads = HKV, o.head_dim = HEAD_DIM, o.seq_len = tokens;
     o.rope_theta = 500000, o.rope_style = KVQ_ROPE_HALF, o.dtype = KVQ_F16;
     kvq_error err = {0};
     fprintf(stderr, "kvq-bench-analyze: writing %s (once)\n", path);
@@ -134,17 +137,17 @@ static void sgemm_rates(int P, int T, int D, int nt, double *hot, double *cold)
 
 /* The run against the strict floor (the target's: one query head's
  * shapes) and, for reference, against the floor with operands from memory
- * and against the sgemm rate at the stacked shape kvq runs: the G = 4
+ * and against the sgemm rate at the stacked shape kvq runs: the G = HQ/HKV
  * query heads of a KV head in one product (M = G·P; attention.c's
  * group_heads), which OpenBLAS runs faster than M = P. */
 static void report(const char *name, int layers, int T, int nspecs, int P, int nt, double t, double rss)
 {
-    int Hq = 32, G = 4, D = 128;
+    const int Hq = HQ, G = HQ / HKV, D = HEAD_DIM;
     double flop = (double)layers * Hq * (2 + 3.0 * nspecs) * 2.0 * P * T * D, rate, cold, stacked;
     sgemm_rates(P, T, D, nt, &rate, &cold);
     sgemm_rates(G * P, T, D, nt, &stacked, NULL);
     double floor_s = flop / (rate * 1e9), cold_s = flop / (cold * 1e9), stacked_s = flop / (stacked * 1e9);
-    printf("%s: %.3f s; floor %.3f s (%.1f GFLOP at %.1f GFLOP/s, sgemm on the same shapes, %d threads); "
+    printf("%s: %.3f s; floor %.3f s (%.1f GFLOP at %.1f GFLOP/s, sgemm on one query head's shapes, %d threads); "
            "ratio %.2fx (target <= 1.5x); peak RSS %.0f MB\n"
            "   with the GEMM operands read from memory, as kvq's are: floor %.3f s (%.1f GFLOP/s), ratio %.2fx\n"
            "   at the stacked shape kvq runs (M = %d rows, operands in cache): floor %.3f s (%.1f GFLOP/s), "
