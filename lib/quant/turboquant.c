@@ -42,26 +42,43 @@ static kvq_status turboquant_check(const kvq_spec *sp, kvq_error *err)
     return KVQ_OK;
 }
 
-/* The QJL stage on T residuals r [T][D], in place: r_t becomes the
- * correction (sqrt(π/2)/D)·γ_t·Sᵀ·z_t.  S [D][D]; z: [T][D] scratch;
- * scale: [T] scratch. */
-static void qjl_rows(float *r, float *z, float *scale, const float *S, int T, int D)
+enum { QJL_ROWS = 8 }; /* rows whose norms are summed side by side */
+
+/* r = x − y for T rows of D, and each row's γ = fp16(‖r‖) times coef into
+ * scale[t].  Each ‖r‖² is summed in double in channel order, as the
+ * definition reads; QJL_ROWS rows at a time, so that their sums are
+ * independent chains instead of one waiting on each addition. */
+static void qjl_residuals(const float *x, const float *y, float *r, float *scale, int T, int D, float coef)
+{
+    for (int t0 = 0; t0 < T; t0 += QJL_ROWS) {
+        int nb = T - t0 < QJL_ROWS ? T - t0 : QJL_ROWS;
+        size_t base = (size_t)t0 * D;
+        for (size_t i = base; i < base + (size_t)nb * D; i++) r[i] = x[i] - y[i];
+        double ss[QJL_ROWS] = {0};
+        for (int c = 0; c < D; c++)
+            for (int k = 0; k < nb; k++) {
+                double v = r[base + (size_t)k * D + c];
+                ss[k] += v * v;
+            }
+        for (int k = 0; k < nb; k++) scale[t0 + k] = coef * kvq_round_f16((float)sqrt(ss[k]));
+    }
+}
+
+/* The QJL stage on T residuals r [T][D] (scale[t] = (sqrt(π/2)/D)·γ_t
+ * from qjl_residuals), added to y: y_t += scale_t·Sᵀ·z_t with
+ * z_t = sign(S·r_t).  S [D][D]; z: [T][D] scratch; r is overwritten. */
+static void qjl_add(float *y, float *r, float *z, const float *scale, const float *S, int T, int D)
 {
     /* z = r·Sᵀ (z[t][i] = Σ_j S[i][j]·r[t][j]), then its signs */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, D, D, 1.0f, r, D, S, D, 0.0f, z, D);
-    const float coef = (float)(sqrt(M_PI / 2.0) / D);
-    for (int t = 0; t < T; t++) {
-        const float *rt = r + (size_t)t * D;
-        float *zt = z + (size_t)t * D;
-        double ss = 0.0;
-        for (int c = 0; c < D; c++) ss += (double)rt[c] * rt[c];
-        scale[t] = coef * kvq_round_f16((float)sqrt(ss)); /* γ = fp16(‖r‖) */
-        for (int i = 0; i < D; i++) zt[i] = zt[i] >= 0.0f ? 1.0f : -1.0f; /* sign 0 = +1 */
-    }
-    /* r_t = scale_t · Sᵀ·z_t (the rows of z·S) */
+    for (size_t i = 0; i < (size_t)T * D; i++) z[i] = z[i] >= 0.0f ? 1.0f : -1.0f; /* sign 0 = +1 */
+    /* Sᵀ·z_t (the rows of z·S), scaled, then added: two roundings, as written */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, D, D, 1.0f, z, D, S, D, 0.0f, r, D);
-    for (int t = 0; t < T; t++)
-        for (int c = 0; c < D; c++) r[(size_t)t * D + c] = scale[t] * r[(size_t)t * D + c];
+    for (int t = 0; t < T; t++) {
+        float *yt = y + (size_t)t * D;
+        const float *rt = r + (size_t)t * D, st = scale[t];
+        for (int c = 0; c < D; c++) yt[c] = yt[c] + st * rt[c];
+    }
 }
 
 /* One head's tensor with stage 1's nearest levels found by snap. */
@@ -94,9 +111,8 @@ static kvq_status turboquant_run(const kvq_spec *sp, const kvq_quant_ctx *ctx, c
             kvq_rng_init(&rng, ctx->seed, (uint64_t)ctx->layer, (uint64_t)h,
                          kvq_family_stream(sp->q, (uint64_t)tensor));
             for (size_t i = 0; i < (size_t)D * D; i++) S[i] = (float)kvq_rng_normal(&rng);
-            for (size_t i = 0; i < n; i++) r[i] = x[i] - y[i];
-            qjl_rows(r, z, scale, S, T, D);
-            for (size_t i = 0; i < n; i++) y[i] = y[i] + r[i];
+            qjl_residuals(x, y, r, scale, T, D, (float)(sqrt(M_PI / 2.0) / D));
+            qjl_add(y, r, z, scale, S, T, D);
         } else {
             st = KVQ_ERR_NOMEM;
         }
