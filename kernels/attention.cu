@@ -78,12 +78,12 @@ __global__ void softmax_exact(float *S, float *A, int ncol, int nc, const int *p
             a[u] = 0.0f;
         }
     }
-    s2 = kvq_block_sum(s2);
-    a2 = kvq_block_sum(a2);
+    double t[2] = {s2, a2};
+    kvq_block_sums(t);
     if (threadIdx.x == 0) {
         rm[r] = m, rlse[r] = log(sum), rarg[r] = am;
-        rowe[(size_t)r * ROWE + 0] = s2;
-        rowe[(size_t)r * ROWE + 1] = a2;
+        rowe[(size_t)r * ROWE + 0] = t[0];
+        rowe[(size_t)r * ROWE + 1] = t[1];
     }
 }
 
@@ -118,12 +118,11 @@ __global__ void softmax_compare(float *Sq, float *Aq, const float *S, const floa
             aq[u] = 0.0f;
         }
     }
-    ds2 = kvq_block_sum(ds2);
-    da2 = kvq_block_sum(da2);
-    kl = kvq_block_sum(kl);
+    double t[3] = {ds2, da2, kl};
+    kvq_block_sums(t);
     if (threadIdx.x == 0) {
         double *o = rowq + (size_t)r * ROWQ;
-        o[0] = ds2, o[1] = da2, o[2] = kl, o[3] = rarg[r] == amq ? 1.0 : 0.0;
+        o[0] = t[0], o[1] = t[1], o[2] = t[2], o[3] = rarg[r] == amq ? 1.0 : 0.0;
     }
 }
 
@@ -152,15 +151,15 @@ __global__ void output_rows(const float *O, const float *Ov, const float *Oj, in
     }
 }
 
-/* acc[v] += Σ_r rowv[r·stride + v] for v < stride; one block, fixed order. */
-__global__ void reduce_rows(const double *rowv, int rows, int stride, double *acc)
+/* acc[v] += Σ_r rowv[r·STRIDE + v] for v < STRIDE; one block, fixed order. */
+template <int STRIDE> __global__ void reduce_rows(const double *rowv, int rows, double *acc)
 {
-    for (int v = 0; v < stride; v++) {
-        double t = 0;
-        for (int r = threadIdx.x; r < rows; r += blockDim.x) t += rowv[(size_t)r * stride + v];
-        t = kvq_block_sum(t);
-        if (threadIdx.x == 0) acc[v] += t;
-    }
+    double t[STRIDE] = {};
+    for (int r = threadIdx.x; r < rows; r += blockDim.x)
+        for (int v = 0; v < STRIDE; v++) t[v] += rowv[(size_t)r * STRIDE + v];
+    kvq_block_sums(t);
+    if (threadIdx.x == 0)
+        for (int v = 0; v < STRIDE; v++) acc[v] += t[v];
 }
 
 /* ------------------------------------------------------------------ host */
@@ -240,7 +239,7 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
         KVQ_CUBLAS(outputs(c, A, V, O, G, nc, ncol));
         output_rows<<<warps_grid, 256, 0, c->stream>>>(O, NULL, NULL, rows, D, rowe, ROWE, 2);
         KVQ_LAUNCHED();
-        reduce_rows<<<1, 256, 0, c->stream>>>(rowe, rows, ROWE, eacc);
+        reduce_rows<ROWE><<<1, 256, 0, c->stream>>>(rowe, rows, eacc);
         KVQ_LAUNCHED();
         /* each quantizer against it */
         for (int s = 0; s < nslots; s++) {
@@ -253,7 +252,7 @@ extern "C" kvq_status kvq_cuda_attention(kvq_cuda *c, int h, int nslots, kvq_att
             KVQ_CUBLAS(outputs(c, A, Vq, Ov, 2 * G, nc, ncol));
             output_rows<<<warps_grid, 256, 0, c->stream>>>(O, Ov, Oj, rows, D, rowq, ROWQ, 4);
             KVQ_LAUNCHED();
-            reduce_rows<<<1, 256, 0, c->stream>>>(rowq, rows, ROWQ, qacc + (size_t)s * ROWQ);
+            reduce_rows<ROWQ><<<1, 256, 0, c->stream>>>(rowq, rows, qacc + (size_t)s * ROWQ);
             KVQ_LAUNCHED();
         }
     }

@@ -79,19 +79,32 @@ __device__ inline double kvq_warp_sum(double v)
     return v;
 }
 
-/* Sum over a 1-D block (blockDim.x a multiple of 32, ≤ 1024); every thread
- * gets the same total, added in the same order on every run. */
+/* Sums over a 1-D block (blockDim.x a multiple of 32, ≤ 1024) of N values
+ * at once, each reduced as a lone kvq_block_sum would (the same order), with
+ * one pair of barriers for all N; every thread gets the totals. */
+template <int N> __device__ inline void kvq_block_sums(double (&v)[N])
+{
+    __shared__ double sh[N][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int n = 0; n < N; n++) v[n] = kvq_warp_sum(v[n]);
+    __syncthreads(); /* a previous call may still be reading sh */
+    if (lane == 0)
+        for (int n = 0; n < N; n++) sh[n][w] = v[n];
+    __syncthreads();
+    for (int n = 0; n < N; n++) {
+        double t = 0;
+        for (int k = 0; k < nw; k++) t += sh[n][k];
+        v[n] = t;
+    }
+}
+
+/* Sum over a 1-D block; every thread gets the same total, added in the same
+ * order on every run. */
 __device__ inline double kvq_block_sum(double v)
 {
-    __shared__ double sh[32];
-    v = kvq_warp_sum(v);
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    __syncthreads(); /* a previous call may still be reading sh */
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int k = 0; k < nw; k++) t += sh[k];
-    return t;
+    double a[1] = {v};
+    kvq_block_sums(a);
+    return a[0];
 }
 
 #endif
