@@ -100,6 +100,26 @@ static float select_kth(float *v, int n, int k)
     return v[k];
 }
 
+/* The longest list a top_k_scan keeps: beyond it, selections cost less. */
+#define GEAR_SCAN_MAX 64
+
+/* The k best of row (largest or smallest) not in skip, best first, into
+ * idx: one pass keeping a sorted list of k, O(n) when few values beat the
+ * k-th (the usual case for small k).  Indices arrive in increasing order, so
+ * an equal value never displaces a kept one: ties go to the lower index. */
+static void top_k_scan(const float *row, int n, int k, int largest, const unsigned char *skip, float *val, int *idx)
+{
+    int cnt = 0;
+    for (int i = 0; i < n; i++) {
+        if (skip && skip[i]) continue;
+        float v = row[i];
+        if (cnt == k && !(largest ? v > val[k - 1] : v < val[k - 1])) continue;
+        int p = cnt < k ? cnt++ : k - 1;
+        while (p > 0 && (largest ? v > val[p - 1] : v < val[p - 1])) val[p] = val[p - 1], idx[p] = idx[p - 1], p--;
+        val[p] = v, idx[p] = i;
+    }
+}
+
 /* A cut for the `count` most extreme values of a long row (largest: the
  * highest): the value whose rank from that end, in an evenly strided sample
  * of GEAR_SAMPLE values, matches about 2·count + 64 values of the row, so
@@ -113,7 +133,14 @@ static int sample_cut(const float *row, int n, int count, int largest, float *cu
     for (int i = 0; i < GEAR_SAMPLE; i++) s[i] = row[(size_t)i * (size_t)n / GEAR_SAMPLE];
     long rank = (2L * count + 64) * GEAR_SAMPLE / n + 1;
     if (rank >= GEAR_SAMPLE / 2) return 0;
-    *cut = select_kth(s, GEAR_SAMPLE, (int)(largest ? GEAR_SAMPLE - 1 - rank : rank));
+    if (rank < GEAR_SCAN_MAX) { /* the same value by a scan: fewer mispredicted branches */
+        float val[GEAR_SCAN_MAX];
+        int idx[GEAR_SCAN_MAX];
+        top_k_scan(s, GEAR_SAMPLE, (int)rank + 1, largest, NULL, val, idx);
+        *cut = val[rank];
+    } else {
+        *cut = select_kth(s, GEAR_SAMPLE, (int)(largest ? GEAR_SAMPLE - 1 - rank : rank));
+    }
     return 1;
 }
 
@@ -174,10 +201,17 @@ static void mark_both_extremes(const float *row, int n, int k, unsigned char *se
         return;
     }
     float th_hi = select_kth(vh, mh, mh - k), th_lo = select_kth(vl, ml, k - 1);
-    int need_hi = k, need_lo = k;
-    for (int i = 0; i < n; i++) {
-        int up = row[i] > th_hi, down = row[i] < th_lo;
+    int need_hi = k, need_lo = k, first_hi = n, first_lo = n;
+    for (int i = 0; i < n; i++) { /* vectorised: the marks, their counts, each threshold's first index */
+        float x = row[i];
+        int up = x > th_hi, down = x < th_lo;
         sel[i] = (unsigned char)(up | down), need_hi -= up, need_lo -= down;
+        int at_hi = x == th_hi ? i : n, at_lo = x == th_lo ? i : n;
+        first_hi = at_hi < first_hi ? at_hi : first_hi, first_lo = at_lo < first_lo ? at_lo : first_lo;
+    }
+    if (need_hi == 1 && need_lo == 1) { /* the usual case: each threshold's value is needed once */
+        sel[first_hi] = sel[first_lo] = 1;
+        return;
     }
     for (int i = 0; i < n && (need_hi > 0 || need_lo > 0); i++) {
         if (need_hi > 0 && row[i] == th_hi) sel[i] = 1, need_hi--;
@@ -185,22 +219,39 @@ static void mark_both_extremes(const float *row, int n, int k, unsigned char *se
     }
 }
 
-/* The k best of row (largest or smallest) not in skip, best first, into
- * idx: one pass keeping a sorted list of k, O(n) when few values beat the
- * k-th (the usual case for small k).  Indices arrive in increasing order, so
- * an equal value never displaces a kept one: ties go to the lower index. */
-static void top_k_scan(const float *row, int n, int k, int largest, const unsigned char *skip, float *val,
-                       int *idx)
+/* k = 1 (rows of 100 to 149 values, as V's 128 channels with sparsity
+ * 0.02): what the two top_k_scan calls mark — the first index of the largest
+ * value, then the first other index of the smallest value — from one pass for
+ * the row's largest and smallest value (16 lanes, vectorised) and two
+ * searches for their first indices.  If the smallest value's only index is
+ * the largest's, all values are equal and the search finds index 1.
+ * 0: the row holds a NaN (which top_k_scan orders by position; not marked). */
+static int mark_one_each(const float *row, int n, unsigned char *sel)
 {
-    int cnt = 0;
-    for (int i = 0; i < n; i++) {
-        if (skip && skip[i]) continue;
-        float v = row[i];
-        if (cnt == k && !(largest ? v > val[k - 1] : v < val[k - 1])) continue;
-        int p = cnt < k ? cnt++ : k - 1;
-        while (p > 0 && (largest ? v > val[p - 1] : v < val[p - 1])) val[p] = val[p - 1], idx[p] = idx[p - 1], p--;
-        val[p] = v, idx[p] = i;
+    enum { L = 16 };
+    float hi[L], lo[L];
+    int nan[L] = {0}, i = 0;
+    for (int l = 0; l < L; l++) hi[l] = lo[l] = row[0];
+    for (; i + L <= n; i += L)
+        for (int l = 0; l < L; l++) {
+            float x = row[i + l];
+            hi[l] = x > hi[l] ? x : hi[l], lo[l] = x < lo[l] ? x : lo[l], nan[l] |= x != x;
+        }
+    for (; i < n; i++) {
+        float x = row[i];
+        hi[0] = x > hi[0] ? x : hi[0], lo[0] = x < lo[0] ? x : lo[0], nan[0] |= x != x;
     }
+    float mx = hi[0], mn = lo[0];
+    for (int l = 1; l < L; l++) {
+        mx = hi[l] > mx ? hi[l] : mx, mn = lo[l] < mn ? lo[l] : mn;
+        nan[0] |= nan[l];
+    }
+    if (nan[0]) return 0;
+    int top = 0, bottom = 0;
+    while (row[top] != mx) top++;
+    while (bottom == top || row[bottom] != mn) bottom++;
+    sel[top] = sel[bottom] = 1;
+    return 1;
 }
 
 /* The means GEAR gives the outliers in the backbone's copy, of nb <=
@@ -216,14 +267,12 @@ static void row_means(const float *rows, int nb, int n, float *mean)
     for (int b = 0; b < nb; b++) mean[b] = (float)(sum[b] / n);
 }
 
-/* Row row[0..n): marks the k largest values, then the k smallest of the
- * rest (ties: lower index first) in sel, and replaces them by the row mean
- * in work (a copy of row).  r: n scratch entries. */
-void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch)
+/* Marks in sel (zeroed) the k > 0 largest values of row[0..n), then the k
+ * smallest of the rest (ties: lower index first).  r: n scratch entries. */
+static void mark_row_outliers(const float *row, int n, int k, unsigned char *sel, float *scratch)
 {
-    memset(sel, 0, (size_t)n);
-    if (k <= 0) return;
-    if (k <= 64) { /* scans; r doubles as the value/index lists */
+    if (k == 1 && mark_one_each(row, n, sel)) return;
+    if (k <= GEAR_SCAN_MAX) { /* scans; r doubles as the value/index lists */
         float *val = scratch;
         int *idx = (int *)(scratch + k); /* 2k <= n */
         top_k_scan(row, n, k, 1, NULL, val, idx);
@@ -233,6 +282,16 @@ void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, in
     } else { /* selections, O(n): the largest k, then the smallest k of the rest */
         mark_both_extremes(row, n, k, sel, scratch);
     }
+}
+
+/* Row row[0..n): marks the k largest values, then the k smallest of the
+ * rest (ties: lower index first) in sel, and replaces them by the row mean
+ * in work (a copy of row).  r: n scratch entries. */
+void kvq_gear_row_outliers(const float *row, float *work, unsigned char *sel, int n, int k, float *scratch)
+{
+    memset(sel, 0, (size_t)n);
+    if (k <= 0) return;
+    mark_row_outliers(row, n, k, sel, scratch);
     if (!work) return; /* only the selection (kvquant keeps outliers without replacement) */
     float mean;
     row_means(row, 1, n, &mean);
@@ -271,6 +330,22 @@ static int row_len(const gear_job *j, int layer_rows)
 }
 static int row_k(const gear_job *j, int n) { return (int)floor(j->o->sparsity * n / 2.0); }
 
+/* sel[e0..e0 + 8) ∩ [0, n) (bytes 0 or 1) as a word with bit 8·i set for
+ * sel[e0 + i]: its set bits in increasing order are the marked indices. */
+static inline uint64_t marks8(const unsigned char *sel, int e0, int n)
+{
+    uint64_t m = 0;
+    if (e0 + 8 > n) {
+        for (int e = e0; e < n; e++) m |= (uint64_t)sel[e] << 8 * (e - e0);
+        return m;
+    }
+    memcpy(&m, sel + e0, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    m = __builtin_bswap64(m);
+#endif
+    return m;
+}
+
 /* Step 1 for the rows of head h into w, a copy of that head's [T][D], or of
  * the whole layer (h < 0, V span=layer) into w, a copy of [H][T][D]; and the
  * outlier lists: only the outliers are written.  Rows are gathered
@@ -285,10 +360,16 @@ static kvq_status mark_outliers(gear_job *j, int h, float *w)
     if (k <= 0) return KVQ_OK;
     float *rows = kvq_alloc_array((size_t)GEAR_BLOCK * n, sizeof *rows), *r = kvq_alloc_array((size_t)n, 2 * sizeof *r);
     unsigned char *sel = malloc((size_t)n);
-    if (!rows || !r || !sel) {
-        free(rows), free(r), free(sel);
+    /* K: the outliers as bits of [T][W words] and each channel's mean, written to w and the
+     * list afterwards in memory order (a channel's outliers lie one token row apart) */
+    size_t W = (D + 63) / 64;
+    uint64_t *bit = by_token ? NULL : kvq_alloc_array(T * W, sizeof *bit);
+    float *chmean = by_token ? NULL : kvq_alloc_array(D, sizeof *chmean);
+    if (!rows || !r || !sel || (!by_token && (!bit || !chmean))) {
+        free(rows), free(r), free(sel), free(bit), free(chmean);
         return KVQ_ERR_NOMEM;
     }
+    if (bit) memset(bit, 0, T * W * sizeof *bit);
     for (int rw0 = 0; rw0 < nrows; rw0 += GEAR_BLOCK) {
         int nb = nrows - rw0 < GEAR_BLOCK ? nrows - rw0 : GEAR_BLOCK;
         if (layer_rows) { /* tokens rw0.. over every head's channels */
@@ -305,24 +386,32 @@ static kvq_status mark_outliers(gear_job *j, int h, float *w)
         for (int b = 0; b < nb; b++) {
             kvq_gear_row_outliers(rows + (size_t)b * n, NULL, sel, n, k, r);
             size_t rw = (size_t)rw0 + b;
-            for (int e = 0; e < n; e++) {
-                uint64_t none; /* 2k of n marked: eight unmarked at a time are skipped at once */
-                if (!(e & 7) && e + 8 <= n && (memcpy(&none, sel + e, 8), !none)) {
-                    e += 7;
-                    continue;
+            if (chmean) chmean[rw] = mean[b];
+            for (int e0 = 0; e0 < n; e0 += 8) /* 2k of n marked: eight at a time, by their bits */
+                for (uint64_t m = marks8(sel, e0, n); m; m &= m - 1) {
+                    int e = e0 + __builtin_ctzll(m) / 8;
+                    if (bit) { /* K: channel rw at token e */
+                        bit[(size_t)e * W + rw / 64] |= (uint64_t)1 << (rw % 64);
+                        continue;
+                    }
+                    /* head and offset in its [T][D]: a V row is token rw over
+                     * the channels e (with layer rows, e = head·D + channel) */
+                    int hh = layer_rows ? e / (int)D : h;
+                    size_t at = layer_rows ? rw * D + (size_t)e % D : rw * D + (size_t)e;
+                    w[(layer_rows ? (size_t)hh * T * D : 0) + at] = mean[b];
+                    j->opos[(size_t)hh * j->cap + j->nout[hh]++] = at;
                 }
-                if (!sel[e]) continue;
-                /* head and offset in its [T][D]: a K row is channel rw over
-                 * the tokens e, a V row token rw over the channels e (with
-                 * layer rows, e = head·D + channel) */
-                int hh = layer_rows ? e / (int)D : h;
-                size_t at = layer_rows ? rw * D + (size_t)e % D : by_token ? rw * D + (size_t)e : (size_t)e * D + rw;
-                w[(layer_rows ? (size_t)hh * T * D : 0) + at] = mean[b];
-                j->opos[(size_t)hh * j->cap + j->nout[hh]++] = at;
-            }
         }
     }
-    free(rows), free(r), free(sel);
+    if (bit) /* K's outliers token by token, channels ascending */
+        for (size_t t = 0; t < T; t++)
+            for (size_t wd = 0; wd < W; wd++)
+                for (uint64_t m = bit[t * W + wd]; m; m &= m - 1) {
+                    size_t c = wd * 64 + (size_t)__builtin_ctzll(m), at = t * D + c;
+                    w[at] = chmean[c];
+                    j->opos[(size_t)h * j->cap + j->nout[h]++] = at;
+                }
+    free(rows), free(r), free(sel), free(bit), free(chmean);
     return KVQ_OK;
 }
 
@@ -367,45 +456,64 @@ KVQ_TARGET_AVX512 static void add_low_rank_avx512(float *y, const double *e, siz
 static void residual(const float *x, const float *y, double *e, size_t n) { KVQ_PICK_CLONE(residual)(x, y, e, n); }
 static void add_low_rank(float *y, const double *e, size_t n) { KVQ_PICK_CLONE(add_low_rank)(y, e, n); }
 
-/* Steps 2b and 3 for head h: outliers back at fp16, then the low rank. */
+/* Steps 2b and 3 for head h: outliers back at fp16, then the low rank
+ * (the power iteration's residual pass restores them on its way). */
 static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
 {
     int T = j->T, D = j->D;
     size_t off = (size_t)h * T * D, n = (size_t)T * D;
     const float *x = j->x + off;
     float *y = j->y + off;
-    const size_t *opos = j->opos + (size_t)h * j->cap;
-    for (size_t i = 0; i < j->nout[h]; i++) {
-        y[opos[i]] = kvq_round_f16(x[opos[i]]);
-        if (!isfinite(y[opos[i]])) return KVQ_ERR_NUMERIC;
-    }
-    j->bits[h] += (double)j->nout[h] * (16.0 + 32.0);
+    const size_t *opos = j->opos + (size_t)h * j->cap, nout = j->nout[h];
+    j->bits[h] += (double)nout * (16.0 + 32.0);
     int r = j->o->rank, m = T < D ? T : D;
     if (r > m) r = m;
-    if (r <= 0) return KVQ_OK;
     kvq_status st = KVQ_OK;
-    if (j->o->lowrank == LOWRANK_POWER) { /* E formed in double and L added from it: no float copies */
+    if (r > 0 && j->o->lowrank == LOWRANK_POWER) { /* E formed in double and L added from it: no float copies */
         double *e = kvq_alloc_array(n, sizeof *e);
         if (!e) return KVQ_ERR_NOMEM;
-        residual(x, y, e, n); /* E = X − (D̂ + S), in float */
+        /* E = X − (D̂ + S), in float, a chunk at a time: the pass brings the
+         * chunk into cache, then its outliers (opos ascends) go back at fp16
+         * and their E is taken again */
+        enum { CHUNK = 1024 };
+        size_t i = 0;
+        for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+            size_t c1 = n - c0 < CHUNK ? n : c0 + CHUNK;
+            residual(x + c0, y + c0, e + c0, c1 - c0);
+            for (; i < nout && opos[i] < c1; i++) {
+                size_t p = opos[i];
+                y[p] = kvq_round_f16(x[p]);
+                if (!isfinite(y[p])) {
+                    free(e);
+                    return KVQ_ERR_NUMERIC;
+                }
+                e[p] = (double)(x[p] - y[p]);
+            }
+        }
         kvq_rng rng;
         kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
                      kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
         st = kvq_lowrank_power_d(e, T, D, r, j->o->loop, &rng, err);
         if (!st) add_low_rank(y, e, n); /* X' = D̂ + S + L */
         free(e);
-    } else {
-        float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
-        if (!E || !L) {
-            st = KVQ_ERR_NOMEM;
-        } else {
-            for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i];
-            st = kvq_lowrank_svd(E, T, D, r, L, err);
-            if (!st)
-                for (size_t i = 0; i < n; i++) y[i] += L[i];
-        }
-        free(E), free(L);
+        if (!st) j->bits[h] += 16.0 * r * (double)(T + D);
+        return st;
     }
+    for (size_t i = 0; i < nout; i++) {
+        y[opos[i]] = kvq_round_f16(x[opos[i]]);
+        if (!isfinite(y[opos[i]])) return KVQ_ERR_NUMERIC;
+    }
+    if (r <= 0) return KVQ_OK;
+    float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
+    if (!E || !L) {
+        st = KVQ_ERR_NOMEM;
+    } else {
+        for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i];
+        st = kvq_lowrank_svd(E, T, D, r, L, err);
+        if (!st)
+            for (size_t i = 0; i < n; i++) y[i] += L[i];
+    }
+    free(E), free(L);
     if (!st) j->bits[h] += 16.0 * r * (double)(T + D);
     return st;
 }

@@ -249,7 +249,10 @@ static inline void kvq_gather_channels(const float *x, size_t ld, int nb, int n,
     size_t t0 = 0;
     for (; t0 + TILE <= (size_t)n; t0 += TILE) {
         float tile[TILE][KVQ_CHANNEL_BLOCK];
-        for (int i = 0; i < TILE; i++) memcpy(tile[i], x + (t0 + i) * ld, (size_t)nb * sizeof(float));
+        if (nb == KVQ_CHANNEL_BLOCK) /* a constant size: vector moves, not a string copy */
+            for (int i = 0; i < TILE; i++) memcpy(tile[i], x + (t0 + i) * ld, sizeof tile[i]);
+        else
+            for (int i = 0; i < TILE; i++) memcpy(tile[i], x + (t0 + i) * ld, (size_t)nb * sizeof(float));
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < TILE; i++) rows[(size_t)b * n + t0 + i] = tile[i][b];
     }
@@ -264,7 +267,10 @@ static inline void kvq_scatter_channels(const float *rows, int nb, int n, size_t
         float tile[TILE][KVQ_CHANNEL_BLOCK];
         for (int b = 0; b < nb; b++)
             for (int i = 0; i < TILE; i++) tile[i][b] = rows[(size_t)b * n + t0 + i];
-        for (int i = 0; i < TILE; i++) memcpy(y + (t0 + i) * ld, tile[i], (size_t)nb * sizeof(float));
+        if (nb == KVQ_CHANNEL_BLOCK)
+            for (int i = 0; i < TILE; i++) memcpy(y + (t0 + i) * ld, tile[i], sizeof tile[i]);
+        else
+            for (int i = 0; i < TILE; i++) memcpy(y + (t0 + i) * ld, tile[i], (size_t)nb * sizeof(float));
     }
     for (size_t t = t0; t < (size_t)n; t++)
         for (int b = 0; b < nb; b++) y[t * ld + b] = rows[(size_t)b * n + t];
