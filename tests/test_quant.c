@@ -232,7 +232,9 @@ START_TEST(registry_defaults_parse)
         }
         ck_assert_ptr_eq(kvq_quantizer_find(q->name), q);
         ck_assert(q->nparams <= KVQ_MAX_PARAMS);
-        ck_assert(q->description && (q->quantize != NULL) != (q->quantize_head != NULL));
+        ck_assert(q->description && (q->quantize || q->quantize_head));
+        ck_assert_msg(!q->couples_heads || (q->quantize && q->quantize_head), "%s: couples_heads picks between the two",
+                      q->name);
         ck_assert_msg(!q->layer_prepare || q->quantize_head, "%s: layer_prepare serves quantize_head", q->name);
     }
     ck_assert_ptr_null(kvq_quantizer_at(kvq_quantizer_count()));

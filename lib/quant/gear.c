@@ -315,8 +315,14 @@ typedef struct {
     size_t *nout;   /* [H]: outliers of each head */
     size_t cap;     /* room per head in opos */
     double *bits;   /* [H] */
+    int head0;      /* y, opos and nout start at this head: 0, or h for one head (gear_head) */
     int bad_head;   /* out: the first failing head */
 } gear_job;
+
+/* Head h's output [T][D], outlier offsets and their count. */
+static float *job_y(const gear_job *j, int h) { return j->y + (size_t)(h - j->head0) * j->T * j->D; }
+static size_t *job_opos(const gear_job *j, int h) { return j->opos + (size_t)(h - j->head0) * j->cap; }
+static size_t *job_nout(const gear_job *j, int h) { return j->nout + (h - j->head0); }
 
 /* Whether the tensor's rows are tokens over all heads (V with span=layer). */
 static int span_layer(const gear_job *j) { return j->tensor == 1 && j->o->span == 1; }
@@ -399,7 +405,7 @@ static kvq_status mark_outliers(gear_job *j, int h, float *w)
                     int hh = layer_rows ? e / (int)D : h;
                     size_t at = layer_rows ? rw * D + (size_t)e % D : rw * D + (size_t)e;
                     w[(layer_rows ? (size_t)hh * T * D : 0) + at] = mean[b];
-                    j->opos[(size_t)hh * j->cap + j->nout[hh]++] = at;
+                    job_opos(j, hh)[(*job_nout(j, hh))++] = at;
                 }
         }
     }
@@ -409,7 +415,7 @@ static kvq_status mark_outliers(gear_job *j, int h, float *w)
                 for (uint64_t m = bit[t * W + wd]; m; m &= m - 1) {
                     size_t c = wd * 64 + (size_t)__builtin_ctzll(m), at = t * D + c;
                     w[at] = chmean[c];
-                    j->opos[(size_t)h * j->cap + j->nout[h]++] = at;
+                    job_opos(j, h)[(*job_nout(j, h))++] = at;
                 }
     free(rows), free(r), free(sel), free(bit), free(chmean);
     return KVQ_OK;
@@ -421,11 +427,10 @@ static kvq_status head_backbone(gear_job *j, int h, const float *w)
 {
     int T = j->T, D = j->D, bits = j->o->bits, G = j->o->group;
     int kcvt = j->o->backbone == BACKBONE_KCVT;
-    size_t off = (size_t)h * T * D;
     if (j->tensor == 0)
-        return kvq_quant_head_per_channel(w, j->y + off, T, D, 0, T, bits, kcvt ? T : G, KVQ_SCALE_FP16, &j->bits[h],
+        return kvq_quant_head_per_channel(w, job_y(j, h), T, D, 0, T, bits, kcvt ? T : G, KVQ_SCALE_FP16, &j->bits[h],
                                           NULL);
-    return kvq_quant_head_per_token(w, j->y + off, T, D, 0, T, bits, kcvt ? D : G, KVQ_SCALE_FP16, &j->bits[h], NULL);
+    return kvq_quant_head_per_token(w, job_y(j, h), T, D, 0, T, bits, kcvt ? D : G, KVQ_SCALE_FP16, &j->bits[h], NULL);
 }
 
 /* E = X − (D̂ + S) in double (the difference taken in float), and
@@ -463,8 +468,8 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
     int T = j->T, D = j->D;
     size_t off = (size_t)h * T * D, n = (size_t)T * D;
     const float *x = j->x + off;
-    float *y = j->y + off;
-    const size_t *opos = j->opos + (size_t)h * j->cap, nout = j->nout[h];
+    float *y = job_y(j, h);
+    const size_t *opos = job_opos(j, h), nout = *job_nout(j, h);
     j->bits[h] += (double)nout * (16.0 + 32.0);
     int r = j->o->rank, m = T < D ? T : D;
     if (r > m) r = m;
@@ -522,6 +527,22 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
  * quantizes a copy of x (with sparsity 0 it quantizes x itself). */
 static int needs_copy(const gear_job *j) { return row_k(j, row_len(j, span_layer(j))) > 0; }
 
+/* Steps 1 to 3 for head h of a tensor whose rows are the head's (not V with
+ * span=layer): the head copied into w ([T][D]) and its outliers marked
+ * there, when it has any, then the backbone and the rest. */
+static kvq_status head_all_steps(gear_job *j, int h, float *w, kvq_error *err)
+{
+    size_t hn = (size_t)j->T * j->D;
+    const float *src = j->x + (size_t)h * hn;
+    kvq_status s = KVQ_OK;
+    if (needs_copy(j)) {
+        memcpy(w, src, hn * sizeof *w);
+        s = mark_outliers(j, h, w), src = w;
+    }
+    if (!s) s = head_backbone(j, h, src);
+    return s ? s : head_finish(j, h, err);
+}
+
 static kvq_status gear_tensor(gear_job *j, kvq_error *err)
 {
     int H = j->H, copy = needs_copy(j);
@@ -550,18 +571,8 @@ static kvq_status gear_tensor(gear_job *j, kvq_error *err)
 #pragma omp parallel for num_threads(j->nt) schedule(dynamic, 1)
     for (int h = 0; h < H; h++) {
         if (st) continue;
-        kvq_status s = KVQ_OK;
-        if (!layer_span) {
-            const float *src = j->x + (size_t)h * hn;
-            if (copy) {
-                float *w = j->w + (size_t)omp_get_thread_num() * hn;
-                memcpy(w, src, hn * sizeof *w);
-                s = mark_outliers(j, h, w), src = w;
-            }
-            if (!s) s = head_backbone(j, h, src);
-        }
-        if (!s) s = head_finish(j, h, &errs[h]);
-        sts[h] = s;
+        float *w = copy && !layer_span ? j->w + (size_t)omp_get_thread_num() * hn : NULL;
+        sts[h] = layer_span ? head_finish(j, h, &errs[h]) : head_all_steps(j, h, w, &errs[h]);
     }
     for (int h = 0; h < H && !st; h++)
         if (sts[h]) {
@@ -584,6 +595,23 @@ static int outlier_room(const gear_job *j, size_t *cap)
     return kvq_mul_size((size_t)row_count(j, layer_rows), per_row, cap);
 }
 
+/* The job of one tensor of the layer `in` into out (the whole layer's), on nt threads. */
+static gear_job job_of(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                       int tensor, int nt)
+{
+    return (gear_job){.sp = sp,
+                      .o = kvq_spec_opts(sp),
+                      .ctx = ctx,
+                      .tensor = tensor,
+                      .H = in->H,
+                      .T = in->T,
+                      .D = in->D,
+                      .nt = nt,
+                      .x = tensor ? in->value : in->key,
+                      .y = tensor ? out->value : out->key,
+                      .bits = tensor ? out->v_bits : out->k_bits};
+}
+
 static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in,
                              kvq_quant_out *out, kvq_error *err)
 {
@@ -594,17 +622,7 @@ static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const
     gear_job job[2];
     for (int tensor = 0; tensor < 2; tensor++) {
         gear_job *j = &job[tensor];
-        *j = (gear_job){.sp = sp,
-                        .o = kvq_spec_opts(sp),
-                        .ctx = ctx,
-                        .tensor = tensor,
-                        .H = H,
-                        .T = T,
-                        .D = D,
-                        .nt = nt,
-                        .x = tensor ? in->value : in->key,
-                        .y = tensor ? out->value : out->key,
-                        .bits = tensor ? out->v_bits : out->k_bits};
+        *j = job_of(sp, ctx, in, out, tensor, nt);
         if (!outlier_room(j, &cap[tensor])) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: outlier lists overflow", sp->text);
         if (cap[tensor] > room) room = cap[tensor];
         size_t need = !needs_copy(j) ? 0 : (size_t)(span_layer(j) ? H : nt) * T * D;
@@ -633,6 +651,31 @@ static kvq_status gear_layer(const kvq_spec *sp, const kvq_quant_ctx *ctx, const
     }
 out:
     free(w), free(opos), free(nout);
+    return st;
+}
+
+/* V with span=layer: its rows are tokens across the heads. */
+static int gear_couples_heads(const kvq_spec *sp) { return ((const gear_opts *)kvq_spec_opts(sp))->span == 1; }
+
+/* One tensor of head h (quantize_head, for the analysis's head loop): the
+ * steps gear_layer's per-head loop runs, with the head's own copy and
+ * outlier list; the same bits. */
+static kvq_status gear_head(const kvq_spec *sp, const kvq_quant_ctx *ctx, const kvq_layer *in, kvq_quant_out *out,
+                            int tensor, int h, kvq_error *err)
+{
+    gear_job j = job_of(sp, ctx, in, out, tensor, 1);
+    if (span_layer(&j)) return kvq_fail(err, KVQ_ERR_INTERNAL, "%s: span=layer runs on the whole layer", sp->text);
+    size_t cap, nout = 0;
+    if (!outlier_room(&j, &cap)) return kvq_fail(err, KVQ_ERR_NOMEM, "%s: outlier lists overflow", sp->text);
+    float *w = needs_copy(&j) ? kvq_alloc_array((size_t)in->T * in->D, sizeof *w) : NULL;
+    size_t *opos = kvq_alloc_array(cap ? cap : 1, sizeof *opos);
+    kvq_status st = (needs_copy(&j) && !w) || !opos ? KVQ_ERR_NOMEM : KVQ_OK;
+    if (!st) {
+        j.w = w, j.opos = opos, j.nout = &nout, j.cap = cap, j.head0 = h; /* opos and nout of head h alone */
+        j.y = kvq_head_out(out, in, tensor, h);
+        st = head_all_steps(&j, h, w, err);
+    }
+    free(w), free(opos);
     return st;
 }
 
@@ -788,6 +831,8 @@ const kvq_quantizer kvq_q_gear = {
     .in_default_set = 1,
     .default_spec = "",
     .quantize = gear_layer,
+    .quantize_head = gear_head,
+    .couples_heads = gear_couples_heads,
     .reference = gear_reference,
     .nstreams = 2, /* the power iteration's start of K and of V */
     .stream_tag_kept = 6,
@@ -801,6 +846,8 @@ const kvq_quantizer kvq_q_gear_l = {
     .nparams = sizeof gear_l_params / sizeof gear_l_params[0],
     .check = gear_l_check,
     .quantize = gear_layer,
+    .quantize_head = gear_head,
+    .couples_heads = gear_couples_heads,
     .reference = gear_reference,
     .nstreams = 2, /* the power iteration's start of K and of V */
     .stream_tag_kept = 6,

@@ -45,15 +45,22 @@ typedef struct kvq_quantizer {
     /* Whether the spec can run on heads of D channels (e.g. llama.cpp's rule:
      * D a multiple of the block); NULL if any D.  KVQ_ERR_USAGE says why. */
     kvq_status (*check_shape)(const kvq_spec *spec, int D, kvq_error *err);
-    /* Exactly one of the two: the whole layer (may use ctx->nthreads), or one
+    /* At least one of the two: the whole layer (may use ctx->nthreads), or one
      * tensor (0 = K, 1 = V) of one head, which kvq_quantize_layer runs over all
      * heads in parallel and must write only that head's output and bits.
      * quantize_head may leave err untouched for KVQ_ERR_NUMERIC (the runner
-     * then names the fp16 overflow) and KVQ_ERR_NOMEM. */
+     * then names the fp16 overflow) and KVQ_ERR_NOMEM.  With both,
+     * kvq_quantize_layer runs quantize, the analysis's head loop quantize_head
+     * (for the specs couples_heads leaves to it), and the two write the same
+     * bits (test_registry). */
     kvq_status (*quantize)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                            kvq_quant_out *out, kvq_error *err);
     kvq_status (*quantize_head)(const kvq_spec *spec, const kvq_quant_ctx *ctx, const kvq_layer *in,
                                 kvq_quant_out *out, int tensor, int head, kvq_error *err);
+    /* Optional, for a family with both: 1 for a spec whose heads cannot be
+     * quantized one at a time (GEAR's span=layer: V's rows are tokens across
+     * the heads), which then runs on the whole layer only.  NULL: none. */
+    int (*couples_heads)(const kvq_spec *spec);
     /* The plain reference (ggml's from_float_ref beside the fast function),
      * at most one of the two: the whole layer on one thread (quantize's
      * contract), or one tensor of one head (quantize_head's, run over the
@@ -298,7 +305,8 @@ kvq_status kvq_quantize_layer_reference(const kvq_spec *spec, const kvq_quant_ct
                                         kvq_quant_out *out, kvq_error *err);
 /* 1 when spec (one layer's: not a mix, not tokens(...)) quantizes every
  * head of K and V on its own on T tokens of D channels: its family has a
- * quantize_head, no prerotate, and no plan step that couples the heads.
+ * quantize_head, no prerotate, and no plan step (or couples_heads) that
+ * couples the heads.
  * Then kvq_quantize_one_head(tensor, h) writes exactly what
  * kvq_quantize_layer writes for that head, and the analysis may run it
  * head by head into a buffer of one head (kvq_quant_out.head0). */

@@ -131,7 +131,8 @@ static kvq_status reference_direct(const kvq_spec *spec, const kvq_quant_ctx *ct
 
 int kvq_spec_by_head(const kvq_spec *spec, int T, int D)
 {
-    if (kvq_spec_is_mix(spec) || kvq_spec_is_tokens(spec) || !spec->q->quantize_head || kvq_spec_prerotate(spec))
+    if (kvq_spec_is_mix(spec) || kvq_spec_is_tokens(spec) || !spec->q->quantize_head || kvq_spec_prerotate(spec) ||
+        (spec->q->couples_heads && spec->q->couples_heads(spec)))
         return 0;
     if (!spec->q->plan) return 1;
     kvq_plan p;
