@@ -222,7 +222,7 @@ static void mark_both_extremes(const float *row, int n, int k, unsigned char *se
 /* k = 1 (rows of 100 to 149 values, as V's 128 channels with sparsity
  * 0.02): what the two top_k_scan calls mark — the first index of the largest
  * value, then the first other index of the smallest value — from one pass for
- * the row's largest and smallest value (16 lanes, vectorised) and two
+ * the row's largest and smallest value (in 16 independent lanes) and two
  * searches for their first indices.  If the smallest value's only index is
  * the largest's, all values are equal and the search finds index 1.
  * 0: the row holds a NaN (which top_k_scan orders by position; not marked). */
@@ -494,6 +494,10 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
                 }
                 e[p] = (double)(x[p] - y[p]);
             }
+        }
+        if (i < nout) { /* a list out of order: outliers left behind */
+            free(e);
+            return kvq_fail(err, KVQ_ERR_INTERNAL, "outlier offsets out of order");
         }
         kvq_rng rng;
         kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
