@@ -124,6 +124,14 @@ kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, cons
                                  kvq_attn_mode mode, const int *pos, size_t npos, int nquant, const float *const *Kq,
                                  const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
                                  kvq_attn_ws *ws, kvq_error *err);
+/* The same for more quantizers of the head that the last call on ws
+ * compared (the same Qrows, K, V, mode and pos): where that call's rows fit
+ * one chunk for all G heads (the default last:64 does), its exact side is
+ * still in ws and is not computed again; else it is.  The same sums. */
+kvq_status kvq_attention_rows_ws_more(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                      kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                      const float *const *Kq, const float *const *Vq, const unsigned char *const *Mq,
+                                      kvq_attn_acc *acc, kvq_attn_ws *ws, kvq_error *err);
 /* The exact side of one KV head's attention (query rows, S, A, O in the
  * chunks kvq_attention_head uses), computed once and kept, so that any number
  * of later quantizers are compared against it with bit-identical sums. */

@@ -745,6 +745,45 @@ START_TEST(spec_ranges_equal_one_thread)
 }
 END_TEST
 
+/* A head's specs run head by head are quantized and compared in batches
+ * (the driver's HEAD_BATCH of them, the exact attention kept from batch to
+ * batch): each spec's sums equal its run alone, bit for bit.  Nine specs,
+ * seven of them head by head, a first stage in the first batch taken by a
+ * spec of the second; one thread and two. */
+START_TEST(batches_equal_alone)
+{
+    int L = 2, Hq = 4, H = 2, D = 16, T = 130;
+    char *path = gen_dump(L, Hq, H, D, T, 19);
+    const char *texts[9] = {"lloydmax:bits=2",
+                            "per-token:bits=3",
+                            "fp8",
+                            "gear:rank=2,sparsity=0.1",
+                            "tokens(knorm:keep=0.5; none; drop)",
+                            "kivi:bits=2,group=16,residual=32",
+                            "per-channel:bits=2",
+                            "tender",
+                            "turboquant:bits=3"};
+    kvq_spec sp[9];
+    kvq_analysis all, one;
+    for (int threads = 1; threads <= 2; threads++) {
+        unsigned long n0 = kvq_first_stages_taken();
+        analyze(path, texts, 9, threads, "last:11", sp, &all);
+        ck_assert_uint_eq(kvq_first_stages_taken() - n0, 2ul * L * H); /* lloydmax's, batches apart */
+        for (int s = 0; s < 9; s++) {
+            analyze(path, texts + s, 1, threads, "last:11", sp, &one);
+            for (int i = 0; i < L * H; i++)
+                ck_assert_msg(!memcmp(&all.acc[(size_t)i * 9 + s], &one.acc[i], sizeof one.acc[i]),
+                              "%d threads: %s on layer %d, head %d differs from its run alone", threads, texts[s],
+                              i / H, i % H);
+            kvq_analysis_free(&one);
+        }
+        kvq_analysis_free(&all);
+    }
+    unlink(path);
+    free(path);
+}
+END_TEST
+
 /* The vector exps of the AVX-512 and AVX2 softmaxes against expf: within 2
  * ulp over the whole range they are used on (x <= 0), denormal results
  * within 4 of the smallest denormal; and the two equal where both run. */
@@ -897,6 +936,7 @@ int main(void)
     tcase_add_test(tc, prepared_equals_streamed);
     tcase_add_test(tc, first_stage_from_the_run);
     tcase_add_test(tc, spec_ranges_equal_one_thread);
+    tcase_add_test(tc, batches_equal_alone);
     tcase_add_test(tc, layer_state_by_head_equals_layer);
     tcase_add_test(tc, vector_exp_accuracy);
     tcase_add_test(tc, softmax_rows_vector);

@@ -256,9 +256,9 @@ static void head_masks(const kvq_quant_out *slot, int nspecs, int h, int T, cons
     for (int s = 0; s < nspecs; s++) Mh[s] = slot[s].dropped ? slot[s].keep + (size_t)h * T : NULL;
 }
 
-static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn,
-                               const kvq_attn_ref *ref, const float *qrows, int nspecs, const kvq_quant_out *slot,
-                               const int *pos, size_t npos, kvq_acc *acc, kvq_attn_ws *ws, kvq_error *err)
+static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, int with_attn, const kvq_attn_ref *ref,
+                               const float *qrows, int nspecs, const kvq_quant_out *slot, const int *pos, size_t npos,
+                               kvq_acc *acc, kvq_attn_ws *ws, int more, kvq_error *err)
 {
     size_t off = (size_t)h * L->T * L->D;
     const float *K = L->key + off, *V = L->value + off;
@@ -279,9 +279,10 @@ static kvq_status head_metrics(const kvq_layer *L, kvq_attn_mode mode, int h, in
         /* query heads h*G .. h*G+G-1 read KV head h */
         if (ref)
             st = kvq_attn_ref_compare_ws(ref, nspecs, Kh, Vh, Mh, aa, ws, err);
-        else
-            st = kvq_attention_rows_ws(qrows + (size_t)h * G * npos * L->D, G, K, V, L->T, L->D, mode, pos, npos,
-                                       nspecs, Kh, Vh, Mh, aa, ws, err);
+        else /* more: the head's exact side from the batch before (layer_metrics) */
+            st = (more ? kvq_attention_rows_ws_more : kvq_attention_rows_ws)(qrows + (size_t)h * G * npos * L->D, G, K,
+                                                                             V, L->T, L->D, mode, pos, npos, nspecs, Kh,
+                                                                             Vh, Mh, aa, ws, err);
         if (!st) merge_attn(acc, aa, nspecs);
     }
     free(Kh), free(Vh), free(Mh), free(aa);
@@ -434,6 +435,11 @@ static int spec_by_head(const kvq_prepared *p, const kvq_analysis_opts *o, const
     return 1;
 }
 
+/* Head-by-head specs a head's task quantizes before it compares them: a
+ * thread's buffer holds that many outputs of a head (8 MB each on an 8k-token
+ * head), plus the first stages that later specs take. */
+enum { HEAD_BATCH = 4 };
+
 /* Every spec on one layer, as the metrics threads see it. */
 typedef struct layer_specs {
     int ns, nby;            /* specs; how many of them run head by head */
@@ -446,7 +452,11 @@ typedef struct layer_specs {
     kvq_quant_out *slot;    /* [ns] the whole layer's outputs (no K', V' for by_head) */
     size_t slot_bytes;      /* a layer slot's K' (or V') */
     int nbuf;               /* threads */
-    float **buf;            /* [nbuf]: a thread's K', V' of its head [nby][2][T][D], made on first use */
+    int *bslot;             /* [ns] a head-by-head spec's place in buf: a first stage's its own, others
+                             * np + their rank in their batch (layer_metrics), or -1 */
+    int np, nslots;         /* places for first stages; places in all */
+    int *bcap;              /* [nbuf] places in each thread's buf */
+    float **buf;            /* [nbuf]: a thread's K', V' of its head [nslots][2][T][D], made on first use */
     kvq_quant_out *view;    /* [nbuf][ns + 1]: a thread's outputs of its head */
     kvq_status *hst;        /* [2][nheads·ns]: each task's metrics, then its head-by-head runs */
     kvq_error *herr;        /* [nheads·ns] */
@@ -456,6 +466,7 @@ static void layer_specs_free(layer_specs *ls)
 {
     for (int i = 0; ls->buf && i < ls->nbuf; i++) free(ls->buf[i]);
     free(ls->by_head), free(ls->spec), free(ls->first), free(ls->ctx), free(ls->state), free(ls->in), free(ls->buf);
+    free(ls->bslot), free(ls->bcap);
     free(ls->view);
     free(ls->hst), free(ls->herr);
 }
@@ -468,11 +479,12 @@ static int layer_specs_alloc(layer_specs *ls, int ns, int nbuf, int nh, kvq_quan
     ls->by_head = calloc(n, 1), ls->spec = calloc(n, sizeof *ls->spec), ls->ctx = calloc(n, sizeof *ls->ctx);
     ls->first = calloc(n, sizeof *ls->first), ls->state = calloc(n, sizeof *ls->state);
     ls->in = calloc(n, sizeof *ls->in), ls->buf = calloc((size_t)nbuf, sizeof *ls->buf);
+    ls->bslot = calloc(n, sizeof *ls->bslot), ls->bcap = calloc((size_t)nbuf, sizeof *ls->bcap);
     ls->view = calloc((size_t)nbuf * n, sizeof *ls->view);
     size_t ntask = (size_t)nh * (ns > 0 ? ns : 1) + 1; /* at most a task per head and spec (spec_groups) */
     ls->hst = calloc(2 * ntask, sizeof *ls->hst), ls->herr = calloc(ntask, sizeof *ls->herr);
     return ls->by_head && ls->spec && ls->first && ls->state && ls->ctx && ls->in && ls->buf && ls->view && ls->hst &&
-                   ls->herr
+                   ls->herr && ls->bslot && ls->bcap
                ? 0
                : -1;
 }
@@ -518,26 +530,47 @@ static kvq_status quantize_specs(const kvq_prepared *p, const kvq_analysis_opts 
             if (ls->by_head[f] && ls->in[f] == ls->in[s] && kvq_spec_is_first_stage(ls->spec[s], ls->spec[f]))
                 ls->first[s] = f;
     }
+    /* places in a thread's buffer: each first stage its own (its output waits for the later
+     * spec that takes it), the other head-by-head specs by their rank in their batch */
+    ls->np = 0;
+    for (int s = 0; s < o->nspecs; s++) ls->bslot[s] = -1;
+    for (int s = 0; s < o->nspecs; s++)
+        if (ls->first[s] >= 0 && ls->bslot[ls->first[s]] < 0) ls->bslot[ls->first[s]] = ls->np++;
+    ls->nslots = ls->np + (ls->nby - ls->np < HEAD_BATCH ? ls->nby - ls->np : HEAD_BATCH);
     return KVQ_OK;
 }
 
-/* Head h's output of specs [s0, s1) into thread tid's view: the slot's, or
- * for a spec run head by head, quantized now into the thread's buffer
- * (head0 = h); a first stage is taken from a spec of the same range (one
- * before it in another range's task quantizes it itself: the same bits).
- * A failure's message is left to first_error. */
-static kvq_status head_outputs(const layer_specs *ls, const kvq_layer *L, int h, int tid, int s0, int s1)
+/* The end of the batch of specs that starts at b0 (before s1): at most
+ * HEAD_BATCH of them run head by head. */
+static int batch_end(const layer_specs *ls, int b0, int s1)
+{
+    int s = b0, n = 0;
+    while (s < s1 && (n += ls->by_head[s]) <= HEAD_BATCH) s++;
+    return s;
+}
+
+/* Head h's output of the batch of specs [b0, b1) of the range that starts at
+ * s0 into thread tid's view: the slot's, or for a spec run head by head,
+ * quantized now into its place in the thread's buffer (head0 = h); a first
+ * stage is taken from a spec of the same range (one before it in another
+ * range's task quantizes it itself: the same bits).  A failure's message is
+ * left to first_error. */
+static kvq_status head_outputs(layer_specs *ls, const kvq_layer *L, int h, int tid, int s0, int b0, int b1)
 {
     kvq_quant_out *view = ls->view + (size_t)tid * (ls->ns + 1);
     size_t TD = (size_t)L->T * L->D, bytes;
-    if (ls->nby && !ls->buf[tid] &&
-        (!kvq_tensor_bytes((size_t)ls->nby * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
-         !(ls->buf[tid] = kvq_alloc_lines(bytes))))
-        return KVQ_ERR_NOMEM;
-    for (int s = s0, j = 0; s < s1; s++) {
+    if (ls->nslots > ls->bcap[tid]) { /* made on first use */
+        free(ls->buf[tid]), ls->buf[tid] = NULL, ls->bcap[tid] = 0;
+        if (!kvq_tensor_bytes((size_t)ls->nslots * 2, (size_t)L->T, (size_t)L->D, &bytes) ||
+            !(ls->buf[tid] = kvq_alloc_lines(bytes)))
+            return KVQ_ERR_NOMEM;
+        ls->bcap[tid] = ls->nslots;
+    }
+    for (int s = b0, j = 0; s < b1; s++) {
         view[s] = ls->slot[s];
         if (!ls->by_head[s]) continue;
-        view[s].key = ls->buf[tid] + (size_t)j++ * 2 * TD, view[s].value = view[s].key + TD, view[s].head0 = h;
+        int at = ls->bslot[s] >= 0 ? ls->bslot[s] : ls->np + j++;
+        view[s].key = ls->buf[tid] + (size_t)at * 2 * TD, view[s].value = view[s].key + TD, view[s].head0 = h;
         kvq_quant_ctx ctx = ls->ctx[s];
         ctx.nthreads = 1; /* the heads are the threads */
         if (ls->first[s] >= s0) ctx.first_stage = &view[ls->first[s]]; /* quantized above, head h */
@@ -624,11 +657,16 @@ static kvq_status layer_metrics(const kvq_prepared *p, const kvq_analysis_opts *
         int hi = k / g, s0 = (int)((long)(k % g) * ns / g), s1 = (int)((long)(k % g + 1) * ns / g);
         int tid = omp_get_thread_num(), h = p->heads[hi];
         kvq_quant_out *view = ls->view + (size_t)tid * (ns + 1);
-        hst[k] = KVQ_OK;
-        if ((qst[k] = head_outputs(ls, L, h, tid, s0, s1))) continue;
-        hst[k] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), h, !o->device,
-                              p->ref ? p->ref[(size_t)li * nh + hi] : NULL, qr, s1 - s0, view + s0, p->pos, p->npos,
-                              acc + (size_t)hi * ns + s0, ws[tid], &herr[k]);
+        hst[k] = qst[k] = KVQ_OK;
+        /* in batches of at most HEAD_BATCH head-by-head specs, so that a thread's buffer holds
+         * a batch's outputs, not the run's; the head's exact attention is kept from the first */
+        for (int b0 = s0, b1; b0 < s1 && !qst[k] && !hst[k]; b0 = b1) {
+            b1 = batch_end(ls, b0, s1);
+            if ((qst[k] = head_outputs(ls, L, h, tid, s0, b0, b1))) break;
+            hst[k] = head_metrics(L, kvq_dump_attn_mode(p->d, layer), h, !o->device,
+                                  p->ref ? p->ref[(size_t)li * nh + hi] : NULL, qr, b1 - b0, view + b0, p->pos, p->npos,
+                                  acc + (size_t)hi * ns + b0, ws[tid], b0 > s0, &herr[k]);
+        }
     }
     for (int k = 0; k < ntask; k++)
         if (qst[k])

@@ -293,6 +293,11 @@ struct kvq_attn_ws {
     size_t nf, nrs;
     float *zero; /* [zero, zero + nzero) of f holds zeros: a quantizer's scores, each row cleared after use */
     size_t nzero;
+    /* 1 when the last kvq_attention_rows_ws took one chunk of rows for all
+     * its query heads: its exact side is still at the start of f and rs,
+     * with the chunks' norms here (kvq_attention_rows_ws_more) */
+    int kept;
+    double norm[KVQ_MAX_GROUP][3];
 };
 
 kvq_attn_ws *kvq_attn_ws_new(void) { return calloc(1, sizeof(kvq_attn_ws)); }
@@ -306,6 +311,7 @@ void kvq_attn_ws_free(kvq_attn_ws *w)
 /* At least nf floats and nrs row stats in w. */
 static kvq_status ws_reserve(kvq_attn_ws *w, size_t nf, size_t nrs, kvq_error *err)
 {
+    if (nf > w->nf || nrs > w->nrs) w->kept = 0;
     if (nf > w->nf) {
         free(w->f), w->nf = 0, w->zero = NULL, w->nzero = 0;
         if (!(w->f = kvq_alloc_array(nf, sizeof(float)))) goto nomem;
@@ -478,10 +484,12 @@ kvq_status kvq_attention_rows_masked(const float *Qrows, int G, const float *K, 
     return st;
 }
 
-kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+/* kvq_attention_rows_ws, the exact side taken from ws (more: where the last
+ * call kept it) or computed. */
+static kvq_status attention_rows(const float *Qrows, int G, const float *K, const float *V, int T, int D,
                                  kvq_attn_mode mode, const int *pos, size_t npos, int nquant, const float *const *Kq,
                                  const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
-                                 kvq_attn_ws *ws, kvq_error *err)
+                                 kvq_attn_ws *ws, int more, kvq_error *err)
 {
     if (npos == 0) return KVQ_OK;
     const att_mode m = make_mode(mode, D);
@@ -494,6 +502,9 @@ kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, cons
                                        : kvq_fail(err, KVQ_ERR_USAGE, "%d query heads a KV head: at most %d", g,
                                                   KVQ_MAX_GROUP);
     if (st) return st;
+    int one = g == G && npos <= chunk; /* one chunk for all the heads: the exact side can stay in ws */
+    more = more && one && ws->kept;
+    ws->kept = 0;
     float *Qc = ws->f, *S = Qc + rows * D, *A = S + rows * T, *O = A + rows * T; /* the exact side, then w */
     row_stats *rs = ws->rs;
     quant_ws_at(&w, ws, ws->f + half, ws->rs + rows, rows, T, D);
@@ -504,10 +515,34 @@ kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, cons
                 c[j] = (ref_chunk){.nc = nc, .ncol = ncol, .p = pos + r0, .Qc = Qc + (size_t)j * nc * D,
                                    .S = S + (size_t)j * nc * ncol, .A = A + (size_t)j * nc * ncol,
                                    .O = O + (size_t)j * nc * D, .rs = rs + (size_t)j * nc};
-            ref_chunk_compute(c, g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &m);
+            if (more) {
+                for (int j = 0; j < g; j++)
+                    c[j].s_ref2 = ws->norm[j][0], c[j].a_ref2 = ws->norm[j][1], c[j].o_ref2 = ws->norm[j][2];
+            } else {
+                ref_chunk_compute(c, g, Qrows + ((size_t)j0 * npos + r0) * D, npos * D, K, V, D, &m);
+                for (int j = 0; j < g; j++)
+                    ws->norm[j][0] = c[j].s_ref2, ws->norm[j][1] = c[j].a_ref2, ws->norm[j][2] = c[j].o_ref2;
+            }
             ref_chunk_compare(c, g, D, &m, nquant, Kq, Vq, Mq, acc, &w);
         }
+    ws->kept = one;
     return KVQ_OK;
+}
+
+kvq_status kvq_attention_rows_ws(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                 kvq_attn_mode mode, const int *pos, size_t npos, int nquant, const float *const *Kq,
+                                 const float *const *Vq, const unsigned char *const *Mq, kvq_attn_acc *acc,
+                                 kvq_attn_ws *ws, kvq_error *err)
+{
+    return attention_rows(Qrows, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, Mq, acc, ws, 0, err);
+}
+
+kvq_status kvq_attention_rows_ws_more(const float *Qrows, int G, const float *K, const float *V, int T, int D,
+                                      kvq_attn_mode mode, const int *pos, size_t npos, int nquant,
+                                      const float *const *Kq, const float *const *Vq, const unsigned char *const *Mq,
+                                      kvq_attn_acc *acc, kvq_attn_ws *ws, kvq_error *err)
+{
+    return attention_rows(Qrows, G, K, V, T, D, mode, pos, npos, nquant, Kq, Vq, Mq, acc, ws, 1, err);
 }
 
 /* ------------------------------------------------- cached exact attention */
