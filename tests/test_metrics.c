@@ -333,7 +333,8 @@ END_TEST
  * comparison left zero row by row.  Streamed and cached calls one after
  * the other, with a window, dropped keys, several row chunks whose columns
  * grow, fewer columns and a workspace that grows: every call's sums equal
- * those of the same call on a fresh workspace, to the bit. */
+ * those of the same call on a fresh workspace, to the bit, and so do those
+ * of kvq_attention_rows_ws_more after it (the exact side kept or not). */
 START_TEST(workspace_reuse_equals_fresh)
 {
     enum { TMAX = 2100, D = 16, G = 2, NPMAX = 600 };
@@ -354,7 +355,7 @@ START_TEST(workspace_reuse_equals_fresh)
         int T = Ts[c], npos = T == 2100 ? NPMAX : T / 8, cached = c % 3 == 1, masked = c % 4 == 3;
         for (int i = 0; i < npos; i++) pos[i] = T - 1 - (npos - 1 - i) * (T / npos); /* ascending, last row T-1 */
         kvq_attn_mode mode = c % 2 ? (kvq_attn_mode){.window = 9} : (kvq_attn_mode){0};
-        kvq_attn_acc a[2] = {0}, b[2] = {0};
+        kvq_attn_acc a[2] = {0}, b[2] = {0}, m[2] = {0};
         kvq_error err = {0};
         if (cached) {
             kvq_attn_ref *r;
@@ -368,13 +369,33 @@ START_TEST(workspace_reuse_equals_fresh)
             ck_assert(kvq_attention_rows_masked(Qr, G, K, V, T, D, mode, pos, npos, 2, kq, vq, masked ? mq : NULL, b,
                                                 &err) == KVQ_OK);
         }
+        /* more quantizers of the same head: the exact side kept where it fits one chunk,
+         * computed again where it does not or a cached call overwrote it */
+        ck_assert(kvq_attention_rows_ws_more(Qr, G, K, V, T, D, mode, pos, npos, 2, kq, vq, masked ? mq : NULL, m, ws,
+                                             &err) == KVQ_OK);
         for (int q = 0; q < 2; q++) {
             ck_assert(a[q].rows == (double)G * npos && a[q].s_diff2 > 0);
-            ck_assert_msg(!memcmp(&a[q], &b[q], sizeof a[q]), "call %zu (T %d, %s%s), quantizer %d: %.17g vs %.17g", c,
-                          T, cached ? "cached" : "streamed", masked ? ", dropped keys" : "", q, a[q].s_diff2,
-                          b[q].s_diff2);
+            ck_assert_msg(!memcmp(&a[q], &b[q], sizeof a[q]) && !memcmp(&m[q], &b[q], sizeof m[q]),
+                          "call %zu (T %d, %s%s), quantizer %d: %.17g vs %.17g (more: %.17g)", c, T,
+                          cached ? "cached" : "streamed", masked ? ", dropped keys" : "", q, a[q].s_diff2, b[q].s_diff2,
+                          m[q].s_diff2);
         }
     }
+    /* a cached call between a streamed one and its more: its scores overwrote the kept exact side */
+    int npos = 37, T = 300;
+    for (int i = 0; i < npos; i++) pos[i] = T - 1 - (npos - 1 - i) * 8;
+    kvq_attn_acc a[2] = {0}, b[2] = {0}, m[2] = {0};
+    kvq_attn_ref *r;
+    kvq_error err = {0};
+    ck_assert(kvq_attention_rows_ws(Qr, G, K, V, T, D, (kvq_attn_mode){0}, pos, npos, 2, kq, vq, NULL, a, ws, &err) ==
+              KVQ_OK);
+    ck_assert(kvq_attn_ref_new_rows(Qr, G, K2, V2, T, D, (kvq_attn_mode){0}, pos, npos, &r, &err) == KVQ_OK);
+    ck_assert(kvq_attn_ref_compare_ws(r, 2, kq, vq, NULL, b, ws, &err) == KVQ_OK);
+    kvq_attn_ref_free(r);
+    ck_assert(kvq_attention_rows_ws_more(Qr, G, K, V, T, D, (kvq_attn_mode){0}, pos, npos, 2, kq, vq, NULL, m, ws,
+                                         &err) == KVQ_OK);
+    for (int q = 0; q < 2; q++)
+        ck_assert_msg(!memcmp(&a[q], &m[q], sizeof a[q]), "more after a cached call, quantizer %d", q);
     kvq_attn_ws_free(ws);
     free(Qr), free(K), free(V), free(K2), free(V2);
 }

@@ -666,6 +666,7 @@ kvq_status kvq_attn_ref_compare_ws(const kvq_attn_ref *r, int nquant, const floa
     quant_ws w;
     kvq_status st = ws_reserve(ws, rows * (2 * (size_t)r->T + 2 * (size_t)r->D), rows, err);
     if (st) return st;
+    ws->kept = 0; /* its scores go where a streamed call's exact side was */
     quant_ws_at(&w, ws, ws->f, ws->rs, rows, r->T, r->D);
     for (size_t i = 0; i < (size_t)r->G * r->nchunk; i += r->g == 1 ? 1 : (size_t)r->g)
         ref_chunk_compare(&r->c[i], r->g, r->D, &r->mode, nquant, Kq, Vq, Mq, acc, &w);
