@@ -461,6 +461,14 @@ KVQ_TARGET_AVX512 static void add_low_rank_avx512(float *y, const double *e, siz
 static void residual(const float *x, const float *y, double *e, size_t n) { KVQ_PICK_CLONE(residual)(x, y, e, n); }
 static void add_low_rank(float *y, const double *e, size_t n) { KVQ_PICK_CLONE(add_low_rank)(y, e, n); }
 
+/* Step 2b at offset p: the exact value back at fp16 (D̂ + S);
+ * KVQ_ERR_NUMERIC where it overflows fp16. */
+static kvq_status restore_outlier(const float *x, float *y, size_t p)
+{
+    y[p] = kvq_round_f16(x[p]);
+    return isfinite(y[p]) ? KVQ_OK : KVQ_ERR_NUMERIC;
+}
+
 /* Steps 2b and 3 for head h: outliers back at fp16, then the low rank
  * (the power iteration's residual pass restores them on its way). */
 static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
@@ -482,47 +490,38 @@ static kvq_status head_finish(gear_job *j, int h, kvq_error *err)
          * and their E is taken again */
         enum { CHUNK = 1024 };
         size_t i = 0;
-        for (size_t c0 = 0; c0 < n; c0 += CHUNK) {
+        for (size_t c0 = 0; c0 < n && !st; c0 += CHUNK) {
             size_t c1 = n - c0 < CHUNK ? n : c0 + CHUNK;
             residual(x + c0, y + c0, e + c0, c1 - c0);
-            for (; i < nout && opos[i] < c1; i++) {
-                size_t p = opos[i];
-                y[p] = kvq_round_f16(x[p]);
-                if (!isfinite(y[p])) {
-                    free(e);
-                    return KVQ_ERR_NUMERIC;
-                }
-                e[p] = (double)(x[p] - y[p]);
+            for (; i < nout && opos[i] < c1 && !st; i++) {
+                st = restore_outlier(x, y, opos[i]);
+                e[opos[i]] = (double)(x[opos[i]] - y[opos[i]]);
             }
         }
-        if (i < nout) { /* a list out of order: outliers left behind */
-            free(e);
-            return kvq_fail(err, KVQ_ERR_INTERNAL, "outlier offsets out of order");
+        if (!st && i < nout) /* a list out of order: outliers left behind */
+            st = kvq_fail(err, KVQ_ERR_INTERNAL, "outlier offsets out of order");
+        if (!st) {
+            kvq_rng rng;
+            kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
+                         kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
+            st = kvq_lowrank_power_d(e, T, D, r, j->o->loop, &rng, err);
         }
-        kvq_rng rng;
-        kvq_rng_init(&rng, j->ctx->seed, (uint64_t)j->ctx->layer, (uint64_t)h,
-                     kvq_family_stream(j->sp->q, (uint64_t)j->tensor));
-        st = kvq_lowrank_power_d(e, T, D, r, j->o->loop, &rng, err);
         if (!st) add_low_rank(y, e, n); /* X' = D̂ + S + L */
         free(e);
-        if (!st) j->bits[h] += 16.0 * r * (double)(T + D);
-        return st;
-    }
-    for (size_t i = 0; i < nout; i++) {
-        y[opos[i]] = kvq_round_f16(x[opos[i]]);
-        if (!isfinite(y[opos[i]])) return KVQ_ERR_NUMERIC;
-    }
-    if (r <= 0) return KVQ_OK;
-    float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
-    if (!E || !L) {
-        st = KVQ_ERR_NOMEM;
     } else {
-        for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i];
-        st = kvq_lowrank_svd(E, T, D, r, L, err);
-        if (!st)
-            for (size_t i = 0; i < n; i++) y[i] += L[i];
+        for (size_t i = 0; i < nout && !st; i++) st = restore_outlier(x, y, opos[i]);
+        if (st || r <= 0) return st;
+        float *E = kvq_alloc_array(n, sizeof *E), *L = kvq_alloc_array(n, sizeof *L);
+        if (!E || !L) {
+            st = KVQ_ERR_NOMEM;
+        } else {
+            for (size_t i = 0; i < n; i++) E[i] = x[i] - y[i];
+            st = kvq_lowrank_svd(E, T, D, r, L, err);
+            if (!st)
+                for (size_t i = 0; i < n; i++) y[i] += L[i];
+        }
+        free(E), free(L);
     }
-    free(E), free(L);
     if (!st) j->bits[h] += 16.0 * r * (double)(T + D);
     return st;
 }
