@@ -636,6 +636,49 @@ START_TEST(test_eval_invariants)
 }
 END_TEST
 
+/* Lockstep (docs/models.md "How it runs"): every stream that computes a
+ * layer shares its weight tiles — the query, key and value matrices among
+ * the exact stream and those that left it before, the rest of the layer
+ * among all — in groups of at most 16 streams; each configuration's
+ * numbers in one run of 19 streams (leaving at layer 0, 1 or 2, or riding
+ * to the end) equal its run alone, bit for bit. */
+START_TEST(test_lockstep_equals_alone)
+{
+    gw_model_opts o = {"llama", 3, 4, 2, 16, 96, 64, 256, KVQ_GGML_Q8_0, 0, 0, 0, 23};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    enum { T = 48, NQ = 18 };
+    int tok[T];
+    random_tokens(tok, T, o.V, 9);
+    static kvq_spec sp[NQ];
+    kvq_eval_item it[NQ + 1], alone;
+    for (int q = 0; q < NQ; q++) {
+        char text[64];
+        snprintf(text, sizeof text, "per-token:bits=%d,group=8", 2 + q / 3);
+        ck_assert(kvq_spec_parse(text, &sp[q], &err) == KVQ_OK);
+        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = q % 3 == 2 ? -1 : q % 3, .policy = KVQ_POLICY_PREFILL};
+    }
+    it[NQ] = (kvq_eval_item){.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL};
+    kvq_eval_opts eo = {.nthreads = 2};
+    double ref, ref1;
+    ck_assert_msg(kvq_model_eval(m, tok, T, it, NQ + 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert(it[NQ].nll == ref && it[NQ].kl == 0);
+    for (int q = 0; q < NQ; q++) {
+        alone = (kvq_eval_item){.spec = &sp[q], .layer = it[q].layer, .policy = KVQ_POLICY_PREFILL};
+        ck_assert_msg(kvq_model_eval(m, tok, T, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
+        ck_assert_msg(ref1 == ref && alone.nll == it[q].nll && alone.kl == it[q].kl && alone.top1 == it[q].top1 &&
+                          alone.dnll_se == it[q].dnll_se,
+                      "item %d (%s, layer %d): nll %.17g kl %.17g in lockstep, %.17g %.17g alone", q, sp[q].text,
+                      it[q].layer, it[q].nll, it[q].kl, alone.nll, alone.kl);
+        ck_assert(it[q].kl > 0);
+    }
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+END_TEST
+
 /* What a pass leaves out is not missed (docs/models.md "How it runs"):
  * with --chunk 600 only rows 256.. reach the last layer's queries and the
  * head, yet each scored position equals a plain run of its window bit for
@@ -1220,6 +1263,7 @@ int main(void)
     tcase_add_test(tc, test_eval_invariants);
     tcase_add_test(tc, test_chunk_by_hand);
     tcase_add_test(tc, test_scored_rows_and_riding);
+    tcase_add_test(tc, test_lockstep_equals_alone);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_pretokenizers);
     tcase_add_test(tc, test_bad_models);

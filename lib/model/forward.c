@@ -94,13 +94,17 @@ static int stack_jobs(const fw_gemm *g, int ng, int K, fw_gemm *one)
  * (kvq_blas_rows_independent), so the jobs' rows, stacked where they
  * follow one another, go to a column tile in one call (a row tile each
  * when the tasks are row tiles): the weight tile is packed once instead of
- * once per 256 rows, and every element keeps its bits. */
+ * once per 256 rows, and every element keeps its bits.  ROWS_PER_JOB:
+ * each job's rows in one call, the jobs never stacked (a call's rows
+ * as a stream alone has them: the probe covers large shapes only, and for
+ * small ones OpenBLAS may take another kernel by M·N·K). */
+enum { ROWS_TILES = 0, ROWS_STACKED = 1, ROWS_PER_JOB = 2 };
 static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, int rows_free, kvq_wtensor *t, int64_t w0,
                          int N, const fw_gemm *g, int ng, float beta, kvq_error *err)
 {
     int K = (int)t->cols, ct = (N + TILE_COLS - 1) / TILE_COLS, rt = 0;
     fw_gemm one;
-    if (rows_free && ng > 1 && stack_jobs(g, ng, K, &one)) g = &one, ng = 1;
+    if (rows_free == ROWS_STACKED && ng > 1 && stack_jobs(g, ng, K, &one)) g = &one, ng = 1;
     for (int j = 0; j < ng; j++) rt += (g[j].r1 - g[j].r0 + TILE_ROWS - 1) / TILE_ROWS;
     if (!rt) return KVQ_OK;
     const float *Wf = in_place(t) ? (const float *)t->data + (size_t)w0 * K : NULL;
@@ -375,7 +379,7 @@ static void attend(const float *Q, const float *K, const float *V, const unsigne
 /* ------------------------------------------------------- the pass */
 
 typedef struct fw_scratch {
-    float *xn, *xo, *q, *k, *v, *att, *g, *u; /* row-major activations */
+    float *xn, *xo, *q, *k, *v, *att, *g, *u; /* row-major activations, [slot][T][.] */
     float *Qh, *Kh, *Vh, *Kpre;               /* [.][T][D] */
     float *pk, *pv, *ppre;                    /* decode: the first c tokens, [H][c][D] */
     float *kq, *vq;                           /* quantizer outputs [H][T][D] */
@@ -405,9 +409,9 @@ static void scratch_free(fw_scratch *s)
 /* quantized: some stream quantizes its cache (the prefix and output buffers
  * are needed); the exact model alone does without them.  context: the
  * buffers of --context's cache too (2: and of decode-time compression).
- * slots: xn, xo, att, g and u hold that many blocks of T rows, one after
- * the other (the lockstep's slots, fw_rest: pages a slot never uses are
- * never touched). */
+ * slots: xn, xo, att, g, u, q, k and v hold that many blocks of T rows,
+ * one after the other (the lockstep's slots, fw_rest and qkv_products:
+ * pages a slot never uses are never touched). */
 static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int slots, int quantized, int context,
                                 int nt, kvq_error *err)
 {
@@ -417,9 +421,9 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
     memset(s, 0, sizeof *s);
     s->xn = kvq_alloc_array(ts, in->dim * sizeof(float));
     s->xo = kvq_alloc_array(ts, in->dim * sizeof(float));
-    s->q = kvq_alloc_array(t, qd * sizeof(float)), s->att = kvq_alloc_array(ts, qd * sizeof(float));
+    s->q = kvq_alloc_array(ts, qd * sizeof(float)), s->att = kvq_alloc_array(ts, qd * sizeof(float));
     s->Qh = kvq_alloc_array(t, qd * sizeof(float));
-    s->k = kvq_alloc_array(t, kd * sizeof(float)), s->v = kvq_alloc_array(t, kd * sizeof(float));
+    s->k = kvq_alloc_array(ts, kd * sizeof(float)), s->v = kvq_alloc_array(ts, kd * sizeof(float));
     s->Kh = kvq_alloc_array(t, kd * sizeof(float)), s->Vh = kvq_alloc_array(t, kd * sizeof(float));
     s->Kpre = kvq_alloc_array(t, kd * sizeof(float));
     if (quantized) {
@@ -492,25 +496,12 @@ typedef struct fw_ctx {
     kvq_rope rope, rope_swa; /* rope_swa: sliding-window layers with their own base (T = 0: none) */
     kvq_dump_info qinfo;     /* what the quantizers see of the "dump" */
     int nt;
-    int rows_free; /* kvq_blas_rows_independent(): gemm_w stacks the rows it can */
+    int rows_free; /* kvq_blas_rows_independent() (ROWS_STACKED): gemm_w stacks the rows it can */
     int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
     unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
     float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
     fw_rest rest;                 /* the streams whose rest of the layer waits for the others' (lockstep) */
 } fw_ctx;
-
-/* Rows [r0, r1) of y [.][out] = x [.][in] · Wᵀ (+ bias) (+ y if accumulate); W [out][in]. */
-static kvq_status linear(fw_ctx *c, float *y, const float *x, kvq_wtensor *W, const float *bias, int r0, int r1,
-                         int accumulate, kvq_error *err)
-{
-    int out = (int)W->rows;
-    fw_gemm g = {.x = x, .y = y, .r0 = r0, .r1 = r1, .ldy = out};
-    kvq_status st = gemm_w(c->m, c->tile, c->nt, c->rows_free, W, 0, out, &g, 1, accumulate ? 1.0f : 0.0f, err);
-    if (!st && bias)
-        for (int t = r0; t < r1; t++)
-            for (int i = 0; i < out; i++) y[(size_t)t * out + i] += bias[i];
-    return st;
-}
 
 static const kvq_rope *layer_rope(const fw_ctx *c, int l)
 {
@@ -604,35 +595,69 @@ static float gelu_tanh(float x)
     return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * x * (1.0f + 0.044715f * x * x)));
 }
 
-/* The scratch's queries (rows [r0, T)), keys and values (all T rows: the
- * cache) of layer l from hidden state x: Qh [Hq][T][D], Kh, Vh and the
- * pre-RoPE Kpre [H][T][D]. */
-static kvq_status layer_qkv(fw_ctx *c, const float *x, int l, int r0, kvq_error *err)
+/* Layer l's queries (rows [r0, T)), keys and values (all T rows: the
+ * cache) of the n streams st (n <= the lockstep's cap) from their hidden
+ * states, each weight tile of the query, key and value matrices
+ * dequantized once for all of them (gemm_w's jobs, each its own calls:
+ * the same sgemm calls on the same operands as a stream alone makes, so
+ * each stream's bits are its own alone): stream i's normed input in rest
+ * slot i's xn, its products in QKV slot i (the scratch's q, k, v, slot i
+ * at i·T rows). */
+static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err);
+static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l, int r0, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const fw_weights *w = &c->w;
     fw_scratch *s = &c->s;
-    int T = c->o->T, dim = in->dim, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim;
+    fw_rest *f = &c->rest;
+    size_t T = (size_t)c->o->T, dim = (size_t)in->dim, qd = (size_t)in->n_heads * in->head_dim;
+    size_t kd = (size_t)in->n_kv_heads * in->head_dim;
+    int rows = c->rows_free ? ROWS_PER_JOB : ROWS_TILES;
+    kvq_status rc = rest_slots(c, n, err);
+    fw_gemm gq[REST_MAX_GROUP], gk[REST_MAX_GROUP], gv[REST_MAX_GROUP];
+    for (int i = 0; !rc && i < n; i++) {
+        rmsnorm(f->xn[i], st[i]->x, w->attn_norm, 0, (int)T, (int)dim, in->norm_eps, c->nt);
+        gq[i] = (fw_gemm){.x = f->xn[i], .y = s->q + i * T * qd, .r0 = r0, .r1 = (int)T, .ldy = (int)qd};
+        gk[i] = (fw_gemm){.x = f->xn[i], .y = s->k + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
+        gv[i] = (fw_gemm){.x = f->xn[i], .y = s->v + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
+    }
+    if (rc || (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wq, 0, (int)qd, gq, n, 0.0f, err)) ||
+        (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wk, 0, (int)kd, gk, n, 0.0f, err)) ||
+        (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wv, 0, (int)kd, gv, n, 0.0f, err)))
+        return rc;
+    const fw_gemm *job[] = {gq, gk, gv};
+    const float *bias[] = {w->bq, w->bk, w->bv};
+    size_t width[] = {qd, kd, kd};
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; bias[b] && i < n; i++)
+            for (size_t t = (size_t)job[b][i].r0; t < T; t++)
+                for (size_t j = 0; j < width[b]; j++) job[b][i].y[t * width[b] + j] += bias[b][j];
+    return KVQ_OK;
+}
+
+/* QKV slot i's products (qkv_products) as the scratch's queries (rows [r0,
+ * T)), keys and values of layer l: Qh [Hq][T][D], Kh, Vh and the pre-RoPE
+ * Kpre [H][T][D], each normed (qwen3, gemma3) and rotated first. */
+static void qkv_heads(fw_ctx *c, int i, int l, int r0)
+{
+    const kvq_model_info *in = &c->m->info;
+    const fw_weights *w = &c->w;
+    fw_scratch *s = &c->s;
+    int T = c->o->T, Hq = in->n_heads, H = in->n_kv_heads, D = in->head_dim;
     int qd = Hq * D, kd = H * D, nt = c->nt;
+    float *q = s->q + (size_t)i * T * qd, *k = s->k + (size_t)i * T * kd, *v = s->v + (size_t)i * T * kd;
     const kvq_rope *rope = layer_rope(c, l);
-    kvq_status st;
-    rmsnorm(s->xn, x, w->attn_norm, 0, T, dim, in->norm_eps, nt);
-    if ((st = linear(c, s->q, s->xn, w->wq, w->bq, r0, T, 0, err)) ||
-        (st = linear(c, s->k, s->xn, w->wk, w->bk, 0, T, 0, err)) ||
-        (st = linear(c, s->v, s->xn, w->wv, w->bv, 0, T, 0, err)))
-        return st;
-    if (w->q_norm) rmsnorm(s->q, s->q, w->q_norm, r0 * Hq, T * Hq, D, in->norm_eps, nt); /* per head, before RoPE */
-    if (w->k_norm) rmsnorm(s->k, s->k, w->k_norm, 0, T * H, D, in->norm_eps, nt);
-    to_heads(s->k, s->Kpre, 0, T, T, H, D);
+    if (w->q_norm) rmsnorm(q, q, w->q_norm, r0 * Hq, T * Hq, D, in->norm_eps, nt); /* per head, before RoPE */
+    if (w->k_norm) rmsnorm(k, k, w->k_norm, 0, T * H, D, in->norm_eps, nt);
+    to_heads(k, s->Kpre, 0, T, T, H, D);
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < T; t++) {
-        for (int j = 0; t >= r0 && j < Hq; j++) kvq_rope_rotate(rope, s->q + (size_t)t * qd + (size_t)j * D, t, 0);
-        for (int h = 0; h < H; h++) kvq_rope_rotate(rope, s->k + (size_t)t * kd + (size_t)h * D, t, 0);
+        for (int j = 0; t >= r0 && j < Hq; j++) kvq_rope_rotate(rope, q + (size_t)t * qd + (size_t)j * D, t, 0);
+        for (int h = 0; h < H; h++) kvq_rope_rotate(rope, k + (size_t)t * kd + (size_t)h * D, t, 0);
     }
-    to_heads(s->q, s->Qh, r0, T, T, Hq, D);
-    to_heads(s->k, s->Kh, 0, T, T, H, D);
-    to_heads(s->v, s->Vh, 0, T, T, H, D);
-    return KVQ_OK;
+    to_heads(q, s->Qh, r0, T, T, Hq, D);
+    to_heads(k, s->Kh, 0, T, T, H, D);
+    to_heads(v, s->Vh, 0, T, T, H, D);
 }
 
 /* Attention rows [r0, r1) over the exact cache (Kh, Vh: all T keys). */
@@ -1024,8 +1049,8 @@ static void rest_free(fw_ctx *c)
  * them, or as many as REST_GROUP_BYTES hold (at least one). */
 static int rest_group_cap(const kvq_model_info *in, int T, int ns)
 {
-    size_t qd = (size_t)in->n_heads * in->head_dim;
-    size_t slot = (size_t)T * (2 * (size_t)in->dim + 2 * (size_t)in->ffn_dim + qd) * sizeof(float);
+    size_t qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
+    size_t slot = (size_t)T * (2 * (size_t)in->dim + 2 * (size_t)in->ffn_dim + 2 * qd + 2 * kd) * sizeof(float);
     size_t cap = slot ? REST_GROUP_BYTES / slot : 1;
     if (cap < 1) cap = 1;
     if (cap > REST_MAX_GROUP) cap = REST_MAX_GROUP;
@@ -1129,81 +1154,114 @@ static kvq_status check_finite(const fw_ctx *c, const kvq_fw_stream *st, int l, 
                     (double)st->x[(size_t)r0 * dim + bad]);
 }
 
-/* Layer l of every stream, rows [r0, T): the exact stream's Q, K, V first;
- * the streams that follow it check their caches against them (and those
- * whose cache differs leave it here, from its hidden state before the
- * layer); then the exact stream; then the streams that had left it before,
- * each on its own hidden state. */
+/* Layer l of every stream, rows [r0, T).  The streams that compute their
+ * own Q, K, V here — the exact one and those that left it before — do so
+ * in lockstep, cap at a time (qkv_products), the exact stream in the
+ * first group.  After the exact stream's, the streams that follow it check
+ * their caches against its Q, K, V (and those whose cache differs leave
+ * it here, from its hidden state before the layer); then the exact
+ * stream attends; then the streams that had left it before, each on its
+ * own Q, K, V. */
 static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
 {
     const kvq_fw_opts *o = c->o;
-    kvq_fw_stream *ex = &o->s[0];
-    int T = o->T, dim = c->m->info.dim;
+    kvq_fw_stream *ex = &o->s[0], *grp[REST_MAX_GROUP];
+    int T = o->T, dim = c->m->info.dim, cap = c->rest.cap;
     kvq_status rc;
     for (int i = 0; i < o->ns; i++) c->was_following[i] = i > 0 && o->s[i].follows;
-    if ((rc = layer_qkv(c, ex->x, l, r0, err))) return rc;
-    if (o->on_layer) {
-        const kvq_model_info *in = &c->m->info;
-        kvq_layer L = {.H = in->n_kv_heads, .Hq = in->n_heads, .T = T, .D = in->head_dim, .key = c->s.Kh,
-                       .value = c->s.Vh, .query = c->s.Qh, .key_pre_rope = c->s.Kpre};
-        if ((rc = o->on_layer(o->ud, l, &L, err))) return rc;
-    }
-    for (int i = 1; i < o->ns; i++) {
-        kvq_fw_stream *st = &o->s[i];
-        if (!c->was_following[i]) continue;
-        int same = 1;
-        if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err))) return rc;
-        if (same) continue;
-        memcpy(st->x, ex->x, (size_t)T * dim * sizeof(float)); /* it leaves the exact stream here */
-        st->follows = 0;
-        if ((rc = layer_rest(c, st, l, r0, err))) return rc;
-    }
-    int same = 0;
-    if ((rc = rest_next(c, err)) || (rc = layer_attention(c, ex, l, r0, &same, err)) ||
-        (rc = layer_rest(c, ex, l, r0, err)))
-        return rc;
-    for (int i = 1; i < o->ns; i++) {
-        kvq_fw_stream *st = &o->s[i];
-        if (c->was_following[i] || st->follows) continue;
-        if ((rc = layer_qkv(c, st->x, l, r0, err)) || (rc = rest_next(c, err)) ||
-            (rc = layer_attention(c, st, l, r0, &same, err)) || (rc = layer_rest(c, st, l, r0, err)))
-            return rc;
+    for (int next = 0; next < o->ns;) { /* next: the first stream not yet in a group */
+        int n = 0;
+        for (; next < o->ns && n < cap; next++)
+            if (!next || !c->was_following[next]) grp[n++] = &o->s[next];
+        if (n && (rc = qkv_products(c, grp, n, l, r0, err))) return rc;
+        for (int k = 0; k < n; k++) {
+            kvq_fw_stream *st = grp[k];
+            int same = 0;
+            qkv_heads(c, k, l, r0);
+            if (st != ex) {
+                if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
+                    (rc = layer_rest(c, st, l, r0, err)))
+                    return rc;
+                continue;
+            }
+            if (o->on_layer) {
+                const kvq_model_info *in = &c->m->info;
+                kvq_layer L = {.H = in->n_kv_heads, .Hq = in->n_heads, .T = T, .D = in->head_dim, .key = c->s.Kh,
+                               .value = c->s.Vh, .query = c->s.Qh, .key_pre_rope = c->s.Kpre};
+                if ((rc = o->on_layer(o->ud, l, &L, err))) return rc;
+            }
+            for (int i = 1; i < o->ns; i++) {
+                kvq_fw_stream *fs = &o->s[i];
+                if (!c->was_following[i]) continue;
+                same = 1;
+                if ((rc = rest_next(c, err)) || (rc = layer_attention(c, fs, l, r0, &same, err))) return rc;
+                if (same) continue;
+                memcpy(fs->x, ex->x, (size_t)T * dim * sizeof(float)); /* it leaves the exact stream here */
+                fs->follows = 0;
+                if ((rc = layer_rest(c, fs, l, r0, err))) return rc;
+            }
+            same = 0;
+            if ((rc = rest_next(c, err)) || (rc = layer_attention(c, ex, l, r0, &same, err)) ||
+                (rc = layer_rest(c, ex, l, r0, err)))
+                return rc;
+        }
     }
     return rest_flush(c, l, r0, err); /* the streams still waiting */
 }
 
 /* ------------------------------------------------------ output head */
 
-/* Folds logits chunk z [N][vc] (vocabulary [v0, v0+vc)) of positions
- * t0 + [0, N) into the online state of stream st; ref: the exact stream's
- * chunk (NULL for itself). */
-static void fold_chunk(kvq_fw_stream *st, const float *z, const float *ref, const kvq_fw_stream *r, int t0, int N,
-                       int vc, int v0, const int *tokens, int nt)
+/* Folds row zr (vocabulary [v0, v0+vc)) of position t into the online
+ * state of stream st: its arg-max, max, Σ exp(z − max) and target logit.
+ * esum: Σ exp(z − max) of this row already taken (the exact stream's,
+ * fold_group's), or NaN to take it here. */
+static void fold_row(kvq_fw_stream *st, const float *zr, int t, int vc, int v0, const int *tokens, double esum)
+{
+    float cm = zr[0];
+    int ca = 0;
+    for (int v = 1; v < vc; v++)
+        if (zr[v] > cm) cm = zr[v], ca = v;
+    if (v0 == 0 || cm > st->amax[t]) st->amax[t] = cm, st->arg[t] = v0 + ca; /* first arg-max */
+    double m_old = v0 ? st->lmax[t] : -INFINITY, m_new = m_old > cm ? m_old : cm;
+    double sum = esum;
+    if (isnan(sum)) {
+        sum = 0;
+        for (int v = 0; v < vc; v++) sum += exp((double)zr[v] - m_new);
+    }
+    st->lsum[t] = (v0 ? st->lsum[t] * exp(m_old - m_new) : 0.0) + sum;
+    st->lmax[t] = m_new;
+    int tgt = tokens[t + 1];
+    if (tgt >= v0 && tgt < v0 + vc) st->ltgt[t] = zr[tgt - v0];
+}
+
+/* Folds the logits chunk Z [ng][N][vc] (vocabulary [v0, v0+vc)) of
+ * positions t0 + [0, N) of streams st[0..ng) into their online states,
+ * with their KL cross terms Σ p_v (a_v − b_v) against the exact stream r's
+ * chunk A [.][vc] (p from A, scaled by r's running max, which r's own fold
+ * updates only after every group's).  A row's exp(a_v − max) are taken
+ * once, into the thread's row of e [nt][vc], for every stream's cross
+ * term and, with esum (NULL: not this group), for r's own sum, esum[i]:
+ * the same exponentials added in the same order as each sum took them
+ * alone. */
+static void fold_group(kvq_fw_stream *const *st, int ng, const float *Z, const float *A, const kvq_fw_stream *r, int t0,
+                       int N, int vc, int v0, const int *tokens, double *e, double *esum, int nt)
 {
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (int i = 0; i < N; i++) {
         int t = t0 + i;
-        const float *zr = z + (size_t)i * vc;
-        float cm = zr[0];
-        int ca = 0;
-        for (int v = 1; v < vc; v++)
-            if (zr[v] > cm) cm = zr[v], ca = v;
-        if (v0 == 0 || cm > st->amax[t]) st->amax[t] = cm, st->arg[t] = v0 + ca; /* first arg-max */
-        double m_old = v0 ? st->lmax[t] : -INFINITY, m_new = m_old > cm ? m_old : cm;
-        double sum = 0;
-        for (int v = 0; v < vc; v++) sum += exp((double)zr[v] - m_new);
-        st->lsum[t] = (v0 ? st->lsum[t] * exp(m_old - m_new) : 0.0) + sum;
-        st->lmax[t] = m_new;
-        int tgt = tokens[t + 1];
-        if (tgt >= v0 && tgt < v0 + vc) st->ltgt[t] = zr[tgt - v0];
-        if (ref) { /* Σ p_v (a_v − b_v) with p from the reference, scaled by its running max */
-            const float *ar = ref + (size_t)i * vc;
-            float am = ar[0];
-            for (int v = 1; v < vc; v++) am = ar[v] > am ? ar[v] : am;
-            double ra_old = v0 ? r->lmax[t] : -INFINITY, ra_new = ra_old > am ? ra_old : am;
+        const float *ar = A + (size_t)i * vc;
+        double *ex = e + (size_t)omp_get_thread_num() * vc;
+        float am = ar[0];
+        for (int v = 1; v < vc; v++) am = ar[v] > am ? ar[v] : am;
+        double ra_old = v0 ? r->lmax[t] : -INFINITY, ra_new = ra_old > am ? ra_old : am, sum = 0;
+        for (int v = 0; v < vc; v++) sum += ex[v] = exp((double)ar[v] - ra_new);
+        if (esum) esum[i] = sum;
+        for (int k = 0; k < ng; k++) {
+            const float *zr = Z + ((size_t)k * N + i) * vc;
+            fold_row(st[k], zr, t, vc, v0, tokens, NAN);
             double wsum = 0;
-            for (int v = 0; v < vc; v++) wsum += exp((double)ar[v] - ra_new) * ((double)ar[v] - (double)zr[v]);
-            st->lw[t] = (v0 ? st->lw[t] * exp(ra_old - ra_new) : 0.0) + wsum;
+            for (int v = 0; v < vc; v++) wsum += ex[v] * ((double)ar[v] - (double)zr[v]);
+            st[k]->lw[t] = (v0 ? st[k]->lw[t] * exp(ra_old - ra_new) : 0.0) + wsum;
         }
     }
 }
@@ -1245,10 +1303,12 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
     float *A = kvq_alloc_array((size_t)NRA + (size_t)(nown ? grp : 0) * NR, (size_t)vc * sizeof(float)), *Z = NULL;
     float *xn = kvq_alloc_array((size_t)nown * NR + (size_t)NRA, (size_t)dim * sizeof(float));
     float *onorm = kvq_alloc_array((size_t)dim, sizeof(float));
-    int *own = kvq_alloc_array((size_t)o->ns, sizeof(int)); /* stream of each own block */
+    kvq_fw_stream **own = kvq_alloc_array((size_t)o->ns, sizeof *own); /* the stream of each own block */
     fw_gemm *jobs = kvq_alloc_array((size_t)grp + 2, sizeof *jobs);
+    double *esum = kvq_alloc_array((size_t)(NR > 0 ? NR : 1), sizeof *esum); /* the exact rows' Σ exp, fold_group */
+    double *e = kvq_alloc_array((size_t)nt * vc, sizeof *e);                 /* [nt][vc]: each thread's row of exp */
     kvq_status rc = KVQ_OK;
-    if (!A || !xn || !onorm || !own || !jobs) {
+    if (!A || !xn || !onorm || !own || !jobs || !esum || !e) {
         rc = kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the output head (%d positions, chunks of %d tokens)", NR,
                       vc);
         goto done;
@@ -1258,7 +1318,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
     rmsnorm(xn, o->s[0].x + (size_t)h0 * dim, onorm, 0, NRA, dim, in->norm_eps, nt);
     for (int i = 1, k = 0; i < o->ns; i++)
         if (!o->s[i].follows) {
-            own[k] = i;
+            own[k] = &o->s[i];
             rmsnorm(xn + ((size_t)NRA + (size_t)k * NR) * dim, o->s[i].x + (size_t)h0 * dim, onorm, 0, NR, dim,
                     in->norm_eps, nt);
             k++;
@@ -1279,12 +1339,13 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
             if ((rc = gemm_w(c->m, c->tile, nt, c->rows_free, &c->m->output, v0, n, jobs, nj, 0.0f, err))) goto done;
             if (!g0) softcap(A, (size_t)NRA * n, in->logit_softcap, nt);
             softcap(Z, (size_t)ng * NR * n, in->logit_softcap, nt);
-            for (int k = 0; k < ng; k++) /* before the exact stream's own fold: they read its running max */
-                fold_chunk(&o->s[own[g0 + k]], Z + (size_t)k * NR * n, A, &o->s[0], h0, NR, n, v0, o->tokens, nt);
+            /* before the exact stream's own fold: they read its running max */
+            fold_group(own + g0, ng, Z, A, &o->s[0], h0, NR, n, v0, o->tokens, e, g0 ? NULL : esum, nt);
         }
         for (int i = 0; i < o->n_logit_pos; i++)
             memcpy(o->logits + (size_t)i * V + v0, A + (size_t)(o->logit_pos[i] - h0) * n, (size_t)n * sizeof(float));
-        fold_chunk(&o->s[0], A, NULL, NULL, h0, NR, n, v0, o->tokens, nt);
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int i = 0; i < NR; i++) fold_row(&o->s[0], A + (size_t)i * n, h0 + i, n, v0, o->tokens, esum[i]);
     }
     c->m->output.checked = 1; /* every row read finite */
     const kvq_fw_stream *r = &o->s[0];
@@ -1315,7 +1376,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         }
     }
 done:
-    free(A), free(xn), free(onorm), free(own), free(jobs);
+    free(A), free(xn), free(onorm), free(own), free(jobs), free(esum), free(e);
     return rc;
 }
 
