@@ -18,8 +18,10 @@
  *      dependency), one 512-token --chunk window of a generated text, run
  *      side by side: llama-perplexity once per KV-cache type (f16, q8_0,
  *      q4_0) against one kvq-eval run of the same three (-q none, ggml
- *      q8_0, ggml q4_0), seconds per configuration and their ratio; and
- *      kvq-eval -q none alone (the exact pass: what -q none costs).
+ *      q8_0, ggml q4_0), seconds per configuration and their ratio;
+ *      kvq-eval -q none alone (the exact pass: what -q none costs); and
+ *      kvq-eval with llama-perplexity's own three caches (ggml f16, q8_0,
+ *      q4_0: four streams with its exact one) against the three runs.
  * Every figure is printed with the machine, OpenBLAS's core and the sgemm
  * rate measured in the same run.
  *   kvq-bench-model [BUILD_DIR] [TOKENS]   (run by `meson test --benchmark`) */
@@ -278,15 +280,22 @@ int main(int argc, char **argv)
                        "ggml:ktype=q4_0,vtype=q4_0", NULL};
     char *kvq_none[] = {kvq_eval, path, "--text", text, "--chunk", "512", "--chunks", "1", "--threads", ntb,
                         "--progress", "never", "-q", "none", NULL};
-    double k3 = 1e30, k1 = 1e30, rss3 = 0, rss1 = 0;
+    /* llama-perplexity's own three caches, each a stream beside kvq's exact one */
+    char *kvq_ggml[] = {kvq_eval, path, "--text", text, "--chunk", "512", "--chunks", "1", "--threads", ntb,
+                        "--progress", "never", "-q", "ggml:ktype=f16,vtype=f16", "-q", "ggml:ktype=q8_0,vtype=q8_0",
+                        "-q", "ggml:ktype=q4_0,vtype=q4_0", NULL};
+    double k3 = 1e30, k1 = 1e30, kg = 1e30, rss3 = 0, rss1 = 0, rssg = 0;
     for (int r = 0; r < 2; r++) {
-        double r3, r1, t3 = run_tool(kvq_all, NULL, &r3), t1 = run_tool(kvq_none, NULL, &r1);
+        double r3, r1, rg, t3 = run_tool(kvq_all, NULL, &r3), t1 = run_tool(kvq_none, NULL, &r1),
+                           tg = run_tool(kvq_ggml, NULL, &rg);
         if (t3 < k3) k3 = t3, rss3 = r3;
         if (t1 < k1) k1 = t1, rss1 = r1;
+        if (tg < kg) kg = tg, rssg = rg;
     }
     printf("  kvq-eval, one 512-token --chunk window (wall time, best of 2, model loading and tokenizing included):\n");
     printf("    -q none alone (the exact pass): %.2f s, %.0f MB\n", k1, rss1);
     printf("    -q none + ggml q8_0 + ggml q4_0: %.2f s = %.2f s per configuration, %.0f MB\n", k3, k3 / 3, rss3);
+    printf("    ggml f16 + q8_0 + q4_0 (four streams: the exact one and three caches): %.2f s, %.0f MB\n", kg, rssg);
     if (!llama || !real_vocab) {
         printf("  llama-perplexity: %s\n", !real_vocab ? "no comparison without Llama 3's vocabulary (../shared)"
                : "set LLAMA_PERPLEXITY to its binary for the comparison (../shared/tools/build-llama-perplexity.sh "
@@ -322,5 +331,7 @@ int main(int argc, char **argv)
            k3 / 3, sum_pass / 3, k3 / 3 / (sum_pass / 3), k3 / 3, sum_wall / 3, k3 / sum_wall);
     printf("  kvq-eval -q none / llama-perplexity f16 cache: %.2f s / %.2f s per pass = %.2f\n", k1, lp_pass[0],
            k1 / lp_pass[0]);
+    printf("  kvq-eval with llama-perplexity's three caches / its three runs: %.2f s / %.2f s wall = %.2f\n", kg,
+           sum_wall, kg / sum_wall);
     return 0;
 }
