@@ -640,8 +640,9 @@ END_TEST
  * layer shares its weight tiles — the query, key and value matrices among
  * the exact stream and those that left it before, the rest of the layer
  * among all — in groups of at most 16 streams; each configuration's
- * numbers in one run of 19 streams (leaving at layer 0, 1 or 2, or riding
- * to the end) equal its run alone, bit for bit. */
+ * numbers in one run of 21 streams (quantizing layer 0, 1 or 2 alone, or
+ * every layer; -q none riding to the end) equal its run alone, bit for
+ * bit. */
 START_TEST(test_lockstep_equals_alone)
 {
     gw_model_opts o = {"llama", 3, 4, 2, 16, 96, 64, 256, KVQ_GGML_Q8_0, 0, 0, 0, 23};
@@ -649,16 +650,16 @@ START_TEST(test_lockstep_equals_alone)
     kvq_model *m;
     kvq_error err = {0};
     ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
-    enum { T = 48, NQ = 18 };
+    enum { T = 48, NQ = 20 };
     int tok[T];
     random_tokens(tok, T, o.V, 9);
     static kvq_spec sp[NQ];
     kvq_eval_item it[NQ + 1], alone;
     for (int q = 0; q < NQ; q++) {
         char text[64];
-        snprintf(text, sizeof text, "per-token:bits=%d,group=8", 2 + q / 3);
+        snprintf(text, sizeof text, "per-token:bits=%d,group=8", 2 + q / 4);
         ck_assert(kvq_spec_parse(text, &sp[q], &err) == KVQ_OK);
-        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = q % 3 == 2 ? -1 : q % 3, .policy = KVQ_POLICY_PREFILL};
+        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = q % 4 == 3 ? -1 : q % 4, .policy = KVQ_POLICY_PREFILL};
     }
     it[NQ] = (kvq_eval_item){.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL};
     kvq_eval_opts eo = {.nthreads = 2};

@@ -94,17 +94,24 @@ static int stack_jobs(const fw_gemm *g, int ng, int K, fw_gemm *one)
  * (kvq_blas_rows_independent), so the jobs' rows, stacked where they
  * follow one another, go to a column tile in one call (a row tile each
  * when the tasks are row tiles): the weight tile is packed once instead of
- * once per 256 rows, and every element keeps its bits.  ROWS_PER_JOB:
- * each job's rows in one call, the jobs never stacked (a call's rows
- * as a stream alone has them: the probe covers large shapes only, and for
- * small ones OpenBLAS may take another kernel by M·N·K). */
-enum { ROWS_TILES = 0, ROWS_STACKED = 1, ROWS_PER_JOB = 2 };
+ * once per 256 rows, and every element keeps its bits.  Only where every
+ * call a job makes on its own is past OpenBLAS's small products, though:
+ * those (M·N·K <= 100³, its kernels' gemm_small_kernel_permit) have their
+ * own kernels, which round otherwise, so stacking a small call would not
+ * give its rows the bits their stream alone gets (the jobs then keep
+ * their own calls). */
+#define SMALL_GEMM_MNK 1e6
 static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, int rows_free, kvq_wtensor *t, int64_t w0,
                          int N, const fw_gemm *g, int ng, float beta, kvq_error *err)
 {
     int K = (int)t->cols, ct = (N + TILE_COLS - 1) / TILE_COLS, rt = 0;
     fw_gemm one;
-    if (rows_free == ROWS_STACKED && ng > 1 && stack_jobs(g, ng, K, &one)) g = &one, ng = 1;
+    /* the smallest call of a job alone: its rows, or its last row tile; by the last column tile */
+    int fewest = INT32_MAX, narrowest = N % TILE_COLS ? N % TILE_COLS : imin(N, TILE_COLS);
+    for (int j = 0, r; j < ng; j++)
+        r = g[j].r1 - g[j].r0, fewest = imin(fewest, r % TILE_ROWS ? r % TILE_ROWS : imin(r, TILE_ROWS));
+    if (rows_free && ng > 1 && (double)fewest * narrowest * K > SMALL_GEMM_MNK && stack_jobs(g, ng, K, &one))
+        g = &one, ng = 1;
     for (int j = 0; j < ng; j++) rt += (g[j].r1 - g[j].r0 + TILE_ROWS - 1) / TILE_ROWS;
     if (!rt) return KVQ_OK;
     const float *Wf = in_place(t) ? (const float *)t->data + (size_t)w0 * K : NULL;
@@ -496,7 +503,7 @@ typedef struct fw_ctx {
     kvq_rope rope, rope_swa; /* rope_swa: sliding-window layers with their own base (T = 0: none) */
     kvq_dump_info qinfo;     /* what the quantizers see of the "dump" */
     int nt;
-    int rows_free; /* kvq_blas_rows_independent() (ROWS_STACKED): gemm_w stacks the rows it can */
+    int rows_free; /* kvq_blas_rows_independent(): gemm_w stacks the rows it can */
     int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
     unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
     float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
@@ -598,11 +605,10 @@ static float gelu_tanh(float x)
 /* Layer l's queries (rows [r0, T)), keys and values (all T rows: the
  * cache) of the n streams st (n <= the lockstep's cap) from their hidden
  * states, each weight tile of the query, key and value matrices
- * dequantized once for all of them (gemm_w's jobs, each its own calls:
- * the same sgemm calls on the same operands as a stream alone makes, so
- * each stream's bits are its own alone): stream i's normed input in rest
- * slot i's xn, its products in QKV slot i (the scratch's q, k, v, slot i
- * at i·T rows). */
+ * dequantized once for all of them (gemm_w's jobs, as the rest of the
+ * layer's: each stream's bits are its own alone): stream i's normed input
+ * in rest slot i's xn, its products in QKV slot i (the scratch's q, k, v,
+ * slot i at i·T rows, so that the streams' rows stack). */
 static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err);
 static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l, int r0, kvq_error *err)
 {
@@ -612,7 +618,6 @@ static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l
     fw_rest *f = &c->rest;
     size_t T = (size_t)c->o->T, dim = (size_t)in->dim, qd = (size_t)in->n_heads * in->head_dim;
     size_t kd = (size_t)in->n_kv_heads * in->head_dim;
-    int rows = c->rows_free ? ROWS_PER_JOB : ROWS_TILES;
     kvq_status rc = rest_slots(c, n, err);
     fw_gemm gq[REST_MAX_GROUP], gk[REST_MAX_GROUP], gv[REST_MAX_GROUP];
     for (int i = 0; !rc && i < n; i++) {
@@ -621,9 +626,9 @@ static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l
         gk[i] = (fw_gemm){.x = f->xn[i], .y = s->k + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
         gv[i] = (fw_gemm){.x = f->xn[i], .y = s->v + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
     }
-    if (rc || (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wq, 0, (int)qd, gq, n, 0.0f, err)) ||
-        (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wk, 0, (int)kd, gk, n, 0.0f, err)) ||
-        (rc = gemm_w(c->m, c->tile, c->nt, rows, w->wv, 0, (int)kd, gv, n, 0.0f, err)))
+    if (rc || (rc = gemm_w(c->m, c->tile, c->nt, c->rows_free, w->wq, 0, (int)qd, gq, n, 0.0f, err)) ||
+        (rc = gemm_w(c->m, c->tile, c->nt, c->rows_free, w->wk, 0, (int)kd, gk, n, 0.0f, err)) ||
+        (rc = gemm_w(c->m, c->tile, c->nt, c->rows_free, w->wv, 0, (int)kd, gv, n, 0.0f, err)))
         return rc;
     const fw_gemm *job[] = {gq, gk, gv};
     const float *bias[] = {w->bq, w->bk, w->bv};
