@@ -1181,21 +1181,15 @@ static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
         if (n && (rc = qkv_products(c, grp, n, l, r0, err))) return rc;
         for (int k = 0; k < n; k++) {
             kvq_fw_stream *st = grp[k];
-            int same = 0;
+            int same;
             qkv_heads(c, k, l, r0);
-            if (st != ex) {
-                if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
-                    (rc = layer_rest(c, st, l, r0, err)))
-                    return rc;
-                continue;
-            }
-            if (o->on_layer) {
+            if (st == ex && o->on_layer) {
                 const kvq_model_info *in = &c->m->info;
                 kvq_layer L = {.H = in->n_kv_heads, .Hq = in->n_heads, .T = T, .D = in->head_dim, .key = c->s.Kh,
                                .value = c->s.Vh, .query = c->s.Qh, .key_pre_rope = c->s.Kpre};
                 if ((rc = o->on_layer(o->ud, l, &L, err))) return rc;
             }
-            for (int i = 1; i < o->ns; i++) {
+            for (int i = 1; st == ex && i < o->ns; i++) { /* the exact stream's followers, on its Q, K, V */
                 kvq_fw_stream *fs = &o->s[i];
                 if (!c->was_following[i]) continue;
                 same = 1;
@@ -1206,8 +1200,8 @@ static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
                 if ((rc = layer_rest(c, fs, l, r0, err))) return rc;
             }
             same = 0;
-            if ((rc = rest_next(c, err)) || (rc = layer_attention(c, ex, l, r0, &same, err)) ||
-                (rc = layer_rest(c, ex, l, r0, err)))
+            if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
+                (rc = layer_rest(c, st, l, r0, err)))
                 return rc;
         }
     }
@@ -1219,8 +1213,8 @@ static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
 /* Folds row zr (vocabulary [v0, v0+vc)) of position t into the online
  * state of stream st: its arg-max, max, Σ exp(z − max) and target logit.
  * esum: Σ exp(z − max) of this row already taken (the exact stream's,
- * fold_group's), or NaN to take it here. */
-static void fold_row(kvq_fw_stream *st, const float *zr, int t, int vc, int v0, const int *tokens, double esum)
+ * fold_group's), or NULL to take it here. */
+static void fold_row(kvq_fw_stream *st, const float *zr, int t, int vc, int v0, const int *tokens, const double *esum)
 {
     float cm = zr[0];
     int ca = 0;
@@ -1228,11 +1222,10 @@ static void fold_row(kvq_fw_stream *st, const float *zr, int t, int vc, int v0, 
         if (zr[v] > cm) cm = zr[v], ca = v;
     if (v0 == 0 || cm > st->amax[t]) st->amax[t] = cm, st->arg[t] = v0 + ca; /* first arg-max */
     double m_old = v0 ? st->lmax[t] : -INFINITY, m_new = m_old > cm ? m_old : cm;
-    double sum = esum;
-    if (isnan(sum)) {
-        sum = 0;
+    double sum = 0;
+    if (esum) sum = *esum;
+    else
         for (int v = 0; v < vc; v++) sum += exp((double)zr[v] - m_new);
-    }
     st->lsum[t] = (v0 ? st->lsum[t] * exp(m_old - m_new) : 0.0) + sum;
     st->lmax[t] = m_new;
     int tgt = tokens[t + 1];
@@ -1263,7 +1256,7 @@ static void fold_group(kvq_fw_stream *const *st, int ng, const float *Z, const f
         if (esum) esum[i] = sum;
         for (int k = 0; k < ng; k++) {
             const float *zr = Z + ((size_t)k * N + i) * vc;
-            fold_row(st[k], zr, t, vc, v0, tokens, NAN);
+            fold_row(st[k], zr, t, vc, v0, tokens, NULL);
             double wsum = 0;
             for (int v = 0; v < vc; v++) wsum += ex[v] * ((double)ar[v] - (double)zr[v]);
             st[k]->lw[t] = (v0 ? st[k]->lw[t] * exp(ra_old - ra_new) : 0.0) + wsum;
@@ -1350,7 +1343,7 @@ static kvq_status output_head(fw_ctx *c, kvq_error *err)
         for (int i = 0; i < o->n_logit_pos; i++)
             memcpy(o->logits + (size_t)i * V + v0, A + (size_t)(o->logit_pos[i] - h0) * n, (size_t)n * sizeof(float));
 #pragma omp parallel for num_threads(nt) schedule(static)
-        for (int i = 0; i < NR; i++) fold_row(&o->s[0], A + (size_t)i * n, h0 + i, n, v0, o->tokens, esum[i]);
+        for (int i = 0; i < NR; i++) fold_row(&o->s[0], A + (size_t)i * n, h0 + i, n, v0, o->tokens, &esum[i]);
     }
     c->m->output.checked = 1; /* every row read finite */
     const kvq_fw_stream *r = &o->s[0];
