@@ -680,6 +680,49 @@ START_TEST(test_lockstep_equals_alone)
 }
 END_TEST
 
+/* Lockstep in a last layer that computes only the scored rows (--chunk
+ * 600: rows 256..599), on shapes past OpenBLAS's small products, so that
+ * the streams' rows stack into one call per weight tile where the BLAS
+ * core keeps rows independent: each configuration's numbers equal its run
+ * alone, bit for bit, and the exact stream's are those of -q none alone. */
+START_TEST(test_lockstep_scored_rows)
+{
+    gw_model_opts o = {"llama", 2, 4, 2, 32, 384, 300, 1024, KVQ_GGML_Q8_0, 0, 0, 1, 31};
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    enum { N = 600, NQ = 3 };
+    static int tok[N];
+    random_tokens(tok, N, o.V, 37);
+    static kvq_spec sp[NQ];
+    const char *text[NQ] = {"per-token:bits=2,group=8", "per-token:bits=4,group=8", "kivi:bits=2,group=32,residual=64"};
+    kvq_eval_item it[NQ + 1], alone;
+    for (int q = 0; q < NQ; q++) {
+        ck_assert(kvq_spec_parse(text[q], &sp[q], &err) == KVQ_OK);
+        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = -1};
+    }
+    it[NQ] = (kvq_eval_item){.spec = NULL, .layer = -1};
+    kvq_eval_opts eo = {.nthreads = 2, .chunk = N};
+    double ref, ref1;
+    ck_assert_msg(kvq_model_eval(m, tok, N, it, NQ + 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert(it[NQ].nll == ref && it[NQ].kl == 0);
+    alone = (kvq_eval_item){.spec = NULL, .layer = -1};
+    ck_assert_msg(kvq_model_eval(m, tok, N, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_msg(ref1 == ref, "exact nll %.17g with the configurations, %.17g alone", ref, ref1);
+    for (int q = 0; q < NQ; q++) {
+        alone = (kvq_eval_item){.spec = &sp[q], .layer = -1};
+        ck_assert_msg(kvq_model_eval(m, tok, N, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
+        ck_assert_msg(ref1 == ref && alone.nll == it[q].nll && alone.kl == it[q].kl && alone.top1 == it[q].top1,
+                      "%s: nll %.17g kl %.17g in lockstep, %.17g %.17g alone", text[q], it[q].nll, it[q].kl, alone.nll,
+                      alone.kl);
+        ck_assert(it[q].kl > 0);
+    }
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+END_TEST
+
 /* What a pass leaves out is not missed (docs/models.md "How it runs"):
  * with --chunk 600 only rows 256.. reach the last layer's queries and the
  * head, yet each scored position equals a plain run of its window bit for
@@ -1265,6 +1308,7 @@ int main(void)
     tcase_add_test(tc, test_chunk_by_hand);
     tcase_add_test(tc, test_scored_rows_and_riding);
     tcase_add_test(tc, test_lockstep_equals_alone);
+    tcase_add_test(tc, test_lockstep_scored_rows);
     tcase_add_test(tc, test_tokenizer);
     tcase_add_test(tc, test_pretokenizers);
     tcase_add_test(tc, test_bad_models);

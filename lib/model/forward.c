@@ -492,6 +492,7 @@ enum { REST_MAX_GROUP = 16 };
 typedef struct fw_rest {
     kvq_fw_stream *st[REST_MAX_GROUP]; /* the waiting streams, in the order they reached it */
     int n, cap, nslots;               /* waiting; the most that may; slots allocated (0: none yet) */
+    int r0;                           /* the slots' first row: slot i's rows [r0, T) follow slot i − 1's */
     float *xn[REST_MAX_GROUP], *g[REST_MAX_GROUP], *u[REST_MAX_GROUP], *xo[REST_MAX_GROUP], *att[REST_MAX_GROUP];
 } fw_rest;
 
@@ -609,22 +610,22 @@ static float gelu_tanh(float x)
  * layer's: each stream's bits are its own alone): stream i's normed input
  * in rest slot i's xn, its products in QKV slot i (the scratch's q, k, v,
  * slot i at i·T rows, so that the streams' rows stack). */
-static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err);
 static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l, int r0, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
     const fw_weights *w = &c->w;
     fw_scratch *s = &c->s;
-    fw_rest *f = &c->rest;
     size_t T = (size_t)c->o->T, dim = (size_t)in->dim, qd = (size_t)in->n_heads * in->head_dim;
     size_t kd = (size_t)in->n_kv_heads * in->head_dim;
-    kvq_status rc = rest_slots(c, n, err);
+    kvq_status rc =
+        n > c->rest.cap ? kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, c->rest.cap) : KVQ_OK;
     fw_gemm gq[REST_MAX_GROUP], gk[REST_MAX_GROUP], gv[REST_MAX_GROUP];
-    for (int i = 0; !rc && i < n; i++) {
-        rmsnorm(f->xn[i], st[i]->x, w->attn_norm, 0, (int)T, (int)dim, in->norm_eps, c->nt);
-        gq[i] = (fw_gemm){.x = f->xn[i], .y = s->q + i * T * qd, .r0 = r0, .r1 = (int)T, .ldy = (int)qd};
-        gk[i] = (fw_gemm){.x = f->xn[i], .y = s->k + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
-        gv[i] = (fw_gemm){.x = f->xn[i], .y = s->v + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
+    for (int i = 0; !rc && i < n; i++) { /* slot i's normed input: all T rows, at i·T rows of the scratch's xn */
+        float *xn = s->xn + i * T * dim;
+        rmsnorm(xn, st[i]->x, w->attn_norm, 0, (int)T, (int)dim, in->norm_eps, c->nt);
+        gq[i] = (fw_gemm){.x = xn, .y = s->q + i * T * qd, .r0 = r0, .r1 = (int)T, .ldy = (int)qd};
+        gk[i] = (fw_gemm){.x = xn, .y = s->k + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
+        gv[i] = (fw_gemm){.x = xn, .y = s->v + i * T * kd, .r0 = 0, .r1 = (int)T, .ldy = (int)kd};
     }
     if (rc || (rc = gemm_w(c->m, c->tile, c->nt, c->rows_free, w->wq, 0, (int)qd, gq, n, 0.0f, err)) ||
         (rc = gemm_w(c->m, c->tile, c->nt, c->rows_free, w->wk, 0, (int)kd, gk, n, 0.0f, err)) ||
@@ -1017,27 +1018,33 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     return KVQ_OK;
 }
 
-/* Slot i's buffers: rows i·T .. of the scratch's, which holds cap slots
- * one after the other (so that the slots' rows stack in gemm_w). */
-static kvq_status rest_slots(fw_ctx *c, int n, kvq_error *err)
+/* Slot i's buffers for a layer's rows [r0, T): in the scratch's, which
+ * holds cap slots of T rows, slot i's row r0 right after slot i − 1's
+ * last, at (r0 + i·(T − r0)) rows, so that the slots' rows stack in
+ * gemm_w — also those of the last layer, which computes only the scored
+ * rows (rows [0, r0) of slot i > 0 lie over slot i − 1's, and none of
+ * the rest reads or writes them).  Slot 0 is the scratch's own buffers. */
+static kvq_status rest_slots(fw_ctx *c, int n, int r0, kvq_error *err)
 {
     fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
-    size_t T = (size_t)c->o->T, qd = (size_t)in->n_heads * in->head_dim;
+    size_t S = (size_t)(c->o->T - r0), qd = (size_t)in->n_heads * in->head_dim; /* S: rows a slot holds */
     if (n > f->cap) return kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, f->cap);
-    for (int i = 0; !f->nslots && i < f->cap; i++) { /* the first time: the scratch's att is slot 0's */
-        f->xn[i] = c->s.xn + i * T * in->dim, f->xo[i] = c->s.xo + i * T * in->dim;
-        f->g[i] = c->s.g + i * T * in->ffn_dim, f->u[i] = c->s.u + i * T * in->ffn_dim;
-        f->att[i] = c->s.att + i * T * qd;
+    if (!f->nslots) f->att[0] = c->s.att; /* the first time: the scratch's att is slot 0's */
+    for (int i = 0; (!f->nslots || f->r0 != r0) && i < f->cap; i++) {
+        f->xn[i] = c->s.xn + i * S * in->dim, f->xo[i] = c->s.xo + i * S * in->dim;
+        f->g[i] = c->s.g + i * S * in->ffn_dim, f->u[i] = c->s.u + i * S * in->ffn_dim;
+        f->att[i] = f->att[0] + i * S * qd;
     }
-    f->nslots = f->cap;
+    f->nslots = f->cap, f->r0 = r0;
     return KVQ_OK;
 }
 
-/* The next waiting stream's slot as the scratch's attention output, before it attends. */
-static kvq_status rest_next(fw_ctx *c, kvq_error *err)
+/* The next waiting stream's slot (rows [r0, T)) as the scratch's attention output, before it attends. */
+static kvq_status rest_next(fw_ctx *c, int r0, kvq_error *err)
 {
-    kvq_status st = rest_slots(c, c->rest.n + 1, err);
+    kvq_status st = c->rest.n && c->rest.r0 != r0 ? kvq_fail(err, KVQ_ERR_INTERNAL, "streams of two layers waiting")
+                                                  : rest_slots(c, c->rest.n + 1, r0, err);
     if (!st) c->s.att = c->rest.att[c->rest.n];
     return st;
 }
@@ -1074,8 +1081,8 @@ static kvq_status rest_residual(fw_ctx *c, float *const *acts, kvq_wtensor *W, c
     size_t rows = (size_t)(T - r0) * dim;
     /* with rows free, the hidden states are added to in the xo slots, whose
      * rows stack: each copied there and back (the same sums on the same values) */
-    int stage = c->rows_free && !post_norm && f->n > 1 && r0 == 0;
-    fw_gemm g[REST_MAX_GROUP];
+    int stage = c->rows_free && !post_norm && f->n > 1;
+    fw_gemm g[REST_MAX_GROUP] = {{0}};
     for (int i = 0; i < f->n; i++) {
         g[i] = (fw_gemm){.x = acts[i], .y = post_norm || stage ? f->xo[i] : f->st[i]->x, .r0 = r0, .r1 = T, .ldy = dim};
         if (stage) memcpy(f->xo[i] + (size_t)r0 * dim, f->st[i]->x + (size_t)r0 * dim, rows * sizeof(float));
@@ -1193,14 +1200,14 @@ static kvq_status layer_all(fw_ctx *c, int l, int r0, kvq_error *err)
                 kvq_fw_stream *fs = &o->s[i];
                 if (!c->was_following[i]) continue;
                 same = 1;
-                if ((rc = rest_next(c, err)) || (rc = layer_attention(c, fs, l, r0, &same, err))) return rc;
+                if ((rc = rest_next(c, r0, err)) || (rc = layer_attention(c, fs, l, r0, &same, err))) return rc;
                 if (same) continue;
                 memcpy(fs->x, ex->x, (size_t)T * dim * sizeof(float)); /* it leaves the exact stream here */
                 fs->follows = 0;
                 if ((rc = layer_rest(c, fs, l, r0, err))) return rc;
             }
             same = 0;
-            if ((rc = rest_next(c, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
+            if ((rc = rest_next(c, r0, err)) || (rc = layer_attention(c, st, l, r0, &same, err)) ||
                 (rc = layer_rest(c, st, l, r0, err)))
                 return rc;
         }
