@@ -636,6 +636,48 @@ START_TEST(test_eval_invariants)
 }
 END_TEST
 
+/* A model written from o, T random tokens from seed, and the n
+ * configurations text (item i on layer[i], -1: every layer) with -q none in
+ * one run of kvq_model_eval with eo, in lockstep: the exact stream's
+ * numbers are those of -q none alone, -q none rides to the end, and each
+ * configuration's numbers equal its run alone, bit for bit. */
+static void check_lockstep_alone(gw_model_opts o, int T, uint64_t seed, const char *const *text, const int *layer,
+                                 int n, kvq_eval_opts eo)
+{
+    enum { MAXQ = 32 };
+    char *path = write_model(&o);
+    kvq_model *m;
+    kvq_error err = {0};
+    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
+    int *tok = malloc((size_t)T * sizeof *tok);
+    static kvq_spec sp[MAXQ];
+    kvq_eval_item it[MAXQ + 1], alone = {.spec = NULL, .layer = -1};
+    double ref, ref1;
+    ck_assert(tok && n < MAXQ);
+    random_tokens(tok, T, o.V, seed);
+    for (int q = 0; q < n; q++) {
+        ck_assert(kvq_spec_parse(text[q], &sp[q], &err) == KVQ_OK);
+        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = layer[q]};
+    }
+    it[n] = (kvq_eval_item){.spec = NULL, .layer = -1};
+    ck_assert_msg(kvq_model_eval(m, tok, T, it, n + 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert(it[n].nll == ref && it[n].kl == 0);
+    ck_assert_msg(kvq_model_eval(m, tok, T, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
+    ck_assert_msg(ref1 == ref, "exact nll %.17g with the configurations, %.17g alone", ref, ref1);
+    for (int q = 0; q < n; q++) {
+        alone = (kvq_eval_item){.spec = &sp[q], .layer = layer[q]};
+        ck_assert_msg(kvq_model_eval(m, tok, T, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
+        ck_assert_msg(ref1 == ref && alone.nll == it[q].nll && alone.kl == it[q].kl && alone.top1 == it[q].top1 &&
+                          alone.dnll_se == it[q].dnll_se,
+                      "item %d (%s, layer %d): nll %.17g kl %.17g in lockstep, %.17g %.17g alone", q, text[q], layer[q],
+                      it[q].nll, it[q].kl, alone.nll, alone.kl);
+        ck_assert(it[q].kl > 0);
+    }
+    free(tok);
+    kvq_model_close(m);
+    unlink(path), free(path);
+}
+
 /* Lockstep (docs/models.md "How it runs"): every stream that computes a
  * layer shares its weight tiles — the query, key and value matrices among
  * the exact stream and those that left it before, the rest of the layer
@@ -645,81 +687,31 @@ END_TEST
  * bit. */
 START_TEST(test_lockstep_equals_alone)
 {
+    enum { NQ = 20 };
+    static char text[NQ][64];
+    const char *tp[NQ];
+    int layer[NQ];
+    for (int q = 0; q < NQ; q++) {
+        snprintf(text[q], sizeof text[q], "per-token:bits=%d,group=8", 2 + q / 4);
+        tp[q] = text[q], layer[q] = q % 4 == 3 ? -1 : q % 4;
+    }
     gw_model_opts o = {"llama", 3, 4, 2, 16, 96, 64, 256, KVQ_GGML_Q8_0, 0, 0, 0, 23};
-    char *path = write_model(&o);
-    kvq_model *m;
-    kvq_error err = {0};
-    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
-    enum { T = 48, NQ = 20 };
-    int tok[T];
-    random_tokens(tok, T, o.V, 9);
-    static kvq_spec sp[NQ];
-    kvq_eval_item it[NQ + 1], alone;
-    for (int q = 0; q < NQ; q++) {
-        char text[64];
-        snprintf(text, sizeof text, "per-token:bits=%d,group=8", 2 + q / 4);
-        ck_assert(kvq_spec_parse(text, &sp[q], &err) == KVQ_OK);
-        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = q % 4 == 3 ? -1 : q % 4, .policy = KVQ_POLICY_PREFILL};
-    }
-    it[NQ] = (kvq_eval_item){.spec = NULL, .layer = -1, .policy = KVQ_POLICY_PREFILL};
-    kvq_eval_opts eo = {.nthreads = 2};
-    double ref, ref1;
-    ck_assert_msg(kvq_model_eval(m, tok, T, it, NQ + 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
-    ck_assert(it[NQ].nll == ref && it[NQ].kl == 0);
-    for (int q = 0; q < NQ; q++) {
-        alone = (kvq_eval_item){.spec = &sp[q], .layer = it[q].layer, .policy = KVQ_POLICY_PREFILL};
-        ck_assert_msg(kvq_model_eval(m, tok, T, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
-        ck_assert_msg(ref1 == ref && alone.nll == it[q].nll && alone.kl == it[q].kl && alone.top1 == it[q].top1 &&
-                          alone.dnll_se == it[q].dnll_se,
-                      "item %d (%s, layer %d): nll %.17g kl %.17g in lockstep, %.17g %.17g alone", q, sp[q].text,
-                      it[q].layer, it[q].nll, it[q].kl, alone.nll, alone.kl);
-        ck_assert(it[q].kl > 0);
-    }
-    kvq_model_close(m);
-    unlink(path), free(path);
+    check_lockstep_alone(o, 48, 9, tp, layer, NQ, (kvq_eval_opts){.nthreads = 2});
 }
 END_TEST
 
 /* Lockstep in a last layer that computes only the scored rows (--chunk
  * 600: rows 256..599), on shapes past OpenBLAS's small products, so that
  * the streams' rows stack into one call per weight tile where the BLAS
- * core keeps rows independent: each configuration's numbers equal its run
- * alone, bit for bit, and the exact stream's are those of -q none alone. */
+ * core keeps rows independent (the rest's slots hold those rows one
+ * stream after the other): as in a run of every row, each configuration
+ * equals its run alone. */
 START_TEST(test_lockstep_scored_rows)
 {
+    const char *text[] = {"per-token:bits=2,group=8", "per-token:bits=4,group=8", "kivi:bits=2,group=32,residual=64"};
+    const int layer[] = {-1, -1, -1};
     gw_model_opts o = {"llama", 2, 4, 2, 32, 384, 300, 1024, KVQ_GGML_Q8_0, 0, 0, 1, 31};
-    char *path = write_model(&o);
-    kvq_model *m;
-    kvq_error err = {0};
-    ck_assert_msg(kvq_model_open(path, NULL, &m, &err) == KVQ_OK, "%s", err.msg);
-    enum { N = 600, NQ = 3 };
-    static int tok[N];
-    random_tokens(tok, N, o.V, 37);
-    static kvq_spec sp[NQ];
-    const char *text[NQ] = {"per-token:bits=2,group=8", "per-token:bits=4,group=8", "kivi:bits=2,group=32,residual=64"};
-    kvq_eval_item it[NQ + 1], alone;
-    for (int q = 0; q < NQ; q++) {
-        ck_assert(kvq_spec_parse(text[q], &sp[q], &err) == KVQ_OK);
-        it[q] = (kvq_eval_item){.spec = &sp[q], .layer = -1};
-    }
-    it[NQ] = (kvq_eval_item){.spec = NULL, .layer = -1};
-    kvq_eval_opts eo = {.nthreads = 2, .chunk = N};
-    double ref, ref1;
-    ck_assert_msg(kvq_model_eval(m, tok, N, it, NQ + 1, &eo, &ref, &err) == KVQ_OK, "%s", err.msg);
-    ck_assert(it[NQ].nll == ref && it[NQ].kl == 0);
-    alone = (kvq_eval_item){.spec = NULL, .layer = -1};
-    ck_assert_msg(kvq_model_eval(m, tok, N, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
-    ck_assert_msg(ref1 == ref, "exact nll %.17g with the configurations, %.17g alone", ref, ref1);
-    for (int q = 0; q < NQ; q++) {
-        alone = (kvq_eval_item){.spec = &sp[q], .layer = -1};
-        ck_assert_msg(kvq_model_eval(m, tok, N, &alone, 1, &eo, &ref1, &err) == KVQ_OK, "%s", err.msg);
-        ck_assert_msg(ref1 == ref && alone.nll == it[q].nll && alone.kl == it[q].kl && alone.top1 == it[q].top1,
-                      "%s: nll %.17g kl %.17g in lockstep, %.17g %.17g alone", text[q], it[q].nll, it[q].kl, alone.nll,
-                      alone.kl);
-        ck_assert(it[q].kl > 0);
-    }
-    kvq_model_close(m);
-    unlink(path), free(path);
+    check_lockstep_alone(o, 600, 37, text, layer, 3, (kvq_eval_opts){.nthreads = 2, .chunk = 600});
 }
 END_TEST
 
