@@ -608,8 +608,9 @@ static float gelu_tanh(float x)
  * states, each weight tile of the query, key and value matrices
  * dequantized once for all of them (gemm_w's jobs, as the rest of the
  * layer's: each stream's bits are its own alone): stream i's normed input
- * in rest slot i's xn, its products in QKV slot i (the scratch's q, k, v,
- * slot i at i·T rows, so that the streams' rows stack). */
+ * (all T rows) at i·T rows of the scratch's xn, its products in QKV slot i
+ * (the scratch's q, k, v, slot i at i·T rows, so that the streams' rows
+ * stack); the rest's slots (rest_slots) reuse xn after these products. */
 static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l, int r0, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
