@@ -611,6 +611,7 @@ static float gelu_tanh(float x)
  * (all T rows) at i·T rows of the scratch's xn, its products in QKV slot i
  * (the scratch's q, k, v, slot i at i·T rows, so that the streams' rows
  * stack); the rest's slots (rest_slots) reuse xn after these products. */
+static kvq_status lockstep_fits(const fw_ctx *c, int n, kvq_error *err);
 static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l, int r0, kvq_error *err)
 {
     const kvq_model_info *in = &c->m->info;
@@ -618,8 +619,7 @@ static kvq_status qkv_products(fw_ctx *c, kvq_fw_stream *const *st, int n, int l
     fw_scratch *s = &c->s;
     size_t T = (size_t)c->o->T, dim = (size_t)in->dim, qd = (size_t)in->n_heads * in->head_dim;
     size_t kd = (size_t)in->n_kv_heads * in->head_dim;
-    kvq_status rc =
-        n > c->rest.cap ? kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, c->rest.cap) : KVQ_OK;
+    kvq_status rc = lockstep_fits(c, n, err);
     fw_gemm gq[REST_MAX_GROUP], gk[REST_MAX_GROUP], gv[REST_MAX_GROUP];
     for (int i = 0; !rc && i < n; i++) { /* slot i's normed input: all T rows, at i·T rows of the scratch's xn */
         float *xn = s->xn + i * T * dim;
@@ -1019,6 +1019,13 @@ static kvq_status layer_attention(fw_ctx *c, kvq_fw_stream *st, int l, int r0, i
     return KVQ_OK;
 }
 
+/* Whether n streams fit the lockstep's cap slots (the groups' job arrays). */
+static kvq_status lockstep_fits(const fw_ctx *c, int n, kvq_error *err)
+{
+    return n > c->rest.cap ? kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, c->rest.cap)
+                           : KVQ_OK;
+}
+
 /* Slot i's buffers for a layer's rows [r0, T): in the scratch's, which
  * holds cap slots of T rows, slot i's row r0 right after slot i − 1's
  * last, at (r0 + i·(T − r0)) rows, so that the slots' rows stack in
@@ -1030,7 +1037,8 @@ static kvq_status rest_slots(fw_ctx *c, int n, int r0, kvq_error *err)
     fw_rest *f = &c->rest;
     const kvq_model_info *in = &c->m->info;
     size_t S = (size_t)(c->o->T - r0), qd = (size_t)in->n_heads * in->head_dim; /* S: rows a slot holds */
-    if (n > f->cap) return kvq_fail(err, KVQ_ERR_INTERNAL, "%d streams in lockstep, %d slots", n, f->cap);
+    kvq_status st = lockstep_fits(c, n, err);
+    if (st) return st;
     if (!f->nslots) f->att[0] = c->s.att; /* the first time: the scratch's att is slot 0's */
     for (int i = 0; (!f->nslots || f->r0 != r0) && i < f->cap; i++) {
         f->xn[i] = c->s.xn + i * S * in->dim, f->xo[i] = c->s.xo + i * S * in->dim;
