@@ -275,23 +275,29 @@ int main(int argc, char **argv)
     snprintf(kvq_eval, sizeof kvq_eval, "%s/tools/kvq-eval", dir);
     snprintf(ntb, sizeof ntb, "%d", nt);
     snprintf(log, sizeof log, "%s/bench-model-llama.log", dir);
-    char *kvq_all[] = {kvq_eval, path, "--text", text, "--chunk", "512", "--chunks", "1", "--threads", ntb,
-                       "--progress", "never", "-q", "none", "-q", "ggml:ktype=q8_0,vtype=q8_0", "-q",
-                       "ggml:ktype=q4_0,vtype=q4_0", NULL};
-    char *kvq_none[] = {kvq_eval, path, "--text", text, "--chunk", "512", "--chunks", "1", "--threads", ntb,
-                        "--progress", "never", "-q", "none", NULL};
-    /* llama-perplexity's own three caches, each a stream beside kvq's exact one */
-    char *kvq_ggml[] = {kvq_eval, path, "--text", text, "--chunk", "512", "--chunks", "1", "--threads", ntb,
-                        "--progress", "never", "-q", "ggml:ktype=f16,vtype=f16", "-q", "ggml:ktype=q8_0,vtype=q8_0",
-                        "-q", "ggml:ktype=q4_0,vtype=q4_0", NULL};
-    double k3 = 1e30, k1 = 1e30, kg = 1e30, rss3 = 0, rss1 = 0, rssg = 0;
-    for (int r = 0; r < 2; r++) {
-        double r3, r1, rg, t3 = run_tool(kvq_all, NULL, &r3), t1 = run_tool(kvq_none, NULL, &r1),
-                           tg = run_tool(kvq_ggml, NULL, &rg);
-        if (t3 < k3) k3 = t3, rss3 = r3;
-        if (t1 < k1) k1 = t1, rss1 = r1;
-        if (tg < kg) kg = tg, rssg = rg;
+    /* kvq-eval's runs: the same arguments, then each run's caches (-q) */
+    enum { RUNS = 3, BASE = 12, MAXQ = 3 };
+    char *base[BASE] = {kvq_eval,   path, "--text",    text, "--chunk",    "512",
+                        "--chunks", "1",  "--threads", ntb,  "--progress", "never"};
+    const char *caches[RUNS][MAXQ] = {
+        {"none", "ggml:ktype=q8_0,vtype=q8_0", "ggml:ktype=q4_0,vtype=q4_0"}, /* the three */
+        {"none"},                                                             /* the exact pass alone */
+        /* llama-perplexity's own three caches, each a stream beside kvq's exact one */
+        {"ggml:ktype=f16,vtype=f16", "ggml:ktype=q8_0,vtype=q8_0", "ggml:ktype=q4_0,vtype=q4_0"}};
+    char *runs[RUNS][BASE + 2 * MAXQ + 1];
+    double kbest[RUNS], rss_of[RUNS];
+    for (int k = 0; k < RUNS; k++) {
+        int n = BASE;
+        memcpy(runs[k], base, sizeof base);
+        for (int q = 0; q < MAXQ && caches[k][q]; q++) runs[k][n++] = "-q", runs[k][n++] = (char *)caches[k][q];
+        runs[k][n] = NULL, kbest[k] = 1e30, rss_of[k] = 0;
     }
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < RUNS; k++) {
+            double mb, t = run_tool(runs[k], NULL, &mb);
+            if (t < kbest[k]) kbest[k] = t, rss_of[k] = mb;
+        }
+    double k3 = kbest[0], k1 = kbest[1], kg = kbest[2], rss3 = rss_of[0], rss1 = rss_of[1], rssg = rss_of[2];
     printf("  kvq-eval, one 512-token --chunk window (wall time, best of 2, model loading and tokenizing included):\n");
     printf("    -q none alone (the exact pass): %.2f s, %.0f MB\n", k1, rss1);
     printf("    -q none + ggml q8_0 + ggml q4_0: %.2f s = %.2f s per configuration, %.0f MB\n", k3, k3 / 3, rss3);
