@@ -74,6 +74,18 @@ static void set_hash_cache(const char *v)
         unsetenv("KVQ_HASH_CACHE");
 }
 
+/* The provenance runs' arguments: A's analysis of dump into OUT, with
+ * --no-hash when nohash; argv holds PROV_ARGS. */
+enum { PROV_ARGS = 13 };
+static void provenance_argv(char **argv, char *tool, char *out, int nohash, char *dump)
+{
+    char *base[] = {tool, "-q", "kivi:bits=2", "-q", "per-token:bits=2", "--per", "model", "-o", out};
+    int n = 0;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
+    if (nohash) argv[n++] = "--no-hash";
+    argv[n++] = dump, argv[n] = NULL;
+}
+
 /* Runs argv; returns the wall seconds and the child's peak RSS in MB. */
 static double run_tool(char *const *argv, double *rss_mb)
 {
@@ -241,7 +253,7 @@ int main(int argc, char **argv)
     snprintf(name, sizeof name, "B' B's attention work, %d per-token quantizers (B less the quantizers' own work)", nq);
     report(name, 4, 8192, nq, P, nt, best, best_rss);
 
-    /* provenance: A's analysis of a one-layer dump (58 MB) with -o, which
+    /* provenance: A's analysis of a one-layer dump (56 MB) with -o, which
      * hashes the dump (and OUT) into OUT.meta.json while it works, against
      * --no-hash: a run on a file an earlier run hashed (its checksum from
      * kvq's cache, as every run after the first), and a first run on it
@@ -253,10 +265,10 @@ int main(int argc, char **argv)
     snprintf(out2, sizeof out2, "%s/bench-provenance-nohash.csv", dir);
     snprintf(out3, sizeof out3, "%s/bench-provenance-first.csv", dir);
     make_dump(one, 1, 4096);
-    char *h[] = {tool, "-q", "kivi:bits=2", "-q", "per-token:bits=2", "--per", "model", "-o", out1, one, NULL};
-    char *nh[] = {tool, "-q", "kivi:bits=2", "-q", "per-token:bits=2", "--per", "model", "-o", out2, "--no-hash",
-                  one, NULL};
-    char *hf[] = {tool, "-q", "kivi:bits=2", "-q", "per-token:bits=2", "--per", "model", "-o", out3, one, NULL};
+    char *h[PROV_ARGS], *nh[PROV_ARGS], *hf[PROV_ARGS];
+    provenance_argv(h, tool, out1, 0, one);
+    provenance_argv(nh, tool, out2, 1, one);
+    provenance_argv(hf, tool, out3, 0, one);
     enum { R = 15 };
     double th[R], tf[R], tn[R];
     const char *cache = getenv("KVQ_HASH_CACHE");
