@@ -162,6 +162,48 @@ START_TEST(test_dequant_by_hand)
 }
 END_TEST
 
+/* kvq_ggml_finite_by_scales, which lets the forward pass skip looking at
+ * dequantized weights: where it says finite, every value is, even at the
+ * largest half scales (±65504) and any codes; an inf or nan in any of a
+ * block's half scales (the writer's own list of them) turns it off; the
+ * float types and MXFP4 never claim it. */
+START_TEST(test_finite_by_scales)
+{
+    static const uint16_t extreme[] = {0x7BFF, 0xFBFF}, bad[] = {0x7C00, 0xFC00, 0x7E00, 0x7C01};
+    for (int ti = 0; ti < NTYPES; ti++) {
+        int type = all_types[ti], block, off[2];
+        size_t bb, nb;
+        double factor;
+        ck_assert(kvq_ggml_type_size(type, &block, &bb));
+        int n = block * 4, nh = gw_half_fields(type, off, &factor);
+        uint8_t *raw = gw_random_weights(type, n, 1, 1.0, 31 + ti, &nb);
+        float *y = malloc((size_t)n * sizeof *y);
+        ck_assert_int_eq(kvq_ggml_finite_by_scales(type, raw, (size_t)n), nh > 0);
+        for (int e = 0; nh && e < 2; e++) { /* every code byte 0xFF, then 0x00..: the largest values */
+            for (size_t i = 0; i < nb; i++) raw[i] = e ? (uint8_t)(i * 37) : 0xFF;
+            for (int b = 0; b < n / block; b++)
+                for (int k = 0; k < nh; k++) memcpy(raw + (size_t)b * bb + off[k], &extreme[(b + k + e) % 2], 2);
+            ck_assert(kvq_ggml_finite_by_scales(type, raw, (size_t)n));
+            kvq_ggml_dequantize(type, raw, y, (size_t)n);
+            ck_assert_msg(kvq_first_nonfinite(y, (size_t)n) == (size_t)n, "%s", kvq_ggml_type_name(type));
+        }
+        for (int k = 0; k < nh; k++) /* each half scale of the last block, inf or nan */
+            for (size_t j = 0; j < sizeof bad / sizeof bad[0]; j++) {
+                uint8_t keep[2], *at = raw + (size_t)(n / block - 1) * bb + off[k];
+                memcpy(keep, at, 2), memcpy(at, &bad[j], 2);
+                ck_assert_msg(!kvq_ggml_finite_by_scales(type, raw, (size_t)n), "%s, scale %d",
+                              kvq_ggml_type_name(type), k);
+                ck_assert(kvq_ggml_finite_by_scales(type, raw, (size_t)(n - block))); /* the blocks before */
+                memcpy(at, keep, 2);
+            }
+        free(raw), free(y);
+    }
+    uint8_t mx[17] = {0xFE}; /* MXFP4's E8M0 scale 2^127: values past FLT_MAX */
+    ck_assert(!kvq_ggml_finite_by_scales(KVQ_GGML_MXFP4, mx, 32));
+    ck_assert(!kvq_ggml_finite_by_scales(99, mx, 32));
+}
+END_TEST
+
 START_TEST(test_gguf_values)
 {
     gguf_w w = {0};
@@ -991,6 +1033,17 @@ START_TEST(test_bad_models)
         expect_eval_refused(&w, k ? "layer 0, position 0: the hidden state is"
                                   : "tensor blk.0.attn_q.weight: row 3, column 5 is nan");
     }
+    /* a q8_0 block whose scale is nan (its values too, though no value is
+     * looked at where the scales are finite), named at the block's first value */
+    o.wtype = KVQ_GGML_Q8_0;
+    gw_tiny_model(&w, &o);
+    o.wtype = KVQ_GGML_F32;
+    for (int i = 0; i < w.nt; i++)
+        if (!strcmp(w.t[i].name, "blk.0.ffn_up.weight")) {
+            uint16_t nan16 = 0x7E00;
+            memcpy(w.t[i].data + 34 * 5, &nan16, 2); /* row 5 (a row: one block of 34 bytes) */
+        }
+    expect_eval_refused(&w, "tensor blk.0.ffn_up.weight: row 5, column 0 is nan");
     /* unknown ggml type, named */
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;
@@ -1293,6 +1346,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_dequant_formulas);
     tcase_add_test(tc, test_dequant_by_hand);
+    tcase_add_test(tc, test_finite_by_scales);
     tcase_add_test(tc, test_gguf_values);
     tcase_add_loop_test(tc, test_forward_against_reference, 0, (int)(sizeof fw_cases / sizeof fw_cases[0]));
     tcase_add_test(tc, test_blas_rows_claim);

@@ -43,6 +43,11 @@ const char *kvq_ggml_type_name(int type); /* "q4_K", ...; NULL if unknown */
 /* n values (a multiple of the block) of `type` at src, as ggml's
  * dequantize_row_<type> computes them, bit for bit. */
 void kvq_ggml_dequantize(int type, const void *src, float *dst, size_t n);
+/* 1 when the n values of `type` at src dequantize to finite floats for
+ * certain: a block format whose values are small integers times its half
+ * scales, and every such scale finite; 0 when unknown (other types, or a
+ * scale that is inf or nan): then look at the values. */
+int kvq_ggml_finite_by_scales(int type, const void *src, size_t n);
 /* n values (a multiple of the block for block types) of x to `type` at dst,
  * as ggml's quantize_row_<type>_ref (f16, bf16: round to nearest even), bit
  * for bit: the KV-cache types q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, f16,

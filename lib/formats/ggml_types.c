@@ -35,18 +35,34 @@ typedef struct ggml_type_row {
     const char *name;
     int block;    /* values per block */
     size_t bytes; /* bytes per block */
+    /* finite_by_scales: every value is a small integer times the block's
+     * half scale d (at byte scale_d), plus or minus one times its second
+     * half scale (dmin or m, at scale_m; 0: none), so that it is finite
+     * whenever they are: |value| <= 65504 · 128 · 32 (q6_K's bound, the
+     * largest).  Not f32, f16, bf16, nor mxfp4 and nvfp4, whose scales
+     * reach past FLT_MAX. */
+    unsigned char scale_d, scale_m;
+    int finite_by_scales;
 } ggml_type_row;
 
 static const ggml_type_row types[] = {
-    {KVQ_GGML_F32, "f32", 1, 4},        {KVQ_GGML_F16, "f16", 1, 2},
-    {KVQ_GGML_Q4_0, "q4_0", 32, 18},    {KVQ_GGML_Q4_1, "q4_1", 32, 20},
-    {KVQ_GGML_Q5_0, "q5_0", 32, 22},    {KVQ_GGML_Q5_1, "q5_1", 32, 24},
-    {KVQ_GGML_Q8_0, "q8_0", 32, 34},    {KVQ_GGML_Q2_K, "q2_K", 256, 84},
-    {KVQ_GGML_Q3_K, "q3_K", 256, 110},  {KVQ_GGML_Q4_K, "q4_K", 256, 144},
-    {KVQ_GGML_Q5_K, "q5_K", 256, 176},  {KVQ_GGML_Q6_K, "q6_K", 256, 210},
-    {KVQ_GGML_BF16, "bf16", 1, 2},      {KVQ_GGML_IQ4_NL, "iq4_nl", 32, 18},
-    {KVQ_GGML_IQ4_XS, "iq4_xs", 256, 136}, {KVQ_GGML_MXFP4, "mxfp4", 32, 17},
-    {KVQ_GGML_NVFP4, "nvfp4", 64, 36},
+    {KVQ_GGML_F32, "f32", 1, 4, .finite_by_scales = 0},
+    {KVQ_GGML_F16, "f16", 1, 2, .finite_by_scales = 0},
+    {KVQ_GGML_Q4_0, "q4_0", 32, 18, .finite_by_scales = 1},
+    {KVQ_GGML_Q4_1, "q4_1", 32, 20, .scale_m = 2, .finite_by_scales = 1},
+    {KVQ_GGML_Q5_0, "q5_0", 32, 22, .finite_by_scales = 1},
+    {KVQ_GGML_Q5_1, "q5_1", 32, 24, .scale_m = 2, .finite_by_scales = 1},
+    {KVQ_GGML_Q8_0, "q8_0", 32, 34, .finite_by_scales = 1},
+    {KVQ_GGML_Q2_K, "q2_K", 256, 84, .scale_d = 80, .scale_m = 82, .finite_by_scales = 1},
+    {KVQ_GGML_Q3_K, "q3_K", 256, 110, .scale_d = 108, .finite_by_scales = 1},
+    {KVQ_GGML_Q4_K, "q4_K", 256, 144, .scale_m = 2, .finite_by_scales = 1},
+    {KVQ_GGML_Q5_K, "q5_K", 256, 176, .scale_m = 2, .finite_by_scales = 1},
+    {KVQ_GGML_Q6_K, "q6_K", 256, 210, .scale_d = 208, .finite_by_scales = 1},
+    {KVQ_GGML_BF16, "bf16", 1, 2, .finite_by_scales = 0},
+    {KVQ_GGML_IQ4_NL, "iq4_nl", 32, 18, .finite_by_scales = 1},
+    {KVQ_GGML_IQ4_XS, "iq4_xs", 256, 136, .finite_by_scales = 1},
+    {KVQ_GGML_MXFP4, "mxfp4", 32, 17, .finite_by_scales = 0},
+    {KVQ_GGML_NVFP4, "nvfp4", 64, 36, .finite_by_scales = 0},
 };
 
 /* ggml-common.h's kvalues_iq4nl: the 16 non-linear levels of iq4_nl */
@@ -75,6 +91,20 @@ const char *kvq_ggml_type_name(int type)
 }
 
 static inline float half_at(const uint8_t *p) { return kvq_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* The half at p is inf or nan: its exponent bits all set. */
+static inline int half_nonfinite_at(const uint8_t *p) { return (p[1] & 0x7C) == 0x7C; }
+
+int kvq_ggml_finite_by_scales(int type, const void *src, size_t n)
+{
+    const ggml_type_row *r = type_row(type);
+    if (!r || !r->finite_by_scales) return 0;
+    const uint8_t *p = src;
+    int two = r->scale_m != 0; /* a second half scale (dmin, m) */
+    for (size_t i = 0, nb = n / (size_t)r->block; i < nb; i++, p += r->bytes)
+        if (half_nonfinite_at(p + r->scale_d) || (two && half_nonfinite_at(p + r->scale_m))) return 0;
+    return 1;
+}
 
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a
  * q4_K/q5_K block from its 12 packed bytes. */

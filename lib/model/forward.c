@@ -72,6 +72,14 @@ static kvq_status nonfinite_weight(const kvq_model *m, const kvq_wtensor *t, int
                     t->name ? t->name : "?", (long long)r, col, v);
 }
 
+/* Rows [r0, r1) of t dequantize to finite weights for certain: finite half
+ * scales of a block format (kvq_ggml_finite_by_scales) tell it without
+ * reading the values; 0: look at them. */
+static int wtensor_finite_by_scales(const kvq_wtensor *t, int64_t r0, int64_t r1)
+{
+    return kvq_ggml_finite_by_scales(t->type, t->data + (size_t)r0 * t->row_bytes, (size_t)(r1 - r0) * t->cols);
+}
+
 /* Jobs whose rows follow one another in memory (job j's first row, in x
  * and in y, right after job j − 1's last: the lockstep slots, the output
  * head's streams) as one job *one, rows from g[0]'s on; 0 when they do not. */
@@ -129,7 +137,9 @@ static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, int row
         if (!Wf) {
             float *buf = tile[omp_get_thread_num()];
             kvq_wtensor_rows(t, w0 + c, w0 + c + n, buf);
-            size_t nv = (size_t)n * K, i = t->checked ? nv : kvq_first_nonfinite(buf, nv);
+            size_t nv = (size_t)n * K, i = t->checked || wtensor_finite_by_scales(t, w0 + c, w0 + c + n)
+                                               ? nv
+                                               : kvq_first_nonfinite(buf, nv);
             if (i < nv) {
 #pragma omp critical(kvq_nonfinite_weight)
                 if ((size_t)c * K + i < bad) bad = (size_t)c * K + i, badv = buf[i];
@@ -171,7 +181,7 @@ static kvq_status weight_rows(const kvq_model *m, const kvq_wtensor *t, int64_t 
 {
     size_t cols = (size_t)t->cols, n = (size_t)(r1 - r0) * cols;
     kvq_wtensor_rows(t, r0, r1, out);
-    size_t bad = kvq_first_nonfinite(out, n);
+    size_t bad = wtensor_finite_by_scales(t, r0, r1) ? n : kvq_first_nonfinite(out, n);
     return bad < n ? nonfinite_weight(m, t, r0 + (int64_t)(bad / cols), bad % cols, out[bad], err) : KVQ_OK;
 }
 
