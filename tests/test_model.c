@@ -179,7 +179,7 @@ START_TEST(test_finite_by_scales)
         uint8_t *raw = gw_random_weights(type, n, 1, 1.0, 31 + ti, &nb);
         float *y = malloc((size_t)n * sizeof *y);
         ck_assert_int_eq(kvq_ggml_finite_by_scales(type, raw, (size_t)n), nh > 0);
-        for (int e = 0; nh && e < 2; e++) { /* every code byte 0xFF, then 0x00..: the largest values */
+        for (int e = 0; nh && e < 2; e++) { /* every code byte 0xFF (the largest values), then a spread of codes */
             for (size_t i = 0; i < nb; i++) raw[i] = e ? (uint8_t)(i * 37) : 0xFF;
             for (int b = 0; b < n / block; b++)
                 for (int k = 0; k < nh; k++) memcpy(raw + (size_t)b * bb + off[k], &extreme[(b + k + e) % 2], 2);
