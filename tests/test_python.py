@@ -388,7 +388,9 @@ if os.path.exists(BIN):
     # loop against kvq-eval's (SPEC §3.11).  The two forwards differ by float rounding (~1e-7), which
     # can flip a near-tie in a ranking once eviction has moved the later layers' keys far (knorm at
     # target=12 here: 1e-4 apart); the bookkeeping itself is checked bit for bit against a numpy
-    # simulation below
+    # simulation below.  knorm's near-ties move with the BLAS core: at target=13 the two NLLs were
+    # 3e-7 apart with Cooperlake's kernels and 1.1e-4 with Haswell's (Zen 5), so it is held to
+    # 1e-3, a thousandth of what its eviction moves the NLL
     for spec in ("tokens(knorm:target=13,interval=4; none; drop)", "tokens(h2o:target=10,interval=4,buffer=2; none; drop)",
                  "tokens(window:sinks=2,target=9,interval=3; none; drop)",
                  "tokens(snapkv:target=12,interval=5; none; per-token:bits=2)"):
@@ -397,7 +399,8 @@ if os.path.exists(BIN):
         cache = kvq.DecodeCache(spec)
         got = decode_nll(dict(model), tokens, cache)
         kb = cache.bits(0)[0]
-        check(abs(got - float(row["nll"])) < 1e-4 and abs(got - ref) > 1e-3,
+        tol = 1e-3 if spec.startswith("tokens(knorm") else 1e-4
+        check(abs(got - float(row["nll"])) < tol and abs(got - ref) > 1e-3,
               f"numpy forward with DecodeCache({spec}): {got} vs kvq-eval {row['nll']} (exact {ref})")
         held = cache.keep(0)
         print(f"  {spec}: NLL {got:.6f}, kvq-eval {float(row['nll']):.6f}; held {int(held[0].sum())} of "
