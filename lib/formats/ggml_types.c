@@ -92,9 +92,6 @@ const char *kvq_ggml_type_name(int type)
 
 static inline float half_at(const uint8_t *p) { return kvq_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 
-/* The half at p is inf or nan: its exponent bits all set. */
-static inline int half_nonfinite_at(const uint8_t *p) { return (p[1] & 0x7C) == 0x7C; }
-
 int kvq_ggml_finite_by_scales(int type, const void *src, size_t n)
 {
     const ggml_type_row *r = type_row(type);
@@ -102,7 +99,7 @@ int kvq_ggml_finite_by_scales(int type, const void *src, size_t n)
     const uint8_t *p = src;
     int two = r->scale_m != 0; /* a second half scale (dmin, m) */
     for (size_t i = 0, nb = n / (size_t)r->block; i < nb; i++, p += r->bytes)
-        if (half_nonfinite_at(p + r->scale_d) || (two && half_nonfinite_at(p + r->scale_m))) return 0;
+        if (!isfinite(half_at(p + r->scale_d)) || (two && !isfinite(half_at(p + r->scale_m)))) return 0;
     return 1;
 }
 
