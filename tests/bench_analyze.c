@@ -8,7 +8,8 @@
  *      tokens, float16), two 2-bit quantizers;
  *   B: four such layers of 8192 tokens, kvq-analyze's default set;
  *   B': B with as many per-token quantizers instead (the attention
- *      pipeline alone: B − B' is what the default set's quantizers cost);
+ *      pipeline alone: B − B' is what the default set's quantizers cost),
+ *      and that cost quantizer by quantizer on one of B's layers;
  * and prints the wall time (best of the runs), the floor (the FLOP count at
  * the sgemm rate measured here, in this run, on one query head's shapes
  * with the same threads: one single-threaded sgemm per thread, as kvq runs
@@ -179,6 +180,61 @@ static void report(const char *name, int layers, int T, int nspecs, int P, int n
            stacked, t / stacked_s);
 }
 
+/* B by quantizer: on one layer of B's dump, the wall time of a base run
+ * (per-token:bits=4 alone: not the default per-token spec, whose K' would
+ * repeat the base's and take its scores) and of the base with each
+ * default-set quantizer added (its default spec), the best of BYQ_RUNS
+ * rounds taken in turn, so that a slow minute falls on every quantizer
+ * alike.  A quantizer's increment over the base is its attention work
+ * (what per-token's own increment is: its three products, softmax and
+ * sums) plus its own work (rotations, low rank, searches): the increment
+ * less per-token's is what B − B' spreads over the default set.  Alone,
+ * a quantizer does all of its own work; in the default set TurboQuant
+ * takes its first stage from `lloydmax`'s output, so its share of B is
+ * smaller.  What a run pays once (the first touch of a quantizer's
+ * buffers, its codebooks) counts whole on one layer, where B spreads it
+ * over four. */
+enum { BYQ_MAX = 32, BYQ_RUNS = 3 };
+static void by_quantizer(char *tool, char *b_path, int P, int nt)
+{
+    const char *names[BYQ_MAX];
+    int n = 0;
+    for (size_t i = 0; i < kvq_quantizer_count() && n < BYQ_MAX; i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        kvq_spec sp;
+        kvq_error err = {0};
+        if (kvq_quantizer_in_default_set(q) && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp))
+            names[n++] = kvq_quantizer_name(q);
+    }
+    /* row 0: the base; row 1 + i: the base and names[i] */
+    double best[BYQ_MAX + 1], rss;
+    for (int i = 0; i <= n; i++) best[i] = 1e30;
+    for (int r = 0; r < BYQ_RUNS; r++)
+        for (int i = 0; i <= n; i++) {
+            char *argv[12];
+            int a = 0;
+            argv[a++] = tool, argv[a++] = "--per", argv[a++] = "model", argv[a++] = "--layers", argv[a++] = "0";
+            argv[a++] = "-q", argv[a++] = "per-token:bits=4";
+            if (i) argv[a++] = "-q", argv[a++] = (char *)names[i - 1];
+            argv[a++] = b_path, argv[a] = NULL;
+            double t = run_tool(argv, &rss);
+            if (t < best[i]) best[i] = t;
+        }
+    double rate;
+    sgemm_rates(P, 8192, HEAD_DIM, nt, &rate, NULL);
+    /* one quantizer's three products on one layer, at the strict floor's rate */
+    double share = HQ * 3.0 * 2.0 * P * 8192 * HEAD_DIM / (rate * 1e9), attn = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], "per-token")) attn = best[1 + i] - best[0];
+    printf("B by quantizer, one layer of 8192 tokens (best of %d rounds): per-token:bits=4 alone %.3f s; each "
+           "default-set quantizer added to it, its increment and its own work (the increment less per-token's "
+           "%.3f s, %.2fx its three products' floor of %.3f s at %.1f GFLOP/s; what a run pays once counts "
+           "whole here):\n",
+           BYQ_RUNS, best[0], attn, attn / share, share, rate);
+    for (int i = 0; i < n; i++)
+        printf("   %-12s +%.3f s, own %+.3f s\n", names[i], best[1 + i] - best[0], best[1 + i] - best[0] - attn);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
@@ -252,6 +308,8 @@ int main(int argc, char **argv)
     }
     snprintf(name, sizeof name, "B' B's attention work, %d per-token quantizers (B less the quantizers' own work)", nq);
     report(name, 4, 8192, nq, P, nt, best, best_rss);
+
+    by_quantizer(tool, b_path, P, nt);
 
     /* provenance: A's analysis of a one-layer dump (56 MB) with -o, which
      * hashes the dump (and OUT) into OUT.meta.json while it works, against
