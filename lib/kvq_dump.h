@@ -90,6 +90,11 @@ kvq_status kvq_dump_read_query_rows(kvq_dump *d, int layer, const int *pos, size
  * KVQ_ERR_FORMAT where it is missing (kvq_dump_has_tokens: 1 if it is there). */
 kvq_status kvq_dump_read_tokens(kvq_dump *d, int **tokens, size_t *n, kvq_error *err);
 int kvq_dump_has_tokens(kvq_dump *d);
+/* The threads that read a float16 tensor of several slabs: 2 (the default,
+ * where OpenMP has two: one reads a slab while the other converts the one
+ * before) or 1, which leaves a core to other work (the tools' background
+ * hash on a 2-core machine).  The values and errors read are the same. */
+void kvq_dump_set_read_threads(kvq_dump *d, int nthreads);
 void kvq_dump_close(kvq_dump *d);
 void kvq_layer_free(kvq_layer *l);
 

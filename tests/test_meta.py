@@ -193,6 +193,11 @@ os.environ["KVQ_HASH_CACHE"] = "off"
 os.unlink(cache)
 run("kvq-analyze", "-q", "kivi:bits=2", "-o", "c4.csv", "c.h5")
 check(not os.path.exists(cache), "KVQ_HASH_CACHE=off: no cache written")
+# a first run on fewer than three processors reads its dump with one thread while the hash runs
+# (cli_meta_share_reading): the same rows as a run that hashes nothing
+run("kvq-analyze", "-q", "kivi:bits=2", "--no-hash", "-o", "c5.csv", "c.h5")
+check(read(os.path.join(tmp, "c4.csv")) == read(os.path.join(tmp, "c5.csv")),
+      "a first run, its hash beside the work, writes the rows a --no-hash run writes")
 os.environ["KVQ_HASH_CACHE"] = cache
 
 # --- no record, no hash: on stdout without --meta inline nothing would wait for the inputs'

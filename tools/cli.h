@@ -341,6 +341,10 @@ void cli_meta_operands(cli_meta *m, char *const *v, int n);
  * bytes at the start are hashed, and growing is not a change. */
 void cli_meta_input(cli_meta *m, const char *role, const char *path);
 void cli_meta_input_extended(cli_meta *m, const char *role, const char *path);
+/* A dump about to be read while an input's hash still runs beside the work,
+ * on fewer than three processors: read by one thread, not two, so that the
+ * hash has the other core while the run reads (docs/performance.md). */
+void cli_meta_share_reading(const cli_meta *m, kvq_dump *d);
 /* section.key = value, in the order set; section is "options", "model" or
  * "result".  _str(NULL) is null; _list appends one string to an array;
  * _ints(NULL) is null. */
@@ -403,6 +407,7 @@ typedef struct cli_hash_job cli_hash_job;
 cli_hasher *cli_hasher_new(void);
 cli_hash_job *cli_hasher_add(cli_hasher *h, const char *path, long long size);
 int cli_hash_job_wait(cli_hasher *h, cli_hash_job *j, char hex[65], int *saved_errno);
+int cli_hash_job_done(cli_hasher *h, cli_hash_job *j); /* 1 once its hash has ended */
 void cli_hasher_free(cli_hasher *h);
 
 #endif

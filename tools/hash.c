@@ -179,6 +179,14 @@ int cli_hash_job_wait(cli_hasher *h, cli_hash_job *j, char hex[65], int *saved_e
     return 0;
 }
 
+int cli_hash_job_done(cli_hasher *h, cli_hash_job *j)
+{
+    pthread_mutex_lock(&h->mu);
+    int done = j->done;
+    pthread_mutex_unlock(&h->mu);
+    return done;
+}
+
 void cli_hasher_free(cli_hasher *h)
 {
     if (!h) return;

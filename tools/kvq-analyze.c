@@ -167,6 +167,7 @@ static int analyze_dumps(analyze_state *s)
     for (int i = 0; i < s->ndumps; i++) {
         kvq_analysis a;
         if (kvq_dump_open(s->dumps[i], &s->dump, &err)) return cli_fail(prog, &err);
+        cli_meta_share_reading(s->meta, s->dump);
         const kvq_dump_info *info = kvq_dump_get_info(s->dump);
         if (s->fmt == KVQ_FMT_TABLE)
             fprintf(stderr, "%s: %s: model %s, %d layers, %d KV heads (%d query heads), head_dim %d, %d tokens%s\n",

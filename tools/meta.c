@@ -258,6 +258,16 @@ static void add_input(cli_meta *m, const char *role, const char *path, int exten
 
 void cli_meta_input(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 0); }
 
+void cli_meta_share_reading(const cli_meta *m, kvq_dump *d)
+{
+    if (!m || !m->hasher || kvq_threads(0) >= 3) return;
+    for (int i = 0; i < m->ninputs; i++)
+        if (m->inputs[i].job && !cli_hash_job_done(m->hasher, m->inputs[i].job)) {
+            kvq_dump_set_read_threads(d, 1);
+            return;
+        }
+}
+
 void cli_meta_input_extended(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 1); }
 
 /* Sets (or, for a list, appends to) section.key: json is the value as JSON

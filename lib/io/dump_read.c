@@ -27,6 +27,7 @@ struct kvq_dump {
     char *model;     /* the model attribute whole (info.model keeps its first 255 bytes) */
     const kvq_layer *mem; /* a dump in memory: its layers (borrowed), file -1 */
     float *mem_cos, *mem_sin; /* its RoPE tables [T][D/2] as a file holds them (float32), or NULL */
+    int read_threads;         /* kvq_dump_set_read_threads: 1, or 0 for the default (2) */
 };
 
 /* ------------------------------------------------------------- attributes */
@@ -391,7 +392,8 @@ static kvq_status read_floats(kvq_dump *d, const char *obj, float *dst, const in
                           kvq_h5_detail(det, sizeof det));
             goto out;
         }
-        int be = H5Tget_order(t) == H5T_ORDER_BE, workers = slabs > 1 && omp_get_max_threads() > 1 ? 2 : 1;
+        int be = H5Tget_order(t) == H5T_ORDER_BE,
+            workers = slabs > 1 && omp_get_max_threads() > 1 && d->read_threads != 1 ? 2 : 1;
         for (size_t a = 0; a <= slabs; a++) { /* every slab read first: a read error comes before a value's */
             int failed = 0;
             size_t next = 0, first = SIZE_MAX; /* slab a − 1: its next piece, its first non-finite value */
@@ -722,6 +724,8 @@ kvq_status kvq_dump_from_memory(const kvq_dump_mem *m, kvq_dump **out, kvq_error
 
 const kvq_dump_info *kvq_dump_get_info(const kvq_dump *d) { return &d->info; }
 const char *kvq_dump_path(const kvq_dump *d) { return d->path; }
+
+void kvq_dump_set_read_threads(kvq_dump *d, int nthreads) { d->read_threads = nthreads == 1 ? 1 : 0; }
 
 void kvq_dump_close(kvq_dump *d)
 {
