@@ -198,6 +198,10 @@ check(not os.path.exists(cache), "KVQ_HASH_CACHE=off: no cache written")
 run("kvq-analyze", "-q", "kivi:bits=2", "--no-hash", "-o", "c5.csv", "c.h5")
 check(read(os.path.join(tmp, "c4.csv")) == read(os.path.join(tmp, "c5.csv")),
       "a first run, its hash beside the work, writes the rows a --no-hash run writes")
+run("kvq-info", "-o", "c4.txt", "c.h5")
+run("kvq-info", "--no-hash", "-o", "c5.txt", "c.h5")
+check(read(os.path.join(tmp, "c4.txt")) == read(os.path.join(tmp, "c5.txt")),
+      "kvq-info: a first run writes the report a --no-hash run writes")
 os.environ["KVQ_HASH_CACHE"] = cache
 
 # --- no record, no hash: on stdout without --meta inline nothing would wait for the inputs'

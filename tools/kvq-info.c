@@ -117,7 +117,7 @@ static void describe_header(FILE *f, const char *path, const kvq_dump_info *in)
             in->has_query ? "      Q rms" : "");
 }
 
-static int describe(FILE *f, const char *path, int channels)
+static int describe(FILE *f, const char *path, int channels, const cli_meta *meta)
 {
     cli_progress pr = {0}; /* a line on a terminal once a long dump has taken a second */
     kvq_error err = {0};
@@ -126,6 +126,7 @@ static int describe(FILE *f, const char *path, int channels)
     kvq_channel_stats *st = NULL;
     int rc = CLI_OK;
     if (kvq_dump_open(path, &d, &err)) return cli_fail(prog, &err);
+    cli_meta_share_reading(meta, d);
     const kvq_dump_info *in = kvq_dump_get_info(d);
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     st = calloc((size_t)in->num_kv_heads * in->head_dim, sizeof *st);
@@ -236,7 +237,8 @@ static int write_report(const info_args *a, char **dumps, int ndumps, cli_out *o
     if (!f) return cli_error(prog, "out of memory"), CLI_RUNTIME;
     if (a->channels) fprintf(f, "dump,layer,head,tensor,channel,abs_max,abs_mean,rms\n");
     for (int i = 0; i < ndumps && rc == CLI_OK; i++)
-        rc = a->vlayer >= 0 ? dump_values(f, dumps[i], a->vlayer, a->vhead, &D) : describe(f, dumps[i], a->channels);
+        rc = a->vlayer >= 0 ? dump_values(f, dumps[i], a->vlayer, a->vhead, &D)
+                            : describe(f, dumps[i], a->channels, out->meta);
     if (fclose(f) != 0 && rc == CLI_OK) rc = (cli_error(prog, "out of memory for the report"), CLI_RUNTIME);
     if (rc == CLI_OK && fwrite(text, 1, text_len, out->f) != text_len)
         rc = cli_write_error(prog, a->output, KVQ_ERR_IO, errno);
