@@ -159,6 +159,29 @@ static void sgemm_rates(int P, int T, int D, int nt, double *hot, double *cold)
     if (cold) *cold = flop / best[1] / 1e9;
 }
 
+/* The FLOP of `products` attention GEMMs (each 2·P·T·D) per query head, over `layers`. */
+static double attention_flop(int layers, int T, double products, int P)
+{
+    return (double)layers * HQ * products * 2.0 * P * T * HEAD_DIM;
+}
+
+/* The default set as kvq-analyze runs it without --calib (it leaves out the
+ * default specs that need one: cluster, kvquant's nuq): its quantizers'
+ * names into names[0..DEFAULT_SET_MAX), their count returned. */
+enum { DEFAULT_SET_MAX = 32 };
+static int default_set(const char *names[DEFAULT_SET_MAX])
+{
+    int n = 0;
+    for (size_t i = 0; i < kvq_quantizer_count() && n < DEFAULT_SET_MAX; i++) {
+        const kvq_quantizer *q = kvq_quantizer_at(i);
+        kvq_spec sp;
+        kvq_error err = {0};
+        if (kvq_quantizer_in_default_set(q) && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp))
+            names[n++] = kvq_quantizer_name(q);
+    }
+    return n;
+}
+
 /* The run against the strict floor (the target's: one query head's
  * shapes) and, for reference, against the floor with operands from memory
  * and against the sgemm rate at the stacked shape kvq runs: the G = HQ/HKV
@@ -166,8 +189,8 @@ static void sgemm_rates(int P, int T, int D, int nt, double *hot, double *cold)
  * group_heads), which OpenBLAS runs faster than M = P. */
 static void report(const char *name, int layers, int T, int nspecs, int P, int nt, double t, double rss)
 {
-    const int Hq = HQ, G = HQ / HKV, D = HEAD_DIM;
-    double flop = (double)layers * Hq * (2 + 3.0 * nspecs) * 2.0 * P * T * D, rate, cold, stacked;
+    const int G = HQ / HKV, D = HEAD_DIM;
+    double flop = attention_flop(layers, T, 2 + 3.0 * nspecs, P), rate, cold, stacked;
     sgemm_rates(P, T, D, nt, &rate, &cold);
     sgemm_rates(G * P, T, D, nt, &stacked, NULL);
     double floor_s = flop / (rate * 1e9), cold_s = flop / (cold * 1e9), stacked_s = flop / (stacked * 1e9);
@@ -194,21 +217,14 @@ static void report(const char *name, int layers, int T, int nspecs, int P, int n
  * smaller.  What a run pays once (the first touch of a quantizer's
  * buffers, its codebooks) counts whole on one layer, where B spreads it
  * over four. */
-enum { BYQ_MAX = 32, BYQ_RUNS = 3 };
-static void by_quantizer(char *tool, char *b_path, int P, int nt)
+enum { BYQ_RUNS = 3 };
+static void by_quantizer(char *tool, char *b_path, int T, int P, int nt)
 {
-    const char *names[BYQ_MAX];
-    int n = 0;
-    for (size_t i = 0; i < kvq_quantizer_count() && n < BYQ_MAX; i++) {
-        const kvq_quantizer *q = kvq_quantizer_at(i);
-        kvq_spec sp;
-        kvq_error err = {0};
-        if (kvq_quantizer_in_default_set(q) && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp))
-            names[n++] = kvq_quantizer_name(q);
-    }
+    const char *names[DEFAULT_SET_MAX];
+    int n = default_set(names);
     /* row 0: the base; row 1 + i: the base and names[i] */
-    double best[BYQ_MAX + 1], rss;
-    for (int i = 0; i <= n; i++) best[i] = 1e30;
+    double best[DEFAULT_SET_MAX + 1], rss;
+    for (int i = 0; i <= DEFAULT_SET_MAX; i++) best[i] = 1e30;
     for (int r = 0; r < BYQ_RUNS; r++)
         for (int i = 0; i <= n; i++) {
             char *argv[12];
@@ -221,16 +237,16 @@ static void by_quantizer(char *tool, char *b_path, int P, int nt)
             if (t < best[i]) best[i] = t;
         }
     double rate;
-    sgemm_rates(P, 8192, HEAD_DIM, nt, &rate, NULL);
+    sgemm_rates(P, T, HEAD_DIM, nt, &rate, NULL);
     /* one quantizer's three products on one layer, at the strict floor's rate */
-    double share = HQ * 3.0 * 2.0 * P * 8192 * HEAD_DIM / (rate * 1e9), attn = 0;
+    double share = attention_flop(1, T, 3, P) / (rate * 1e9), attn = 0;
     for (int i = 0; i < n; i++)
         if (!strcmp(names[i], "per-token")) attn = best[1 + i] - best[0];
-    printf("B by quantizer, one layer of 8192 tokens (best of %d rounds): per-token:bits=4 alone %.3f s; each "
+    printf("B by quantizer, one layer of %d tokens (best of %d rounds): per-token:bits=4 alone %.3f s; each "
            "default-set quantizer added to it, its increment and its own work (the increment less per-token's "
            "%.3f s, %.2fx its three products' floor of %.3f s at %.1f GFLOP/s; what a run pays once counts "
            "whole here):\n",
-           BYQ_RUNS, best[0], attn, attn / share, share, rate);
+           T, BYQ_RUNS, best[0], attn, attn / share, share, rate);
     for (int i = 0; i < n; i++)
         printf("   %-12s +%.3f s, own %+.3f s\n", names[i], best[1 + i] - best[0], best[1 + i] - best[0] - attn);
 }
@@ -249,15 +265,8 @@ int main(int argc, char **argv)
     make_dump(a_path, 4, 4096);
     make_dump(b_path, 4, 8192);
     int nt = omp_get_num_procs(), P = 64;
-    /* the default set without --calib: kvq-analyze leaves out the default
-     * specs that need one (cluster, kvquant's nuq) */
-    int ndefault = 0;
-    for (size_t i = 0; i < kvq_quantizer_count(); i++) {
-        const kvq_quantizer *q = kvq_quantizer_at(i);
-        kvq_spec sp;
-        kvq_error err = {0};
-        ndefault += kvq_quantizer_in_default_set(q) && !kvq_spec_default(q, &sp, &err) && !kvq_spec_needs_calib(&sp);
-    }
+    const char *default_names[DEFAULT_SET_MAX];
+    int ndefault = default_set(default_names);
     printf("kvq-bench-analyze: %d cores; kvq-analyze --per model, --queries last:%d (the default)\n", nt, P);
 
     double rss, best = 1e30, best_rss = 0;
@@ -309,7 +318,7 @@ int main(int argc, char **argv)
     snprintf(name, sizeof name, "B' B's attention work, %d per-token quantizers (B less the quantizers' own work)", nq);
     report(name, 4, 8192, nq, P, nt, best, best_rss);
 
-    by_quantizer(tool, b_path, P, nt);
+    by_quantizer(tool, b_path, 8192, P, nt);
 
     /* provenance: A's analysis of a one-layer dump (56 MB) with -o, which
      * hashes the dump (and OUT) into OUT.meta.json while it works, against
