@@ -258,6 +258,8 @@ static void add_input(cli_meta *m, const char *role, const char *path, int exten
 
 void cli_meta_input(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 0); }
 
+void cli_meta_input_extended(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 1); }
+
 void cli_meta_share_reading(const cli_meta *m, kvq_dump *d)
 {
     if (!m || !m->hasher || kvq_threads(0) >= 3) return;
@@ -267,8 +269,6 @@ void cli_meta_share_reading(const cli_meta *m, kvq_dump *d)
             return;
         }
 }
-
-void cli_meta_input_extended(cli_meta *m, const char *role, const char *path) { add_input(m, role, path, 1); }
 
 /* Sets (or, for a list, appends to) section.key: json is the value as JSON
  * text, owned by the record from here on. */
