@@ -85,14 +85,17 @@ AVX2 static inline double hsum4(__m256d v)
  * prescaled, and returns the max and its first index.  Each lane keeps its
  * own max and the first index holding it (replaced only by a greater
  * value); the answer is the lowest index among the lanes holding the max.
- * Masked-off lanes are -inf, never greater. */
-AVX2 static inline float scale_max(float *s, size_t n, float scale, int prescaled, int *argmax)
+ * Masked-off lanes are -inf, never greater.  Unless pf is NULL, the row
+ * pf[0..n) that a later pass reads is fetched into the cache meanwhile, a
+ * line every two vectors. */
+AVX2 static inline float scale_max(float *s, size_t n, float scale, int prescaled, int *argmax, const float *pf)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), vscale = _mm256_set1_ps(scale);
     const __m256i eight = _mm256_set1_epi32(8);
     __m256 vmax = ninf;
     __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), best = idx;
     for (size_t i = 0; i < n; i += 8, idx = _mm256_add_epi32(idx, eight)) {
+        if (pf && !(i & 15)) _mm_prefetch((const char *)(pf + i), _MM_HINT_T0);
         __m256i k = lanes8(n - i);
         __m256 v = load8(s + i, n - i, k);
         if (!prescaled) {
@@ -115,12 +118,14 @@ AVX2 static inline float scale_max(float *s, size_t n, float scale, int prescale
     return m;
 }
 
-/* Softmax pass 2: a = exp(s − m) over [0, n), returns Σ a in double. */
-AVX2 static inline double exp_sum(const float *s, float *a, size_t n, float m)
+/* Softmax pass 2: a = exp(s − m) over [0, n), returns Σ a in double;
+ * fetches pf[0..n) into the cache as scale_max does. */
+AVX2 static inline double exp_sum(const float *s, float *a, size_t n, float m, const float *pf)
 {
     const __m256 vm = _mm256_set1_ps(m);
     __m256d sum = _mm256_setzero_pd();
     for (size_t i = 0; i < n; i += 8) {
+        if (pf && !(i & 15)) _mm_prefetch((const char *)(pf + i), _MM_HINT_T0);
         __m256i k = lanes8(n - i);
         __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(load8(s + i, n - i, k), vm)), _mm256_castsi256_ps(k));
         store8(a + i, n - i, k, e);
@@ -133,8 +138,8 @@ AVX2 static inline double exp_sum(const float *s, float *a, size_t n, float m)
 AVX2 void kvq_softmax_avx2(float *s, float *a, size_t n, size_t ncol, float scale, int prescaled,
                            float *m_out, double *sum_out, int *argmax_out)
 {
-    float m = scale_max(s, n, scale, prescaled, argmax_out);
-    double total = exp_sum(s, a, n, m);
+    float m = scale_max(s, n, scale, prescaled, argmax_out, NULL);
+    double total = exp_sum(s, a, n, m, NULL);
     /* a / Σ */
     __m256 vf = _mm256_set1_ps((float)total);
     for (size_t i = 0; i < n; i += 8) {
@@ -162,13 +167,15 @@ AVX2 static inline void compare4(__m128 s4, __m128 a4, __m128 sq4, __m128 aq4, _
 
 /* kvq_softmax_avx2 of the row sq into aq, then kvq_row_compare_avx2 of
  * (s, a) against it, its last pass (a' = e / Σ) and the comparison fused:
- * the same values and sums in the same order, one pass fewer over the row. */
+ * the same values and sums in the same order, one pass fewer over the row;
+ * the exact rows s and a fetched during the first two passes, as
+ * kvq_softmax_compare_avx512 does. */
 AVX2 void kvq_softmax_compare_avx2(const float *s, const float *a, float *sq, float *aq, size_t n, size_t ncol,
                                    float scale, int prescaled, double m, double lse, float *mq_out,
                                    double *sumq_out, int *argmaxq_out, double *sd2, double *ad2, double *kl)
 {
-    float mq = scale_max(sq, n, scale, prescaled, argmaxq_out);
-    double total = exp_sum(sq, aq, n, mq);
+    float mq = scale_max(sq, n, scale, prescaled, argmaxq_out, s);
+    double total = exp_sum(sq, aq, n, mq, a);
     const __m256 vf = _mm256_set1_ps((float)total);
     const __m256d vm = _mm256_set1_pd(m), vl = _mm256_set1_pd(lse), vmq = _mm256_set1_pd(mq),
                   vlq = _mm256_set1_pd(log(total));
