@@ -347,11 +347,21 @@ AVX512 kvq_status kvq_u_channels_avx512(const float *x, float *y, size_t n, size
     return KVQ_OK;
 }
 
+/* How far ahead (floats) the reconstruction sums fetch their inputs: they
+ * read x and up to four outputs at once, a head's 4 MB each from memory,
+ * more streams than the hardware prefetchers follow across pages (on the
+ * Zen 5 recon_group's share of B's cycles 3.0 -> 1.1 % with the fetches). */
+#define RECON_AHEAD 256
+
 AVX512 void kvq_recon_avx512(kvq_recon_acc *acc, const float *x, const float *y, size_t n)
 {
     racc a;
     racc_init(&a);
     for (size_t i = 0; i < n; i += 16) {
+        if (i + RECON_AHEAD < n) {
+            _mm_prefetch((const char *)(x + i + RECON_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(y + i + RECON_AHEAD), _MM_HINT_T0);
+        }
         __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
         __m512 xv = _mm512_maskz_loadu_ps(m, x + i), yv = _mm512_maskz_loadu_ps(m, y + i);
         racc_add(&a, xv, _mm512_sub_ps(xv, yv)); /* masked lanes: 0 − 0 */
@@ -370,6 +380,10 @@ AVX512 static inline void recon_group(kvq_recon_acc *const *acc, const float *x,
     for (int j = 0; j < g; j++) racc_init(&a[j]);
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        if (i + RECON_AHEAD < n) {
+            _mm_prefetch((const char *)(x + i + RECON_AHEAD), _MM_HINT_T0);
+            for (int j = 0; j < g; j++) _mm_prefetch((const char *)(y[j] + i + RECON_AHEAD), _MM_HINT_T0);
+        }
         __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
         racc_add_x(&a[0], xv);
         for (int j = 0; j < g; j++) racc_add_error(&a[j], _mm512_sub_ps(xv, _mm512_maskz_loadu_ps(m, y[j] + i)));
