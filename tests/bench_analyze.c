@@ -17,8 +17,10 @@
  * sgemm rate with operands that are not in cache, as kvq's never are, and
  * against the rate at the stacked shape kvq runs (a KV head's G query heads
  * in one product), which is faster than one head's: the strictest floor.
- * Last, provenance: -o (the dump's SHA-256 in the record) against
- * --no-hash, on a file whose checksum kvq's cache holds and on a first run.
+ * Then the kernel choice: one of B's layers as the tool runs against each
+ * OpenBLAS core this CPU can run, forced (OPENBLAS_CORETYPE).  Last,
+ * provenance: -o (the dump's SHA-256 in the record) against --no-hash, on
+ * a file whose checksum kvq's cache holds and on a first run.
  *   kvq-bench-analyze [BUILD_DIR]   (run by `meson test --benchmark`) */
 #include "kvq.h"
 
@@ -66,13 +68,14 @@ static void make_dump(const char *path, int layers, int tokens)
     }
 }
 
-/* KVQ_HASH_CACHE for the runs that follow: v, or unset when v is NULL. */
-static void set_hash_cache(const char *v)
+/* The environment variable `name` for the runs that follow: v, or unset
+ * when v is NULL. */
+static void set_env(const char *name, const char *v)
 {
     if (v)
-        setenv("KVQ_HASH_CACHE", v, 1);
+        setenv(name, v, 1);
     else
-        unsetenv("KVQ_HASH_CACHE");
+        unsetenv(name);
 }
 
 /* The provenance runs' arguments: A's analysis of dump into OUT, with
@@ -251,6 +254,82 @@ static void by_quantizer(char *tool, char *b_path, int T, int P, int nt)
         printf("   %-12s +%.3f s, own %+.3f s\n", names[i], best[1 + i] - best[0], best[1 + i] - best[0] - attn);
 }
 
+/* The cores worth forcing on this CPU: those of its instruction-set level
+ * that it can run (Cooperlake only with AVX512-BF16) and the AVX2 ones
+ * below, into cores[]; their count (0: not x86-64, nothing to compare). */
+enum { KC_MAX = 4, KC_RUNS = 3 };
+static int forced_cores(const char *cores[KC_MAX])
+{
+    int n = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl")) {
+        cores[n++] = "SkylakeX";
+        if (__builtin_cpu_supports("avx512bf16")) cores[n++] = "Cooperlake";
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) cores[n++] = "Haswell", cores[n++] = "Zen";
+#else
+    (void)cores;
+#endif
+    return n;
+}
+
+/* The core line of `tool --version` ("core X, ..." up to the line's end)
+ * into buf; "" when it cannot be run or read. */
+static void tool_core(const char *tool, char *buf, size_t len)
+{
+    char cmd[4200], line[512];
+    buf[0] = '\0';
+    snprintf(cmd, sizeof cmd, "'%s' --version 2>/dev/null", tool);
+    FILE *f = popen(cmd, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        char *c = strstr(line, "core ");
+        if (c && !buf[0]) {
+            c[strcspn(c, "\n")] = '\0';
+            snprintf(buf, len, "%s", c);
+        }
+    }
+    if (f) pclose(f);
+}
+
+/* Kernel choice: one of B's layers with the default set, as the tool runs
+ * (OpenBLAS's pick, kvq's restart's, or the core the environment sets)
+ * against each core this CPU can run forced through OPENBLAS_CORETYPE, the
+ * best of KC_RUNS rounds taken in turn; the tool's time against the
+ * fastest.  The environment's OPENBLAS_CORETYPE is restored afterwards. */
+static void kernel_choice(char *tool, char *b_path, int T)
+{
+    const char *cores[KC_MAX];
+    int n = forced_cores(cores);
+    if (!n) {
+        printf("kernel choice: no x86-64 cores to compare on this CPU\n");
+        return;
+    }
+    const char *env = getenv("OPENBLAS_CORETYPE");
+    char *kept = env ? strdup(env) : NULL, own[512];
+    tool_core(tool, own, sizeof own);
+    char *argv[] = {tool, "--per", "model", "--layers", "0", b_path, NULL};
+    double best[KC_MAX + 1], rss; /* 0: as the tool runs; 1 + i: cores[i] */
+    for (int i = 0; i <= n; i++) best[i] = 1e30;
+    for (int r = 0; r < KC_RUNS; r++)
+        for (int i = 0; i <= n; i++) {
+            set_env("OPENBLAS_CORETYPE", i ? cores[i - 1] : kept);
+            double t = run_tool(argv, &rss);
+            if (t < best[i]) best[i] = t;
+        }
+    set_env("OPENBLAS_CORETYPE", kept);
+    free(kept);
+    double fastest = best[0];
+    printf("kernel choice, one layer of %d tokens, default set (best of %d rounds): as the tool runs (%s) %.3f s;", T,
+           KC_RUNS, own[0] ? own : "core unknown", best[0]);
+    for (int i = 0; i < n; i++) {
+        printf("%s OPENBLAS_CORETYPE=%s %.3f s", i ? "," : "", cores[i], best[1 + i]);
+        if (best[1 + i] < fastest) fastest = best[1 + i];
+    }
+    printf("; the tool's choice %.3fx the fastest (target <= 1.15x)\n", best[0] / fastest);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
@@ -319,6 +398,7 @@ int main(int argc, char **argv)
     report(name, 4, 8192, nq, P, nt, best, best_rss);
 
     by_quantizer(tool, b_path, 8192, P, nt);
+    kernel_choice(tool, b_path, 8192);
 
     /* provenance: A's analysis of a one-layer dump (56 MB) with -o, which
      * hashes the dump (and OUT) into OUT.meta.json while it works, against
@@ -343,12 +423,12 @@ int main(int argc, char **argv)
     sleep(2);          /* a file younger than two seconds is not cached */
     run_tool(h, &rss); /* its checksum into the cache */
     for (int r = 0; r < R; r++) {
-        set_hash_cache(kept);
+        set_env("KVQ_HASH_CACHE", kept);
         th[r] = run_tool(h, &rss), tn[r] = run_tool(nh, &rss);
-        set_hash_cache("off");
+        set_env("KVQ_HASH_CACHE", "off");
         tf[r] = run_tool(hf, &rss);
     }
-    set_hash_cache(kept);
+    set_env("KVQ_HASH_CACHE", kept);
     free(kept);
     /* the cached runs' record says whether the checksum came from the cache */
     char meta[4200], rec[8192] = "";
