@@ -254,24 +254,22 @@ static void by_quantizer(char *tool, char *b_path, int T, int P, int nt)
         printf("   %-12s +%.3f s, own %+.3f s\n", names[i], best[1 + i] - best[0], best[1 + i] - best[0] - attn);
 }
 
-/* The cores worth forcing on this CPU: those of its instruction-set level
- * that it can run (Cooperlake only with AVX512-BF16) and the AVX2 ones
- * below, into cores[]; their count (0: not x86-64, nothing to compare). */
+/* The cores worth forcing on this CPU: the best one it can run (libkvq's
+ * probe, kvq_blas_core_for_cpu), Cooperlake beside SkylakeX where the CPU
+ * has AVX512-BF16, and below an AVX-512 core the AVX2 ones, into cores[];
+ * their count (0: not x86-64, or no AVX2 core: nothing to compare). */
 enum { KC_MAX = 4, KC_RUNS = 3 };
 static int forced_cores(const char *cores[KC_MAX])
 {
-    int n = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl")) {
+    const char *top = kvq_blas_core_for_cpu();
+    int n = 0, avx512 = top && !strcmp(top, "SkylakeX");
+    if (avx512) {
         cores[n++] = "SkylakeX";
+#if defined(__x86_64__) && defined(__GNUC__)
         if (__builtin_cpu_supports("avx512bf16")) cores[n++] = "Cooperlake";
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) cores[n++] = "Haswell", cores[n++] = "Zen";
-#else
-    (void)cores;
 #endif
+    }
+    if (avx512 || (top && (!strcmp(top, "Haswell") || !strcmp(top, "Zen")))) cores[n++] = "Haswell", cores[n++] = "Zen";
     return n;
 }
 
@@ -309,7 +307,14 @@ static void kernel_choice(char *tool, char *b_path, int T)
     const char *env = getenv("OPENBLAS_CORETYPE");
     char *kept = env ? strdup(env) : NULL, own[512];
     tool_core(tool, own, sizeof own);
-    char *argv[] = {tool, "--per", "model", "--layers", "0", b_path, NULL};
+    /* the default set by name, as B counts it: kvq-analyze's note on the
+     * specs it leaves out (those that need --calib) is not printed 15 times */
+    const char *names[DEFAULT_SET_MAX];
+    char *argv[2 * DEFAULT_SET_MAX + 7];
+    int a = 0, nq = default_set(names);
+    argv[a++] = tool, argv[a++] = "--per", argv[a++] = "model", argv[a++] = "--layers", argv[a++] = "0";
+    for (int q = 0; q < nq; q++) argv[a++] = "-q", argv[a++] = (char *)names[q];
+    argv[a++] = b_path, argv[a] = NULL;
     double best[KC_MAX + 1], rss; /* 0: as the tool runs; 1 + i: cores[i] */
     for (int i = 0; i <= n; i++) best[i] = 1e30;
     for (int r = 0; r < KC_RUNS; r++)
