@@ -276,7 +276,7 @@ int main(int argc, char **argv)
     snprintf(ntb, sizeof ntb, "%d", nt);
     snprintf(log, sizeof log, "%s/bench-model-llama.log", dir);
     /* kvq-eval's runs: the same arguments, then each run's caches (-q) */
-    enum { RUNS = 3, BASE = 12, MAXQ = 3 };
+    enum { RUNS = 3, BASE = 12, MAXQ = 3, EVAL_ROUNDS = 3 };
     char *base[BASE] = {kvq_eval,   path, "--text",    text, "--chunk",    "512",
                         "--chunks", "1",  "--threads", ntb,  "--progress", "never"};
     const char *caches[RUNS][MAXQ] = {
@@ -292,43 +292,57 @@ int main(int argc, char **argv)
         for (int q = 0; q < MAXQ && caches[k][q]; q++) runs[k][n++] = "-q", runs[k][n++] = (char *)caches[k][q];
         runs[k][n] = NULL, kbest[k] = 1e30, rss_of[k] = 0;
     }
-    for (int r = 0; r < 2; r++)
+    /* llama-perplexity's runs, one per cache type: llama.cpp v0.5.0's AMX
+     * matmul (its repacked weights) crashes in some VMs whose CPUs list AMX
+     * (seen on a 2-core Xeon): then every run is made with --no-repack, its
+     * generic quantized dot products */
+    const char *types[] = {"f16", "q8_0", "q4_0"};
+    int with_llama = llama && real_vocab, no_repack = 0;
+    double lp_pass[3], lp_wall[3], lp_rss[3], sum_pass = 0, sum_wall = 0;
+    char *lp[3][18];
+    if (with_llama) {
+        char *first[] = {(char *)llama, "-m", path, "-f", text, "-c", "512", "--chunks", "1", "-t", ntb, NULL};
+        no_repack = run_tool_or(first, log, NULL, 1) < 0;
+        for (int i = 0; i < 3; i++) {
+            char **a = lp[i];
+            int n = 0;
+            for (char **f = first; *f; f++) a[n++] = *f; /* the same arguments, then the cache's */
+            a[n++] = "-ctk", a[n++] = (char *)types[i], a[n++] = "-ctv", a[n++] = (char *)types[i];
+            if (no_repack) a[n++] = "--no-repack";
+            a[n] = NULL;
+            lp_pass[i] = lp_wall[i] = 1e30;
+        }
+    }
+    /* rounds taken in turn (kvq-eval's runs, then llama-perplexity's), the
+     * best of each: a slow minute falls on both tools alike */
+    for (int r = 0; r < EVAL_ROUNDS; r++) {
         for (int k = 0; k < RUNS; k++) {
             double mb, t = run_tool(runs[k], NULL, &mb);
             if (t < kbest[k]) kbest[k] = t, rss_of[k] = mb;
         }
+        for (int i = 0; with_llama && i < 3; i++) {
+            double rss, t = run_tool(lp[i], log, &rss), pp = seconds_per_pass(log);
+            if (t < lp_wall[i]) lp_wall[i] = t, lp_rss[i] = rss;
+            if (pp > 0 && pp < lp_pass[i]) lp_pass[i] = pp;
+        }
+    }
     double k3 = kbest[0], k1 = kbest[1], kg = kbest[2], rss3 = rss_of[0], rss1 = rss_of[1], rssg = rss_of[2];
-    printf("  kvq-eval, one 512-token --chunk window (wall time, best of 2, model loading and tokenizing included):\n");
+    printf("  kvq-eval, one 512-token --chunk window (wall time, best of %d rounds taken in turn with "
+           "llama-perplexity's, model loading and tokenizing included):\n",
+           EVAL_ROUNDS);
     printf("    -q none alone (the exact pass): %.2f s, %.0f MB\n", k1, rss1);
     printf("    -q none + ggml q8_0 + ggml q4_0: %.2f s = %.2f s per configuration, %.0f MB\n", k3, k3 / 3, rss3);
     printf("    ggml f16 + q8_0 + q4_0 (four streams: the exact one and three caches): %.2f s, %.0f MB\n", kg, rssg);
-    if (!llama || !real_vocab) {
+    if (!with_llama) {
         printf("  llama-perplexity: %s\n", !real_vocab ? "no comparison without Llama 3's vocabulary (../shared)"
                : "set LLAMA_PERPLEXITY to its binary for the comparison (../shared/tools/build-llama-perplexity.sh "
                  "DIR builds llama.cpp v0.5.0's)");
         return 0;
     }
-    const char *types[] = {"f16", "q8_0", "q4_0"};
-    double lp_pass[3], lp_wall[3], lp_rss[3], sum_pass = 0, sum_wall = 0;
-    /* llama.cpp v0.5.0's AMX matmul (its repacked weights) crashes in some
-     * VMs whose CPUs list AMX (seen on a 2-core Xeon): then every run is
-     * made with --no-repack, its generic quantized dot products */
-    char *first[] = {(char *)llama, "-m", path, "-f", text, "-c", "512", "--chunks", "1", "-t", ntb, NULL};
-    int no_repack = run_tool_or(first, log, NULL, 1) < 0;
     if (no_repack)
         printf("  note: llama-perplexity failed with its repacked weights (see %s); its runs use --no-repack\n", log);
-    for (int i = 0; i < 3; i++) {
-        char *a[] = {(char *)llama, "-m", path, "-f", text, "-c", "512", "--chunks", "1", "-t", ntb, "-ctk",
-                     (char *)types[i], "-ctv", (char *)types[i], no_repack ? "--no-repack" : NULL, NULL};
-        lp_pass[i] = lp_wall[i] = 1e30;
-        for (int r = 0; r < 2; r++) {
-            double rss, t = run_tool(a, log, &rss), pp = seconds_per_pass(log);
-            if (t < lp_wall[i]) lp_wall[i] = t, lp_rss[i] = rss;
-            if (pp > 0 && pp < lp_pass[i]) lp_pass[i] = pp;
-        }
-        sum_pass += lp_pass[i], sum_wall += lp_wall[i];
-    }
-    printf("  llama-perplexity (%s), the same window, model, threads (best of 2):\n", llama);
+    for (int i = 0; i < 3; i++) sum_pass += lp_pass[i], sum_wall += lp_wall[i];
+    printf("  llama-perplexity (%s), the same window, model, threads (best of %d):\n", llama, EVAL_ROUNDS);
     for (int i = 0; i < 3; i++)
         printf("    -ctk %s -ctv %s: %.2f s per pass (its own count), %.2f s wall, %.0f MB\n", types[i], types[i],
                lp_pass[i], lp_wall[i], lp_rss[i]);
