@@ -299,9 +299,9 @@ int main(int argc, char **argv)
     const char *types[] = {"f16", "q8_0", "q4_0"};
     int with_llama = llama && real_vocab, no_repack = 0;
     double lp_pass[3], lp_wall[3], lp_rss[3], sum_pass = 0, sum_wall = 0;
-    char *lp[3][18];
+    char *first[] = {(char *)llama, "-m", path, "-f", text, "-c", "512", "--chunks", "1", "-t", ntb, NULL};
+    char *lp[3][sizeof first / sizeof first[0] + 5]; /* first's, -ctk T -ctv T, --no-repack */
     if (with_llama) {
-        char *first[] = {(char *)llama, "-m", path, "-f", text, "-c", "512", "--chunks", "1", "-t", ntb, NULL};
         no_repack = run_tool_or(first, log, NULL, 1) < 0;
         for (int i = 0; i < 3; i++) {
             char **a = lp[i];
