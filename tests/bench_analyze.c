@@ -20,7 +20,8 @@
  * Then the kernel choice: one of B's layers as the tool runs against each
  * OpenBLAS core this CPU can run, forced (OPENBLAS_CORETYPE).  Last,
  * provenance: -o (the dump's SHA-256 in the record) against --no-hash, on
- * a file whose checksum kvq's cache holds and on a first run.
+ * a file whose checksum kvq's cache holds and on a first run, and the CPU
+ * time a first run adds.
  *   kvq-bench-analyze [BUILD_DIR]   (run by `meson test --benchmark`) */
 #include "kvq.h"
 
@@ -90,8 +91,9 @@ static void provenance_argv(char **argv, char *tool, char *out, int nohash, char
     argv[n++] = dump, argv[n] = NULL;
 }
 
-/* Runs argv; returns the wall seconds and the child's peak RSS in MB. */
-static double run_tool(char *const *argv, double *rss_mb)
+/* Runs argv; returns the wall seconds, the child's peak RSS in MB and its CPU
+ * seconds (user + system, all its threads). */
+static double run_tool_cpu(char *const *argv, double *rss_mb, double *cpu_s)
 {
     fflush(NULL); /* nothing buffered here is written twice by the child */
     double t0 = now();
@@ -109,7 +111,15 @@ static double run_tool(char *const *argv, double *rss_mb)
         exit(1);
     }
     *rss_mb = ru.ru_maxrss / 1024.0;
+    *cpu_s = ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
     return now() - t0;
+}
+
+/* The wall time of one run of argv (stdout to /dev/null), its peak RSS into *rss_mb. */
+static double run_tool(char *const *argv, double *rss_mb)
+{
+    double cpu;
+    return run_tool_cpu(argv, rss_mb, &cpu);
 }
 
 /* GFLOP/s of sgemm on one query head's shapes (P×D·D×T and P×T·T×D), one
@@ -422,16 +432,16 @@ int main(int argc, char **argv)
     provenance_argv(nh, tool, out2, 1, one);
     provenance_argv(hf, tool, out3, 0, one);
     enum { R = 15 };
-    double th[R], tf[R], tn[R];
+    double th[R], tf[R], tn[R], cf[R], cn[R];
     const char *cache = getenv("KVQ_HASH_CACHE");
     char *kept = cache ? strdup(cache) : NULL;
     sleep(2);          /* a file younger than two seconds is not cached */
     run_tool(h, &rss); /* its checksum into the cache */
     for (int r = 0; r < R; r++) {
         set_env("KVQ_HASH_CACHE", kept);
-        th[r] = run_tool(h, &rss), tn[r] = run_tool(nh, &rss);
+        th[r] = run_tool(h, &rss), tn[r] = run_tool_cpu(nh, &rss, &cn[r]);
         set_env("KVQ_HASH_CACHE", "off");
-        tf[r] = run_tool(hf, &rss);
+        tf[r] = run_tool_cpu(hf, &rss, &cf[r]);
     }
     set_env("KVQ_HASH_CACHE", kept);
     free(kept);
@@ -446,6 +456,8 @@ int main(int argc, char **argv)
     qsort(th, R, sizeof th[0], cmp_double);
     qsort(tf, R, sizeof tf[0], cmp_double);
     qsort(tn, R, sizeof tn[0], cmp_double);
+    qsort(cf, R, sizeof cf[0], cmp_double);
+    qsort(cn, R, sizeof cn[0], cmp_double);
     struct stat sb;
     stat(one, &sb);
     printf("provenance: -o with the %.0f MB dump's SHA-256 from kvq's cache%s %.3f s; hashed whole (a first run on the "
@@ -453,5 +465,11 @@ int main(int argc, char **argv)
            "%.3fx (target <= 1.08x)\n",
            sb.st_size / 1048576.0, cached, th[R / 2], tf[R / 2], tn[R / 2], R, th[R / 2] / tn[R / 2],
            tf[R / 2] / tn[R / 2]);
+    /* what a first run costs in CPU: where the run keeps every core busy, its
+     * wall time grows by that spread over them (docs/performance.md) */
+    double added = cf[R / 2] - cn[R / 2];
+    printf("   CPU time (medians): a first run %.3f s, --no-hash %.3f s: the hash adds %.0f ms of CPU, %.0f ms "
+           "spread over the %d cores (%.3fx)\n",
+           cf[R / 2], cn[R / 2], 1e3 * added, 1e3 * added / nt, nt, (tn[R / 2] + added / nt) / tn[R / 2]);
     return 0;
 }
