@@ -50,6 +50,13 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The median of v[0..n) (n odd), which it sorts. */
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return v[n / 2];
+}
+
 /* The Llama-3-8B shape of every dump here, which report() counts FLOP by */
 enum { HQ = 32, HKV = 8, HEAD_DIM = 128 };
 
@@ -91,8 +98,8 @@ static void provenance_argv(char **argv, char *tool, char *out, int nohash, char
     argv[n++] = dump, argv[n] = NULL;
 }
 
-/* Runs argv; returns the wall seconds, the child's peak RSS in MB and its CPU
- * seconds (user + system, all its threads). */
+/* Runs argv with stdout to /dev/null; returns the wall seconds, the child's
+ * peak RSS in MB and its CPU seconds (user + system, all its threads). */
 static double run_tool_cpu(char *const *argv, double *rss_mb, double *cpu_s)
 {
     fflush(NULL); /* nothing buffered here is written twice by the child */
@@ -115,7 +122,7 @@ static double run_tool_cpu(char *const *argv, double *rss_mb, double *cpu_s)
     return now() - t0;
 }
 
-/* The wall time of one run of argv (stdout to /dev/null), its peak RSS into *rss_mb. */
+/* run_tool_cpu without the CPU time. */
 static double run_tool(char *const *argv, double *rss_mb)
 {
     double cpu;
@@ -453,23 +460,19 @@ int main(int argc, char **argv)
     if (mf) fclose(mf);
     rec[got] = '\0';
     const char *cached = strstr(rec, "\"sha256_cached\": true") ? "" : " (but its record says it was not cached)";
-    qsort(th, R, sizeof th[0], cmp_double);
-    qsort(tf, R, sizeof tf[0], cmp_double);
-    qsort(tn, R, sizeof tn[0], cmp_double);
-    qsort(cf, R, sizeof cf[0], cmp_double);
-    qsort(cn, R, sizeof cn[0], cmp_double);
+    double cached_s = median(th, R), first_s = median(tf, R), nohash_s = median(tn, R);
+    double first_cpu = median(cf, R), nohash_cpu = median(cn, R);
     struct stat sb;
     stat(one, &sb);
     printf("provenance: -o with the %.0f MB dump's SHA-256 from kvq's cache%s %.3f s; hashed whole (a first run on the "
            "file: libcrypto, in a thread) %.3f s; --no-hash %.3f s (medians of %d alternating runs): %.3fx and "
            "%.3fx (target <= 1.08x)\n",
-           sb.st_size / 1048576.0, cached, th[R / 2], tf[R / 2], tn[R / 2], R, th[R / 2] / tn[R / 2],
-           tf[R / 2] / tn[R / 2]);
+           sb.st_size / 1048576.0, cached, cached_s, first_s, nohash_s, R, cached_s / nohash_s, first_s / nohash_s);
     /* what a first run costs in CPU: where the run keeps every core busy, its
      * wall time grows by that spread over them (docs/performance.md) */
-    double added = cf[R / 2] - cn[R / 2];
+    double added = first_cpu - nohash_cpu;
     printf("   CPU time (medians): a first run %.3f s, --no-hash %.3f s: the hash adds %.0f ms of CPU, %.0f ms "
            "spread over the %d cores (%.3fx)\n",
-           cf[R / 2], cn[R / 2], 1e3 * added, 1e3 * added / nt, nt, (tn[R / 2] + added / nt) / tn[R / 2]);
+           first_cpu, nohash_cpu, 1e3 * added, 1e3 * added / nt, nt, (nohash_s + added / nt) / nohash_s);
     return 0;
 }
