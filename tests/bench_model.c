@@ -241,14 +241,15 @@ int main(int argc, char **argv)
     }
     /* what the forward pass allocates: a weight tile per thread (512 rows of
      * the widest matrix), its activations (the hidden state, x̂, x_o, q,
-     * att, Q by head, k, v, K, V, pre-RoPE K, gate, up), the output head's
-     * logits and normed states, and each thread's attention scores (not
-     * counted: OpenBLAS's own buffers, the vocabulary's index) */
+     * att, Q by head, k, v, K, V, pre-RoPE K, gate), the output head's
+     * logits and normed states, and each thread's attention scores and up
+     * activations of a column tile (not counted: OpenBLAS's own buffers,
+     * the vocabulary's index) */
     double tiles = 4.0 * 512 * (F > dim ? F : dim) * nt;
     size_t lim = (16u << 20) / (size_t)(T - 1 > dim ? T - 1 : dim);
     double vc = lim >= (size_t)V ? V : (double)(lim / 512 * 512);
-    double act = 4.0 * T * (3.0 * dim + 3.0 * qd + 5.0 * kd + 2.0 * F) + 4.0 * vc * T + 4.0 * T * dim +
-                 (double)nt * 4.0 * 64 * T;
+    double act = 4.0 * T * (3.0 * dim + 3.0 * qd + 5.0 * kd + F) + 4.0 * vc * T + 4.0 * T * dim +
+                 (double)nt * 4.0 * (64 + 512) * T;
     printf("%s: %s; OpenBLAS %s core, %d threads\n", prog, cpu, openblas_get_corename(), nt);
     printf("  model: %s, %d layers, dim %d, vocabulary %d (%s)\n", in->format, in->n_layers, dim, V,
            real_vocab ? "Llama 3's" : "synthetic");

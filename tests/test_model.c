@@ -1044,6 +1044,16 @@ START_TEST(test_bad_models)
             memcpy(w.t[i].data + 34 * 5, &nan16, 2); /* row 5 (a row: one block of 34 bytes) */
         }
     expect_eval_refused(&w, "tensor blk.0.ffn_up.weight: row 5, column 0 is nan");
+    /* the gate and up matrices both bad (their column tiles taken together, gemm_glu): the gate is named */
+    o.wtype = KVQ_GGML_Q8_0;
+    gw_tiny_model(&w, &o);
+    o.wtype = KVQ_GGML_F32;
+    for (int i = 0; i < w.nt; i++) {
+        uint16_t nan16 = 0x7E00;
+        if (!strcmp(w.t[i].name, "blk.0.ffn_up.weight")) memcpy(w.t[i].data + 34 * 2, &nan16, 2);
+        if (!strcmp(w.t[i].name, "blk.0.ffn_gate.weight")) memcpy(w.t[i].data + 34 * 7, &nan16, 2);
+    }
+    expect_eval_refused(&w, "tensor blk.0.ffn_gate.weight: row 7, column 0 is nan");
     /* unknown ggml type, named */
     gw_tiny_model(&w, &o);
     w.t[0].type = 99;

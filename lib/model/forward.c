@@ -95,6 +95,97 @@ static int stack_jobs(const fw_gemm *g, int ng, int K, fw_gemm *one)
     return 1;
 }
 
+/* GELU, tanh form, as ggml_gelu. */
+static float gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* Column tile [c, c + n) of tensor t's rows from w0 (K columns) for one
+ * task: in place (Wf), or dequantized into buf and checked finite; NULL
+ * when it holds a non-finite weight, the first of them (row · K + column)
+ * kept in *bad and *badv. */
+static const float *weight_tile(kvq_wtensor *t, const float *Wf, int64_t w0, int c, int n, int K, float *buf,
+                                size_t *bad, float *badv)
+{
+    if (Wf) return Wf + (size_t)c * K;
+    kvq_wtensor_rows(t, w0 + c, w0 + c + n, buf);
+    size_t nv = (size_t)n * K,
+           i = t->checked || wtensor_finite_by_scales(t, w0 + c, w0 + c + n) ? nv : kvq_first_nonfinite(buf, nv);
+    if (i == nv) return buf;
+#pragma omp critical(kvq_nonfinite_weight)
+    if ((size_t)c * K + i < *bad) *bad = (size_t)c * K + i, *badv = buf[i];
+    return NULL;
+}
+
+/* What a task does with its calls' rows (tile_calls). */
+enum { CALLS_INTO_Y, CALLS_INTO_U, CALLS_GLU };
+
+/* The calls of one task (column tile [c, c + n); with split, only the
+ * ri-th call of the jobs g): CALLS_INTO_Y, rows of y = x·Wᵀ + beta·y;
+ * CALLS_INTO_U, the same product into u [rows of the calls][n] instead,
+ * the calls' rows one after the other (beta 0); CALLS_GLU, y = act(y)·u
+ * over the same rows, act the model's: GeGLU, else SwiGLU. */
+static void tile_calls(const fw_gemm *g, int ng, int rows_free, int split, int ri, int K, int c, int n, const float *W,
+                       float beta, float *u, int what, kvq_ffn_act act)
+{
+    for (int j = 0, k = 0, ur = 0; j < ng; j++) {
+        int step = rows_free && !split ? g[j].r1 - g[j].r0 : TILE_ROWS; /* rows a call */
+        for (int r = g[j].r0; r < g[j].r1; r += step, k++) {
+            if (split && k != ri) continue;
+            int m = imin(step, g[j].r1 - r);
+            float *y = g[j].y + (size_t)r * g[j].ldy + c, *ut = u ? u + (size_t)ur * n : NULL;
+            if (what != CALLS_GLU) {
+                int into_u = what == CALLS_INTO_U;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, K, 1.0f, g[j].x + (size_t)r * K, K, W, K,
+                            into_u ? 0.0f : beta, into_u ? ut : y, into_u ? n : g[j].ldy);
+            } else
+                for (int i = 0; i < m; i++) {
+                    float *yr = y + (size_t)i * g[j].ldy;
+                    const float *urow = ut + (size_t)i * n;
+                    if (act == KVQ_ACT_GELU_TANH)
+                        for (int v = 0; v < n; v++) yr[v] = gelu_tanh(yr[v]) * urow[v]; /* GeGLU */
+                    else
+                        for (int v = 0; v < n; v++) {
+                            float a = yr[v];
+                            yr[v] = a / (1.0f + expf(-a)) * urow[v]; /* SwiGLU: silu(gate) · up */
+                        }
+                }
+            ur += m;
+        }
+    }
+}
+
+#define SMALL_GEMM_MNK 1e6 /* OpenBLAS's small products: M·N·K at most this (gemm_w) */
+
+/* A product's tasks: gemm_w's jobs g stacked where they can be (*one),
+ * and the tasks over ct column tiles and their row tiles; 0 when there
+ * are no rows. */
+typedef struct fw_tasks {
+    fw_gemm one;
+    const fw_gemm *g;
+    int ng, ct, rt, split, ntask;
+    size_t rows; /* the jobs' rows, all of them */
+} fw_tasks;
+
+static int plan_tasks(fw_tasks *p, int rows_free, int nt, int K, int N, const fw_gemm *g, int ng)
+{
+    p->g = g, p->ng = ng, p->ct = (N + TILE_COLS - 1) / TILE_COLS, p->rt = 0, p->rows = 0;
+    /* the smallest call of a job alone: its rows, or its last row tile; by the last column tile */
+    int fewest = INT32_MAX, narrowest = N % TILE_COLS ? N % TILE_COLS : imin(N, TILE_COLS);
+    for (int j = 0, r; j < ng; j++)
+        r = g[j].r1 - g[j].r0, fewest = imin(fewest, r % TILE_ROWS ? r % TILE_ROWS : imin(r, TILE_ROWS));
+    if (rows_free && ng > 1 && (double)fewest * narrowest * K > SMALL_GEMM_MNK && stack_jobs(g, ng, K, &p->one))
+        p->g = &p->one, p->ng = 1;
+    for (int j = 0; j < p->ng; j++)
+        p->rt += (p->g[j].r1 - p->g[j].r0 + TILE_ROWS - 1) / TILE_ROWS, p->rows += (size_t)(p->g[j].r1 - p->g[j].r0);
+    /* tasks: a column tile with all its row tiles, or, with fewer column
+     * tiles than twice the threads, one row tile each (dequantizing the
+     * column tile again): the same sgemm calls either way */
+    p->split = p->ct < 2 * nt && p->rt > 1, p->ntask = p->split ? p->ct * p->rt : p->ct;
+    return p->rt > 0;
+}
+
 /* For each job g, rows [g.r0, g.r1) of g.y = g.x · W[w0 .. w0 + N)ᵀ + beta · g.y,
  * where W is tensor t's rows.  Fails naming the first non-finite weight
  * read (a tensor read whole once is not checked again).  rows_free: this
@@ -108,58 +199,73 @@ static int stack_jobs(const fw_gemm *g, int ng, int K, fw_gemm *one)
  * own kernels, which round otherwise, so stacking a small call would not
  * give its rows the bits their stream alone gets (the jobs then keep
  * their own calls). */
-#define SMALL_GEMM_MNK 1e6
 static kvq_status gemm_w(const kvq_model *m, float *const *tile, int nt, int rows_free, kvq_wtensor *t, int64_t w0,
                          int N, const fw_gemm *g, int ng, float beta, kvq_error *err)
 {
-    int K = (int)t->cols, ct = (N + TILE_COLS - 1) / TILE_COLS, rt = 0;
-    fw_gemm one;
-    /* the smallest call of a job alone: its rows, or its last row tile; by the last column tile */
-    int fewest = INT32_MAX, narrowest = N % TILE_COLS ? N % TILE_COLS : imin(N, TILE_COLS);
-    for (int j = 0, r; j < ng; j++)
-        r = g[j].r1 - g[j].r0, fewest = imin(fewest, r % TILE_ROWS ? r % TILE_ROWS : imin(r, TILE_ROWS));
-    if (rows_free && ng > 1 && (double)fewest * narrowest * K > SMALL_GEMM_MNK && stack_jobs(g, ng, K, &one))
-        g = &one, ng = 1;
-    for (int j = 0; j < ng; j++) rt += (g[j].r1 - g[j].r0 + TILE_ROWS - 1) / TILE_ROWS;
-    if (!rt) return KVQ_OK;
+    int K = (int)t->cols;
+    fw_tasks p;
+    if (!plan_tasks(&p, rows_free, nt, K, N, g, ng)) return KVQ_OK;
     const float *Wf = in_place(t) ? (const float *)t->data + (size_t)w0 * K : NULL;
-    /* tasks: a column tile with all its row tiles, or, with fewer column
-     * tiles than twice the threads, one row tile each (dequantizing the
-     * column tile again): the same sgemm calls either way */
-    int split = ct < 2 * nt && rt > 1, ntask = split ? ct * rt : ct;
     size_t bad = SIZE_MAX; /* the first non-finite weight: row · K + column */
     float badv = 0;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (int task = 0; task < ntask; task++) {
-        int ci = split ? task / rt : task, ri = split ? task % rt : -1;
+    for (int task = 0; task < p.ntask; task++) {
+        int ci = p.split ? task / p.rt : task, ri = p.split ? task % p.rt : -1;
         int c = ci * TILE_COLS, n = imin(TILE_COLS, N - c);
-        const float *W = Wf ? Wf + (size_t)c * K : tile[omp_get_thread_num()];
-        if (!Wf) {
-            float *buf = tile[omp_get_thread_num()];
-            kvq_wtensor_rows(t, w0 + c, w0 + c + n, buf);
-            size_t nv = (size_t)n * K, i = t->checked || wtensor_finite_by_scales(t, w0 + c, w0 + c + n)
-                                               ? nv
-                                               : kvq_first_nonfinite(buf, nv);
-            if (i < nv) {
-#pragma omp critical(kvq_nonfinite_weight)
-                if ((size_t)c * K + i < bad) bad = (size_t)c * K + i, badv = buf[i];
-                continue;
-            }
-        }
-        for (int j = 0, k = 0; j < ng; j++) {
-            int step = rows_free && !split ? g[j].r1 - g[j].r0 : TILE_ROWS; /* rows a call */
-            for (int r = g[j].r0; r < g[j].r1; r += step, k++) {
-                if (split && k != ri) continue;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, imin(step, g[j].r1 - r), n, K, 1.0f,
-                            g[j].x + (size_t)r * K, K, W, K, beta, g[j].y + (size_t)r * g[j].ldy + c, g[j].ldy);
-            }
-        }
+        const float *W = weight_tile(t, Wf, w0, c, n, K, tile[omp_get_thread_num()], &bad, &badv);
+        if (W) tile_calls(p.g, p.ng, rows_free, p.split, ri, K, c, n, W, beta, NULL, CALLS_INTO_Y, 0);
     }
     if (bad == SIZE_MAX) {
         if (w0 == 0 && N == t->rows) t->checked = 1;
         return KVQ_OK;
     }
     return nonfinite_weight(m, t, w0 + (int64_t)(bad / (size_t)K), bad % (size_t)K, badv, err);
+}
+
+/* The feed-forward's gated activations: for each job g, rows [g.r0, g.r1)
+ * of g.y = act(g.x · Gᵀ) · (g.x · Uᵀ), G and U the gate and up matrices
+ * (N rows each).  Each task takes its column tile of G into g.y and of U
+ * into the thread's ubuf[rows][TILE_COLS] (its calls as gemm_w's for U
+ * would be, so the same bits), and applies act on those columns at once:
+ * no up activations for all rows.  ubuf is grown to *ucap floats a
+ * thread as needed. */
+static kvq_status gemm_glu(const kvq_model *m, float *const *tile, float **ubuf, size_t *ucap, int nt, int rows_free,
+                           kvq_wtensor *G, kvq_wtensor *U, int N, const fw_gemm *g, int ng, kvq_ffn_act act,
+                           kvq_error *err)
+{
+    int K = (int)G->cols;
+    fw_tasks p;
+    if (!plan_tasks(&p, rows_free, nt, K, N, g, ng)) return KVQ_OK;
+    size_t need = (p.split ? (size_t)TILE_ROWS : p.rows) * TILE_COLS;
+    if (need > *ucap) { /* the caller frees them */
+        for (int i = 0; i < nt; i++) free(ubuf[i]), ubuf[i] = NULL;
+        *ucap = 0;
+        for (int i = 0; i < nt; i++)
+            if (!(ubuf[i] = kvq_alloc_array(need, sizeof(float))))
+                return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the up activations (%zu floats a thread)", need);
+        *ucap = need;
+    }
+    const float *Gf = in_place(G) ? (const float *)G->data : NULL, *Uf = in_place(U) ? (const float *)U->data : NULL;
+    size_t bad[2] = {SIZE_MAX, SIZE_MAX}; /* the first non-finite weight of G, of U */
+    float badv[2] = {0, 0};
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int task = 0; task < p.ntask; task++) {
+        int ci = p.split ? task / p.rt : task, ri = p.split ? task % p.rt : -1, th = omp_get_thread_num();
+        int c = ci * TILE_COLS, n = imin(TILE_COLS, N - c);
+        const float *W = weight_tile(G, Gf, 0, c, n, K, tile[th], &bad[0], &badv[0]);
+        if (!W) continue;
+        tile_calls(p.g, p.ng, rows_free, p.split, ri, K, c, n, W, 0.0f, NULL, CALLS_INTO_Y, act);
+        if (!(W = weight_tile(U, Uf, 0, c, n, K, tile[th], &bad[1], &badv[1]))) continue;
+        tile_calls(p.g, p.ng, rows_free, p.split, ri, K, c, n, W, 0.0f, ubuf[th], CALLS_INTO_U, act);
+        tile_calls(p.g, p.ng, rows_free, p.split, ri, K, c, n, NULL, 0.0f, ubuf[th], CALLS_GLU, act);
+    }
+    kvq_wtensor *t[2] = {G, U};
+    for (int i = 0; i < 2; i++)
+        if (bad[i] != SIZE_MAX)
+            return nonfinite_weight(m, t[i], (int64_t)(bad[i] / (size_t)K), bad[i] % (size_t)K, badv[i], err);
+    if (N == G->rows) G->checked = 1;
+    if (N == U->rows) U->checked = 1;
+    return KVQ_OK;
 }
 
 /* ------------------------------------------------------------ weights */
@@ -396,7 +502,7 @@ static void attend(const float *Q, const float *K, const float *V, const unsigne
 /* ------------------------------------------------------- the pass */
 
 typedef struct fw_scratch {
-    float *xn, *xo, *q, *k, *v, *att, *g, *u; /* row-major activations, [slot][T][.] */
+    float *xn, *xo, *q, *k, *v, *att, *g;     /* row-major activations, [slot][T][.] */
     float *Qh, *Kh, *Vh, *Kpre;               /* [.][T][D] */
     float *pk, *pv, *ppre;                    /* decode: the first c tokens, [H][c][D] */
     float *kq, *vq;                           /* quantizer outputs [H][T][D] */
@@ -413,8 +519,8 @@ typedef struct fw_scratch {
 
 static void scratch_free(fw_scratch *s)
 {
-    float *f[] = {s->xn, s->xo, s->q,    s->k,  s->v,  s->att,  s->g,  s->u, s->Qh,
-                  s->Kh, s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq, s->vq, s->pq};
+    float *f[] = {s->xn, s->xo,   s->q,  s->k,  s->v,    s->att, s->g,  s->Qh, s->Kh,
+                  s->Vh, s->Kpre, s->pk, s->pv, s->ppre, s->kq,  s->vq, s->pq};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) free(f[i]);
     free(s->kb), free(s->vb), free(s->sb), free(s->keep), free(s->pos), free(s->ck), free(s->cv), free(s->ckeep);
     free(s->dhi), free(s->dsel);
@@ -426,7 +532,7 @@ static void scratch_free(fw_scratch *s)
 /* quantized: some stream quantizes its cache (the prefix and output buffers
  * are needed); the exact model alone does without them.  context: the
  * buffers of --context's cache too (2: and of decode-time compression).
- * slots: xn, xo, att, g, u, q, k and v hold that many blocks of T rows,
+ * slots: xn, xo, att, g, q, k and v hold that many blocks of T rows,
  * one after the other (the lockstep's slots, fw_rest and qkv_products:
  * pages a slot never uses are never touched). */
 static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, int slots, int quantized, int context,
@@ -461,7 +567,6 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         ok = ok && s->dhi && s->dsel;
     }
     s->g = kvq_alloc_array(ts, (size_t)in->ffn_dim * sizeof(float));
-    s->u = kvq_alloc_array(ts, (size_t)in->ffn_dim * sizeof(float));
     s->kb = calloc((size_t)in->n_kv_heads, sizeof(double)), s->vb = calloc((size_t)in->n_kv_heads, sizeof(double));
     s->sb = calloc((size_t)in->n_kv_heads, sizeof(double));
     if ((s->ab = calloc((size_t)nt, sizeof *s->ab))) {
@@ -474,7 +579,7 @@ static kvq_status scratch_alloc(fw_scratch *s, const kvq_model_info *in, int T, 
         }
     }
     if (!ok || !s->ab || !s->xn || !s->xo || !s->q || !s->att || !s->Qh || !s->k || !s->v || !s->Kh || !s->Vh ||
-        !s->Kpre || !s->g || !s->u || !s->kb || !s->vb || !s->sb) {
+        !s->Kpre || !s->g || !s->kb || !s->vb || !s->sb) {
         scratch_free(s);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory for the activations of %d tokens", T);
     }
@@ -491,19 +596,20 @@ static void segment(const float *x, float *y, int H, int T, int D, int t0, int t
 /* The rest of a layer (attention output and feed-forward) of several
  * streams in lockstep: each weight tile of the output, gate, up and down
  * matrices is dequantized once and multiplied by the rows of every stream
- * waiting here (gemm_w's jobs), instead of once per stream: the same sgemm
- * calls on the same operands, so the results are each stream's alone, bit
- * for bit.  Slot i holds stream i's attention output (the scratch's att
- * points to the slot of the stream attending), normed input, and gate and
- * up activations (slot 0 is the scratch's own); at most cap streams wait,
- * as many as REST_GROUP_BYTES of slots hold. */
+ * waiting here (gemm_w's and gemm_glu's jobs), instead of once per stream:
+ * the same sgemm calls on the same operands, so the results are each
+ * stream's alone, bit for bit.  Slot i holds stream i's attention output
+ * (the scratch's att points to the slot of the stream attending), normed
+ * input and gated activations (the up activations are a column tile's a
+ * thread, gemm_glu; slot 0 is the scratch's own); at most cap streams
+ * wait, as many as REST_GROUP_BYTES of slots hold. */
 enum { REST_MAX_GROUP = 16 };
 #define REST_GROUP_BYTES ((size_t)512 << 20)
 typedef struct fw_rest {
     kvq_fw_stream *st[REST_MAX_GROUP]; /* the waiting streams, in the order they reached it */
     int n, cap, nslots;               /* waiting; the most that may; slots allocated (0: none yet) */
     int r0;                           /* the slots' first row: slot i's rows [r0, T) follow slot i − 1's */
-    float *xn[REST_MAX_GROUP], *g[REST_MAX_GROUP], *u[REST_MAX_GROUP], *xo[REST_MAX_GROUP], *att[REST_MAX_GROUP];
+    float *xn[REST_MAX_GROUP], *g[REST_MAX_GROUP], *xo[REST_MAX_GROUP], *att[REST_MAX_GROUP];
 } fw_rest;
 
 typedef struct fw_ctx {
@@ -518,6 +624,8 @@ typedef struct fw_ctx {
     int h0; /* the first row the output head computes: a multiple of TILE_ROWS (0 when every row is wanted) */
     unsigned char *was_following; /* [ns]: the streams that followed the exact one when the layer began */
     float **tile;                 /* [nt]: each thread's dequantized column tile, TILE_COLS × the widest K */
+    float **ubuf;                 /* [nt]: each thread's up activations of a column tile (gemm_glu) */
+    size_t ucap;                  /* the floats each ubuf holds */
     fw_rest rest;                 /* the streams whose rest of the layer waits for the others' (lockstep) */
 } fw_ctx;
 
@@ -605,12 +713,6 @@ static int cache_is_exact(const fw_ctx *c, int t0, int t1)
             memcmp(s->vq + (size_t)h * n, s->Vh + ((size_t)h * T + t0) * D, n * sizeof(float)))
             return 0;
     return 1;
-}
-
-/* GELU, tanh form, as ggml_gelu. */
-static float gelu_tanh(float x)
-{
-    return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * x * (1.0f + 0.044715f * x * x)));
 }
 
 /* Layer l's queries (rows [r0, T)), keys and values (all T rows: the
@@ -1052,7 +1154,7 @@ static kvq_status rest_slots(fw_ctx *c, int n, int r0, kvq_error *err)
     if (!f->nslots) f->att[0] = c->s.att; /* the first time: the scratch's att is slot 0's */
     for (int i = 0; (!f->nslots || f->r0 != r0) && i < f->cap; i++) {
         f->xn[i] = c->s.xn + i * S * in->dim, f->xo[i] = c->s.xo + i * S * in->dim;
-        f->g[i] = c->s.g + i * S * in->ffn_dim, f->u[i] = c->s.u + i * S * in->ffn_dim;
+        f->g[i] = c->s.g + i * S * in->ffn_dim;
         f->att[i] = f->att[0] + i * S * qd;
     }
     f->nslots = f->cap, f->r0 = r0;
@@ -1081,7 +1183,7 @@ static void rest_free(fw_ctx *c)
 static int rest_group_cap(const kvq_model_info *in, int T, int ns)
 {
     size_t qd = (size_t)in->n_heads * in->head_dim, kd = (size_t)in->n_kv_heads * in->head_dim;
-    size_t slot = (size_t)T * (2 * (size_t)in->dim + 2 * (size_t)in->ffn_dim + 2 * qd + 2 * kd) * sizeof(float);
+    size_t slot = (size_t)T * (2 * (size_t)in->dim + (size_t)in->ffn_dim + 2 * qd + 2 * kd) * sizeof(float);
     size_t cap = slot ? REST_GROUP_BYTES / slot : 1;
     if (cap < 1) cap = 1;
     if (cap > REST_MAX_GROUP) cap = REST_MAX_GROUP;
@@ -1131,30 +1233,14 @@ static kvq_status rest_flush(fw_ctx *c, int l, int r0, kvq_error *err)
     if (!n) return KVQ_OK;
     kvq_status rc = rest_residual(c, f->att, w->wo, w->post_attn_norm, r0, err);
     if (rc) return f->n = 0, rc;
-    fw_gemm gg[REST_MAX_GROUP], gu[REST_MAX_GROUP];
+    fw_gemm gg[REST_MAX_GROUP];
     for (int i = 0; i < n; i++) {
         rmsnorm(f->xn[i], f->st[i]->x, w->ffn_norm, r0, T, dim, in->norm_eps, nt);
         gg[i] = (fw_gemm){.x = f->xn[i], .y = f->g[i], .r0 = r0, .r1 = T, .ldy = F};
-        gu[i] = (fw_gemm){.x = f->xn[i], .y = f->u[i], .r0 = r0, .r1 = T, .ldy = F};
     }
-    if ((rc = gemm_w(c->m, c->tile, nt, c->rows_free, w->w_gate, 0, F, gg, n, 0.0f, err)) ||
-        (rc = gemm_w(c->m, c->tile, nt, c->rows_free, w->w_up, 0, F, gu, n, 0.0f, err)))
+    if ((rc = gemm_glu(c->m, c->tile, c->ubuf, &c->ucap, nt, c->rows_free, w->w_gate, w->w_up, F, gg, n, in->ffn_act,
+                       err)))
         return f->n = 0, rc;
-    for (int i = 0; i < n; i++) {
-        float *g = f->g[i];
-        const float *u = f->u[i];
-        size_t end = (size_t)T * F;
-        if (in->ffn_act == KVQ_ACT_GELU_TANH) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (size_t k = (size_t)r0 * F; k < end; k++) g[k] = gelu_tanh(g[k]) * u[k]; /* GeGLU */
-        } else {
-#pragma omp parallel for num_threads(nt) schedule(static)
-            for (size_t k = (size_t)r0 * F; k < end; k++) {
-                float a = g[k];
-                g[k] = a / (1.0f + expf(-a)) * u[k]; /* SwiGLU: silu(gate) · up */
-            }
-        }
-    }
     rc = rest_residual(c, f->g, w->w_down, w->post_ffn_norm, r0, err);
     for (int i = 0; !rc && i < n; i++) rc = check_finite(c, f->st[i], l, r0, err);
     f->n = 0;
@@ -1446,8 +1532,9 @@ kvq_status kvq_forward(kvq_model *m, const kvq_fw_opts *o, kvq_error *err)
     c.h0 = o->on_layer || all_queries ? 0 : first / TILE_ROWS * TILE_ROWS;
     int kmax = in->dim > in->ffn_dim ? in->dim : in->ffn_dim;
     if (in->n_heads * in->head_dim > kmax) kmax = in->n_heads * in->head_dim;
-    if (!(c.was_following = calloc((size_t)o->ns, 1)) || !(c.tile = calloc((size_t)c.nt, sizeof *c.tile))) {
-        free(c.was_following);
+    if (!(c.was_following = calloc((size_t)o->ns, 1)) || !(c.tile = calloc((size_t)c.nt, sizeof *c.tile)) ||
+        !(c.ubuf = calloc((size_t)c.nt, sizeof *c.ubuf))) {
+        free(c.was_following), free(c.tile);
         return kvq_fail(err, KVQ_ERR_NOMEM, "out of memory");
     }
     for (int i = 0; i < c.nt; i++)
@@ -1495,8 +1582,8 @@ done:
     openblas_set_num_threads(blas_nt);
     free(c.w.buf);
     free(c.was_following);
-    for (int i = 0; c.tile && i < c.nt; i++) free(c.tile[i]);
-    free(c.tile);
+    for (int i = 0; i < c.nt; i++) free(c.tile[i]), free(c.ubuf[i]);
+    free(c.tile), free(c.ubuf);
     rest_free(&c);
     scratch_free(&c.s);
     kvq_rope_free(&c.rope);
